@@ -1,0 +1,174 @@
+// Thin main: parses the command line and calls into the libraries. Every error that can
+// reach here is printed as one "dtrain: error: ..." line and mapped to an exit code
+// (docs/errors.md).
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/launch/launcher.h"
+#include "dtrain/launch/plan.h"
+#include "dtrain/spec/job_spec.h"
+
+namespace {
+
+using namespace dtrain;
+
+struct RunArgs {
+  std::string spec_path;
+  std::vector<std::string> command;  // after "--"
+  spec::Overrides overrides;
+  bool dry_run = false;
+  std::string nproc, max_restarts, shutdown;
+};
+
+void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Workers on this node: a positive integer or \"auto\"");
+  cmd->add_option("--max-restarts,--max_restarts", a.max_restarts, "Restarts allowed before the job fails");
+  cmd->add_option("--log-dir,--log_dir", a.overrides.log_dir, "Directory for per-rank log files (rank_N.log)");
+  cmd->add_option("--env", a.overrides.env, "Extra worker environment KEY=VALUE (repeatable)");
+  cmd->add_option("--shutdown-timeout", a.shutdown, "Seconds between SIGTERM and SIGKILL at teardown (default 30)");
+  cmd->add_option("--local-ranks-filter,--local_ranks_filter", a.overrides.local_ranks_filter,
+                  "Show only these local ranks on the console, e.g. 0,2 (log files still get all)");
+  cmd->add_flag("--no-prefix", a.overrides.no_prefix, "Do not prefix worker lines with [rank N]");
+}
+
+int parseIntFlag(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  int out = 0;
+  try {
+    out = std::stoi(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty()) throw SpecError(fmt::format("{}: expected an integer, got \"{}\"", flag, v));
+  return out;
+}
+
+double parseDoubleFlag(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  double out = 0;
+  try {
+    out = std::stod(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty()) throw SpecError(fmt::format("{}: expected seconds, got \"{}\"", flag, v));
+  return out;
+}
+
+spec::JobSpec buildSpec(RunArgs& a) {
+  spec::JobSpec s;
+  if (!a.spec_path.empty() && !a.command.empty())
+    throw SpecError("give either a job spec file or a command after --, not both");
+  if (!a.spec_path.empty()) {
+    s = spec::loadJobSpec(a.spec_path);
+  } else if (!a.command.empty()) {
+    s.command = a.command;
+    s.name = a.command[0].substr(a.command[0].rfind('/') + 1);
+  } else {
+    throw SpecError("nothing to run; give a job spec (dtrain run job.json) or a command (dtrain run -- python3 train.py)");
+  }
+  if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
+  if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts);
+  if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
+  spec::applyOverrides(s, a.overrides);
+  spec::resolve(s);
+  return s;
+}
+
+int cmdRun(RunArgs& a) {
+  spec::JobSpec s = buildSpec(a);
+  std::string runId = launch::newRunId();
+  launch::Plan plan = launch::makeLocalPlan(s, runId);
+  if (a.dry_run) {
+    std::cout << launch::formatPlan(plan, s);
+    return kExitOk;
+  }
+  auto launcher = launch::makeLocalLauncher();
+  launch::RunResult r = launcher->run(plan, s);
+  if (r.first_failure >= 0) std::cerr << launch::formatFailure(r, s) << std::flush;
+  if (r.received_signal)
+    std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
+  return r.exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Everything after the first "--" is the worker's argv, untouched by CLI11.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {
+      command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+      args.resize(i);
+      break;
+    }
+  }
+
+  CLI::App app{"dtrain: launcher and job runner for distributed training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION
+#ifdef DTRAIN_HAVE_CUDA
+                                        + " (CUDA/NCCL build)"
+#else
+                                        + " (CPU build)"
+#endif
+  );
+
+  RunArgs runArgs;
+  runArgs.command = command;
+  auto* run = app.add_subcommand("run", "Run a job: dtrain run job.json | dtrain run [flags] -- CMD ARGS...");
+  run->add_option("spec", runArgs.spec_path, "Job spec (JSON)");
+  run->add_flag("--dry-run", runArgs.dry_run, "Print the plan and run nothing");
+  addOverrideFlags(run, runArgs);
+
+  RunArgs valArgs;
+  auto* validate = app.add_subcommand("validate", "Check a job spec and print it resolved");
+  validate->add_option("spec", valArgs.spec_path, "Job spec (JSON)")->required();
+  addOverrideFlags(validate, valArgs);
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "dtrain: error: " << e.what() << "; see dtrain --help\n";
+    return kExitUsage;
+  }
+  if (!command.empty() && !run->parsed()) {
+    std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run'\n";
+    return kExitUsage;
+  }
+
+  try {
+    if (run->parsed()) return cmdRun(runArgs);
+    if (validate->parsed()) {
+      spec::JobSpec s = buildSpec(valArgs);
+      std::cout << valArgs.spec_path << ": OK\n" << spec::describe(s);
+      return kExitOk;
+    }
+  } catch (const SpecError& e) {
+    std::cerr << "dtrain: error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const IoError& e) {
+    std::cerr << "dtrain: error: " << e.what() << "\n";
+    return kExitFailure;
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain: error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+  return kExitUsage;
+}

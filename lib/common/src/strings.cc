@@ -1,0 +1,74 @@
+#include "dtrain/common/strings.h"
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace dtrain {
+
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closestMatch(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t bestDist = SIZE_MAX;
+  for (const auto& c : candidates) {
+    size_t d = editDistance(word, c);
+    if (d < bestDist) {
+      bestDist = d;
+      best = c;
+    }
+  }
+  // A typo changes a few characters; beyond a third of the word it is another word.
+  size_t limit = std::max<size_t>(2, word.size() / 3);
+  return bestDist <= limit ? best : std::string();
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t pos = s.find(sep, start);
+    if (pos == std::string_view::npos) {
+      out.emplace_back(s.substr(start));
+      return out;
+    }
+    out.emplace_back(s.substr(start, pos - start));
+    start = pos + 1;
+  }
+}
+
+std::string signalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  if (abbrev) return std::string("SIG") + abbrev;
+  return fmt::format("SIG{}", sig);
+}
+
+std::string shellQuote(std::string_view word) {
+  if (!word.empty() && word.find_first_of(" \t\n'\"\\$`*?[]{}()<>|&;#~!") == std::string_view::npos)
+    return std::string(word);
+  std::string out = "'";
+  for (char c : word) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  out += "'";
+  return out;
+}
+
+}  // namespace dtrain

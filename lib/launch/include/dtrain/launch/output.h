@@ -1,0 +1,62 @@
+#pragma once
+// Line-atomic output multiplexing. Thread-safety: none; the launcher's single event loop
+// owns every OutputSink and LineSplitter.
+#include <deque>
+#include <string>
+#include <string_view>
+
+namespace dtrain::launch {
+
+// Splits a byte stream into lines. A line longer than kMaxLine is cut into kMaxLine pieces so
+// that a worker printing megabytes without a newline cannot grow dtrain's memory.
+class LineSplitter {
+ public:
+  static constexpr size_t kMaxLine = 64 * 1024;
+  // Calls emit(line) (without '\n') for each complete line in data.
+  template <typename F>
+  void feed(std::string_view data, F&& emit) {
+    for (char ch : data) {
+      if (ch == '\n') {
+        emit(std::string_view(buf_));
+        buf_.clear();
+      } else {
+        buf_.push_back(ch);
+        if (buf_.size() >= kMaxLine) {
+          emit(std::string_view(buf_));
+          buf_.clear();
+        }
+      }
+    }
+  }
+  // Flushes a final line that had no trailing newline.
+  template <typename F>
+  void finish(F&& emit) {
+    if (!buf_.empty()) emit(std::string_view(buf_));
+    buf_.clear();
+  }
+
+ private:
+  std::string buf_;
+};
+
+// Writes all of `data` to fd with one write() where the kernel allows, retrying on EINTR and
+// partial writes. Errors (a closed console) are ignored: losing the console must not kill
+// the job.
+void writeAll(int fd, std::string_view data);
+
+// Keeps the last N lines.
+class TailBuffer {
+ public:
+  explicit TailBuffer(size_t n) : n_(n) {}
+  void push(std::string_view line) {
+    lines_.emplace_back(line.substr(0, 2000));
+    if (lines_.size() > n_) lines_.pop_front();
+  }
+  const std::deque<std::string>& lines() const { return lines_; }
+
+ private:
+  size_t n_;
+  std::deque<std::string> lines_;
+};
+
+}  // namespace dtrain::launch

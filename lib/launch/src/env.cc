@@ -1,0 +1,56 @@
+#include "dtrain/launch/env.h"
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace dtrain::launch {
+
+bool setsOmpThreads(const EnvMap& base, const spec::JobSpec& spec) {
+  return spec.nproc_per_node > 1 && !base.count("OMP_NUM_THREADS") && !spec.env.count("OMP_NUM_THREADS");
+}
+
+EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan, const WorkerSlot& slot,
+                 const EnvOptions& opts) {
+  EnvMap env = base;
+  auto set = [&](const char* k, const std::string& v) { env[k] = v; };
+  auto num = [&](const char* k, long v) { env[k] = std::to_string(v); };
+  num("RANK", slot.global_rank);
+  num("LOCAL_RANK", slot.local_rank);
+  num("GROUP_RANK", slot.node_rank);
+  num("ROLE_RANK", slot.global_rank);
+  set("ROLE_NAME", "default");
+  num("LOCAL_WORLD_SIZE", plan.local_world_size);
+  num("WORLD_SIZE", plan.world_size);
+  num("GROUP_WORLD_SIZE", plan.nnodes);
+  num("ROLE_WORLD_SIZE", plan.world_size);
+  set("MASTER_ADDR", plan.master_addr);
+  num("MASTER_PORT", plan.master_port);
+  num("TORCHELASTIC_RESTART_COUNT", opts.restart_count);
+  num("TORCHELASTIC_MAX_RESTARTS", spec.max_restarts);
+  set("TORCHELASTIC_RUN_ID", plan.run_id);
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  if (!opts.error_file.empty()) set("TORCHELASTIC_ERROR_FILE", opts.error_file);
+  set("DTRAIN_RUN_ID", plan.run_id);
+  set("DTRAIN_JOB_NAME", spec.name);
+  num("DTRAIN_NODE_RANK", slot.node_rank);
+  num("DTRAIN_NNODES", plan.nnodes);
+  num("DTRAIN_RESTART_COUNT", opts.restart_count);
+  set("DTRAIN_DEVICE", slot.device);
+  if (setsOmpThreads(base, spec)) set("OMP_NUM_THREADS", "1");
+  for (const auto& [k, v] : spec.env) env[k] = v;
+  return env;
+}
+
+EnvMap currentEnvironment() {
+  EnvMap env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+}  // namespace dtrain::launch

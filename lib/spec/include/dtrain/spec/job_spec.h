@@ -1,0 +1,65 @@
+#pragma once
+// The typed job spec. All validation of user input lives in this library; the rest of
+// dtrain sees only these structs and may assume they are valid.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain::spec {
+
+struct RendezvousSpec {
+  int port = 29400;      // dtrain's own store port (store lands with the rendezvous issue)
+  int timeout_s = 900;
+};
+
+struct JobSpec {
+  std::string name = "job";
+  std::vector<std::string> command;           // argv; command[0] looked up on PATH
+  std::map<std::string, std::string> env;     // applied on top of the torchrun variables
+  std::string cwd;                            // "" = dtrain's cwd
+  bool nproc_auto = false;                    // "auto" before resolution
+  int nproc_per_node = 1;                     // resolved count
+  std::string log_dir;                        // "" = no per-rank files
+  int max_restarts = 0;
+  RendezvousSpec rendezvous;
+  double shutdown_timeout_s = 30;             // grace between SIGTERM and SIGKILL
+  bool prefix_output = true;                  // "[rank N] " on every console line
+  std::vector<int> console_ranks;             // empty = all ranks on the console
+  std::string source;                         // file it was read from, for messages
+};
+
+// Reads and validates a job spec file. Throws SpecError with one line:
+// "<file>: <json pointer>: <problem>; <fix>".
+JobSpec loadJobSpec(const std::string& path);
+
+// Same, from text already in memory; `source` names it in messages.
+JobSpec parseJobSpec(const std::string& text, const std::string& source);
+
+// CLI overrides, torchrun-style. Unset fields leave the spec alone.
+struct Overrides {
+  std::optional<std::string> nproc_per_node;  // integer or "auto"
+  std::optional<int> max_restarts;
+  std::optional<std::string> log_dir;
+  std::optional<double> shutdown_timeout_s;
+  std::vector<std::string> env;               // "K=V"
+  std::optional<std::string> local_ranks_filter;  // "0,2"
+  bool no_prefix = false;
+};
+
+// Applies overrides and re-checks what they touched. Throws SpecError naming the flag.
+void applyOverrides(JobSpec& spec, const Overrides& o);
+
+// How many workers "auto" means on this machine: visible GPUs (CUDA_VISIBLE_DEVICES
+// honoured, counted from the driver's /proc and /dev entries so that no CUDA context is
+// created), else usable CPU cores.
+int autoProcsPerNode();
+int visibleGpuCount();
+
+// Fills nproc_per_node when nproc_auto and checks cross-field consistency.
+void resolve(JobSpec& spec);
+
+// Human-readable dump of the resolved spec (what `dtrain validate` prints).
+std::string describe(const JobSpec& spec);
+
+}  // namespace dtrain::spec

@@ -1,0 +1,348 @@
+#include "dtrain/spec/job_spec.h"
+
+#include <dirent.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
+
+namespace dtrain::spec {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<std::string> kTopKeys = {
+    "name",         "command",       "env",           "cwd",      "nproc_per_node",
+    "log_dir",      "max_restarts",  "rendezvous",    "nodes",    "hostfile",
+    "trainer",      "shutdown_timeout_s", "prefix_output", "console_ranks"};
+const std::vector<std::string> kRendezvousKeys = {"port", "timeout_s"};
+
+std::string typeName(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return j.get<bool>() ? "true" : "false";
+    case json::value_t::string: return fmt::format("the string {}", j.dump());
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    default: return j.dump();
+  }
+}
+
+// Collects the file name so that every error reads "<file>: <pointer>: <problem>".
+class Checker {
+ public:
+  explicit Checker(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& pointer, const std::string& msg) const {
+    throw SpecError(fmt::format("{}: {}: {}", source_, pointer, msg));
+  }
+
+  void checkKeys(const json& obj, const std::string& pointer, const std::vector<std::string>& allowed) const {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      if (std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end()) continue;
+      std::string hint = closestMatch(it.key(), allowed);
+      std::string where = pointer + "/" + it.key();
+      if (!hint.empty())
+        fail(where, fmt::format("unknown key \"{}\"; did you mean \"{}\"?", it.key(), hint));
+      fail(where, fmt::format("unknown key \"{}\"; known keys: {}", it.key(), fmt::join(allowed, ", ")));
+    }
+  }
+
+  std::string str(const json& j, const std::string& pointer, bool allowEmpty = true) const {
+    if (!j.is_string()) fail(pointer, fmt::format("expected a string, got {}", typeName(j)));
+    std::string s = j.get<std::string>();
+    if (!allowEmpty && s.empty()) fail(pointer, "expected a non-empty string, got \"\"");
+    return s;
+  }
+
+  long long integer(const json& j, const std::string& pointer, long long lo, long long hi,
+                    const std::string& what) const {
+    if (!j.is_number_integer() && !j.is_number_unsigned())
+      fail(pointer, fmt::format("expected {}, got {}", what, typeName(j)));
+    if (j.is_number_unsigned() && j.get<unsigned long long>() > static_cast<unsigned long long>(hi))
+      fail(pointer, fmt::format("expected {}, got {}", what, j.dump()));
+    long long v = j.get<long long>();
+    if (v < lo || v > hi) fail(pointer, fmt::format("expected {}, got {}", what, v));
+    return v;
+  }
+
+  double number(const json& j, const std::string& pointer, double lo, double hi, const std::string& what) const {
+    if (!j.is_number()) fail(pointer, fmt::format("expected {}, got {}", what, typeName(j)));
+    double v = j.get<double>();
+    if (!(v >= lo && v <= hi)) fail(pointer, fmt::format("expected {}, got {}", what, j.dump()));
+    return v;
+  }
+
+  bool boolean(const json& j, const std::string& pointer) const {
+    if (!j.is_boolean()) fail(pointer, fmt::format("expected true or false, got {}", typeName(j)));
+    return j.get<bool>();
+  }
+
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+};
+
+// nlohmann reports a byte offset; users want line:column.
+std::pair<size_t, size_t> lineColumn(const std::string& text, size_t byte) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i + 1 < byte && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
+std::string stripJsonPrefix(const std::string& what) {
+  // "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..."
+  auto pos = what.find(": ");
+  std::string rest = pos == std::string::npos ? what : what.substr(pos + 2);
+  return rest;
+}
+
+bool isDirectory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+void parseNproc(const std::string& value, JobSpec& spec, const std::function<void(const std::string&)>& bad) {
+  if (value == "auto") {
+    spec.nproc_auto = true;
+    return;
+  }
+  size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(value, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || v < 1 || v > 4096)
+    bad(fmt::format("expected a positive integer or \"auto\", got \"{}\"", value));
+  spec.nproc_auto = false;
+  spec.nproc_per_node = static_cast<int>(v);
+}
+
+std::vector<int> parseRankList(const std::string& value, const std::function<void(const std::string&)>& bad) {
+  std::vector<int> out;
+  for (const auto& part : split(value, ',')) {
+    size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(part, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (part.empty() || used != part.size() || v < 0)
+      bad(fmt::format("expected comma-separated local ranks like \"0,2\", got \"{}\"", value));
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+JobSpec parseJobSpec(const std::string& text, const std::string& source) {
+  Checker c(source);
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    auto [line, col] = lineColumn(text, e.byte);
+    throw SpecError(fmt::format("{}:{}:{}: invalid JSON: {}", source, line, col, stripJsonPrefix(e.what())));
+  }
+  if (!root.is_object()) c.fail("/", fmt::format("expected a JSON object at the top level, got {}", typeName(root)));
+  c.checkKeys(root, "", kTopKeys);
+
+  JobSpec spec;
+  spec.source = source;
+  if (root.contains("name")) spec.name = c.str(root["name"], "/name", false);
+
+  if (!root.contains("command"))
+    c.fail("/command", "missing; give the worker's argv, e.g. \"command\": [\"python3\", \"train.py\"]");
+  const json& cmd = root["command"];
+  if (!cmd.is_array())
+    c.fail("/command", fmt::format("expected an array of strings (argv), got {}", typeName(cmd)));
+  if (cmd.empty()) c.fail("/command", "is empty; give at least the program to run");
+  for (size_t i = 0; i < cmd.size(); ++i)
+    spec.command.push_back(c.str(cmd[i], fmt::format("/command/{}", i), i != 0));
+
+  if (root.contains("env")) {
+    const json& env = root["env"];
+    if (!env.is_object()) c.fail("/env", fmt::format("expected an object of strings, got {}", typeName(env)));
+    for (auto it = env.begin(); it != env.end(); ++it) {
+      std::string p = "/env/" + it.key();
+      if (it.key().empty() || it.key().find('=') != std::string::npos)
+        c.fail(p, "variable names must be non-empty and contain no '='");
+      spec.env[it.key()] = c.str(it.value(), p);
+    }
+  }
+  if (root.contains("cwd")) {
+    spec.cwd = c.str(root["cwd"], "/cwd", false);
+    if (!isDirectory(spec.cwd)) c.fail("/cwd", fmt::format("directory \"{}\" does not exist", spec.cwd));
+  }
+  if (root.contains("nproc_per_node")) {
+    const json& n = root["nproc_per_node"];
+    auto bad = [&](const std::string& m) { c.fail("/nproc_per_node", m); };
+    if (n.is_string()) {
+      parseNproc(n.get<std::string>(), spec, bad);
+    } else {
+      spec.nproc_per_node = static_cast<int>(c.integer(n, "/nproc_per_node", 1, 4096, "a positive integer or \"auto\""));
+    }
+  }
+  if (root.contains("log_dir")) {
+    spec.log_dir = c.str(root["log_dir"], "/log_dir", false);
+    if (exists(spec.log_dir) && !isDirectory(spec.log_dir))
+      c.fail("/log_dir", fmt::format("\"{}\" exists and is not a directory", spec.log_dir));
+  }
+  if (root.contains("max_restarts"))
+    spec.max_restarts = static_cast<int>(c.integer(root["max_restarts"], "/max_restarts", 0, 1000000, "an integer >= 0"));
+  if (root.contains("shutdown_timeout_s"))
+    spec.shutdown_timeout_s = c.number(root["shutdown_timeout_s"], "/shutdown_timeout_s", 0, 86400, "seconds between 0 and 86400");
+  if (root.contains("prefix_output")) spec.prefix_output = c.boolean(root["prefix_output"], "/prefix_output");
+  if (root.contains("console_ranks")) {
+    const json& r = root["console_ranks"];
+    if (!r.is_array()) c.fail("/console_ranks", fmt::format("expected an array of local ranks, got {}", typeName(r)));
+    for (size_t i = 0; i < r.size(); ++i)
+      spec.console_ranks.push_back(static_cast<int>(c.integer(r[i], fmt::format("/console_ranks/{}", i), 0, 4095, "a local rank >= 0")));
+  }
+  if (root.contains("rendezvous")) {
+    const json& r = root["rendezvous"];
+    if (!r.is_object()) c.fail("/rendezvous", fmt::format("expected an object, got {}", typeName(r)));
+    c.checkKeys(r, "/rendezvous", kRendezvousKeys);
+    if (r.contains("port"))
+      spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 1, 65535, "a TCP port between 1 and 65535"));
+    if (r.contains("timeout_s"))
+      spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "seconds between 1 and 86400"));
+  }
+  for (const char* later : {"nodes", "hostfile", "trainer"}) {
+    if (root.contains(later))
+      c.fail(std::string("/") + later,
+             fmt::format("\"{}\" is not supported yet in this version of dtrain; remove it to run on this machine", later));
+  }
+  return spec;
+}
+
+JobSpec loadJobSpec(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (isDirectory(path)) throw SpecError(fmt::format("{}: is a directory; give a job spec file (.json)", path));
+    throw SpecError(fmt::format("{}: cannot open job spec: {}; check the path", path, exists(path) ? "permission denied" : "no such file"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseJobSpec(ss.str(), path);
+}
+
+void applyOverrides(JobSpec& spec, const Overrides& o) {
+  if (o.nproc_per_node)
+    parseNproc(*o.nproc_per_node, spec, [](const std::string& m) { throw SpecError("--nproc-per-node: " + m); });
+  if (o.max_restarts) {
+    if (*o.max_restarts < 0) throw SpecError(fmt::format("--max-restarts: expected an integer >= 0, got {}", *o.max_restarts));
+    spec.max_restarts = *o.max_restarts;
+  }
+  if (o.log_dir) {
+    if (o.log_dir->empty()) throw SpecError("--log-dir: expected a directory path, got \"\"");
+    if (exists(*o.log_dir) && !isDirectory(*o.log_dir))
+      throw SpecError(fmt::format("--log-dir: \"{}\" exists and is not a directory", *o.log_dir));
+    spec.log_dir = *o.log_dir;
+  }
+  if (o.shutdown_timeout_s) {
+    if (!(*o.shutdown_timeout_s >= 0 && *o.shutdown_timeout_s <= 86400))
+      throw SpecError(fmt::format("--shutdown-timeout: expected seconds between 0 and 86400, got {}", *o.shutdown_timeout_s));
+    spec.shutdown_timeout_s = *o.shutdown_timeout_s;
+  }
+  for (const auto& kv : o.env) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw SpecError(fmt::format("--env: expected KEY=VALUE, got \"{}\"", kv));
+    spec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (o.local_ranks_filter)
+    spec.console_ranks = parseRankList(*o.local_ranks_filter, [](const std::string& m) { throw SpecError("--local-ranks-filter: " + m); });
+  if (o.no_prefix) spec.prefix_output = false;
+}
+
+int visibleGpuCount() {
+  int driverGpus = 0;
+  if (DIR* d = ::opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++driverGpus;
+    ::closedir(d);
+  } else {
+    for (int i = 0; i < 64; ++i)
+      if (exists(fmt::format("/dev/nvidia{}", i))) ++driverGpus;
+  }
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (cvd == nullptr) return driverGpus;
+  // CUDA stops at the first invalid entry; "" or "-1" hides every device.
+  int visible = 0;
+  std::string s(cvd);
+  if (s.empty()) return 0;
+  for (const auto& part : split(s, ',')) {
+    if (part.empty() || part[0] == '-') break;
+    ++visible;
+  }
+  return std::min(visible, driverGpus);
+}
+
+int autoProcsPerNode() {
+  int gpus = visibleGpuCount();
+  if (gpus > 0) return gpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void resolve(JobSpec& spec) {
+  if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode();
+  for (int r : spec.console_ranks) {
+    if (r >= spec.nproc_per_node)
+      throw SpecError(fmt::format("{}: /console_ranks: local rank {} does not exist with nproc_per_node {}; use ranks 0..{}",
+                                  spec.source.empty() ? "command line" : spec.source, r, spec.nproc_per_node,
+                                  spec.nproc_per_node - 1));
+  }
+}
+
+std::string describe(const JobSpec& spec) {
+  std::ostringstream os;
+  std::vector<std::string> argv;
+  for (const auto& a : spec.command) argv.push_back(shellQuote(a));
+  os << fmt::format("name:               {}\n", spec.name);
+  os << fmt::format("command:            {}\n", fmt::join(argv, " "));
+  os << fmt::format("cwd:                {}\n", spec.cwd.empty() ? "(current directory)" : spec.cwd);
+  os << fmt::format("nproc_per_node:     {}{}\n", spec.nproc_per_node, spec.nproc_auto ? " (auto)" : "");
+  os << fmt::format("log_dir:            {}\n", spec.log_dir.empty() ? "(none)" : spec.log_dir);
+  os << fmt::format("max_restarts:       {}\n", spec.max_restarts);
+  os << fmt::format("shutdown_timeout_s: {}\n", spec.shutdown_timeout_s);
+  os << fmt::format("rendezvous:         port {}, timeout {} s\n", spec.rendezvous.port, spec.rendezvous.timeout_s);
+  os << fmt::format("prefix_output:      {}\n", spec.prefix_output);
+  if (!spec.console_ranks.empty()) os << fmt::format("console_ranks:      {}\n", fmt::join(spec.console_ranks, ","));
+  for (const auto& [k, v] : spec.env) os << fmt::format("env:                {}={}\n", k, v);
+  return os.str();
+}
+
+}  // namespace dtrain::spec
