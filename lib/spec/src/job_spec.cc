@@ -246,9 +246,9 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
 }
 
 JobSpec loadJobSpec(const std::string& path) {
+  if (isDirectory(path)) throw SpecError(fmt::format("{}: is a directory; give a job spec file (.json)", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    if (isDirectory(path)) throw SpecError(fmt::format("{}: is a directory; give a job spec file (.json)", path));
     throw SpecError(fmt::format("{}: cannot open job spec: {}; check the path", path, exists(path) ? "permission denied" : "no such file"));
   }
   std::stringstream ss;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs dtrain's build and test dependencies from Debian's packages. Idempotent,
+# non-interactive; needs root (or sudo). Skips apt entirely when everything is present.
+set -euo pipefail
+pkgs=(cmake g++ make libcli11-dev libboost-dev nlohmann-json3-dev libfmt-dev libgtest-dev
+      python3-torch procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all dependencies present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

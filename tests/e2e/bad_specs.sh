@@ -1,0 +1,25 @@
+# Every spec in tests/spec/bad/ is refused with exit 2 and one line naming the file, the JSON
+# path and the problem (the .expected file holds a fragment of that line).
+source "$(dirname "$0")/lib.sh"
+n=0
+for spec in "$SRC"/tests/spec/bad/*.json; do
+  exp="${spec%.json}.expected"
+  name=$(basename "$spec" .json)
+  "$DTRAIN" validate "$spec" >"$T/out" 2>"$T/err"; rc=$?
+  expect_eq "$rc" 2 "$name: exit 2"
+  expect_eq "$(wc -l < "$T/err")" 1 "$name: one line"
+  grep -qF -- "dtrain: error: $spec" "$T/err" && pass "$name: names the file" || fail "$name: file not named: $(cat "$T/err")"
+  grep -qF -- "$(cat "$exp")" "$T/err" && pass "$name: message" || fail "$name: expected '$(cat "$exp")' in: $(cat "$T/err")"
+  # run refuses the same way and starts nothing.
+  "$DTRAIN" run "$spec" >"$T/out" 2>"$T/err2"; rc=$?
+  expect_eq "$rc" 2 "$name: run exits 2"
+  n=$((n + 1))
+done
+[ "$n" -ge 20 ] && pass "$n bad specs checked" || fail "only $n bad specs"
+
+# Files that cannot be read.
+"$DTRAIN" validate "$T/nope.json" 2>"$T/err"; expect_eq "$?" 2 "missing file exit 2"
+expect_grep "nope.json: cannot open job spec: no such file; check the path" "$T/err" "missing file message"
+"$DTRAIN" validate "$T" 2>"$T/err"; expect_eq "$?" 2 "directory exit 2"
+expect_grep "is a directory" "$T/err" "directory message"
+finish

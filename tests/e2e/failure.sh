@@ -1,0 +1,52 @@
+# A failing worker stops the others and its exit code, stderr and error file reach the user.
+source "$(dirname "$0")/lib.sh"
+cat > "$T/w.sh" <<'SH'
+echo $$ > "$D/pid.$RANK"
+if [ "$RANK" = 1 ]; then sleep 0.5; echo "about to fail" >&2; printf 'last words' >&2; exit 3; fi
+exec sleep 60
+SH
+start=$(date +%s)
+D="$T" "$DTRAIN" run --nproc-per-node 3 --shutdown-timeout 5 -- bash "$T/w.sh" >"$T/out" 2>"$T/err"
+rc=$?
+took=$(( $(date +%s) - start ))
+expect_eq "$rc" 3 "exit code is the failing worker's"
+[ "$took" -lt 10 ] && pass "others stopped promptly (${took}s)" || fail "took ${took}s"
+expect_grep "job 'bash' failed: rank 1 exited with code 3" "$T/err" "summary headline"
+expect_grep "rank: +1 \(local rank 1\)" "$T/err" "summary rank"
+expect_grep "pid: +$(cat "$T/pid.1")" "$T/err" "summary pid"
+expect_grep "host: +$(hostname)" "$T/err" "summary host"
+expect_grep "time: +[0-9]{4}-[0-9]{2}-[0-9]{2}T" "$T/err" "summary time"
+expect_grep "\| about to fail" "$T/err" "stderr tail"
+expect_grep "\| last words$" "$T/err" "unterminated last line in tail"
+expect_grep "2 other worker\(s\) were stopped" "$T/err" "others counted as stopped"
+for r in 0 2; do alive "$(cat "$T/pid.$r")" && fail "rank $r still alive" || pass "rank $r stopped"; done
+
+# A worker killed by a signal: named signal in the summary, 128+n exit code.
+"$DTRAIN" run --nproc-per-node 2 -- sh -c '[ "$RANK" = 0 ] && kill -SEGV $$; sleep 30' >"$T/out" 2>"$T/err"
+expect_eq "$?" 139 "SIGSEGV gives 139"
+expect_grep "rank 0 killed by SIGSEGV" "$T/err" "signal named"
+expect_grep "exit: +SIGSEGV" "$T/err" "exit line names signal"
+
+# TORCHELASTIC_ERROR_FILE written by the worker (PyTorch @record format) shows in the summary.
+cat > "$T/err.py" <<'PY'
+import json, os, sys
+with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+    json.dump({"message": {"message": "ValueError: learning rate must be positive",
+                           "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 7\nValueError: learning rate must be positive", "timestamp": "0"}}}, f)
+sys.exit(1)
+PY
+"$DTRAIN" run --nproc-per-node 1 -- python3 "$T/err.py" >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "error-file worker exit code"
+expect_grep "error: +ValueError: learning rate must be positive" "$T/err" "error file message"
+expect_grep "File \"train.py\", line 7" "$T/err" "error file traceback"
+
+# A program that does not exist: 127, and the reason.
+"$DTRAIN" run --nproc-per-node 1 -- /nonexistent/prog >"$T/out" 2>"$T/err"
+expect_eq "$?" 127 "missing program gives 127"
+expect_grep "cannot run '/nonexistent/prog': No such file or directory" "$T/err" "missing program named"
+
+# All workers succeed -> 0, no summary.
+"$DTRAIN" run --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "all exit 0"
+if grep -q failed "$T/err"; then fail "summary on success"; else pass "no summary on success"; fi
+finish

@@ -1,0 +1,29 @@
+# Shared helpers for end-to-end tests. Each test: bash TEST.sh /path/to/dtrain
+set -uo pipefail
+export LC_ALL=C
+DTRAIN="$1"
+SRC="${DTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+T="$(mktemp -d /tmp/dtrain-e2e.XXXXXX)"
+cleanup() { [ -n "${DTRAIN_PID:-}" ] && kill -9 "$DTRAIN_PID" 2>/dev/null; rm -rf "$T"; }
+trap cleanup EXIT
+FAILS=0
+fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
+pass() { echo "ok: $*"; }
+expect_eq() { if [ "$1" == "$2" ]; then pass "$3"; else fail "$3: expected '$2', got '$1'"; fi; }
+expect_grep() { if grep -qE -- "$1" "$2"; then pass "$3"; else fail "$3: /$1/ not in $2:"; sed 's/^/    /' "$2" >&2; fi; }
+# wait_for FILE... : up to 20 s for files to exist.
+wait_for() {
+  for _ in $(seq 200); do
+    local all=1
+    for f in "$@"; do [ -e "$f" ] || all=0; done
+    [ $all = 1 ] && return 0
+    sleep 0.1
+  done
+  fail "timed out waiting for $*"
+  return 1
+}
+alive() { kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" | cut -c1)" != Z ]; }
+finish() {
+  if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
+  echo "all checks passed"
+}

@@ -1,0 +1,44 @@
+# SIGINT/SIGTERM/SIGHUP reach every worker; a worker that ignores SIGTERM is killed after
+# the grace period; dtrain exits 128+signal.
+source "$(dirname "$0")/lib.sh"
+cat > "$T/w.py" <<'PY'
+import os, signal, sys, time
+d, rank, mode = os.environ["D"], os.environ["RANK"], sys.argv[1]
+def on(sig, _):
+    open(f"{d}/got.{rank}", "w").write(signal.Signals(sig).name)
+    sys.exit(0)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN if mode == "ignore" else on)
+open(f"{d}/pid.{rank}", "w").write(str(os.getpid()))
+time.sleep(120)
+PY
+run_case() {  # signal expected_rc
+  rm -f "$T"/got.* "$T"/pid.*
+  D="$T" "$DTRAIN" run --nproc-per-node 3 -- python3 "$T/w.py" handle >"$T/out" 2>"$T/err" &
+  DTRAIN_PID=$!
+  wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2" || return
+  kill -"$1" "$DTRAIN_PID"
+  wait "$DTRAIN_PID"; rc=$?
+  DTRAIN_PID=
+  expect_eq "$rc" "$2" "SIG$1 gives exit $2"
+  for r in 0 1 2; do expect_eq "$(cat "$T/got.$r" 2>/dev/null)" "SIG$1" "rank $r got SIG$1"; done
+  expect_grep "stopped by" "$T/err" "SIG$1 reported"
+}
+run_case INT 130
+run_case TERM 143
+run_case HUP 129
+
+# Grace kill: workers ignore SIGTERM; --shutdown-timeout 1 -> SIGKILL after ~1 s.
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 1 -- python3 "$T/w.py" ignore >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1"
+start=$(date +%s%N)
+kill -TERM "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?
+DTRAIN_PID=
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+expect_eq "$rc" 143 "grace-killed job exits 143"
+[ "$ms" -ge 900 ] && [ "$ms" -lt 6000 ] && pass "SIGKILL after the grace period (${ms} ms)" || fail "teardown took ${ms} ms"
+for r in 0 1; do alive "$(cat "$T/pid.$r")" && fail "rank $r survived" || pass "rank $r killed"; done
+finish
