@@ -1,0 +1,47 @@
+# The command line: dry-run plan, validate, ad-hoc mode, flags, usage errors.
+source "$(dirname "$0")/lib.sh"
+"$DTRAIN" --help >"$T/out" 2>&1; expect_eq "$?" 0 "--help exits 0"
+expect_grep "run" "$T/out" "help lists run"
+"$DTRAIN" --version >"$T/out" 2>&1; expect_eq "$?" 0 "--version exits 0"
+expect_grep "^dtrain [0-9]+\.[0-9]+\.[0-9]+ \((CPU|CUDA/NCCL) build\)" "$T/out" "version line"
+"$DTRAIN" run --bogus-flag x.json >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "unknown flag exits 2"
+expect_grep "^dtrain: error: .*bogus" "$T/err" "unknown flag named"
+"$DTRAIN" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "no subcommand exits 2"
+"$DTRAIN" run >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "nothing to run exits 2"
+expect_grep "nothing to run" "$T/err" "nothing to run message"
+"$DTRAIN" run "$SRC/configs/env_dump.json" -- true 2>"$T/err"; expect_eq "$?" 2 "spec and command exits 2"
+"$DTRAIN" run --nproc-per-node -3 -- true 2>"$T/err"; expect_eq "$?" 2 "bad --nproc-per-node exits 2"
+expect_grep "^dtrain: error: --nproc-per-node: expected a positive integer or \"auto\", got \"-3\"$" "$T/err" "bad --nproc-per-node message"
+"$DTRAIN" run --env NOEQUALS --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "bad --env exits 2"
+expect_grep "--env: expected KEY=VALUE" "$T/err" "bad --env message"
+"$DTRAIN" run --max-restarts x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "bad --max-restarts exits 2"
+"$DTRAIN" run --local-ranks-filter 5 --nproc-per-node 2 -- true 2>"$T/err"; expect_eq "$?" 2 "filter out of range exits 2"
+
+# Dry run: the plan table, nothing started.
+"$DTRAIN" run --dry-run --nproc-per-node 3 -- sh -c "touch $T/ran" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "dry run exits 0"
+[ -e "$T/ran" ] && fail "dry run ran the command" || pass "dry run ran nothing"
+expect_grep "^host +node_rank +local_rank +global_rank +device +command$" "$T/out" "plan header"
+expect_grep "^$(hostname) +0 +2 +2 +(cpu|cuda:[0-9]+) +sh -c 'touch " "$T/out" "plan row for rank 2"
+expect_eq "$(grep -c "^$(hostname) " "$T/out")" 3 "3 plan rows"
+
+# Spec file with overrides; validate prints the resolved spec.
+"$DTRAIN" validate "$SRC/configs/env_dump.json" --nproc-per-node 5 --env A=B >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "validate exits 0"
+expect_grep "env_dump.json: OK" "$T/out" "validate OK"
+expect_grep "^nproc_per_node: +5$" "$T/out" "override applied"
+expect_grep "^env: +A=B$" "$T/out" "--env shown"
+"$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
+expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
+# auto without GPUs = usable CPU cores (CUDA_VISIBLE_DEVICES hides any).
+CUDA_VISIBLE_DEVICES= "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
+expect_grep "^nproc_per_node: +$(nproc) \(auto\)$" "$T/out" "auto = CPU cores without visible GPUs"
+
+# Every example config validates.
+for c in "$SRC"/configs/*.json; do
+  (cd "$SRC" && "$DTRAIN" validate "$c" >/dev/null 2>"$T/err") && pass "$(basename "$c") validates" || fail "$(basename "$c"): $(cat "$T/err")"
+done
+# Ad-hoc mode passes the worker's own flags through untouched.
+"$DTRAIN" run --nproc-per-node 1 -- sh -c 'echo "$@"' sh --lr 0.1 --help >"$T/out" 2>&1
+expect_eq "$(cat "$T/out")" "[rank 0] --lr 0.1 --help" "worker flags after -- untouched"
+finish

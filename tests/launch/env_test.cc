@@ -1,0 +1,84 @@
+#include "dtrain/launch/env.h"
+
+#include <gtest/gtest.h>
+
+#include "dtrain/launch/plan.h"
+
+namespace dtrain::launch {
+namespace {
+
+spec::JobSpec twoWorkers() {
+  spec::JobSpec s;
+  s.command = {"true"};
+  s.nproc_per_node = 2;
+  s.max_restarts = 5;
+  return s;
+}
+
+TEST(WorkerEnv, TorchrunContract) {
+  spec::JobSpec s = twoWorkers();
+  Plan p = makeLocalPlan(s, "abc123", 4242);
+  ASSERT_EQ(p.workers.size(), 2u);
+  EnvOptions o;
+  o.error_file = "/tmp/e/1/error.json";
+  o.restart_count = 1;
+  EnvMap env = workerEnv({{"PATH", "/bin"}}, s, p, p.workers[1], o);
+  EXPECT_EQ(env.at("PATH"), "/bin");
+  EXPECT_EQ(env.at("RANK"), "1");
+  EXPECT_EQ(env.at("LOCAL_RANK"), "1");
+  EXPECT_EQ(env.at("GROUP_RANK"), "0");
+  EXPECT_EQ(env.at("ROLE_RANK"), "1");
+  EXPECT_EQ(env.at("ROLE_NAME"), "default");
+  EXPECT_EQ(env.at("WORLD_SIZE"), "2");
+  EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(env.at("GROUP_WORLD_SIZE"), "1");
+  EXPECT_EQ(env.at("ROLE_WORLD_SIZE"), "2");
+  EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
+  EXPECT_EQ(env.at("MASTER_PORT"), "4242");
+  EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "5");
+  EXPECT_EQ(env.at("TORCHELASTIC_RUN_ID"), "abc123");
+  EXPECT_EQ(env.at("TORCHELASTIC_USE_AGENT_STORE"), "False");
+  EXPECT_EQ(env.at("TORCHELASTIC_ERROR_FILE"), "/tmp/e/1/error.json");
+  EXPECT_EQ(env.at("DTRAIN_RUN_ID"), "abc123");
+  EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");
+}
+
+TEST(WorkerEnv, OmpOnlyWhenSeveralWorkersAndUnset) {
+  spec::JobSpec s = twoWorkers();
+  Plan p = makeLocalPlan(s, "r", 1);
+  EXPECT_EQ(workerEnv({{"OMP_NUM_THREADS", "8"}}, s, p, p.workers[0], {}).at("OMP_NUM_THREADS"), "8");
+  s.nproc_per_node = 1;
+  Plan p1 = makeLocalPlan(s, "r", 1);
+  EXPECT_EQ(workerEnv({}, s, p1, p1.workers[0], {}).count("OMP_NUM_THREADS"), 0u);
+}
+
+TEST(WorkerEnv, SpecEnvWins) {
+  spec::JobSpec s = twoWorkers();
+  s.env = {{"MASTER_ADDR", "10.0.0.1"}, {"OMP_NUM_THREADS", "4"}};
+  Plan p = makeLocalPlan(s, "r", 1);
+  EnvMap env = workerEnv({}, s, p, p.workers[0], {});
+  EXPECT_EQ(env.at("MASTER_ADDR"), "10.0.0.1");
+  EXPECT_EQ(env.at("OMP_NUM_THREADS"), "4");
+}
+
+TEST(Plan, FreePortAvoidsRendezvousPort) {
+  for (int i = 0; i < 20; ++i) {
+    int port = pickFreePort(29400);
+    EXPECT_GT(port, 0);
+    EXPECT_NE(port, 29400);
+  }
+}
+
+TEST(Plan, TableHasOneRowPerWorker) {
+  spec::JobSpec s = twoWorkers();
+  s.nproc_per_node = 3;
+  Plan p = makeLocalPlan(s, "r", 1);
+  std::string t = formatPlan(p, s);
+  size_t rows = 0;
+  for (char c : t) rows += c == '\n';
+  EXPECT_EQ(rows, 2u + 3u);
+}
+
+}  // namespace
+}  // namespace dtrain::launch

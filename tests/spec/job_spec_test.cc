@@ -1,0 +1,139 @@
+#include "dtrain/spec/job_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/spec/error_file.h"
+
+namespace dtrain::spec {
+namespace {
+
+std::string errorOf(const std::string& text) {
+  try {
+    parseJobSpec(text, "job.json");
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(JobSpec, ParsesAllKeys) {
+  JobSpec s = parseJobSpec(R"({"name": "n", "command": ["python3", "t.py", ""], "env": {"A": "1"},
+      "cwd": "/tmp", "nproc_per_node": 4, "log_dir": "/tmp/x-logs", "max_restarts": 3,
+      "rendezvous": {"port": 1234, "timeout_s": 60}, "shutdown_timeout_s": 2.5,
+      "prefix_output": false, "console_ranks": [0, 2]})",
+                           "job.json");
+  EXPECT_EQ(s.name, "n");
+  EXPECT_EQ(s.command, (std::vector<std::string>{"python3", "t.py", ""}));
+  EXPECT_EQ(s.env.at("A"), "1");
+  EXPECT_EQ(s.cwd, "/tmp");
+  EXPECT_EQ(s.nproc_per_node, 4);
+  EXPECT_FALSE(s.nproc_auto);
+  EXPECT_EQ(s.log_dir, "/tmp/x-logs");
+  EXPECT_EQ(s.max_restarts, 3);
+  EXPECT_EQ(s.rendezvous.port, 1234);
+  EXPECT_EQ(s.rendezvous.timeout_s, 60);
+  EXPECT_DOUBLE_EQ(s.shutdown_timeout_s, 2.5);
+  EXPECT_FALSE(s.prefix_output);
+  EXPECT_EQ(s.console_ranks, (std::vector<int>{0, 2}));
+}
+
+TEST(JobSpec, DefaultsAreTorchrunLike) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  EXPECT_EQ(s.nproc_per_node, 1);
+  EXPECT_EQ(s.max_restarts, 0);
+  EXPECT_EQ(s.rendezvous.port, 29400);
+  EXPECT_DOUBLE_EQ(s.shutdown_timeout_s, 30);
+  EXPECT_TRUE(s.prefix_output);
+}
+
+TEST(JobSpec, ErrorsNameFilePointerAndFix) {
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": -1})"),
+            "job.json: /nproc_per_node: expected a positive integer or \"auto\", got -1");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "max_restart": 1})"),
+            "job.json: /max_restart: unknown key \"max_restart\"; did you mean \"max_restarts\"?");
+  EXPECT_EQ(errorOf("{\n  \"command\": [\"true\"\n}"),
+            "job.json:3:1: invalid JSON: syntax error while parsing array - unexpected '}'; expected ']'");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": 18446744073709551615})"),
+            "job.json: /nproc_per_node: expected a positive integer or \"auto\", got 18446744073709551615");
+}
+
+TEST(JobSpec, AutoResolvesToCpusWithoutGpus) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": "auto"})", "job.json");
+  EXPECT_TRUE(s.nproc_auto);
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  resolve(s);
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_EQ(visibleGpuCount() >= 0, true);
+  EXPECT_GE(s.nproc_per_node, 1);
+}
+
+TEST(JobSpec, OverridesWinAndAreChecked) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "env": {"A": "spec"}})", "job.json");
+  Overrides o;
+  o.nproc_per_node = "3";
+  o.max_restarts = 2;
+  o.env = {"A=cli", "B=x=y"};
+  o.local_ranks_filter = "0,2";
+  o.no_prefix = true;
+  applyOverrides(s, o);
+  EXPECT_EQ(s.nproc_per_node, 3);
+  EXPECT_EQ(s.max_restarts, 2);
+  EXPECT_EQ(s.env.at("A"), "cli");
+  EXPECT_EQ(s.env.at("B"), "x=y");
+  EXPECT_EQ(s.console_ranks, (std::vector<int>{0, 2}));
+  EXPECT_FALSE(s.prefix_output);
+
+  Overrides bad;
+  bad.nproc_per_node = "2x";
+  EXPECT_THROW(applyOverrides(s, bad), SpecError);
+  Overrides badEnv;
+  badEnv.env = {"=v"};
+  EXPECT_THROW(applyOverrides(s, badEnv), SpecError);
+  Overrides badFilter;
+  badFilter.local_ranks_filter = "0,,1";
+  EXPECT_THROW(applyOverrides(s, badFilter), SpecError);
+}
+
+TEST(JobSpec, ConsoleRanksMustExist) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2, "console_ranks": [2]})", "job.json");
+  EXPECT_THROW(resolve(s), SpecError);
+}
+
+TEST(Strings, ClosestMatch) {
+  EXPECT_EQ(closestMatch("comand", {"command", "cwd", "env"}), "command");
+  EXPECT_EQ(closestMatch("zzzzzz", {"command", "cwd", "env"}), "");
+  EXPECT_EQ(editDistance("kitten", "sitting"), 3u);
+}
+
+TEST(Strings, SignalNames) {
+  EXPECT_EQ(signalName(11), "SIGSEGV");
+  EXPECT_EQ(signalName(9), "SIGKILL");
+}
+
+TEST(ErrorFile, ReadsRecordFormatAndPlainText) {
+  std::string path = ::testing::TempDir() + "/dtrain_error_file_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"message": {"message": "RuntimeError: x", "extraInfo": {"py_callstack": "Traceback...", "timestamp": "1"}}})";
+  }
+  auto e = readWorkerErrorFile(path);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "RuntimeError: x");
+  EXPECT_EQ(e->traceback, "Traceback...");
+  {
+    std::ofstream f(path);
+    f << "not json";
+  }
+  e = readWorkerErrorFile(path);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "not json");
+  EXPECT_FALSE(readWorkerErrorFile(path + ".missing"));
+}
+
+}  // namespace
+}  // namespace dtrain::spec
