@@ -18,7 +18,7 @@ expect_grep "host: +$(hostname)" "$T/err" "summary host"
 expect_grep "time: +[0-9]{4}-[0-9]{2}-[0-9]{2}T" "$T/err" "summary time"
 expect_grep "\| about to fail" "$T/err" "stderr tail"
 expect_grep "\| last words$" "$T/err" "unterminated last line in tail"
-expect_grep "2 other worker\(s\) were stopped" "$T/err" "others counted as stopped"
+expect_grep "2 other worker\(s\) ended during teardown" "$T/err" "others counted as stopped"
 for r in 0 2; do alive "$(cat "$T/pid.$r")" && fail "rank $r still alive" || pass "rank $r stopped"; done
 
 # A worker killed by a signal: named signal in the summary, 128+n exit code.

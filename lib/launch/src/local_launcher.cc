@@ -428,7 +428,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   }
   std::string how = f.signal ? fmt::format("killed by {}", signalName(f.signal)) : fmt::format("exited with code {}", f.exit_code);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
-  if (stopped) out += fmt::format("; {} other worker(s) were stopped", stopped);
+  if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
   out += "\n";
   out += "  first failure:\n";
   out += fmt::format("    rank:       {} (local rank {})\n", f.global_rank, f.local_rank);
