@@ -3,7 +3,7 @@
 # non-interactive; needs root (or sudo). Skips apt entirely when everything is present.
 set -euo pipefail
 pkgs=(cmake g++ make libcli11-dev libboost-dev nlohmann-json3-dev libfmt-dev libgtest-dev
-      python3-torch procps)
+      libssl-dev python3-torch procps)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,98 @@
+#pragma once
+// TcpStore: the Store over TCP. The server is Boost.Asio on one thread (a blocked wait
+// costs no thread); the client is a blocking socket with a deadline on every call.
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "dtrain/store/store.h"
+#include "dtrain/store/wire.h"
+
+namespace dtrain::store {
+
+struct TcpStoreServerOptions {
+  std::string bind = "127.0.0.1";  // "0.0.0.0" / "::" only when remote nodes must reach it
+  int port = 0;                    // 0 = pick a free one; port() tells which
+  std::string token;               // shared secret for the HMAC handshake; must be non-empty
+  wire::Limits limits;
+  size_t max_total_keys = 1u << 20;
+  size_t max_total_bytes = 1ull << 30;
+  size_t max_connections = 4096;
+  Duration handshake_timeout{std::chrono::seconds(10)};  // connect -> authenticated
+  Duration frame_timeout{std::chrono::seconds(10)};      // first byte of a frame -> last byte
+  Duration idle_timeout{Duration::zero()};               // zero = idle connections may stay
+};
+
+// Owns the listening socket, every session and the server thread. Not copyable.
+// Thread-safety: start/stop/port from one owner thread.
+class TcpStoreServer {
+ public:
+  explicit TcpStoreServer(TcpStoreServerOptions opts);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  int port() const;
+  // Serves on a background thread until stop() or destruction.
+  void start();
+  // Serves on the calling thread until stop() from another thread or a signal handler's
+  // requestStop().
+  void run();
+  void stop();
+  size_t connectionCount() const;
+
+  struct Impl;  // opaque; public only so that the .cc's sessions can name it
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  int port = 29400;
+  std::string token;
+  Duration connect_timeout{std::chrono::seconds(30)};  // retries with backoff until then
+  Duration timeout = kDefaultTimeout;                  // default for get/wait/multiGet
+};
+
+// Client. One connection, one request at a time (calls are serialized by a mutex, so a
+// TcpStore may be shared between threads; a waiting call blocks the others).
+class TcpStore final : public Store {
+ public:
+  explicit TcpStore(TcpStoreOptions opts);
+  ~TcpStore() override;
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, Duration timeout) override;
+  using Store::wait;
+  bool deleteKey(const std::string& key) override;
+  int64_t numKeys() override;
+  void append(const std::string& key, const Bytes& value) override;
+  std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
+  void ping();
+
+  std::string endpoint() const;
+
+ private:
+  wire::Reply call(const wire::Request& req, Duration serverWait);
+  void connect();
+
+  TcpStoreOptions opts_;
+  std::mutex mu_;
+  int fd_ = -1;
+};
+
+// HMAC-SHA256(token, nonce): the handshake's proof of the token.
+std::string handshakeMac(const std::string& token, const std::string& nonce);
+
+// 32 random bytes from the kernel.
+std::string randomBytes(size_t n);
+
+}  // namespace dtrain::store

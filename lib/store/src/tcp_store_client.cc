@@ -1,0 +1,294 @@
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/store/tcp_store.h"
+
+namespace dtrain::store {
+
+using Clock = std::chrono::steady_clock;
+using wire::ErrorCode;
+using wire::Op;
+
+std::string handshakeMac(const std::string& token, const std::string& nonce) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), reinterpret_cast<const unsigned char*>(nonce.data()),
+       nonce.size(), out, &len);
+  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+std::string randomBytes(size_t n) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::getrandom(out.data() + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throwErrno("getrandom");
+    }
+    got += static_cast<size_t>(r);
+  }
+  return out;
+}
+
+namespace {
+
+// Waits for fd to be ready until deadline; false on timeout.
+bool waitFd(int fd, short events, Clock::time_point deadline) {
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) throwErrno("poll");
+  }
+}
+
+}  // namespace
+
+TcpStore::TcpStore(TcpStoreOptions opts) : opts_(std::move(opts)) {
+  timeout_ = opts_.timeout;
+  connect();
+}
+
+TcpStore::~TcpStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string TcpStore::endpoint() const { return fmt::format("{}:{}", opts_.host, opts_.port); }
+
+void TcpStore::connect() {
+  auto deadline = Clock::now() + opts_.connect_timeout;
+  auto backoff = std::chrono::milliseconds(20);
+  std::string lastError = "no attempt";
+  while (true) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int gai = ::getaddrinfo(opts_.host.c_str(), std::to_string(opts_.port).c_str(), &hints, &res);
+    if (gai != 0) {
+      lastError = ::gai_strerror(gai);
+    } else {
+      for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+        int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd < 0) continue;
+        int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+          auto attemptDeadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+          if (waitFd(fd, POLLOUT, attemptDeadline)) {
+            int err = 0;
+            socklen_t len = sizeof(err);
+            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            rc = err == 0 ? 0 : -1;
+            errno = err;
+          } else {
+            errno = ETIMEDOUT;
+          }
+        }
+        if (rc == 0) {
+          int one = 1;
+          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          fd_ = fd;
+          break;
+        }
+        lastError = std::strerror(errno);
+        ::close(fd);
+      }
+      ::freeaddrinfo(res);
+    }
+    if (fd_ >= 0) break;
+    if (Clock::now() + backoff >= deadline)
+      throw IoError(fmt::format("store {}: cannot connect: {} (gave up after {:.3g} s)", endpoint(), lastError,
+                                opts_.connect_timeout.count() / 1000.0));
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  // Handshake: challenge from the server, HMAC of it with the token back.
+  wire::Request auth;
+  try {
+    auth.op = Op::kAuth;
+    auth.num = wire::kVersion;
+    wire::Reply challenge = call(wire::Request{Op::kPing, {}, {}, -2}, Duration(-2));  // read-only, see call()
+    if (challenge.op != Op::kChallenge)
+      throw IoError(fmt::format("store {}: server did not start with a challenge; is this a dtrain store?", endpoint()));
+    auth.values = {handshakeMac(opts_.token, challenge.value)};
+    wire::Reply r = call(auth, Duration::zero());
+    if (r.op == Op::kError) {
+      if (r.code == ErrorCode::kAuthFailed)
+        throw IoError(fmt::format("store {}: authentication failed: wrong token; check DTRAIN_STORE_TOKEN or --token-file", endpoint()));
+      throw IoError(fmt::format("store {}: handshake refused: {}", endpoint(), r.message));
+    }
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+// Sends req (unless serverWait == -2: just read the next frame) and reads one reply. The
+// deadline is the server-side wait plus a margin, so the server's own typed timeout
+// normally arrives first.
+wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
+  bool readOnly = serverWait == Duration(-2);
+  Duration budget = std::chrono::seconds(30);
+  if (serverWait > Duration::zero()) budget += serverWait;
+  bool forever = serverWait == kNoTimeout;
+  auto deadline = forever ? Clock::time_point::max() : Clock::now() + budget;
+  auto lost = [&](const std::string& why) -> IoError {
+    ::close(fd_);
+    fd_ = -1;
+    return IoError(fmt::format("store {}: {}", endpoint(), why));
+  };
+  if (fd_ < 0) throw IoError(fmt::format("store {}: not connected", endpoint()));
+  if (!readOnly) {
+    std::string frame = wire::encodeRequest(req);
+    size_t sent = 0;
+    while (sent < frame.size()) {
+      ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!waitFd(fd_, POLLOUT, deadline)) throw lost("timed out sending a request");
+        continue;
+      }
+      throw lost(fmt::format("connection lost: {}", std::strerror(errno)));
+    }
+  }
+  std::string buf;
+  size_t want = wire::kHeaderSize;
+  bool haveHeader = false;
+  wire::Limits lim;
+  lim.max_frame = std::max<size_t>(lim.max_frame, (lim.max_value + 8) * 4);
+  while (buf.size() < want) {
+    char tmp[65536];
+    ssize_t n = ::recv(fd_, tmp, std::min(sizeof(tmp), want - buf.size()), 0);
+    if (n > 0) {
+      buf.append(tmp, static_cast<size_t>(n));
+      if (!haveHeader && buf.size() == wire::kHeaderSize) {
+        haveHeader = true;
+        try {
+          want += wire::decodeHeader(buf, lim);
+        } catch (const wire::WireError& e) {
+          throw lost(fmt::format("bad reply: {}", e.what()));
+        }
+      }
+      continue;
+    }
+    if (n == 0) throw lost("connection closed by the store server");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!waitFd(fd_, POLLIN, deadline)) throw lost(fmt::format("no reply within {:.3g} s", budget.count() / 1000.0));
+      continue;
+    }
+    throw lost(fmt::format("connection lost: {}", std::strerror(errno)));
+  }
+  try {
+    return wire::decodeReply(std::string_view(buf).substr(wire::kHeaderSize), lim);
+  } catch (const wire::WireError& e) {
+    throw lost(fmt::format("bad reply: {}", e.what()));
+  }
+}
+
+namespace {
+
+[[noreturn]] void raise(const std::string& ep, const wire::Reply& r) {
+  std::string msg = fmt::format("store {}: {}", ep, r.message);
+  switch (r.code) {
+    case ErrorCode::kTimeout: throw TimeoutError(msg);
+    default: throw StoreError(fmt::format("{} ({})", msg, wire::errorCodeName(r.code)));
+  }
+}
+
+wire::Reply expect(const std::string& ep, wire::Reply r, Op op) {
+  if (r.op == Op::kError) raise(ep, r);
+  if (r.op != op) throw IoError(fmt::format("store {}: unexpected reply opcode {}", ep, static_cast<int>(r.op)));
+  return r;
+}
+
+int64_t ms(Duration d) { return d < Duration::zero() ? -1 : d.count(); }
+
+}  // namespace
+
+void TcpStore::set(const std::string& key, const Bytes& value) {
+  std::lock_guard<std::mutex> l(mu_);
+  expect(endpoint(), call({Op::kSet, {key}, {value}, 0}, Duration::zero()), Op::kOk);
+}
+
+Bytes TcpStore::get(const std::string& key) {
+  std::lock_guard<std::mutex> l(mu_);
+  return expect(endpoint(), call({Op::kGet, {key}, {}, ms(timeout_)}, timeout_), Op::kValue).value;
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> l(mu_);
+  return expect(endpoint(), call({Op::kAdd, {key}, {}, delta}, Duration::zero()), Op::kInt).num;
+}
+
+Bytes TcpStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  std::lock_guard<std::mutex> l(mu_);
+  return expect(endpoint(), call({Op::kCompareSet, {key}, {expected, desired}, 0}, Duration::zero()), Op::kValue).value;
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> l(mu_);
+  return expect(endpoint(), call({Op::kCheck, keys, {}, 0}, Duration::zero()), Op::kBool).flag;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
+  std::lock_guard<std::mutex> l(mu_);
+  expect(endpoint(), call({Op::kWait, keys, {}, ms(timeout)}, timeout), Op::kOk);
+}
+
+bool TcpStore::deleteKey(const std::string& key) {
+  std::lock_guard<std::mutex> l(mu_);
+  return expect(endpoint(), call({Op::kDelete, {key}, {}, 0}, Duration::zero()), Op::kBool).flag;
+}
+
+int64_t TcpStore::numKeys() {
+  std::lock_guard<std::mutex> l(mu_);
+  return expect(endpoint(), call({Op::kNumKeys, {}, {}, 0}, Duration::zero()), Op::kInt).num;
+}
+
+void TcpStore::append(const std::string& key, const Bytes& value) {
+  std::lock_guard<std::mutex> l(mu_);
+  expect(endpoint(), call({Op::kAppend, {key}, {value}, 0}, Duration::zero()), Op::kOk);
+}
+
+std::vector<Bytes> TcpStore::multiGet(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> l(mu_);
+  return expect(endpoint(), call({Op::kMultiGet, keys, {}, ms(timeout_)}, timeout_), Op::kValues).values;
+}
+
+void TcpStore::multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
+  if (keys.size() != values.size())
+    throw StoreError(fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
+  std::lock_guard<std::mutex> l(mu_);
+  expect(endpoint(), call({Op::kMultiSet, keys, values, 0}, Duration::zero()), Op::kOk);
+}
+
+void TcpStore::ping() {
+  std::lock_guard<std::mutex> l(mu_);
+  expect(endpoint(), call({Op::kPing, {}, {}, 0}, Duration::zero()), Op::kOk);
+}
+
+}  // namespace dtrain::store

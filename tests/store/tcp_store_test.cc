@@ -1,0 +1,290 @@
+#include "dtrain/store/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/store/wire.h"
+
+namespace dtrain::store {
+namespace {
+
+using namespace std::chrono_literals;
+using wire::ErrorCode;
+using wire::Op;
+
+const std::string kToken = "test-token-0123456789";
+
+class TcpStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { startServer({}); }
+  void startServer(TcpStoreServerOptions o) {
+    server_.reset();
+    o.token = kToken;
+    server_ = std::make_unique<TcpStoreServer>(o);
+    server_->start();
+  }
+  std::unique_ptr<TcpStore> client(const std::string& token = kToken) {
+    TcpStoreOptions o;
+    o.port = server_->port();
+    o.token = token;
+    o.connect_timeout = 2s;
+    return std::make_unique<TcpStore>(o);
+  }
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+// A raw socket for talking the protocol by hand.
+class Raw {
+ public:
+  explicit Raw(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  }
+  ~Raw() { ::close(fd_); }
+  void send(std::string_view b) { ASSERT_EQ(::send(fd_, b.data(), b.size(), MSG_NOSIGNAL), static_cast<ssize_t>(b.size())); }
+  // Reads one reply frame, or nullopt on close / timeout.
+  std::optional<wire::Reply> read(std::chrono::milliseconds timeout = 3000ms) {
+    std::string buf;
+    size_t want = 4;
+    bool header = false;
+    while (buf.size() < want) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return std::nullopt;
+      char tmp[4096];
+      ssize_t n = ::recv(fd_, tmp, std::min(sizeof(tmp), want - buf.size()), 0);
+      if (n <= 0) return std::nullopt;
+      buf.append(tmp, static_cast<size_t>(n));
+      if (!header && buf.size() == 4) {
+        header = true;
+        want += wire::decodeHeader(buf, wire::Limits{});
+      }
+    }
+    return wire::decodeReply(std::string_view(buf).substr(4), wire::Limits{});
+  }
+  bool closedByPeer(std::chrono::milliseconds timeout) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    char c;
+    while (true) {
+      ssize_t n = ::recv(fd_, &c, 1, 0);
+      if (n <= 0) return true;
+      if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    }
+  }
+  // Reads the challenge and authenticates.
+  void auth(const std::string& token = kToken) {
+    auto c = read();
+    ASSERT_TRUE(c);
+    ASSERT_EQ(c->op, Op::kChallenge);
+    send(wire::encodeRequest({Op::kAuth, {}, {handshakeMac(token, c->value)}, wire::kVersion}));
+  }
+
+ private:
+  int fd_;
+};
+
+TEST_F(TcpStoreTest, AllOperations) {
+  auto s = client();
+  std::string key("bin\0key", 7), val("\xff\x00v", 3);
+  s->set(key, val);
+  EXPECT_EQ(s->get(key), val);
+  EXPECT_EQ(s->add("n", 3), 3);
+  EXPECT_EQ(s->add("n", -1), 2);
+  EXPECT_EQ(s->compareSet("cas", "x", "y"), "x");
+  EXPECT_EQ(s->compareSet("cas", "", "y"), "y");
+  EXPECT_EQ(s->compareSet("cas", "y", "z"), "z");
+  EXPECT_TRUE(s->check({key, "n"}));
+  EXPECT_FALSE(s->check({"absent"}));
+  s->append("log", "a");
+  s->append("log", "b");
+  EXPECT_EQ(s->get("log"), "ab");
+  s->multiSet({"m1", "m2"}, {"1", "2"});
+  EXPECT_EQ(s->multiGet({"m2", "m1"}), (std::vector<Bytes>{"2", "1"}));
+  EXPECT_EQ(s->numKeys(), 6);
+  EXPECT_TRUE(s->deleteKey("log"));
+  EXPECT_FALSE(s->deleteKey("log"));
+  s->set("text", "abc");
+  EXPECT_THROW(s->add("text", 1), StoreError);
+  s->ping();  // the connection survives a typed error
+}
+
+TEST_F(TcpStoreTest, CounterExactAcross16Clients) {
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 16; ++t)
+    ts.emplace_back([&] {
+      auto c = client();
+      for (int i = 0; i < 1000; ++i) c->add("ctr", 1);
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(client()->get("ctr"), "16000");
+}
+
+TEST_F(TcpStoreTest, WaitWokenAndTimeoutPrecise) {
+  auto waiter = client();
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    client()->set("ready", "1");
+  });
+  auto start = std::chrono::steady_clock::now();
+  waiter->wait({"ready"}, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  setter.join();
+
+  start = std::chrono::steady_clock::now();
+  try {
+    waiter->wait({"ready", "never"}, 500ms);
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("store 127.0.0.1:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("timed out after 0.5 s waiting for key 'never'"), std::string::npos) << e.what();
+  }
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(took, 500);
+  EXPECT_LE(took, 550);
+  waiter->setTimeout(200ms);
+  EXPECT_THROW(waiter->get("never"), TimeoutError);
+  waiter->ping();
+}
+
+TEST_F(TcpStoreTest, WrongTokenAndUnreachableAreDistinct) {
+  try {
+    client("wrong");
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("authentication failed: wrong token"), std::string::npos) << e.what();
+  }
+  TcpStoreOptions o;
+  o.port = 1;  // nothing listens there
+  o.token = kToken;
+  o.connect_timeout = 300ms;
+  try {
+    TcpStore s(o);
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("store 127.0.0.1:1: cannot connect"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TcpStoreTest, CommandsBeforeHandshakeAreRefused) {
+  Raw r(server_->port());
+  ASSERT_TRUE(r.read());  // challenge
+  r.send(wire::encodeRequest({Op::kSet, {"k"}, {"v"}, 0}));
+  auto rep = r.read();
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->op, Op::kError);
+  EXPECT_EQ(rep->code, ErrorCode::kNotAuthenticated);
+  EXPECT_TRUE(r.closedByPeer(2000ms));
+  EXPECT_FALSE(client()->check({"k"}));
+}
+
+TEST_F(TcpStoreTest, TypedErrorsAndServerStaysUp) {
+  Raw r(server_->port());
+  r.auth();
+  ASSERT_EQ(r.read()->op, Op::kOk);
+  // Unknown opcode: typed error, connection usable afterwards.
+  r.send(std::string("\x00\x00\x00\x01\x63", 5));
+  auto rep = r.read();
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->code, ErrorCode::kUnknownOpcode);
+  // Value length 2^32-1 inside a small frame.
+  r.send(std::string("\x00\x00\x00\x0a\x01\x00\x00\x00\x01k\xff\xff\xff\xff", 14));
+  rep = r.read();
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->code, ErrorCode::kTooLarge);
+  r.send(wire::encodeRequest({Op::kPing, {}, {}, 0}));
+  EXPECT_EQ(r.read()->op, Op::kOk);
+  // A frame length of 2^32-1 (and limit+1) is fatal: typed error, then close.
+  Raw big(server_->port());
+  big.auth();
+  big.read();
+  big.send(std::string("\xff\xff\xff\xff", 4));
+  rep = big.read();
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->code, ErrorCode::kTooLarge);
+  EXPECT_TRUE(big.closedByPeer(2000ms));
+  client()->ping();
+}
+
+TEST_F(TcpStoreTest, FrameSplitAtEveryByteBoundary) {
+  std::string frame = wire::encodeRequest({Op::kMultiSet, {"alpha", "beta"}, {"one", "two"}, 0});
+  for (size_t cut = 1; cut < frame.size(); ++cut) {
+    Raw r(server_->port());
+    r.auth();
+    ASSERT_EQ(r.read()->op, Op::kOk);
+    r.send(std::string_view(frame).substr(0, cut));
+    std::this_thread::sleep_for(1ms);
+    r.send(std::string_view(frame).substr(cut));
+    auto rep = r.read();
+    ASSERT_TRUE(rep) << cut;
+    EXPECT_EQ(rep->op, Op::kOk) << cut;
+  }
+  EXPECT_EQ(client()->get("beta"), "two");
+}
+
+TEST_F(TcpStoreTest, SlowLorisIsDropped) {
+  TcpStoreServerOptions o;
+  o.frame_timeout = 500ms;
+  o.handshake_timeout = 500ms;
+  startServer(o);
+  Raw silent(server_->port());  // never authenticates
+  Raw slow(server_->port());
+  slow.auth();
+  ASSERT_EQ(slow.read()->op, Op::kOk);
+  slow.send(std::string("\x00\x00", 2));  // half a header, then nothing
+  EXPECT_TRUE(silent.closedByPeer(3000ms));
+  EXPECT_TRUE(slow.closedByPeer(3000ms));
+  client()->ping();
+}
+
+TEST_F(TcpStoreTest, QuotaErrors) {
+  TcpStoreServerOptions o;
+  o.max_total_keys = 3;
+  o.max_total_bytes = 1000;
+  startServer(o);
+  auto s = client();
+  s->set("a", "1");
+  s->set("b", "2");
+  s->set("c", "3");
+  try {
+    s->set("d", "4");
+    FAIL();
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("quota exceeded"), std::string::npos) << e.what();
+  }
+  s->set("a", "overwrite is fine");
+  EXPECT_THROW(s->set("b", std::string(2000, 'x')), StoreError);
+  EXPECT_EQ(s->get("b"), "2");
+}
+
+TEST_F(TcpStoreTest, HoldsAThousandConnections) {
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < 2200 && rl.rlim_max >= 2200) {
+    rl.rlim_cur = 2200;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < 2200) GTEST_SKIP() << "RLIMIT_NOFILE hard limit too low";
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int i = 0; i < 1000; ++i) clients.push_back(client());
+  EXPECT_EQ(server_->connectionCount(), 1000u);
+  for (int i = 0; i < 1000; i += 37) clients[i]->add("many", 1);
+  EXPECT_EQ(clients[999]->get("many"), "28");
+}
+
+}  // namespace
+}  // namespace dtrain::store
