@@ -15,6 +15,9 @@
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/plan.h"
 #include "dtrain/spec/job_spec.h"
+#include "dtrain/store/tcp_store.h"
+#include "dtrain/store/token.h"
+#include "store_cmd.h"
 
 namespace {
 
@@ -86,11 +89,22 @@ spec::JobSpec buildSpec(RunArgs& a) {
 int cmdRun(RunArgs& a) {
   spec::JobSpec s = buildSpec(a);
   std::string runId = launch::newRunId();
-  launch::Plan plan = launch::makeLocalPlan(s, runId);
   if (a.dry_run) {
-    std::cout << launch::formatPlan(plan, s);
+    std::cout << launch::formatPlan(launch::makeLocalPlan(s, runId), s);
     return kExitOk;
   }
+  // The job's store: loopback only while every worker is local.
+  store::TcpStoreServerOptions so;
+  so.bind = "127.0.0.1";
+  so.port = s.rendezvous.port;
+  so.token = store::newToken();
+  store::TcpStoreServer server(so);
+  server.start();
+  s.rendezvous.port = server.port();
+  launch::Plan plan = launch::makeLocalPlan(s, runId);
+  plan.store_addr = so.bind;
+  plan.store_port = server.port();
+  plan.store_token = so.token;
   auto launcher = launch::makeLocalLauncher();
   launch::RunResult r = launcher->run(plan, s);
   if (r.first_failure >= 0) std::cerr << launch::formatFailure(r, s) << std::flush;
@@ -135,6 +149,8 @@ int main(int argc, char** argv) {
   validate->add_option("spec", valArgs.spec_path, "Job spec (JSON)")->required();
   addOverrideFlags(validate, valArgs);
 
+  app::addStoreCommands(app);
+
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -154,6 +170,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (int rc = app::runStoreCommand(); rc >= 0) return rc;
     if (run->parsed()) return cmdRun(runArgs);
     if (validate->parsed()) {
       spec::JobSpec s = buildSpec(valArgs);

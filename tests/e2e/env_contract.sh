@@ -36,7 +36,12 @@ for r in 0 1 2; do
 done
 expect_eq "${ports[0]}" "${ports[1]}" "same MASTER_PORT for ranks 0 and 1"
 expect_eq "${ports[0]}" "${ports[2]}" "same MASTER_PORT for ranks 0 and 2"
-[ "${ports[0]}" != 29400 ] && [ "${ports[0]}" -gt 0 ] && pass "MASTER_PORT distinct from the rendezvous port" || fail "bad MASTER_PORT ${ports[0]}"
+sp=$(grep -E "^DTRAIN_STORE_PORT=" "$T/env.0" | cut -d= -f2)
+[ -n "$sp" ] && [ "${ports[0]}" != "$sp" ] && [ "${ports[0]}" -gt 0 ] && pass "MASTER_PORT distinct from the store port" || fail "bad MASTER_PORT ${ports[0]} (store $sp)"
+expect_eq "$(grep -E "^DTRAIN_STORE_ADDR=" "$T/env.0" | cut -d= -f2)" 127.0.0.1 "store address"
+tok=$(grep -E "^DTRAIN_STORE_TOKEN=" "$T/env.0" | cut -d= -f2)
+[[ "$tok" =~ ^[0-9a-f]{64}$ ]] && pass "store token is 32 random bytes in hex" || fail "bad token '$tok'"
+expect_eq "$(grep -E "^DTRAIN_STORE_TOKEN=" "$T/env.2" | cut -d= -f2)" "$tok" "same token for every rank"
 expect_eq "${ids[0]}" "${ids[2]}" "same run id"
 
 # A user's OMP_NUM_THREADS is kept, and no notice is printed.

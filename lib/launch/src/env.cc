@@ -37,6 +37,11 @@ EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan
   num("DTRAIN_NNODES", plan.nnodes);
   num("DTRAIN_RESTART_COUNT", opts.restart_count);
   set("DTRAIN_DEVICE", slot.device);
+  if (plan.store_port > 0) {
+    set("DTRAIN_STORE_ADDR", plan.store_addr);
+    num("DTRAIN_STORE_PORT", plan.store_port);
+    set("DTRAIN_STORE_TOKEN", plan.store_token);
+  }
   if (setsOmpThreads(base, spec)) set("OMP_NUM_THREADS", "1");
   for (const auto& [k, v] : spec.env) env[k] = v;
   return env;

@@ -233,7 +233,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     if (!r.is_object()) c.fail("/rendezvous", fmt::format("expected an object, got {}", typeName(r)));
     c.checkKeys(r, "/rendezvous", kRendezvousKeys);
     if (r.contains("port"))
-      spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 1, 65535, "a TCP port between 1 and 65535"));
+      spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 0, 65535, "a TCP port between 1 and 65535, or 0 for a free one"));
     if (r.contains("timeout_s"))
       spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "seconds between 1 and 86400"));
   }
@@ -338,7 +338,9 @@ std::string describe(const JobSpec& spec) {
   os << fmt::format("log_dir:            {}\n", spec.log_dir.empty() ? "(none)" : spec.log_dir);
   os << fmt::format("max_restarts:       {}\n", spec.max_restarts);
   os << fmt::format("shutdown_timeout_s: {}\n", spec.shutdown_timeout_s);
-  os << fmt::format("rendezvous:         port {}, timeout {} s\n", spec.rendezvous.port, spec.rendezvous.timeout_s);
+  os << fmt::format("rendezvous:         port {}, timeout {} s\n",
+                    spec.rendezvous.port ? std::to_string(spec.rendezvous.port) : std::string("any free"),
+                    spec.rendezvous.timeout_s);
   os << fmt::format("prefix_output:      {}\n", spec.prefix_output);
   if (!spec.console_ranks.empty()) os << fmt::format("console_ranks:      {}\n", fmt::join(spec.console_ranks, ","));
   for (const auto& [k, v] : spec.env) os << fmt::format("env:                {}={}\n", k, v);

@@ -132,8 +132,8 @@ void TcpStore::connect() {
     wire::Reply r = call(auth, Duration::zero());
     if (r.op == Op::kError) {
       if (r.code == ErrorCode::kAuthFailed)
-        throw IoError(fmt::format("store {}: authentication failed: wrong token; check DTRAIN_STORE_TOKEN or --token-file", endpoint()));
-      throw IoError(fmt::format("store {}: handshake refused: {}", endpoint(), r.message));
+        throw AuthError(fmt::format("store {}: authentication failed: wrong token; check DTRAIN_STORE_TOKEN or --token-file", endpoint()));
+      throw AuthError(fmt::format("store {}: handshake refused: {}", endpoint(), r.message));
     }
   } catch (...) {
     ::close(fd_);

@@ -23,11 +23,16 @@ struct Plan {
   int local_world_size = 0;
   std::string master_addr;
   int master_port = 0;
+  // dtrain's own store for this job (port 0: none, as in --dry-run). The token reaches
+  // workers only through their environment.
+  std::string store_addr;
+  int store_port = 0;
+  std::string store_token;
   std::vector<WorkerSlot> workers;
 };
 
 // One node: this host, spec.nproc_per_node workers. spec must be resolved.
-// master_port 0 means "pick a free one now".
+// master_port 0 means "pick a free one now" (never spec.rendezvous.port).
 Plan makeLocalPlan(const spec::JobSpec& spec, const std::string& run_id, int master_port = 0);
 
 // The `--dry-run` table: host, node rank, local rank, global rank, device, command.

@@ -9,7 +9,7 @@
 namespace dtrain::spec {
 
 struct RendezvousSpec {
-  int port = 29400;      // dtrain's own store port (store lands with the rendezvous issue)
+  int port = 0;          // dtrain's own store port; 0 = a free one, chosen at start
   int timeout_s = 900;
 };
 

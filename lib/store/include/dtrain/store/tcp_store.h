@@ -5,10 +5,17 @@
 #include <mutex>
 #include <string>
 
+#include "dtrain/common/errors.h"
 #include "dtrain/store/store.h"
 #include "dtrain/store/wire.h"
 
 namespace dtrain::store {
+
+// The server refused our token (or protocol version): retrying will not help.
+class AuthError : public IoError {
+ public:
+  using IoError::IoError;
+};
 
 struct TcpStoreServerOptions {
   std::string bind = "127.0.0.1";  // "0.0.0.0" / "::" only when remote nodes must reach it

@@ -1,0 +1,13 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace dtrain::app {
+
+// `dtrain store serve|set|get|add|wait|check|delete`. Exit codes for scripts:
+// 0 ok, 1 "no" (check: a key is missing; delete: key was absent), 2 usage,
+// 3 timed out, 4 store unreachable or connection lost, 5 authentication refused.
+void addStoreCommands(CLI::App& app);
+// Runs whichever store subcommand was parsed; -1 when none was.
+int runStoreCommand();
+
+}  // namespace dtrain::app
