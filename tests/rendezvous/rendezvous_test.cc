@@ -1,0 +1,161 @@
+#include "dtrain/rendezvous/rendezvous.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/store/hash_store.h"
+#include "dtrain/store/tcp_store.h"
+
+namespace dtrain::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+
+RendezvousOptions opts(int minN, int maxN) {
+  RendezvousOptions o;
+  o.run_id = "job";
+  o.min_nodes = minN;
+  o.max_nodes = maxN;
+  o.join_timeout = 10s;
+  o.last_call = 200ms;
+  return o;
+}
+
+// Runs n agents concurrently, each with the store makeStore() gives it.
+template <typename MakeStore>
+std::vector<RoundResult> joinAll(int n, RendezvousOptions o, MakeStore makeStore, std::function<NodeInfo(int)> info) {
+  std::vector<RoundResult> results(static_cast<size_t>(n));
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      try {
+        Rendezvous r(makeStore(), o, info(i));
+        results[static_cast<size_t>(i)] = r.join();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(i)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  return results;
+}
+
+void expectConsistent(const std::vector<RoundResult>& rs, int nnodes, int worldSize) {
+  std::set<int> nodeRanks, offsets;
+  for (const auto& r : rs) {
+    EXPECT_EQ(r.nnodes, nnodes);
+    EXPECT_EQ(r.world_size, worldSize);
+    EXPECT_EQ(r.nodes.size(), static_cast<size_t>(nnodes));
+    nodeRanks.insert(r.node_rank);
+    offsets.insert(r.rank_offset);
+    int off = 0;
+    for (int i = 0; i < r.node_rank; ++i) off += r.nodes[static_cast<size_t>(i)].nproc;
+    EXPECT_EQ(r.rank_offset, off);
+    for (size_t i = 0; i < r.nodes.size(); ++i) EXPECT_EQ(r.nodes[i].name, rs[0].nodes[i].name);
+  }
+  EXPECT_EQ(nodeRanks.size(), static_cast<size_t>(nnodes));
+  EXPECT_EQ(offsets.size(), static_cast<size_t>(nnodes));
+}
+
+TEST(Rendezvous, SixtyFourAgentsOverHashStore) {
+  auto store = std::make_shared<store::HashStore>();
+  auto start = std::chrono::steady_clock::now();
+  auto rs = joinAll(64, opts(64, 64), [&] { return store; }, [](int i) { return NodeInfo{"n" + std::to_string(i), 1 + i % 3, -1}; });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  int world = 0;
+  for (int i = 0; i < 64; ++i) world += 1 + i % 3;
+  expectConsistent(rs, 64, world);
+}
+
+TEST(Rendezvous, SixtyFourAgentsOverTcpStore) {
+  store::TcpStoreServerOptions so;
+  so.token = "t";
+  store::TcpStoreServer server(so);
+  server.start();
+  auto make = [&] {
+    store::TcpStoreOptions o;
+    o.port = server.port();
+    o.token = "t";
+    return std::make_shared<store::TcpStore>(o);
+  };
+  auto start = std::chrono::steady_clock::now();
+  auto rs = joinAll(64, opts(64, 64), make, [](int i) { return NodeInfo{"host" + std::to_string(i), 2, -1}; });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  expectConsistent(rs, 64, 128);
+}
+
+TEST(Rendezvous, HostfileOrderDecidesNodeRank) {
+  auto store = std::make_shared<store::HashStore>();
+  auto rs = joinAll(4, opts(4, 4), [&] { return store; }, [](int i) { return NodeInfo{"h" + std::to_string(i), 1, 3 - i}; });
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(rs[static_cast<size_t>(i)].node_rank, 3 - i);
+  EXPECT_EQ(rs[0].nodes[0].name, "h3");
+}
+
+TEST(Rendezvous, ClosesAfterLastCallWithMinNodes) {
+  auto store = std::make_shared<store::HashStore>();
+  auto start = std::chrono::steady_clock::now();
+  auto rs = joinAll(2, opts(2, 4), [&] { return store; }, [](int i) { return NodeInfo{"n" + std::to_string(i), 1, -1}; });
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 200ms);
+  EXPECT_LT(took, 2s);
+  expectConsistent(rs, 2, 2);
+}
+
+TEST(Rendezvous, LateNodeWaitsForTheNextRound) {
+  auto store = std::make_shared<store::HashStore>();
+  auto o = opts(2, 2);
+  auto rs = joinAll(2, o, [&] { return store; }, [](int i) { return NodeInfo{"n" + std::to_string(i), 1, -1}; });
+  ASSERT_EQ(rs[0].round, 0);
+  RoundResult late;
+  std::thread lateAgent([&] { late = Rendezvous(store, o, {"late", 1, -1}).join(); });
+  std::this_thread::sleep_for(100ms);
+  // An elastic restart opens round 1; the late node and one old one form it.
+  Rendezvous(store, o, {"n0", 1, -1}).openNextRound(0);
+  RoundResult again = Rendezvous(store, o, {"n0", 1, -1}).join();
+  lateAgent.join();
+  EXPECT_EQ(late.round, 1);
+  EXPECT_EQ(again.round, 1);
+  EXPECT_EQ(late.nnodes, 2);
+}
+
+TEST(Rendezvous, TimeoutSaysWhoArrived) {
+  auto store = std::make_shared<store::HashStore>();
+  auto o = opts(3, 3);
+  o.join_timeout = 300ms;
+  o.expected = {"a", "b", "c"};
+  try {
+    Rendezvous(store, o, {"a", 1, 0}).join();
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_STREQ(e.what(), "rendezvous round 0 timed out after 0.3 s: 1 of at least 3 node(s) joined (arrived: a); missing: b, c");
+  }
+}
+
+TEST(Rendezvous, BadOptions) {
+  auto store = std::make_shared<store::HashStore>();
+  EXPECT_THROW(Rendezvous(store, opts(3, 2), {"a", 1, -1}), SpecError);
+  EXPECT_THROW(Rendezvous(store, opts(1, 1), {"", 1, -1}), SpecError);
+}
+
+TEST(Heartbeat, SilentNodeIsDeclaredDead) {
+  auto store = std::make_shared<store::HashStore>();
+  HeartbeatMonitor mon(store, "job", 200ms);
+  HeartbeatMonitor::beat(*store, "job", "alive");
+  HeartbeatMonitor::beat(*store, "job", "silent");
+  EXPECT_TRUE(mon.dead({"alive", "silent"}).empty());
+  for (int i = 0; i < 6; ++i) {
+    std::this_thread::sleep_for(60ms);
+    HeartbeatMonitor::beat(*store, "job", "alive");
+    auto d = mon.dead({"alive", "silent"});
+    if (i >= 4) EXPECT_EQ(d, std::vector<std::string>{"silent"});
+    if (i < 2) EXPECT_TRUE(d.empty());
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::rendezvous
