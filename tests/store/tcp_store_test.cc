@@ -270,6 +270,30 @@ TEST_F(TcpStoreTest, QuotaErrors) {
   EXPECT_EQ(s->get("b"), "2");
 }
 
+TEST_F(TcpStoreTest, UnfinishedFramesHaveAGlobalBudget) {
+  TcpStoreServerOptions o;
+  o.max_buffered_bytes = 4u << 20;
+  startServer(o);
+  // Each client announces a 16 MiB frame and sends 1 MiB of it: the fifth goes over budget.
+  std::vector<std::unique_ptr<Raw>> hogs;
+  std::string head("\x01\x00\xff\xff\xf0", 5);  // SET, key length ~16 MiB (too large, but unread yet)
+  std::string partial = std::string("\x01\x00\x00\x00", 4) + std::string(1u << 20, 'x');
+  int refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    hogs.push_back(std::make_unique<Raw>(server_->port()));
+    hogs.back()->auth();
+    ASSERT_EQ(hogs.back()->read()->op, Op::kOk);
+    hogs.back()->send(partial);
+    std::this_thread::sleep_for(50ms);
+  }
+  for (auto& h : hogs) {
+    auto r = h->read(500ms);
+    if (r && r->op == Op::kError && r->code == ErrorCode::kQuota) ++refused;
+  }
+  EXPECT_GE(refused, 2);
+  client()->ping();  // small clients still served
+}
+
 TEST_F(TcpStoreTest, HoldsAThousandConnections) {
   rlimit rl{};
   ::getrlimit(RLIMIT_NOFILE, &rl);

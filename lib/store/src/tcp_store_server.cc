@@ -49,6 +49,7 @@ struct TcpStoreServer::Impl {
   State state;
   std::list<std::weak_ptr<Session>> sessions;
   std::atomic<size_t> connections{0};
+  size_t buffered = 0;  // bytes of unfinished frames held by all sessions
   std::thread thread;
   int port = 0;
 };
@@ -106,6 +107,10 @@ class Session : public std::enable_shared_from_this<Session> {
         frameStart_ = lastActivity_;
       }
       in_.append(chunk_.data(), n);
+      account();
+      if (srv_.buffered > srv_.opts.max_buffered_bytes)
+        return fatal(ErrorCode::kQuota, fmt::format("server holds more than {} bytes of unfinished frames; retry later",
+                                                    srv_.opts.max_buffered_bytes));
       processBuffer();
     });
   }
@@ -127,6 +132,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (in_.size() < wire::kHeaderSize + len) return readMore();
     std::string body = in_.substr(wire::kHeaderSize, len);
     in_.erase(0, wire::kHeaderSize + len);
+    account();
     frameStarted_ = !in_.empty();
     if (frameStarted_) frameStart_ = Clock::now();
     wire::Request req;
@@ -333,7 +339,13 @@ class Session : public std::enable_shared_from_this<Session> {
   TcpStoreServer::Impl& srv_;
   tcp::socket sock_;
   asio::steady_timer waitTimer_;
-  std::array<char, 64 * 1024> chunk_{};
+  std::array<char, 16 * 1024> chunk_{};
+  size_t accounted_ = 0;  // our share of srv_.buffered
+
+  void account() {
+    srv_.buffered = srv_.buffered - accounted_ + in_.size();
+    accounted_ = in_.size();
+  }
   std::string in_, out_, nonce_;
   bool authed_ = false, closed_ = false, closeAfterWrite_ = false;
   bool frameStarted_ = false, waiting_ = false;
@@ -343,7 +355,10 @@ class Session : public std::enable_shared_from_this<Session> {
   Duration waitFor_{0};
 
  public:
-  ~Session() { --srv_.connections; }
+  ~Session() {
+    srv_.buffered -= accounted_;
+    --srv_.connections;
+  }
 };
 
 }  // namespace

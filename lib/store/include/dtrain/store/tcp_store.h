@@ -25,6 +25,9 @@ struct TcpStoreServerOptions {
   size_t max_total_keys = 1u << 20;
   size_t max_total_bytes = 1ull << 30;
   size_t max_connections = 4096;
+  // Bytes of unfinished frames held across all connections: many clients each sending most
+  // of a maximal frame cannot exhaust memory.
+  size_t max_buffered_bytes = 256u << 20;
   Duration handshake_timeout{std::chrono::seconds(10)};  // connect -> authenticated
   Duration frame_timeout{std::chrono::seconds(10)};      // first byte of a frame -> last byte
   Duration idle_timeout{Duration::zero()};               // zero = idle connections may stay
