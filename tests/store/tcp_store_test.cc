@@ -276,7 +276,6 @@ TEST_F(TcpStoreTest, UnfinishedFramesHaveAGlobalBudget) {
   startServer(o);
   // Each client announces a 16 MiB frame and sends 1 MiB of it: the fifth goes over budget.
   std::vector<std::unique_ptr<Raw>> hogs;
-  std::string head("\x01\x00\xff\xff\xf0", 5);  // SET, key length ~16 MiB (too large, but unread yet)
   std::string partial = std::string("\x01\x00\x00\x00", 4) + std::string(1u << 20, 'x');
   int refused = 0;
   for (int i = 0; i < 6; ++i) {
