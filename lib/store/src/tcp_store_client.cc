@@ -71,6 +71,16 @@ TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+std::string TcpStore::localAddress() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (fd_ < 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "127.0.0.1";
+  char host[NI_MAXHOST];
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0)
+    return "127.0.0.1";
+  return host;
+}
+
 std::string TcpStore::endpoint() const { return fmt::format("{}:{}", opts_.host, opts_.port); }
 
 void TcpStore::connect() {

@@ -89,6 +89,9 @@ class TcpStore final : public Store {
   void ping();
 
   std::string endpoint() const;
+  // The local IP address of the connection to the store: the address peers on other hosts
+  // can reach this host at.
+  std::string localAddress() const;
 
  private:
   wire::Reply call(const wire::Request& req, Duration serverWait);

@@ -1,0 +1,85 @@
+#pragma once
+// Collectives for data-parallel training. Contract (as in MPI, gloo and NCCL): every rank
+// issues the same collectives in the same order; an operation's buffers must stay valid and
+// untouched until its Work completes.
+//
+// Thread-safety: a Communicator may be called from several threads, but operations are
+// executed in the order they were issued, one at a time, on the communicator's own thread.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dtrain/comm/types.h"
+#include "dtrain/store/store.h"
+
+namespace dtrain::comm {
+
+using Duration = std::chrono::milliseconds;
+
+// Handle of an asynchronous operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until done; rethrows the operation's error (PeerLostError, TimeoutError, ...).
+  virtual void wait() = 0;
+  // True when done (successfully or not); never blocks.
+  virtual bool test() = 0;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+
+  // In place: data holds count elements on every rank.
+  virtual WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) = 0;
+  // In place: root's count elements end up on every rank.
+  virtual WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) = 0;
+  // send: count elements; recv: size()*count elements, rank r's block at r*count.
+  virtual WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) = 0;
+  // send: size()*recvCount elements; rank r receives the reduction of every rank's block r.
+  virtual WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) = 0;
+  virtual WorkPtr barrierAsync() = 0;
+  // Point to point; the receiver must expect exactly `bytes`.
+  virtual WorkPtr sendAsync(const void* data, size_t bytes, int peer) = 0;
+  virtual WorkPtr recvAsync(void* data, size_t bytes, int peer) = 0;
+
+  void allreduce(void* data, size_t count, DataType t, ReduceOp op) { allreduceAsync(data, count, t, op)->wait(); }
+  void broadcast(void* data, size_t count, DataType t, int root) { broadcastAsync(data, count, t, root)->wait(); }
+  void allgather(const void* send, void* recv, size_t count, DataType t) { allgatherAsync(send, recv, count, t)->wait(); }
+  void reduceScatter(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) {
+    reduceScatterAsync(send, recv, recvCount, t, op)->wait();
+  }
+  void barrier() { barrierAsync()->wait(); }
+  void send(const void* data, size_t bytes, int peer) { sendAsync(data, bytes, peer)->wait(); }
+  void recv(void* data, size_t bytes, int peer) { recvAsync(data, bytes, peer)->wait(); }
+};
+
+struct CommOptions {
+  std::string backend = "tcp";  // "tcp" or "nccl"
+  // Every operation must finish within this; a silent or dead peer fails it with
+  // PeerLostError naming the rank instead of hanging.
+  Duration timeout{std::chrono::seconds(300)};
+  // Messages up to this size use recursive doubling (latency); larger ones the ring.
+  size_t small_message_bytes = 64 * 1024;
+  // Address peers should connect to; "" = the address this host uses to reach the store.
+  std::string advertise_addr;
+  std::string name = "default";  // distinguishes several communicators of one job
+};
+
+// TCP backend over an existing store (peers meet through it).
+std::unique_ptr<Communicator> createTcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size,
+                                                    const CommOptions& opts);
+
+// From the environment `dtrain run` gives a worker: RANK, WORLD_SIZE, DTRAIN_STORE_ADDR/PORT/
+// TOKEN, DTRAIN_RUN_ID, TORCHELASTIC_RESTART_COUNT. Throws SpecError naming a missing variable.
+std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts);
+
+// True when this build has the NCCL backend.
+bool ncclAvailable();
+
+}  // namespace dtrain::comm

@@ -1,0 +1,71 @@
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/store/prefix_store.h"
+#include "dtrain/store/tcp_store.h"
+
+namespace dtrain::comm {
+
+#ifdef DTRAIN_HAVE_CUDA
+std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size,
+                                                     const CommOptions& opts);
+bool ncclAvailable() { return true; }
+#else
+bool ncclAvailable() { return false; }
+#endif
+
+namespace {
+
+std::string env(const char* name, const char* hint) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) throw SpecError(fmt::format("{} is not set; {}", name, hint));
+  return v;
+}
+
+int envInt(const char* name, const char* hint) {
+  std::string v = env(name, hint);
+  try {
+    size_t used = 0;
+    int out = std::stoi(v, &used);
+    if (used == v.size()) return out;
+  } catch (...) {
+  }
+  throw SpecError(fmt::format("{}=\"{}\" is not an integer", name, v));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
+  const char* hint = "run this under 'dtrain run', which sets it for every worker";
+  int rank = envInt("RANK", hint);
+  int size = envInt("WORLD_SIZE", hint);
+  store::TcpStoreOptions so;
+  so.host = env("DTRAIN_STORE_ADDR", hint);
+  so.port = envInt("DTRAIN_STORE_PORT", hint);
+  so.token = env("DTRAIN_STORE_TOKEN", hint);
+  so.timeout = opts.timeout;
+  auto tcp = std::make_shared<store::TcpStore>(so);
+  CommOptions o = opts;
+  if (o.advertise_addr.empty()) o.advertise_addr = tcp->localAddress();
+  const char* run = std::getenv("DTRAIN_RUN_ID");
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  // Each attempt of each run meets in its own namespace, so a restarted job never sees the
+  // addresses of the previous attempt.
+  auto store = std::make_shared<store::PrefixStore>(
+      fmt::format("{}/{}", run ? run : "run", restart ? restart : "0"), tcp);
+  store->setTimeout(opts.timeout);
+  if (o.backend == "tcp") return createTcpCommunicator(store, rank, size, o);
+  if (o.backend == "nccl") {
+#ifdef DTRAIN_HAVE_CUDA
+    return createNcclCommunicator(store, rank, size, o);
+#else
+    throw SpecError("backend \"nccl\" is not in this build (a CPU build); rebuild with -DDTRAIN_WITH_CUDA=ON or use \"tcp\"");
+#endif
+  }
+  throw SpecError(fmt::format("unknown backend \"{}\"; use \"tcp\" or \"nccl\"", o.backend));
+}
+
+}  // namespace dtrain::comm

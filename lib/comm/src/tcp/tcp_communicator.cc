@@ -1,0 +1,565 @@
+// TCP backend: a full mesh of nonblocking sockets between ranks, set up through the store,
+// and one executor thread that runs operations in issue order.
+//
+// Every transfer goes through Transfer::run, a poll loop that sends and receives at the same
+// time (full duplex) and hands received bytes to a callback in fixed-size grains, so a ring
+// step reduces data while the rest of it is still arriving.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/store/tcp_store.h"
+
+namespace dtrain::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kHelloMagic = 0x44545243;  // "DTRC"
+constexpr size_t kMaxSendPerCall = 1 << 20;
+constexpr int kSocketBuffer = 4 << 20;
+
+class FutureWork final : public Work {
+ public:
+  explicit FutureWork(std::shared_future<void> f) : f_(std::move(f)) {}
+  void wait() override { f_.get(); }
+  bool test() override { return f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+
+ private:
+  std::shared_future<void> f_;
+};
+
+void setNonBlocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+void tuneSocket(int fd) {
+  int one = 1, buf = kSocketBuffer;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+std::string secondsText(Duration d) { return fmt::format("{:.3g} s", d.count() / 1000.0); }
+
+class TcpCommunicator final : public Communicator {
+ public:
+  TcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size, CommOptions opts);
+  ~TcpCommunicator() override;
+  TcpCommunicator(const TcpCommunicator&) = delete;
+  TcpCommunicator& operator=(const TcpCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "tcp"; }
+
+  WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) override {
+    return enqueue("allreduce", [=, this](Clock::time_point dl) { allreduce(static_cast<char*>(data), count, t, op, dl); });
+  }
+  WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
+    checkPeer(root, "broadcast root");
+    return enqueue("broadcast", [=, this](Clock::time_point dl) { broadcast(static_cast<char*>(data), count * elementSize(t), root, dl); });
+  }
+  WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
+    return enqueue("allgather", [=, this](Clock::time_point dl) {
+      allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
+    });
+  }
+  WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
+    return enqueue("reduce_scatter", [=, this](Clock::time_point dl) {
+      reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
+    });
+  }
+  WorkPtr barrierAsync() override {
+    return enqueue("barrier", [this](Clock::time_point dl) {
+      int32_t v = 0;
+      recursiveDoubling(reinterpret_cast<char*>(&v), 1, DataType::kInt32, ReduceOp::kSum, dl);
+    });
+  }
+  WorkPtr sendAsync(const void* data, size_t bytes, int peer) override {
+    checkPeer(peer, "send peer");
+    return enqueue("send", [=, this](Clock::time_point dl) {
+      uint64_t header = bytes;
+      transfer(dl).to(peer, reinterpret_cast<const char*>(&header), sizeof(header)).run();
+      transfer(dl).to(peer, static_cast<const char*>(data), bytes).run();
+    });
+  }
+  WorkPtr recvAsync(void* data, size_t bytes, int peer) override {
+    checkPeer(peer, "recv peer");
+    return enqueue("recv", [=, this](Clock::time_point dl) {
+      uint64_t header = 0;
+      transfer(dl).from(peer, reinterpret_cast<char*>(&header), sizeof(header)).run();
+      if (header != bytes)
+        throw PeerLostError(fmt::format("recv from rank {}: expected {} bytes, the peer sent {}", peer, bytes, header));
+      transfer(dl).from(peer, static_cast<char*>(data), bytes).run();
+    });
+  }
+
+ private:
+  // One poll-driven transfer: optionally send to one peer and receive from one peer at once.
+  class Transfer {
+   public:
+    Transfer(TcpCommunicator& c, Clock::time_point deadline) : c_(c), deadline_(deadline) {}
+    Transfer& to(int peer, const char* buf, size_t len) {
+      to_ = peer;
+      sbuf_ = buf;
+      slen_ = len;
+      return *this;
+    }
+    // Sends only as far as *avail (bytes made available by the receive side, for chains).
+    Transfer& sendLimit(const size_t* avail) {
+      avail_ = avail;
+      return *this;
+    }
+    Transfer& from(int peer, char* buf, size_t len) {
+      from_ = peer;
+      rbuf_ = buf;
+      rlen_ = len;
+      return *this;
+    }
+    // onRecv(begin, end) is called with received byte ranges, in grains (the last may be short).
+    Transfer& onRecv(size_t grain, std::function<void(size_t, size_t)> fn) {
+      grain_ = grain;
+      fn_ = std::move(fn);
+      return *this;
+    }
+    void run();
+    size_t received() const { return recvd_; }
+
+   private:
+    TcpCommunicator& c_;
+    Clock::time_point deadline_;
+    int to_ = -1, from_ = -1;
+    const char* sbuf_ = nullptr;
+    char* rbuf_ = nullptr;
+    size_t slen_ = 0, rlen_ = 0, sent_ = 0, recvd_ = 0, delivered_ = 0, grain_ = 0;
+    const size_t* avail_ = nullptr;
+    std::function<void(size_t, size_t)> fn_;
+  };
+
+  Transfer transfer(Clock::time_point dl) { return Transfer(*this, dl); }
+
+  void checkPeer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_ || (peer == rank_ && std::string(what) != "broadcast root"))
+      throw SpecError(fmt::format("{} {} is not another rank of this communicator (size {})", what, peer, size_));
+  }
+
+  WorkPtr enqueue(const char* name, std::function<void(Clock::time_point)> fn);
+  void loop();
+  void connectMesh();
+  [[noreturn]] void lost(int peer, const std::string& why);
+
+  void allreduce(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
+  void recursiveDoubling(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
+  void ring(char* data, size_t count, DataType t, ReduceOp op, int shift, bool gather, Clock::time_point dl);
+  void broadcast(char* data, size_t bytes, int root, Clock::time_point dl);
+  void allgather(const char* send, char* recv, size_t blockBytes, Clock::time_point dl);
+  void reduceScatter(const char* send, char* recv, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
+  char* scratch(size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  std::shared_ptr<store::Store> store_;
+  int rank_, size_;
+  CommOptions opts_;
+  std::vector<int> fds_;
+  std::vector<char> scratch_;
+  const char* currentOp_ = "";
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::string, std::packaged_task<void()>>> queue_;
+  bool stopping_ = false;
+  std::string broken_;  // first failure; later operations fail at once
+  std::thread thread_;
+};
+
+TcpCommunicator::TcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size, CommOptions opts)
+    : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)), fds_(static_cast<size_t>(size), -1) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw SpecError(fmt::format("communicator: rank {} is not within world size {}", rank, size));
+  try {
+    connectMesh();
+  } catch (...) {
+    for (int& fd : fds_)
+      if (fd >= 0) ::close(fd);
+    throw;
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+TcpCommunicator::~TcpCommunicator() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (int fd : fds_)
+    if (fd >= 0) ::close(fd);
+}
+
+void TcpCommunicator::connectMesh() {
+  if (size_ == 1) return;
+  auto deadline = Clock::now() + opts_.timeout;
+  std::string addr = opts_.advertise_addr.empty() ? "127.0.0.1" : opts_.advertise_addr;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(addr.c_str(), "0", &hints, &res) != 0 || !res)
+    throw SpecError(fmt::format("communicator: advertise address '{}' is not a numeric IP address", addr));
+  int lfd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (lfd < 0 || ::bind(lfd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(lfd, size_ + 16) != 0) {
+    ::freeaddrinfo(res);
+    if (lfd >= 0) ::close(lfd);
+    throwErrno(fmt::format("communicator: listen on {}", addr));
+  }
+  ::freeaddrinfo(res);
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&ss), &sl);
+  int port = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
+                                           : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{lfd};
+
+  std::string prefix = "comm/" + opts_.name + "/";
+  std::string nonce = store_->compareSet(prefix + "nonce", "", store::randomBytes(16));
+  store_->set(prefix + "addr/" + std::to_string(rank_), fmt::format("{}\t{}", addr, port));
+
+  // Connect to every higher rank; they accept. Connections complete in the listen backlog,
+  // so the order cannot deadlock.
+  for (int j = rank_ + 1; j < size_; ++j) {
+    store_->wait({prefix + "addr/" + std::to_string(j)}, std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+    auto parts = split(store_->get(prefix + "addr/" + std::to_string(j)), '\t');
+    if (parts.size() != 2) throw PeerLostError(fmt::format("communicator: rank {} published a bad address", j));
+    addrinfo h{};
+    h.ai_family = AF_UNSPEC;
+    h.ai_socktype = SOCK_STREAM;
+    addrinfo* r = nullptr;
+    if (::getaddrinfo(parts[0].c_str(), parts[1].c_str(), &h, &r) != 0 || !r)
+      throw PeerLostError(fmt::format("communicator: cannot resolve rank {}'s address {}:{}", j, parts[0], parts[1]));
+    int fd = -1;
+    std::string lastErr;
+    while (true) {
+      fd = ::socket(r->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0) break;
+      lastErr = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+      if (Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::freeaddrinfo(r);
+    if (fd < 0) throw PeerLostError(fmt::format("communicator: cannot connect to rank {} at {}:{}: {}", j, parts[0], parts[1], lastErr));
+    tuneSocket(fd);
+    std::string hello(8, '\0');
+    uint32_t m = htonl(kHelloMagic), rk = htonl(static_cast<uint32_t>(rank_));
+    std::memcpy(hello.data(), &m, 4);
+    std::memcpy(hello.data() + 4, &rk, 4);
+    hello += nonce;
+    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
+      ::close(fd);
+      throw PeerLostError(fmt::format("communicator: lost rank {} during set-up", j));
+    }
+    setNonBlocking(fd);
+    fds_[static_cast<size_t>(j)] = fd;
+  }
+  // Accept every lower rank.
+  for (int accepted = 0; accepted < rank_;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd p{lfd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) {
+      std::vector<std::string> missing;
+      for (int j = 0; j < rank_; ++j)
+        if (fds_[static_cast<size_t>(j)] < 0) missing.push_back(std::to_string(j));
+      throw PeerLostError(fmt::format("communicator: timed out after {} waiting for rank(s) {} to connect",
+                                      secondsText(opts_.timeout), fmt::join(missing, ", ")));
+    }
+    int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    // The hello is 8 + 16 bytes, sent right after connect.
+    pollfd q{fd, POLLIN, 0};
+    std::string hello(24, '\0');
+    size_t got = 0;
+    while (got < hello.size() && ::poll(&q, 1, 5000) > 0) {
+      ssize_t n = ::recv(fd, hello.data() + got, hello.size() - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    uint32_t m, rk;
+    std::memcpy(&m, hello.data(), 4);
+    std::memcpy(&rk, hello.data() + 4, 4);
+    m = ntohl(m);
+    rk = ntohl(rk);
+    if (got != hello.size() || m != kHelloMagic || hello.substr(8) != nonce || rk >= static_cast<uint32_t>(rank_) ||
+        fds_[rk] >= 0) {
+      ::close(fd);  // a stray or stale connection: not one of ours
+      continue;
+    }
+    tuneSocket(fd);
+    setNonBlocking(fd);
+    fds_[rk] = fd;
+    ++accepted;
+  }
+}
+
+WorkPtr TcpCommunicator::enqueue(const char* name, std::function<void(Clock::time_point)> fn) {
+  std::packaged_task<void()> task([this, name, fn = std::move(fn)] {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!broken_.empty())
+        throw PeerLostError(fmt::format("{}: communicator is unusable after an earlier failure: {}", name, broken_));
+    }
+    currentOp_ = name;
+    try {
+      fn(Clock::now() + opts_.timeout);
+    } catch (const SpecError&) {
+      throw;
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        broken_ = e.what();
+      }
+      // Closing our sockets tells every peer at once, instead of letting them time out.
+      for (int fd : fds_)
+        if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+      throw;
+    }
+  });
+  auto f = task.get_future().share();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.emplace_back(name, std::move(task));
+  }
+  cv_.notify_one();
+  return std::make_shared<FutureWork>(std::move(f));
+}
+
+void TcpCommunicator::loop() {
+  while (true) {
+    std::packaged_task<void()> task;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and every issued operation has run
+      task = std::move(queue_.front().second);
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+void TcpCommunicator::lost(int peer, const std::string& why) {
+  throw PeerLostError(fmt::format("{} on rank {}: lost rank {}: {}", currentOp_, rank_, peer, why));
+}
+
+void TcpCommunicator::Transfer::run() {
+  auto& fds = c_.fds_;
+  while (sent_ < slen_ || recvd_ < rlen_) {
+    size_t limit = avail_ ? std::min(slen_, *avail_) : slen_;
+    pollfd p[2];
+    int np = 0, si = -1, ri = -1;
+    if (recvd_ < rlen_) {
+      p[np] = {fds[static_cast<size_t>(from_)], POLLIN, 0};
+      ri = np++;
+    }
+    if (sent_ < limit) {
+      if (ri >= 0 && to_ == from_) {
+        p[ri].events |= POLLOUT;
+        si = ri;
+      } else {
+        p[np] = {fds[static_cast<size_t>(to_)], POLLOUT, 0};
+        si = np++;
+      }
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+    int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(left)) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      int waitingOn = recvd_ < rlen_ ? from_ : to_;
+      c_.lost(waitingOn, fmt::format("no progress within the {} timeout (sent {} of {} bytes to rank {}, received {} of {} "
+                                     "from rank {}); is it stopped or overloaded?",
+                                     secondsText(c_.opts_.timeout), sent_, slen_, to_, recvd_, rlen_, from_));
+    }
+    if (ri >= 0 && (p[ri].revents & (POLLIN | POLLHUP | POLLERR))) {
+      ssize_t n = ::recv(p[ri].fd, rbuf_ + recvd_, rlen_ - recvd_, 0);
+      if (n == 0) c_.lost(from_, "connection closed (the process exited or was killed)");
+      if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(from_, std::strerror(errno));
+      if (n > 0) {
+        recvd_ += static_cast<size_t>(n);
+        if (fn_) {
+          size_t g = grain_ ? grain_ : rlen_;
+          while (delivered_ < recvd_ && (recvd_ - delivered_ >= g || recvd_ == rlen_)) {
+            size_t end = std::min(recvd_, delivered_ + g);
+            if (recvd_ != rlen_) end = delivered_ + (recvd_ - delivered_) / g * g;
+            fn_(delivered_, end);
+            delivered_ = end;
+          }
+        }
+      }
+    }
+    if (si >= 0 && (p[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      limit = avail_ ? std::min(slen_, *avail_) : slen_;
+      if (sent_ < limit) {
+        ssize_t n = ::send(p[si].fd, sbuf_ + sent_, std::min(limit - sent_, kMaxSendPerCall), MSG_NOSIGNAL);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(to_, std::strerror(errno));
+        if (n > 0) sent_ += static_cast<size_t>(n);
+      }
+    }
+  }
+}
+
+void TcpCommunicator::allreduce(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl) {
+  if (size_ == 1 || count == 0) return;
+  size_t bytes = count * elementSize(t);
+  if (bytes <= opts_.small_message_bytes || count < static_cast<size_t>(size_))
+    return recursiveDoubling(data, count, t, op, dl);
+  ring(data, count, t, op, 0, true, dl);
+}
+
+void TcpCommunicator::recursiveDoubling(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl) {
+  if (size_ == 1) {
+    if (op == ReduceOp::kAvg) finishAvg(data, count, t, 1);
+    return;
+  }
+  size_t bytes = count * elementSize(t);
+  char* tmp = scratch(bytes);
+  int p2 = 1;
+  while (p2 * 2 <= size_) p2 *= 2;
+  int extra = size_ - p2;
+  if (rank_ >= p2) {  // fold into a partner below p2, get the result back
+    transfer(dl).to(rank_ - p2, data, bytes).run();
+    transfer(dl).from(rank_ - p2, data, bytes).run();
+    return;
+  }
+  if (rank_ < extra) {
+    transfer(dl).from(rank_ + p2, tmp, bytes).run();
+    reduceInto(data, tmp, count, t, op);
+  }
+  for (int mask = 1; mask < p2; mask <<= 1) {
+    int partner = rank_ ^ mask;
+    transfer(dl).to(partner, data, bytes).from(partner, tmp, bytes).run();
+    // The lower rank's value is always the left operand, so both sides get the same bits.
+    if (rank_ < partner) {
+      reduceInto(data, tmp, count, t, op);
+    } else {
+      reduceInto(tmp, data, count, t, op);
+      std::memcpy(data, tmp, bytes);
+    }
+  }
+  if (op == ReduceOp::kAvg) finishAvg(data, count, t, size_);
+  if (rank_ < extra) transfer(dl).to(rank_ + p2, data, bytes).run();
+}
+
+// Ring reduce-scatter (then all-gather when `gather`). After the reduce-scatter, rank r holds
+// the finished segment (r + 1 - shift) mod n.
+void TcpCommunicator::ring(char* data, size_t count, DataType t, ReduceOp op, int shift, bool gather, Clock::time_point dl) {
+  const int n = size_;
+  const size_t es = elementSize(t);
+  auto segBegin = [&](int s) { return count * static_cast<size_t>(s) / static_cast<size_t>(n); };
+  auto segCount = [&](int s) { return segBegin(s + 1) - segBegin(s); };
+  auto mod = [&](int v) { return ((v % n) + n) % n; };
+  int right = mod(rank_ + 1), left = mod(rank_ - 1);
+  size_t maxSeg = 0;
+  for (int s = 0; s < n; ++s) maxSeg = std::max(maxSeg, segCount(s));
+  char* tmp = scratch(maxSeg * es);
+  // Reduce in grains of 256 KiB as they arrive (a multiple of every element size).
+  const size_t grain = 256 * 1024;
+  for (int step = 0; step < n - 1; ++step) {
+    int sendSeg = mod(rank_ - step - shift), recvSeg = mod(rank_ - step - 1 - shift);
+    char* dst = data + segBegin(recvSeg) * es;
+    transfer(dl)
+        .to(right, data + segBegin(sendSeg) * es, segCount(sendSeg) * es)
+        .from(left, tmp, segCount(recvSeg) * es)
+        .onRecv(grain, [&](size_t b, size_t e) { reduceInto(dst + b, tmp + b, (e - b) / es, t, op); })
+        .run();
+  }
+  int mine = mod(rank_ + 1 - shift);
+  if (op == ReduceOp::kAvg) finishAvg(data + segBegin(mine) * es, segCount(mine), t, n);
+  if (!gather) return;
+  for (int step = 0; step < n - 1; ++step) {
+    int sendSeg = mod(rank_ + 1 - step), recvSeg = mod(rank_ - step);
+    transfer(dl)
+        .to(right, data + segBegin(sendSeg) * es, segCount(sendSeg) * es)
+        .from(left, data + segBegin(recvSeg) * es, segCount(recvSeg) * es)
+        .run();
+  }
+}
+
+// Pipelined chain from the root: each rank forwards what it has received so far.
+void TcpCommunicator::broadcast(char* data, size_t bytes, int root, Clock::time_point dl) {
+  if (size_ == 1 || bytes == 0) return;
+  int pos = (rank_ - root + size_) % size_;
+  int prev = (rank_ - 1 + size_) % size_, next = (rank_ + 1) % size_;
+  bool last = pos == size_ - 1;
+  if (pos == 0) return transfer(dl).to(next, data, bytes).run();
+  if (last) return transfer(dl).from(prev, data, bytes).run();
+  size_t avail = 0;
+  transfer(dl)
+      .from(prev, data, bytes)
+      .to(next, data, bytes)
+      .sendLimit(&avail)
+      .onRecv(64 * 1024, [&](size_t, size_t e) { avail = e; })
+      .run();
+}
+
+void TcpCommunicator::allgather(const char* send, char* recv, size_t block, Clock::time_point dl) {
+  if (recv + rank_ * block != send) std::memmove(recv + static_cast<size_t>(rank_) * block, send, block);
+  int n = size_;
+  int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
+  for (int step = 0; step < n - 1; ++step) {
+    int sendBlk = ((rank_ - step) % n + n) % n, recvBlk = ((rank_ - step - 1) % n + n) % n;
+    transfer(dl)
+        .to(right, recv + static_cast<size_t>(sendBlk) * block, block)
+        .from(left, recv + static_cast<size_t>(recvBlk) * block, block)
+        .run();
+  }
+}
+
+void TcpCommunicator::reduceScatter(const char* send, char* recv, size_t count, DataType t, ReduceOp op, Clock::time_point dl) {
+  size_t es = elementSize(t);
+  size_t total = count * static_cast<size_t>(size_);
+  std::vector<char> work(send, send + total * es);
+  if (size_ > 1 && count > 0) ring(work.data(), total, t, op, 1, false, dl);
+  else if (op == ReduceOp::kAvg) finishAvg(work.data(), total, t, 1);
+  std::memcpy(recv, work.data() + static_cast<size_t>(rank_) * count * es, count * es);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> createTcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size,
+                                                    const CommOptions& opts) {
+  return std::make_unique<TcpCommunicator>(std::move(store), rank, size, opts);
+}
+
+}  // namespace dtrain::comm
