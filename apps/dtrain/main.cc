@@ -15,8 +15,8 @@
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/plan.h"
 #include "dtrain/spec/job_spec.h"
-#include "dtrain/store/tcp_store.h"
-#include "dtrain/store/token.h"
+#include "dtrain/launch/job.h"
+#include "bench_cmd.h"
 #include "store_cmd.h"
 
 namespace {
@@ -93,20 +93,7 @@ int cmdRun(RunArgs& a) {
     std::cout << launch::formatPlan(launch::makeLocalPlan(s, runId), s);
     return kExitOk;
   }
-  // The job's store: loopback only while every worker is local.
-  store::TcpStoreServerOptions so;
-  so.bind = "127.0.0.1";
-  so.port = s.rendezvous.port;
-  so.token = store::newToken();
-  store::TcpStoreServer server(so);
-  server.start();
-  s.rendezvous.port = server.port();
-  launch::Plan plan = launch::makeLocalPlan(s, runId);
-  plan.store_addr = so.bind;
-  plan.store_port = server.port();
-  plan.store_token = so.token;
-  auto launcher = launch::makeLocalLauncher();
-  launch::RunResult r = launcher->run(plan, s);
+  launch::RunResult r = launch::runLocalJob(s, runId);
   if (r.first_failure >= 0) std::cerr << launch::formatFailure(r, s) << std::flush;
   if (r.received_signal)
     std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
@@ -150,6 +137,7 @@ int main(int argc, char** argv) {
   addOverrideFlags(validate, valArgs);
 
   app::addStoreCommands(app);
+  app::addBenchCommands(app);
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -171,6 +159,7 @@ int main(int argc, char** argv) {
 
   try {
     if (int rc = app::runStoreCommand(); rc >= 0) return rc;
+    if (int rc = app::runBenchCommand(); rc >= 0) return rc;
     if (run->parsed()) return cmdRun(runArgs);
     if (validate->parsed()) {
       spec::JobSpec s = buildSpec(valArgs);

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/common/errors.h"
+
 namespace dtrain {
 
 size_t editDistance(std::string_view a, std::string_view b) {
@@ -69,6 +71,25 @@ std::string shellQuote(std::string_view word) {
   }
   out += "'";
   return out;
+}
+
+size_t parseSize(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  std::string unit = used ? text.substr(used) : "";
+  unsigned long long mult = unit.empty() || unit == "B" ? 1
+                            : unit == "K" || unit == "KiB" ? 1024ull
+                            : unit == "M" || unit == "MiB" ? 1024ull * 1024
+                            : unit == "G" || unit == "GiB" ? 1024ull * 1024 * 1024
+                                                            : 0;
+  if (!used || !mult || text[0] == '-')
+    throw SpecError(fmt::format("{}: expected a size like 4096, 4K, 256M or 1G, got \"{}\"", what, text));
+  return static_cast<size_t>(v * mult);
 }
 
 }  // namespace dtrain

@@ -19,4 +19,7 @@ std::string signalName(int sig);
 // Quotes an argv word for display in a shell-like way, only when needed.
 std::string shellQuote(std::string_view word);
 
+// "4096", "4K", "256M", "1G" (powers of 1024) -> bytes. Throws SpecError naming `what`.
+size_t parseSize(const std::string& text, const std::string& what);
+
 }  // namespace dtrain

@@ -1,0 +1,137 @@
+#include "bench_cmd.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/bench.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/launch/job.h"
+#include "dtrain/launch/plan.h"
+
+namespace dtrain::app {
+namespace {
+
+struct BenchArgs {
+  std::vector<std::pair<CLI::App*, comm::Collective>> subs;
+  std::string nproc = "2";
+  std::string backend = "tcp";
+  std::string minBytes = "4K", maxBytes = "64M";
+  size_t factor = 2;
+  int iters = 20, warmup = 5;
+  std::string dtype = "float", op = "sum";
+  std::string json;
+  double timeout_s = 120;
+  bool worker = false;
+};
+
+BenchArgs gArgs;
+
+std::string selfExe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throwErrno("readlink /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+comm::BenchOptions benchOptions(comm::Collective c) {
+  auto& a = gArgs;
+  comm::BenchOptions o;
+  o.collective = c;
+  o.min_bytes = parseSize(a.minBytes, "-b/--minbytes");
+  o.max_bytes = parseSize(a.maxBytes, "-e/--maxbytes");
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
+    throw SpecError(fmt::format("-b/-e: need 0 < minbytes <= maxbytes, got {} and {}", a.minBytes, a.maxBytes));
+  if (a.factor < 2) throw SpecError(fmt::format("-f/--stepfactor: expected an integer >= 2, got {}", a.factor));
+  if (a.iters < 1 || a.warmup < 0) throw SpecError("-n must be >= 1 and -w >= 0");
+  o.factor = a.factor;
+  o.iters = a.iters;
+  o.warmup = a.warmup;
+  o.dtype = comm::parseDataType(a.dtype);
+  o.op = comm::parseReduceOp(a.op);
+  return o;
+}
+
+int worker(comm::Collective c) {
+  auto& a = gArgs;
+  comm::BenchOptions o = benchOptions(c);
+  comm::CommOptions co;
+  co.backend = a.backend;
+  co.timeout = comm::Duration(static_cast<long long>(a.timeout_s * 1000));
+  auto comm = comm::createFromEnvironment(co);
+  auto rows = comm::runBench(*comm, o);
+  long long wrong = 0;
+  for (const auto& r : rows) wrong += r.wrong;
+  if (comm->rank() == 0) {
+    std::cout << comm::formatBench(rows, o, comm->size(), comm->backend()) << std::flush;
+    if (!a.json.empty()) {
+      std::ofstream f(a.json);
+      f << comm::benchJson(rows, o, comm->size(), comm->backend());
+      if (!f) throw IoError(fmt::format("cannot write {}", a.json));
+    }
+  }
+  return wrong ? 1 : 0;
+}
+
+int launch(comm::Collective c, CLI::App* sub) {
+  auto& a = gArgs;
+  benchOptions(c);  // refuse bad flags before starting anything
+  spec::JobSpec s;
+  s.name = fmt::format("bench-{}", comm::name(c));
+  s.command = {selfExe(), "bench", sub->get_name(), "--worker", "--backend", a.backend, "-b", a.minBytes, "-e",
+               a.maxBytes, "-f", std::to_string(a.factor), "-n", std::to_string(a.iters), "-w",
+               std::to_string(a.warmup), "-d", a.dtype, "-o", a.op, "--timeout", fmt::format("{}", a.timeout_s)};
+  if (!a.json.empty()) {
+    s.command.push_back("--json");
+    s.command.push_back(a.json);
+  }
+  spec::Overrides ov;
+  ov.nproc_per_node = a.nproc;
+  spec::applyOverrides(s, ov);
+  s.prefix_output = false;
+  s.console_ranks = {0};
+  s.shutdown_timeout_s = 5;
+  s.env["OMP_NUM_THREADS"] = "1";
+  spec::resolve(s);
+  auto r = launch::runLocalJob(s, launch::newRunId());
+  if (r.first_failure >= 0) std::cerr << launch::formatFailure(r, s);
+  return r.exit_code;
+}
+
+}  // namespace
+
+void addBenchCommands(CLI::App& app) {
+  auto& a = gArgs;
+  auto* bench = app.add_subcommand("bench", "Benchmarks: collectives across local ranks (nccl-tests style)");
+  bench->require_subcommand(1);
+  for (auto c : {comm::Collective::kAllreduce, comm::Collective::kBroadcast, comm::Collective::kAllgather}) {
+    auto* sub = bench->add_subcommand(comm::name(c), fmt::format("Benchmark {} and verify its results", comm::name(c)));
+    sub->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Ranks to launch (default 2)");
+    sub->add_option("--backend", a.backend, "tcp or nccl (default tcp)");
+    sub->add_option("-b,--minbytes", a.minBytes, "Smallest size (default 4K)");
+    sub->add_option("-e,--maxbytes", a.maxBytes, "Largest size (default 64M)");
+    sub->add_option("-f,--stepfactor", a.factor, "Size multiplier between rows (default 2)");
+    sub->add_option("-n,--iters", a.iters, "Timed iterations per size (default 20)");
+    sub->add_option("-w,--warmup_iters", a.warmup, "Warm-up iterations per size (default 5)");
+    sub->add_option("-d,--datatype", a.dtype, "float, double, int32, int64, bfloat16, half (default float)");
+    sub->add_option("-o,--op", a.op, "sum, avg, min, max (default sum)");
+    sub->add_option("--json", a.json, "Also write the results as JSON to this file");
+    sub->add_option("--timeout", a.timeout_s, "Seconds before a stuck collective fails (default 120)");
+    sub->add_flag("--worker", a.worker, "(internal) run as one rank under dtrain run")->group("");
+    a.subs.emplace_back(sub, c);
+  }
+}
+
+int runBenchCommand() {
+  for (auto& [sub, c] : gArgs.subs) {
+    if (!sub->parsed()) continue;
+    return gArgs.worker ? worker(c) : launch(c, sub);
+  }
+  return -1;
+}
+
+}  // namespace dtrain::app

@@ -1,0 +1,41 @@
+#pragma once
+// Collective benchmarks in the style of nccl-tests, run on every rank of a communicator.
+#include <string>
+#include <vector>
+
+#include "dtrain/comm/communicator.h"
+
+namespace dtrain::comm {
+
+enum class Collective { kAllreduce, kBroadcast, kAllgather };
+
+struct BenchOptions {
+  Collective collective = Collective::kAllreduce;
+  size_t min_bytes = 4 * 1024;
+  size_t max_bytes = 64u << 20;
+  size_t factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+};
+
+struct BenchRow {
+  size_t bytes = 0;
+  size_t count = 0;
+  double time_us = 0;  // per iteration, the slowest rank's
+  double algbw = 0;    // GB/s
+  double busbw = 0;    // GB/s
+  long long wrong = 0; // values that differ from the expected result, summed over ranks
+};
+
+// Collective: every rank calls it with the same options. Results are the same on all ranks.
+std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& opts);
+
+// "size count type redop time algbw busbw #wrong" table with the nccl-tests footer.
+std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend);
+std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend);
+
+const char* name(Collective c);
+
+}  // namespace dtrain::comm

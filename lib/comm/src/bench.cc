@@ -1,0 +1,156 @@
+#include "dtrain/comm/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace dtrain::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Small integers, so that sums are exact in every type and the check can demand equality.
+double pattern(int rank, size_t i) { return static_cast<double>((rank + static_cast<int>(i % 13)) % 8); }
+
+void fill(std::vector<char>& buf, size_t count, DataType t, int rank) {
+  for (size_t i = 0; i < count; ++i) {
+    double v = pattern(rank, i);
+    switch (t) {
+      case DataType::kFloat32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v); break;
+      case DataType::kFloat64: reinterpret_cast<double*>(buf.data())[i] = v; break;
+      case DataType::kInt32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v); break;
+      case DataType::kInt64: reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v); break;
+      case DataType::kBFloat16: reinterpret_cast<uint16_t*>(buf.data())[i] = floatToBf16(static_cast<float>(v)); break;
+      case DataType::kFloat16: reinterpret_cast<uint16_t*>(buf.data())[i] = floatToHalf(static_cast<float>(v)); break;
+    }
+  }
+}
+
+double read(const std::vector<char>& buf, size_t i, DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return reinterpret_cast<const float*>(buf.data())[i];
+    case DataType::kFloat64: return reinterpret_cast<const double*>(buf.data())[i];
+    case DataType::kInt32: return reinterpret_cast<const int32_t*>(buf.data())[i];
+    case DataType::kInt64: return static_cast<double>(reinterpret_cast<const int64_t*>(buf.data())[i]);
+    case DataType::kBFloat16: return bf16ToFloat(reinterpret_cast<const uint16_t*>(buf.data())[i]);
+    case DataType::kFloat16: return halfToFloat(reinterpret_cast<const uint16_t*>(buf.data())[i]);
+  }
+  return 0;
+}
+
+double expectedAllreduce(int n, size_t i, ReduceOp op, DataType t) {
+  double acc = pattern(0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = pattern(r, i);
+    acc = op == ReduceOp::kMin ? std::min(acc, v) : op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+  }
+  if (op == ReduceOp::kAvg) {
+    acc /= n;
+    if (t == DataType::kInt32 || t == DataType::kInt64) acc = static_cast<double>(static_cast<long long>(acc));
+  }
+  return acc;
+}
+
+}  // namespace
+
+const char* name(Collective c) {
+  switch (c) {
+    case Collective::kAllreduce: return "allreduce";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kAllgather: return "allgather";
+  }
+  return "?";
+}
+
+std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
+  const int n = comm.size(), rank = comm.rank();
+  const size_t es = elementSize(o.dtype);
+  std::vector<BenchRow> rows;
+  for (size_t bytes = std::max(o.min_bytes, es); bytes <= o.max_bytes; bytes *= std::max<size_t>(o.factor, 2)) {
+    // Allgather's size is the whole output, as in nccl-tests; each rank contributes 1/n.
+    size_t count = bytes / es;
+    size_t sendCount = o.collective == Collective::kAllgather ? std::max<size_t>(1, count / static_cast<size_t>(n)) : count;
+    if (o.collective == Collective::kAllgather) count = sendCount * static_cast<size_t>(n);
+    std::vector<char> buf(count * es), send(sendCount * es);
+    auto once = [&] {
+      switch (o.collective) {
+        case Collective::kAllreduce: comm.allreduce(buf.data(), count, o.dtype, o.op); break;
+        case Collective::kBroadcast: comm.broadcast(buf.data(), count, o.dtype, 0); break;
+        case Collective::kAllgather: comm.allgather(send.data(), buf.data(), sendCount, o.dtype); break;
+      }
+    };
+    fill(buf, count, o.dtype, rank);
+    fill(send, sendCount, o.dtype, rank);
+    for (int i = 0; i < o.warmup; ++i) once();
+    comm.barrier();
+    auto start = Clock::now();
+    for (int i = 0; i < o.iters; ++i) once();
+    double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / std::max(1, o.iters);
+    comm.allreduce(&us, 1, DataType::kFloat64, ReduceOp::kMax);
+
+    // Verify one fresh run.
+    fill(buf, count, o.dtype, rank);
+    once();
+    long long wrong = 0;
+    for (size_t i = 0; i < count; ++i) {
+      double expect;
+      switch (o.collective) {
+        case Collective::kAllreduce: expect = expectedAllreduce(n, i, o.op, o.dtype); break;
+        case Collective::kBroadcast: expect = pattern(0, i); break;
+        case Collective::kAllgather: expect = pattern(static_cast<int>(i / sendCount), i % sendCount); break;
+      }
+      if (read(buf, i, o.dtype) != expect) ++wrong;
+    }
+    comm.allreduce(&wrong, 1, DataType::kInt64, ReduceOp::kSum);
+
+    BenchRow r;
+    r.bytes = count * es;
+    r.count = count;
+    r.time_us = us;
+    r.algbw = static_cast<double>(r.bytes) / us / 1e3;
+    double factor = o.collective == Collective::kAllreduce   ? 2.0 * (n - 1) / n
+                    : o.collective == Collective::kAllgather ? static_cast<double>(n - 1) / n
+                                                             : 1.0;
+    r.busbw = r.algbw * factor;
+    r.wrong = wrong;
+    rows.push_back(r);
+    if (o.factor < 2) break;
+  }
+  return rows;
+}
+
+std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
+  std::string out = fmt::format("# dtrain bench {}: {} ranks, backend {}, {} iterations after {} warm-up\n#\n",
+                                name(o.collective), worldSize, backend, o.iters, o.warmup);
+  out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "size", "count", "type", "redop", "time",
+                     "algbw", "busbw", "#wrong");
+  out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "(B)", "(elements)", "", "", "(us)",
+                     "(GB/s)", "(GB/s)", "");
+  long long wrong = 0;
+  double bus = 0;
+  const char* redop = o.collective == Collective::kAllreduce ? name(o.op) : "none";
+  for (const auto& r : rows) {
+    out += fmt::format("  {:>10} {:>12} {:>8} {:>6} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", r.bytes, r.count, name(o.dtype),
+                       redop, r.time_us, r.algbw, r.busbw, r.wrong);
+    wrong += r.wrong;
+    bus += r.busbw;
+  }
+  out += fmt::format("# Out of bounds values : {} {}\n", wrong, wrong ? "FAILED" : "OK");
+  out += fmt::format("# Avg bus bandwidth    : {:.3f}\n", rows.empty() ? 0.0 : bus / static_cast<double>(rows.size()));
+  return out;
+}
+
+std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
+  std::string out = fmt::format("{{\"collective\": \"{}\", \"ranks\": {}, \"backend\": \"{}\", \"type\": \"{}\", \"redop\": \"{}\", \"rows\": [",
+                                name(o.collective), worldSize, backend, name(o.dtype), name(o.op));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    out += fmt::format("{}{{\"bytes\": {}, \"count\": {}, \"time_us\": {:.3f}, \"algbw_gbps\": {:.6f}, \"busbw_gbps\": {:.6f}, \"wrong\": {}}}",
+                       i ? ", " : "", r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong);
+  }
+  return out + "]}\n";
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,23 @@
+#include "dtrain/launch/job.h"
+
+#include "dtrain/store/tcp_store.h"
+#include "dtrain/store/token.h"
+
+namespace dtrain::launch {
+
+RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
+  store::TcpStoreServerOptions so;
+  so.bind = "127.0.0.1";  // every worker is local
+  so.port = spec.rendezvous.port;
+  so.token = store::newToken();
+  store::TcpStoreServer server(so);
+  server.start();
+  spec.rendezvous.port = server.port();
+  Plan plan = makeLocalPlan(spec, run_id);
+  plan.store_addr = so.bind;
+  plan.store_port = server.port();
+  plan.store_token = so.token;
+  return makeLocalLauncher()->run(plan, spec);
+}
+
+}  // namespace dtrain::launch
