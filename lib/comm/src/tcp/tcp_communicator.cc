@@ -177,6 +177,7 @@ class TcpCommunicator final : public Communicator {
   void broadcast(char* data, size_t bytes, int root, Clock::time_point dl);
   void allgather(const char* send, char* recv, size_t blockBytes, Clock::time_point dl);
   void reduceScatter(const char* send, char* recv, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
+  std::string failureKey() const { return "comm/" + opts_.name + "/failure"; }
   char* scratch(size_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     return scratch_.data();
@@ -350,7 +351,12 @@ WorkPtr TcpCommunicator::enqueue(const char* name, std::function<void(Clock::tim
         std::lock_guard<std::mutex> l(mu_);
         broken_ = e.what();
       }
-      // Closing our sockets tells every peer at once, instead of letting them time out.
+      // Leave the root cause where peers can find it (first failure wins), then close our
+      // sockets: that tells every peer at once, instead of letting them time out.
+      try {
+        store_->compareSet(failureKey(), "", e.what());
+      } catch (const std::exception&) {
+      }
       for (int fd : fds_)
         if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
       throw;
@@ -380,7 +386,13 @@ void TcpCommunicator::loop() {
 }
 
 void TcpCommunicator::lost(int peer, const std::string& why) {
-  throw PeerLostError(fmt::format("{} on rank {}: lost rank {}: {}", currentOp_, rank_, peer, why));
+  std::string msg = fmt::format("{} on rank {}: lost rank {}: {}", currentOp_, rank_, peer, why);
+  // A peer that gave up on someone else closes its sockets too; say what it saw.
+  try {
+    if (store_->check({failureKey()})) msg += fmt::format(" [first failure in this job: {}]", store_->get(failureKey()));
+  } catch (const std::exception&) {
+  }
+  throw PeerLostError(msg);
 }
 
 void TcpCommunicator::Transfer::run() {

@@ -1,0 +1,64 @@
+# Collectives through real processes: dtrain bench (verified results, table, JSON, flags),
+# and ranks that lose a peer to SIGKILL or SIGSTOP fail within the timeout naming it.
+source "$(dirname "$0")/lib.sh"
+WORKER="$(dirname "$DTRAIN")/comm_worker"
+
+"$DTRAIN" bench allreduce --nproc-per-node 3 -b 1K -e 1M -f 4 -n 3 -w 1 --json "$T/ar.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "bench allreduce exits 0"
+expect_grep "^# +size +count +type +redop +time +algbw +busbw +#wrong$" "$T/out" "nccl-tests header"
+expect_grep "^ +1048576 +262144 +float +sum +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "1 MiB row verified"
+expect_grep "^# Out of bounds values : 0 OK$" "$T/out" "footer"
+python3 - "$T/ar.json" >"$T/check" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = d["ranks"]
+ok = all(abs(r["busbw_gbps"] - r["algbw_gbps"] * 2 * (n - 1) / n) < 1e-5 + 1e-4 * r["busbw_gbps"] for r in d["rows"])
+print(len(d["rows"]), n, ok, sum(r["wrong"] for r in d["rows"]))
+PY
+expect_eq "$(cat "$T/check")" "6 3 True 0" "JSON rows, busbw = algbw*2(n-1)/n, no wrong values"
+for spec in "broadcast -d int64" "allgather -d half" "allreduce -d bfloat16 -o max" "allreduce -d int32 -o avg"; do
+  "$DTRAIN" bench $spec --nproc-per-node 3 -b 2K -e 64K -f 8 -n 2 -w 0 >"$T/out" 2>"$T/err"
+  expect_eq "$?" 0 "bench $spec verified"
+done
+"$DTRAIN" bench allreduce -b 1X 2>"$T/err"; expect_eq "$?" 2 "bad size exits 2"
+expect_grep "expected a size like 4096, 4K" "$T/err" "bad size message"
+"$DTRAIN" bench allreduce -d complex 2>"$T/err"; expect_eq "$?" 2 "bad type exits 2"
+"$DTRAIN" bench allreduce --backend nccl -n 1 -b 4K -e 4K >"$T/out" 2>"$T/err"
+[ "$?" -ne 0 ] && pass "nccl backend without a GPU fails" || fail "nccl without GPU succeeded"
+expect_grep "(no CUDA device is visible|not in this build)" "$T/err" "nccl says why"
+
+# Lost peers, with a standalone store and hand-made worker environments.
+"$DTRAIN" store serve --port 0 --token-file "$T/tok" >"$T/serve.out" 2>&1 &
+SERVE=$!
+trap 'kill $SERVE 2>/dev/null; pkill -CONT -f "$WORKER" 2>/dev/null; pkill -9 -f "$WORKER" 2>/dev/null; cleanup' EXIT
+for _ in $(seq 50); do grep -q "serving on" "$T/serve.out" && break; sleep 0.1; done
+EP=$(sed -n 's/^dtrain store: serving on //p' "$T/serve.out")
+export DTRAIN_STORE_ADDR=${EP%:*} DTRAIN_STORE_PORT=${EP##*:} DTRAIN_STORE_TOKEN=$(cat "$T/tok") WORLD_SIZE=3
+lost_case() {  # signal victim
+  local sig=$1 victim=$2 pids=()
+  export DTRAIN_RUN_ID="lost-$sig"
+  for r in 0 1 2; do
+    RANK=$r "$WORKER" 3 "$T/stop" >"$T/w$r.out" 2>"$T/w$r.err" &
+    pids+=($!)
+  done
+  for r in 0 1 2; do
+    for _ in $(seq 100); do grep -q ready "$T/w$r.out" 2>/dev/null && break; sleep 0.1; done
+  done
+  start=$(date +%s%N)
+  kill -"$sig" "${pids[$victim]}"
+  for r in 0 1 2; do
+    [ "$r" = "$victim" ] && continue
+    wait "${pids[$r]}"; rc=$?
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    expect_eq "$rc" 3 "SIG$sig: rank $r fails its collective"
+    [ "$ms" -lt 8000 ] && pass "SIG$sig: rank $r failed within the timeout (${ms} ms)" || fail "SIG$sig: rank $r took ${ms} ms"
+    expect_grep "lost rank [0-9]" "$T/w$r.err" "SIG$sig: rank $r names a lost rank"
+  done
+  # The rank next to the victim names the victim itself.
+  local neighbour=$(( (victim + 1) % 3 ))
+  expect_grep "lost rank $victim" "$T/w$neighbour.err" "SIG$sig: rank $neighbour names rank $victim"
+  kill -CONT "${pids[$victim]}" 2>/dev/null; kill -9 "${pids[$victim]}" 2>/dev/null; wait "${pids[$victim]}" 2>/dev/null
+}
+lost_case KILL 1
+lost_case STOP 2
+finish
