@@ -38,7 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kHelloMagic = 0x44545243;  // "DTRC"
 constexpr size_t kMaxSendPerCall = 1 << 20;
-constexpr int kSocketBuffer = 4 << 20;
 
 class FutureWork final : public Work {
  public:
@@ -55,11 +54,11 @@ void setNonBlocking(int fd) {
   ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
+// Socket buffers are left to the kernel: setting SO_SNDBUF/SO_RCVBUF turns autotuning off
+// and clamps them to net.core.[rw]mem_max (often 208 KiB), which costs bandwidth.
 void tuneSocket(int fd) {
-  int one = 1, buf = kSocketBuffer;
+  int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
 std::string secondsText(Duration d) { return fmt::format("{:.3g} s", d.count() / 1000.0); }
@@ -145,6 +144,12 @@ class TcpCommunicator final : public Communicator {
       fn_ = std::move(fn);
       return *this;
     }
+    // Streams the receive through a cache-sized bounce buffer of `grain` bytes instead of
+    // rbuf: onRecv(begin, end) then finds bytes [begin, end) at bounce[0, end - begin).
+    Transfer& streamThrough(char* bounce) {
+      bounce_ = bounce;
+      return *this;
+    }
     void run();
     size_t received() const { return recvd_; }
 
@@ -156,6 +161,7 @@ class TcpCommunicator final : public Communicator {
     char* rbuf_ = nullptr;
     size_t slen_ = 0, rlen_ = 0, sent_ = 0, recvd_ = 0, delivered_ = 0, grain_ = 0;
     const size_t* avail_ = nullptr;
+    char* bounce_ = nullptr;
     std::function<void(size_t, size_t)> fn_;
   };
 
@@ -424,7 +430,8 @@ void TcpCommunicator::Transfer::run() {
                                      secondsText(c_.opts_.timeout), sent_, slen_, to_, recvd_, rlen_, from_));
     }
     if (ri >= 0 && (p[ri].revents & (POLLIN | POLLHUP | POLLERR))) {
-      ssize_t n = ::recv(p[ri].fd, rbuf_ + recvd_, rlen_ - recvd_, 0);
+      ssize_t n = bounce_ ? ::recv(p[ri].fd, bounce_ + (recvd_ - delivered_), std::min(rlen_ - recvd_, grain_ - (recvd_ - delivered_)), 0)
+                          : ::recv(p[ri].fd, rbuf_ + recvd_, rlen_ - recvd_, 0);
       if (n == 0) c_.lost(from_, "connection closed (the process exited or was killed)");
       if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(from_, std::strerror(errno));
       if (n > 0) {
@@ -502,18 +509,18 @@ void TcpCommunicator::ring(char* data, size_t count, DataType t, ReduceOp op, in
   auto segCount = [&](int s) { return segBegin(s + 1) - segBegin(s); };
   auto mod = [&](int v) { return ((v % n) + n) % n; };
   int right = mod(rank_ + 1), left = mod(rank_ - 1);
-  size_t maxSeg = 0;
-  for (int s = 0; s < n; ++s) maxSeg = std::max(maxSeg, segCount(s));
-  char* tmp = scratch(maxSeg * es);
-  // Reduce in grains of 256 KiB as they arrive (a multiple of every element size).
+  // Incoming data streams through a 256 KiB bounce buffer (stays in cache) and is reduced
+  // grain by grain while the rest is still arriving. 256 KiB is a multiple of every element.
   const size_t grain = 256 * 1024;
+  char* bounce = scratch(grain);
   for (int step = 0; step < n - 1; ++step) {
     int sendSeg = mod(rank_ - step - shift), recvSeg = mod(rank_ - step - 1 - shift);
     char* dst = data + segBegin(recvSeg) * es;
     transfer(dl)
         .to(right, data + segBegin(sendSeg) * es, segCount(sendSeg) * es)
-        .from(left, tmp, segCount(recvSeg) * es)
-        .onRecv(grain, [&](size_t b, size_t e) { reduceInto(dst + b, tmp + b, (e - b) / es, t, op); })
+        .from(left, nullptr, segCount(recvSeg) * es)
+        .onRecv(grain, [&](size_t b, size_t e) { reduceInto(dst + b, bounce, (e - b) / es, t, op); })
+        .streamThrough(bounce)
         .run();
   }
   int mine = mod(rank_ + 1 - shift);
