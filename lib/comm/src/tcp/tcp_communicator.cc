@@ -401,40 +401,21 @@ void TcpCommunicator::lost(int peer, const std::string& why) {
   throw PeerLostError(msg);
 }
 
+// Tries both directions without waiting and polls only when neither can move: fewer
+// syscalls and wake-ups than polling before every call.
 void TcpCommunicator::Transfer::run() {
   auto& fds = c_.fds_;
+  const int rfd = from_ >= 0 ? fds[static_cast<size_t>(from_)] : -1;
+  const int sfd = to_ >= 0 ? fds[static_cast<size_t>(to_)] : -1;
   while (sent_ < slen_ || recvd_ < rlen_) {
-    size_t limit = avail_ ? std::min(slen_, *avail_) : slen_;
-    pollfd p[2];
-    int np = 0, si = -1, ri = -1;
+    bool progress = false;
     if (recvd_ < rlen_) {
-      p[np] = {fds[static_cast<size_t>(from_)], POLLIN, 0};
-      ri = np++;
-    }
-    if (sent_ < limit) {
-      if (ri >= 0 && to_ == from_) {
-        p[ri].events |= POLLOUT;
-        si = ri;
-      } else {
-        p[np] = {fds[static_cast<size_t>(to_)], POLLOUT, 0};
-        si = np++;
-      }
-    }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
-    int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(left)) : 0;
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      int waitingOn = recvd_ < rlen_ ? from_ : to_;
-      c_.lost(waitingOn, fmt::format("no progress within the {} timeout (sent {} of {} bytes to rank {}, received {} of {} "
-                                     "from rank {}); is it stopped or overloaded?",
-                                     secondsText(c_.opts_.timeout), sent_, slen_, to_, recvd_, rlen_, from_));
-    }
-    if (ri >= 0 && (p[ri].revents & (POLLIN | POLLHUP | POLLERR))) {
-      ssize_t n = bounce_ ? ::recv(p[ri].fd, bounce_ + (recvd_ - delivered_), std::min(rlen_ - recvd_, grain_ - (recvd_ - delivered_)), 0)
-                          : ::recv(p[ri].fd, rbuf_ + recvd_, rlen_ - recvd_, 0);
+      ssize_t n = bounce_ ? ::recv(rfd, bounce_ + (recvd_ - delivered_), std::min(rlen_ - recvd_, grain_ - (recvd_ - delivered_)), 0)
+                          : ::recv(rfd, rbuf_ + recvd_, rlen_ - recvd_, 0);
       if (n == 0) c_.lost(from_, "connection closed (the process exited or was killed)");
       if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(from_, std::strerror(errno));
       if (n > 0) {
+        progress = true;
         recvd_ += static_cast<size_t>(n);
         if (fn_) {
           size_t g = grain_ ? grain_ : rlen_;
@@ -447,13 +428,33 @@ void TcpCommunicator::Transfer::run() {
         }
       }
     }
-    if (si >= 0 && (p[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      limit = avail_ ? std::min(slen_, *avail_) : slen_;
-      if (sent_ < limit) {
-        ssize_t n = ::send(p[si].fd, sbuf_ + sent_, std::min(limit - sent_, kMaxSendPerCall), MSG_NOSIGNAL);
-        if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(to_, std::strerror(errno));
-        if (n > 0) sent_ += static_cast<size_t>(n);
+    size_t limit = avail_ ? std::min(slen_, *avail_) : slen_;
+    if (sent_ < limit) {
+      ssize_t n = ::send(sfd, sbuf_ + sent_, std::min(limit - sent_, kMaxSendPerCall), MSG_NOSIGNAL);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(to_, std::strerror(errno));
+      if (n > 0) {
+        progress = true;
+        sent_ += static_cast<size_t>(n);
       }
+    }
+    if (progress || (sent_ >= slen_ && recvd_ >= rlen_)) continue;
+    pollfd p[2];
+    int np = 0;
+    if (recvd_ < rlen_) p[np++] = {rfd, POLLIN, 0};
+    if (sent_ < limit) {
+      if (np == 1 && sfd == rfd)
+        p[0].events |= POLLOUT;
+      else
+        p[np++] = {sfd, POLLOUT, 0};
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+    int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(left)) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      int waitingOn = recvd_ < rlen_ ? from_ : to_;
+      c_.lost(waitingOn, fmt::format("no progress within the {} timeout (sent {} of {} bytes to rank {}, received {} of {} "
+                                     "from rank {}); is it stopped or overloaded?",
+                                     secondsText(c_.opts_.timeout), sent_, slen_, to_, recvd_, rlen_, from_));
     }
   }
 }
