@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/launch/job.h"
 #include "bench_cmd.h"
+#include "train_cmd.h"
 #include "store_cmd.h"
 
 namespace {
@@ -66,12 +68,21 @@ double parseDoubleFlag(const std::string& flag, const std::string& v) {
   return out;
 }
 
+std::string selfExe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw IoError("cannot find dtrain's own executable (/proc/self/exe): " + ec.message());
+  return p.string();
+}
+
 spec::JobSpec buildSpec(RunArgs& a) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
     throw SpecError("give either a job spec file or a command after --, not both");
   if (!a.spec_path.empty()) {
     s = spec::loadJobSpec(a.spec_path);
+    // A trainer job runs the built-in trainer as every worker's command.
+    if (s.trainer) s.command = {selfExe(), "train", std::filesystem::absolute(a.spec_path).string()};
   } else if (!a.command.empty()) {
     s.command = a.command;
     s.name = a.command[0].substr(a.command[0].rfind('/') + 1);
@@ -138,6 +149,7 @@ int main(int argc, char** argv) {
 
   app::addStoreCommands(app);
   app::addBenchCommands(app);
+  app::addTrainCommand(app);
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -160,6 +172,7 @@ int main(int argc, char** argv) {
   try {
     if (int rc = app::runStoreCommand(); rc >= 0) return rc;
     if (int rc = app::runBenchCommand(); rc >= 0) return rc;
+    if (int rc = app::runTrainCommand(); rc >= 0) return rc;
     if (run->parsed()) return cmdRun(runArgs);
     if (validate->parsed()) {
       spec::JobSpec s = buildSpec(valArgs);

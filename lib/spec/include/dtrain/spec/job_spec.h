@@ -13,6 +13,41 @@ struct RendezvousSpec {
   int timeout_s = 900;
 };
 
+// The built-in trainer (docs/job-spec.md, "trainer").
+struct TrainerSpec {
+  struct Model {
+    std::string type = "mlp";
+    std::vector<int> layers;           // input, hidden..., output
+    std::string activation = "relu";   // relu | gelu
+    std::string loss = "cross_entropy";  // cross_entropy | mse
+  } model;
+  struct Data {
+    std::string type = "synthetic";
+    long long train_samples = 60000;
+    long long eval_samples = 10000;
+    unsigned long long seed = 1;
+  } data;
+  int batch_size = 128;  // per worker
+  int epochs = 1;
+  long long max_steps = 0;  // 0 = no limit
+  struct Optimizer {
+    std::string type = "sgd";
+    double lr = 0.05;
+    double momentum = 0.0;
+    bool nesterov = false;
+    double weight_decay = 0.0;
+  } optimizer;
+  std::string device = "auto";  // auto | cpu | cuda
+  unsigned long long seed = 0;
+  double bucket_mb = 25;
+  bool overlap = true;           // all-reduce buckets during backward
+  int log_every_steps = 50;
+  struct Checkpoint {
+    std::string dir;
+    int every_steps = 0;
+  } checkpoint;
+};
+
 struct JobSpec {
   std::string name = "job";
   std::vector<std::string> command;           // argv; command[0] looked up on PATH
@@ -27,6 +62,7 @@ struct JobSpec {
   bool prefix_output = true;                  // "[rank N] " on every console line
   std::vector<int> console_ranks;             // empty = all ranks on the console
   std::string source;                         // file it was read from, for messages
+  std::optional<TrainerSpec> trainer;         // set: workers run the built-in trainer
 };
 
 // Reads and validates a job spec file. Throws SpecError with one line:

@@ -1,0 +1,48 @@
+#include "train_cmd.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/spec/job_spec.h"
+#include "dtrain/store/hash_store.h"
+#include "dtrain/train/trainer.h"
+
+namespace dtrain::app {
+namespace {
+
+CLI::App* gTrain = nullptr;
+std::string gSpec;
+
+}  // namespace
+
+void addTrainCommand(CLI::App& app) {
+  gTrain = app.add_subcommand("train", "Run the built-in trainer of a job spec (started by dtrain run on every worker)");
+  gTrain->add_option("spec", gSpec, "Job spec with a \"trainer\" section")->required();
+}
+
+int runTrainCommand() {
+  if (!gTrain || !gTrain->parsed()) return -1;
+  spec::JobSpec s = spec::loadJobSpec(gSpec);
+  if (!s.trainer) throw SpecError(fmt::format("{}: /trainer: missing; dtrain train needs a \"trainer\" section", gSpec));
+  comm::CommOptions co;
+  std::unique_ptr<comm::Communicator> comm;
+  if (std::getenv("DTRAIN_STORE_ADDR")) {
+    comm = comm::createFromEnvironment(co);
+  } else {
+    comm = comm::createTcpCommunicator(std::make_shared<store::HashStore>(), 0, 1, co);  // alone
+  }
+  train::TrainOptions to;
+  to.log = [](const std::string& line) { std::cout << line << std::endl; };
+  train::TrainResult r = train::train(*s.trainer, *comm, to);
+  if (comm->rank() == 0)
+    std::cout << fmt::format("trained: {} steps, final loss {:.4f}, eval accuracy {:.2f}%, {:.0f} samples/s, weights sha256 {}",
+                             r.steps, r.final_loss, 100 * r.eval_accuracy, r.samples_per_s, r.weights_sha256)
+              << std::endl;
+  return 0;
+}
+
+}  // namespace dtrain::app

@@ -1,0 +1,32 @@
+#pragma once
+// Data sets and DistributedSampler-style sharding.
+#include <cstdint>
+#include <vector>
+
+namespace dtrain::train {
+
+// Seeded Gaussian latents z (kLatent dims) are mapped by a fixed random linear generator
+// into the input space (plus a little noise), and labelled by a fixed random teacher network
+// on z: like real data, whose classes live on a low-dimensional manifold, so a student
+// learns them from a modest sample. Any sample is generated from (seed, split, index)
+// alone, so nothing is materialised and all ranks agree.
+class SyntheticData {
+ public:
+  SyntheticData(int inputs, int outputs, uint64_t seed);
+  // x: `inputs` floats. Classification: *label = argmax of the teacher. Regression
+  // (targets != nullptr): the teacher's `outputs` values.
+  void sample(uint64_t index, bool eval, float* x, int* label, float* targets = nullptr) const;
+
+ private:
+  int inputs_, outputs_;
+  uint64_t seed_;
+  static constexpr int kLatent = 16;
+  static constexpr float kNoise = 0.1f;
+  std::vector<float> gen_;      // [inputs x kLatent]
+  std::vector<float> teacher_;  // [outputs x kLatent]
+};
+
+// The global order of epoch `epoch`: a permutation of [0, n) seeded by (seed, epoch).
+std::vector<uint64_t> epochOrder(uint64_t n, uint64_t seed, uint64_t epoch);
+
+}  // namespace dtrain::train

@@ -1,0 +1,63 @@
+#pragma once
+// A multi-layer perceptron on the CPU, forward and backward by hand with BLAS GEMMs.
+// Parameters and gradients each live in one flat buffer, layer by layer (W0, b0, W1, b1, ...),
+// so that a bucket of gradients is a contiguous range that can be all-reduced in place.
+//
+// Thread-safety: none; one Mlp per worker thread.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+enum class Activation { kRelu, kGelu };
+enum class Loss { kCrossEntropy, kMse };
+
+struct MlpConfig {
+  std::vector<int> layers;  // input, hidden..., output
+  Activation activation = Activation::kRelu;
+  Loss loss = Loss::kCrossEntropy;
+};
+
+class Mlp {
+ public:
+  explicit Mlp(MlpConfig cfg);
+
+  // Deterministic init from seed (Kaiming-uniform weights, zero biases).
+  void init(uint64_t seed);
+
+  // Forward on batch x [n x in]; returns the mean loss against targets (class indices for
+  // cross-entropy, an [n x out] matrix for MSE) and counts correct argmax predictions.
+  double forward(const float* x, int n, const float* targets, int* correct);
+
+  // Backward of the last forward: fills grads(). Calls onLayerDone(l) right after layer l's
+  // gradients (its W and b) are final, from the last layer to the first, so that callers
+  // can start communicating them while the earlier layers are still being computed.
+  void backward(const std::function<void(int layer)>& onLayerDone = {});
+
+  std::vector<float>& params() { return params_; }
+  std::vector<float>& grads() { return grads_; }
+  int numLayers() const { return static_cast<int>(cfg_.layers.size()) - 1; }
+  // Offset and size (floats) of layer l's parameters (W then b) in the flat buffers.
+  size_t layerOffset(int l) const { return offsets_[static_cast<size_t>(l)]; }
+  size_t layerSize(int l) const { return offsets_[static_cast<size_t>(l) + 1] - offsets_[static_cast<size_t>(l)]; }
+  const MlpConfig& config() const { return cfg_; }
+
+ private:
+  float* W(int l) { return params_.data() + offsets_[static_cast<size_t>(l)]; }
+  float* b(int l) { return W(l) + static_cast<size_t>(cfg_.layers[static_cast<size_t>(l) + 1]) * cfg_.layers[static_cast<size_t>(l)]; }
+  float* dW(int l) { return grads_.data() + offsets_[static_cast<size_t>(l)]; }
+  float* db(int l) { return dW(l) + static_cast<size_t>(cfg_.layers[static_cast<size_t>(l) + 1]) * cfg_.layers[static_cast<size_t>(l)]; }
+
+  MlpConfig cfg_;
+  std::vector<size_t> offsets_;
+  std::vector<float> params_, grads_;
+  // Activations of the last forward: acts_[0] = input, acts_[l+1] = output of layer l;
+  // pre_[l] = layer l's pre-activation.
+  std::vector<std::vector<float>> acts_, pre_;
+  std::vector<float> delta_, deltaPrev_;
+  int n_ = 0;
+};
+
+}  // namespace dtrain::train

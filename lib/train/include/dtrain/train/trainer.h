@@ -1,0 +1,41 @@
+#pragma once
+// The built-in data-parallel trainer: one instance per worker, all ranks in lock step.
+#include <functional>
+#include <string>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/spec/job_spec.h"
+
+namespace dtrain::train {
+
+struct TrainResult {
+  double final_loss = 0;       // mean training loss of the last logged window, all ranks
+  double eval_accuracy = 0;    // 0..1 on the held-out split (classification)
+  double eval_loss = 0;
+  double samples_per_s = 0;    // global, over the whole run after the first step
+  long long steps = 0;
+  std::string weights_sha256;  // identical on every rank (checked)
+};
+
+struct TrainOptions {
+  // Progress lines (rank 0 only); empty = silent.
+  std::function<void(const std::string&)> log;
+  // When set, receives the final weights (flat, layer by layer).
+  std::vector<float>* final_params = nullptr;
+};
+
+// Trains per spec. Collective: every rank calls it. Throws PeerLostError when a peer fails
+// and InternalError when replicas end with different weights.
+TrainResult train(const spec::TrainerSpec& spec, comm::Communicator& comm, const TrainOptions& opts = {});
+
+// Buckets of the flat gradient buffer, in the order backward completes them (last layer
+// first): each is [begin, end) in floats and closes at the layer whose index is `closes_at`.
+struct Bucket {
+  size_t begin = 0, end = 0;
+  int closes_at = 0;
+};
+std::vector<Bucket> planBuckets(const std::vector<size_t>& layerOffsets, size_t bucketFloats);
+
+std::string sha256Hex(const void* data, size_t bytes);
+
+}  // namespace dtrain::train

@@ -1,0 +1,184 @@
+#include "dtrain/train/trainer.h"
+
+#include <openssl/evp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/train/data.h"
+#include "dtrain/train/mlp.h"
+
+namespace dtrain::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string fmtDuration(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+}
+
+}  // namespace
+
+std::string sha256Hex(const void* data, size_t bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data, bytes, md, &len, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+std::vector<Bucket> planBuckets(const std::vector<size_t>& offsets, size_t bucketFloats) {
+  std::vector<Bucket> out;
+  int layers = static_cast<int>(offsets.size()) - 1;
+  size_t end = offsets.back();
+  for (int l = layers - 1; l >= 0; --l) {
+    bool lastLayer = l == 0;
+    if (end - offsets[static_cast<size_t>(l)] >= bucketFloats || lastLayer) {
+      out.push_back({offsets[static_cast<size_t>(l)], end, l});
+      end = offsets[static_cast<size_t>(l)];
+    }
+  }
+  return out;
+}
+
+TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+  const int rank = comm.rank(), world = comm.size();
+  MlpConfig cfg;
+  cfg.layers = ts.model.layers;
+  cfg.activation = ts.model.activation == "gelu" ? Activation::kGelu : Activation::kRelu;
+  cfg.loss = ts.model.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
+  Mlp model(cfg);
+  model.init(ts.seed);
+  auto& params = model.params();
+  auto& grads = model.grads();
+  // Every replica starts from rank 0's weights.
+  comm.broadcast(params.data(), params.size(), comm::DataType::kFloat32, 0);
+
+  const int B = ts.batch_size;
+  const int in = cfg.layers.front(), out = cfg.layers.back();
+  const bool mse = cfg.loss == Loss::kMse;
+  const uint64_t N = static_cast<uint64_t>(ts.data.train_samples);
+  const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(world);
+  // drop_last: each epoch uses floor(N / global batch) full global batches; every sample of
+  // those is seen exactly once across the ranks.
+  const uint64_t stepsPerEpoch = N / globalBatch;
+  if (stepsPerEpoch == 0)
+    throw SpecError(fmt::format("trainer: /trainer/data/train_samples ({}) is smaller than one global batch ({} = "
+                                "batch_size {} x {} workers); use more samples or a smaller batch",
+                                N, globalBatch, B, world));
+  long long totalSteps = static_cast<long long>(stepsPerEpoch) * ts.epochs;
+  if (ts.max_steps > 0) totalSteps = std::min(totalSteps, ts.max_steps);
+
+  SyntheticData data(in, out, ts.data.seed);
+  std::vector<float> x(static_cast<size_t>(B) * in), y(static_cast<size_t>(B) * (mse ? out : 1));
+  std::vector<float> momentum(params.size(), 0.0f);
+  auto buckets = planBuckets([&] {
+    std::vector<size_t> off;
+    for (int l = 0; l <= model.numLayers(); ++l) off.push_back(l < model.numLayers() ? model.layerOffset(l) : params.size());
+    return off;
+  }(), std::max<size_t>(1, static_cast<size_t>(ts.bucket_mb * 1024 * 1024 / 4)));
+
+  TrainResult result;
+  long long step = 0;
+  double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
+  Clock::time_point afterFirst;
+  std::vector<comm::WorkPtr> works;
+  for (int epoch = 0; epoch < ts.epochs && step < totalSteps; ++epoch) {
+    auto order = epochOrder(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
+    for (uint64_t s = 0; s < stepsPerEpoch && step < totalSteps; ++s) {
+      const uint64_t base = s * globalBatch + static_cast<uint64_t>(rank) * B;
+      for (int i = 0; i < B; ++i) {
+        int label = 0;
+        data.sample(order[base + static_cast<uint64_t>(i)], false, x.data() + static_cast<size_t>(i) * in, &label,
+                    mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
+        if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
+      }
+      int correct = 0;
+      double loss = model.forward(x.data(), B, y.data(), &correct);
+      works.clear();
+      size_t next = 0;
+      auto launch = [&](const Bucket& bk) {
+        works.push_back(comm.allreduceAsync(grads.data() + bk.begin, bk.end - bk.begin, comm::DataType::kFloat32,
+                                            comm::ReduceOp::kAvg));
+      };
+      model.backward([&](int layer) {
+        if (ts.overlap && next < buckets.size() && buckets[next].closes_at == layer) launch(buckets[next++]);
+      });
+      for (; next < buckets.size(); ++next) launch(buckets[next]);
+      for (auto& w : works) w->wait();
+
+      // SGD with momentum / Nesterov / weight decay, PyTorch semantics.
+      const float lr = static_cast<float>(ts.optimizer.lr), mu = static_cast<float>(ts.optimizer.momentum),
+                  wd = static_cast<float>(ts.optimizer.weight_decay);
+      for (size_t i = 0; i < params.size(); ++i) {
+        float g = grads[i] + wd * params[i];
+        if (mu > 0) {
+          momentum[i] = mu * momentum[i] + g;
+          g = ts.optimizer.nesterov ? g + mu * momentum[i] : momentum[i];
+        }
+        params[i] -= lr * g;
+      }
+      ++step;
+      if (step == 1) afterFirst = Clock::now();
+      windowLoss += loss * B;
+      windowCorrect += correct;
+      windowSamples += B;
+      if (step % ts.log_every_steps == 0 || step == totalSteps) {
+        double stats[3] = {windowLoss, windowCorrect, windowSamples};
+        comm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        result.final_loss = stats[0] / stats[2];
+        double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
+        double sps = step > 1 && elapsed > 0 ? static_cast<double>(step - 1) * globalBatch / elapsed : 0;
+        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
+        if (rank == 0 && opts.log)
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s eta {}", epoch + 1,
+                               ts.epochs, step, totalSteps, result.final_loss, 100.0 * stats[1] / stats[2], sps,
+                               fmtDuration(eta)));
+        windowLoss = windowCorrect = windowSamples = 0;
+      }
+    }
+  }
+  double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
+  result.steps = step;
+  result.samples_per_s = step > 1 && elapsed > 0 ? static_cast<double>(step - 1) * globalBatch / elapsed : 0;
+
+  // Held-out evaluation, sharded round-robin over the ranks.
+  const uint64_t E = static_cast<uint64_t>(ts.data.eval_samples);
+  double ev[3] = {0, 0, 0};
+  for (uint64_t first = static_cast<uint64_t>(rank) * B; first < E; first += globalBatch) {
+    int n = static_cast<int>(std::min<uint64_t>(B, E - first));
+    for (int i = 0; i < n; ++i) {
+      int label = 0;
+      data.sample(first + static_cast<uint64_t>(i), true, x.data() + static_cast<size_t>(i) * in, &label,
+                  mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
+      if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
+    }
+    int correct = 0;
+    ev[0] += model.forward(x.data(), n, y.data(), &correct) * n;
+    ev[1] += correct;
+    ev[2] += n;
+  }
+  comm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+  result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
+  result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
+
+  if (opts.final_params) *opts.final_params = params;
+  // All replicas must hold bit-identical weights.
+  result.weights_sha256 = sha256Hex(params.data(), params.size() * sizeof(float));
+  std::vector<char> all(64 * static_cast<size_t>(world));
+  comm.allgather(result.weights_sha256.data(), all.data(), 64 / 4, comm::DataType::kInt32);  // 64 hex chars
+  for (int r = 0; r < world; ++r)
+    if (std::memcmp(all.data() + 64 * static_cast<size_t>(r), result.weights_sha256.data(), 64) != 0)
+      throw InternalError(fmt::format("trainer: rank {}'s weights differ from rank {}'s after training (sha256 {} vs {})",
+                                      r, rank, std::string(all.data() + 64 * static_cast<size_t>(r), 64),
+                                      result.weights_sha256));
+  return result;
+}
+
+}  // namespace dtrain::train

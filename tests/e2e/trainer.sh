@@ -1,0 +1,37 @@
+# The built-in trainer through the real binary: the quickstart job trains 2 CPU workers to
+# >= 95% held-out accuracy, replicas end bit-identical, and trainer specs are validated.
+source "$(dirname "$0")/lib.sh"
+cd "$SRC"
+start=$(date +%s)
+"$DTRAIN" run configs/quickstart.json >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "quickstart exits 0"
+took=$(( $(date +%s) - start ))
+[ "$took" -lt 60 ] && pass "quickstart took ${took}s (< 60 s)" || fail "quickstart took ${took}s"
+expect_grep "^\[rank 0\] epoch 1/3 step 100/702 loss [0-9.]+ acc [0-9.]+% [0-9]+ samples/s eta " "$T/out" "progress lines"
+line=$(grep "trained:" "$T/out")
+acc=$(sed -n 's/.*eval accuracy \([0-9.]*\)%.*/\1/p' <<<"$line")
+python3 -c "import sys; sys.exit(0 if float('$acc') >= 95.0 else 1)" && pass "eval accuracy ${acc}% >= 95%" || fail "eval accuracy ${acc}%: $line"
+[[ "$line" =~ weights\ sha256\ [0-9a-f]{64}$ ]] && pass "weights hash reported" || fail "no hash: $line"
+if grep -q "\[rank 1\]" "$T/out"; then fail "rank 1 printed progress"; else pass "only rank 0 reports"; fi
+# Same seed, same data, same world size -> the same weights.
+"$DTRAIN" run configs/quickstart.json --env DTRAIN_UNUSED=1 >"$T/out2" 2>&1
+expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/out2")" "$(grep -o 'sha256 [0-9a-f]*' "$T/out")" "training is deterministic"
+# dry run shows the trainer as each worker's command.
+"$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1
+expect_grep " train .*/configs/quickstart.json$" "$T/out" "dry run: workers run dtrain train"
+# A worker of the trainer run by hand trains alone.
+cat > "$T/tiny.json" <<JSON
+{"trainer": {"model": {"layers": [16, 8, 3]}, "data": {"train_samples": 512, "eval_samples": 64},
+ "batch_size": 16, "epochs": 1}}
+JSON
+"$DTRAIN" train "$T/tiny.json" >"$T/out" 2>&1
+expect_eq "$?" 0 "dtrain train alone"
+expect_grep "trained: 32 steps" "$T/out" "alone: 512/16 steps"
+# Too few samples for one global batch is a clear error.
+cat > "$T/few.json" <<JSON
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [16, 3]}, "data": {"train_samples": 10}, "batch_size": 16}}
+JSON
+"$DTRAIN" run "$T/few.json" >"$T/out" 2>"$T/err"
+[ "$?" -ne 0 ] && pass "too few samples fails" || fail "too few samples succeeded"
+expect_grep "smaller than one global batch" "$T/err" "too few samples explained"
+finish

@@ -1,0 +1,149 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/store/hash_store.h"
+#include "dtrain/train/data.h"
+#include "dtrain/train/mlp.h"
+#include "dtrain/train/trainer.h"
+
+namespace dtrain::train {
+namespace {
+
+// Central finite differences (in double, from float forward passes) against backward.
+void checkGradients(Activation act, Loss loss) {
+  MlpConfig cfg{{5, 7, 6, 3}, act, loss};
+  Mlp m(cfg);
+  m.init(3);
+  const int n = 4;
+  std::vector<float> x(n * 5), y(loss == Loss::kMse ? n * 3 : n);
+  SyntheticData d(5, 3, 9);
+  for (int i = 0; i < n; ++i) {
+    int label;
+    d.sample(static_cast<uint64_t>(i), false, x.data() + i * 5, &label, loss == Loss::kMse ? y.data() + i * 3 : nullptr);
+    if (loss != Loss::kMse) y[static_cast<size_t>(i)] = static_cast<float>(label);
+  }
+  m.forward(x.data(), n, y.data(), nullptr);
+  std::vector<int> order;
+  m.backward([&](int l) { order.push_back(l); });
+  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));  // last layer first
+  auto grads = m.grads();
+  auto& p = m.params();
+  int checked = 0;
+  for (size_t i = 0; i < p.size(); i += 3) {
+    float orig = p[i];
+    const float h = 1e-2f;
+    p[i] = orig + h;
+    double up = m.forward(x.data(), n, y.data(), nullptr);
+    p[i] = orig - h;
+    double down = m.forward(x.data(), n, y.data(), nullptr);
+    p[i] = orig;
+    double numeric = (up - down) / (2 * h);
+    EXPECT_NEAR(grads[i], numeric, 2e-3 + 2e-2 * std::fabs(numeric)) << "param " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(Mlp, GradientsMatchFiniteDifferences) {
+  checkGradients(Activation::kGelu, Loss::kCrossEntropy);
+  checkGradients(Activation::kGelu, Loss::kMse);
+  checkGradients(Activation::kRelu, Loss::kCrossEntropy);
+}
+
+TEST(Buckets, ReverseLayerOrderAndSizes) {
+  // Layer sizes 100, 50, 10 floats.
+  auto b = planBuckets({0, 100, 150, 160}, 55);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].begin, 100u);  // layers 2+1 = 60 floats >= 55
+  EXPECT_EQ(b[0].end, 160u);
+  EXPECT_EQ(b[0].closes_at, 1);
+  EXPECT_EQ(b[1].begin, 0u);
+  EXPECT_EQ(b[1].closes_at, 0);
+  EXPECT_EQ(planBuckets({0, 100, 150, 160}, 1).size(), 3u);
+}
+
+TEST(Data, SamplesAreAFunctionOfTheIndexAndEpochsArePermutations) {
+  SyntheticData a(20, 4, 5), b(20, 4, 5);
+  std::vector<float> x1(20), x2(20);
+  int l1, l2;
+  a.sample(12345, false, x1.data(), &l1);
+  b.sample(12345, false, x2.data(), &l2);
+  EXPECT_EQ(x1, x2);
+  EXPECT_EQ(l1, l2);
+  a.sample(12345, true, x2.data(), &l2);
+  EXPECT_NE(x1, x2);  // the held-out split is different data
+  auto e0 = epochOrder(1000, 7, 0), e1 = epochOrder(1000, 7, 1);
+  EXPECT_NE(e0, e1);
+  std::sort(e0.begin(), e0.end());
+  for (uint64_t i = 0; i < 1000; ++i) ASSERT_EQ(e0[i], i);
+  EXPECT_EQ(epochOrder(1000, 7, 1), e1);
+}
+
+spec::TrainerSpec small(int batch) {
+  spec::TrainerSpec t;
+  t.model.layers = {20, 16, 4};
+  t.data.train_samples = 4096;
+  t.data.eval_samples = 512;
+  t.batch_size = batch;
+  t.epochs = 1;
+  t.max_steps = 20;
+  t.optimizer.lr = 0.05;
+  t.optimizer.momentum = 0.9;
+  t.bucket_mb = 0.0005;  // several buckets
+  return t;
+}
+
+std::vector<std::vector<float>> runWorld(int world, const spec::TrainerSpec& t, std::vector<TrainResult>* results = nullptr) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::vector<float>> params(static_cast<size_t>(world));
+  std::vector<TrainResult> res(static_cast<size_t>(world));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, world, {});
+      TrainOptions o;
+      o.final_params = &params[static_cast<size_t>(r)];
+      res[static_cast<size_t>(r)] = train(t, *c, o);
+    });
+  for (auto& th : ts) th.join();
+  if (results) *results = res;
+  return params;
+}
+
+TEST(Trainer, TwoWorkersOfBMatchOneWorkerOf2B) {
+  auto two = runWorld(2, small(32));
+  auto one = runWorld(1, small(64));
+  ASSERT_EQ(two[0].size(), one[0].size());
+  EXPECT_EQ(two[0], two[1]);  // replicas bit-identical
+  double maxDiff = 0;
+  for (size_t i = 0; i < one[0].size(); ++i) maxDiff = std::max(maxDiff, static_cast<double>(std::fabs(one[0][i] - two[0][i])));
+  EXPECT_LT(maxDiff, 1e-4);
+}
+
+TEST(Trainer, OverlapOnAndOffGiveTheSameWeights) {
+  auto t = small(32);
+  auto on = runWorld(2, t);
+  t.overlap = false;
+  auto off = runWorld(2, t);
+  EXPECT_EQ(on[0], off[0]);
+}
+
+TEST(Trainer, LearnsTheSyntheticTask) {
+  auto t = small(32);
+  t.max_steps = 0;
+  t.epochs = 4;
+  t.data.train_samples = 20000;
+  t.model.layers = {64, 128, 4};
+  t.optimizer.lr = 0.01;
+  std::vector<TrainResult> res;
+  runWorld(2, t, &res);
+  EXPECT_GT(res[0].eval_accuracy, 0.9);
+  EXPECT_EQ(res[0].weights_sha256, res[1].weights_sha256);
+  EXPECT_EQ(res[0].steps, 4 * (20000 / 64));
+}
+
+}  // namespace
+}  // namespace dtrain::train
