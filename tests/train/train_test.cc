@@ -55,14 +55,20 @@ TEST(Mlp, GradientsMatchFiniteDifferences) {
 
 TEST(Buckets, ReverseLayerOrderAndSizes) {
   // Layer sizes 100, 50, 10 floats.
-  auto b = planBuckets({0, 100, 150, 160}, 55);
+  auto b = planBuckets({0, 100, 150, 160}, 55, 1000);
   ASSERT_EQ(b.size(), 2u);
   EXPECT_EQ(b[0].begin, 100u);  // layers 2+1 = 60 floats >= 55
   EXPECT_EQ(b[0].end, 160u);
   EXPECT_EQ(b[0].closes_at, 1);
   EXPECT_EQ(b[1].begin, 0u);
   EXPECT_EQ(b[1].closes_at, 0);
-  EXPECT_EQ(planBuckets({0, 100, 150, 160}, 1).size(), 3u);
+  EXPECT_EQ(planBuckets({0, 100, 150, 160}, 1, 1000).size(), 3u);
+  // The first bucket is capped lower: layer 2 (10 floats) alone, then the rest.
+  auto f = planBuckets({0, 100, 150, 160}, 1000, 10);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].begin, 150u);
+  EXPECT_EQ(f[0].closes_at, 2);
+  EXPECT_EQ(f[1].begin, 0u);
 }
 
 TEST(Data, SamplesAreAFunctionOfTheIndexAndEpochsArePermutations) {

@@ -14,15 +14,16 @@ uint64_t splitmix(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
-double uniform(uint64_t& s) { return (static_cast<double>(splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-
-// Box-Muller pairs.
+// Box-Muller pairs in float (the data generator is on the training hot path).
 void gaussians(uint64_t state, float* out, int n) {
   for (int i = 0; i < n; i += 2) {
-    double u1 = uniform(state), u2 = uniform(state);
-    double r = std::sqrt(-2.0 * std::log(u1));
-    out[i] = static_cast<float>(r * std::cos(6.283185307179586 * u2));
-    if (i + 1 < n) out[i + 1] = static_cast<float>(r * std::sin(6.283185307179586 * u2));
+    uint64_t bits = splitmix(state);
+    float u1 = (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    float u2 = static_cast<float>((bits >> 16) & 0xffffffu) * (1.0f / 16777216.0f);
+    float r = std::sqrt(-2.0f * std::log(u1));
+    float a = 6.2831853f * u2;
+    out[i] = r * std::cos(a);
+    if (i + 1 < n) out[i + 1] = r * std::sin(a);
   }
 }
 

@@ -33,13 +33,14 @@ std::string sha256Hex(const void* data, size_t bytes) {
   return hex;
 }
 
-std::vector<Bucket> planBuckets(const std::vector<size_t>& offsets, size_t bucketFloats) {
+std::vector<Bucket> planBuckets(const std::vector<size_t>& offsets, size_t bucketFloats, size_t firstBucketFloats) {
   std::vector<Bucket> out;
   int layers = static_cast<int>(offsets.size()) - 1;
   size_t end = offsets.back();
   for (int l = layers - 1; l >= 0; --l) {
     bool lastLayer = l == 0;
-    if (end - offsets[static_cast<size_t>(l)] >= bucketFloats || lastLayer) {
+    size_t cap = out.empty() ? std::min(bucketFloats, firstBucketFloats) : bucketFloats;
+    if (end - offsets[static_cast<size_t>(l)] >= cap || lastLayer) {
       out.push_back({offsets[static_cast<size_t>(l)], end, l});
       end = offsets[static_cast<size_t>(l)];
     }
@@ -82,7 +83,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     std::vector<size_t> off;
     for (int l = 0; l <= model.numLayers(); ++l) off.push_back(l < model.numLayers() ? model.layerOffset(l) : params.size());
     return off;
-  }(), std::max<size_t>(1, static_cast<size_t>(ts.bucket_mb * 1024 * 1024 / 4)));
+  }(), std::max<size_t>(1, static_cast<size_t>(ts.bucket_mb * 1024 * 1024 / 4)), (1u << 20) / 4);
 
   TrainResult result;
   long long step = 0;

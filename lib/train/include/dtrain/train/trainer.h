@@ -34,7 +34,9 @@ struct Bucket {
   size_t begin = 0, end = 0;
   int closes_at = 0;
 };
-std::vector<Bucket> planBuckets(const std::vector<size_t>& layerOffsets, size_t bucketFloats);
+// As in PyTorch DDP, the first bucket is capped lower (firstBucketFloats) so that its
+// all-reduce starts early in backward.
+std::vector<Bucket> planBuckets(const std::vector<size_t>& layerOffsets, size_t bucketFloats, size_t firstBucketFloats);
 
 std::string sha256Hex(const void* data, size_t bytes);
 
