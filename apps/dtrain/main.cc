@@ -3,7 +3,10 @@
 // (docs/errors.md).
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -15,7 +18,9 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/plan.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
+#include "dtrain/spec/summary.h"
 #include "dtrain/launch/job.h"
 #include "bench_cmd.h"
 #include "train_cmd.h"
@@ -30,6 +35,7 @@ struct RunArgs {
   std::vector<std::string> command;  // after "--"
   spec::Overrides overrides;
   bool dry_run = false;
+  std::string summary_json;
   std::string nproc, max_restarts, shutdown;
 };
 
@@ -104,7 +110,35 @@ int cmdRun(RunArgs& a) {
     std::cout << launch::formatPlan(launch::makeLocalPlan(s, runId), s);
     return kExitOk;
   }
+  // The trainer's rank 0 leaves its outcome here for the summary.
+  std::string resultFile;
+  if (s.trainer) {
+    resultFile = (std::filesystem::temp_directory_path() / fmt::format("dtrain-result-{}.json", runId)).string();
+    s.env["DTRAIN_RESULT_FILE"] = resultFile;
+  }
+  auto started = std::chrono::steady_clock::now();
   launch::RunResult r = launch::runLocalJob(s, runId);
+  if (!a.summary_json.empty()) {
+    spec::RunSummary sum;
+    sum.job = s.name;
+    sum.run_id = runId;
+    sum.exit_code = r.exit_code;
+    sum.succeeded = r.exit_code == 0;
+    sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (r.received_signal) sum.stopped_by = signalName(r.received_signal);
+    for (const auto& w : r.workers)
+      sum.ranks.push_back({w.global_rank, w.local_rank, w.host, w.exit_code, w.signal ? signalName(w.signal) : "",
+                           w.stopped_by_dtrain});
+    if (!resultFile.empty()) sum.trainer = spec::readTrainerOutcome(resultFile);
+    std::string tmp = a.summary_json + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << spec::toJson(sum);
+      if (!f) throw IoError(fmt::format("--summary-json: cannot write {}", tmp));
+    }
+    if (std::rename(tmp.c_str(), a.summary_json.c_str()) != 0) throwErrno("--summary-json: rename to " + a.summary_json);
+  }
+  if (!resultFile.empty()) std::remove(resultFile.c_str());
   if (r.first_failure >= 0) std::cerr << launch::formatFailure(r, s) << std::flush;
   if (r.received_signal)
     std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
@@ -140,6 +174,7 @@ int main(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "Run a job: dtrain run job.json | dtrain run [flags] -- CMD ARGS...");
   run->add_option("spec", runArgs.spec_path, "Job spec (JSON)");
   run->add_flag("--dry-run", runArgs.dry_run, "Print the plan and run nothing");
+  run->add_option("--summary-json", runArgs.summary_json, "Write the outcome as JSON to this file (status, exit code, ranks, trainer)");
   addOverrideFlags(run, runArgs);
 
   RunArgs valArgs;

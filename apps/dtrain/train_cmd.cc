@@ -8,6 +8,7 @@
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/spec/job_spec.h"
+#include "dtrain/spec/summary.h"
 #include "dtrain/store/hash_store.h"
 #include "dtrain/train/trainer.h"
 
@@ -38,6 +39,8 @@ int runTrainCommand() {
   train::TrainOptions to;
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
   train::TrainResult r = train::train(*s.trainer, *comm, to);
+  if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0)
+    spec::writeTrainerOutcome(path, {r.final_loss, r.eval_accuracy, r.samples_per_s, r.steps, r.weights_sha256});
   if (comm->rank() == 0)
     std::cout << fmt::format("trained: {} steps, final loss {:.4f}, eval accuracy {:.2f}%, {:.0f} samples/s, weights sha256 {}",
                              r.steps, r.final_loss, 100 * r.eval_accuracy, r.samples_per_s, r.weights_sha256)

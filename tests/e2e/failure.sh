@@ -45,6 +45,15 @@ expect_grep "File \"train.py\", line 7" "$T/err" "error file traceback"
 expect_eq "$?" 127 "missing program gives 127"
 expect_grep "cannot run '/nonexistent/prog': No such file or directory" "$T/err" "missing program named"
 
+# --summary-json for a failed command job.
+"$DTRAIN" run --nproc-per-node 2 --summary-json "$T/sum.json" -- sh -c '[ "$RANK" = 1 ] && kill -KILL $$; sleep 30' >"$T/out" 2>"$T/err"
+expect_eq "$?" 137 "SIGKILLed worker gives 137"
+python3 -c "
+import json; d = json.load(open('$T/sum.json'))
+r = {x['rank']: x for x in d['ranks']}
+print(d['status'], d['exit_code'], r[1]['signal'], r[1]['exit_code'], r[0]['stopped_by_dtrain'], d['trainer'])" >"$T/check"
+expect_eq "$(cat "$T/check")" "failed 137 SIGKILL None True None" "--summary-json for a failed job"
+
 # All workers succeed -> 0, no summary.
 "$DTRAIN" run --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "all exit 0"

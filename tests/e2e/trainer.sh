@@ -3,8 +3,18 @@
 source "$(dirname "$0")/lib.sh"
 cd "$SRC"
 start=$(date +%s)
-"$DTRAIN" run configs/quickstart.json >"$T/out" 2>"$T/err"
+"$DTRAIN" run configs/quickstart.json --summary-json "$T/sum.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "quickstart exits 0"
+python3 - "$T/sum.json" "$T/out" >"$T/check" <<'PY2'
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+out = open(sys.argv[2]).read()
+sha = re.search(r"weights sha256 ([0-9a-f]{64})", out).group(1)
+t = d["trainer"]
+print(d["status"], d["exit_code"], d["restarts"], len(d["ranks"]), all(r["exit_code"] == 0 and r["signal"] is None for r in d["ranks"]),
+      t["steps"], t["weights_sha256"] == sha, 0.95 <= t["eval_accuracy"] <= 1, t["samples_per_s"] > 0, t["final_loss"] > 0, d["wall_s"] > 0)
+PY2
+expect_eq "$(cat "$T/check")" "succeeded 0 0 2 True 702 True True True True True" "--summary-json for a trainer job"
 took=$(( $(date +%s) - start ))
 [ "$took" -lt 60 ] && pass "quickstart took ${took}s (< 60 s)" || fail "quickstart took ${took}s"
 expect_grep "^\[rank 0\] epoch 1/3 step 100/702 loss [0-9.]+ acc [0-9.]+% [0-9]+ samples/s eta " "$T/out" "progress lines"

@@ -20,7 +20,7 @@ class SyntheticData {
  private:
   int inputs_, outputs_;
   uint64_t seed_;
-  static constexpr int kLatent = 16;
+  static constexpr int kLatent = 10;
   static constexpr float kNoise = 0.1f;
   std::vector<float> gen_;      // [inputs x kLatent]
   std::vector<float> teacher_;  // [outputs x kLatent]

@@ -1,0 +1,45 @@
+#pragma once
+// Machine-readable outcomes: `dtrain run --summary-json FILE`, and the trainer's result that
+// a worker hands to its launcher. JSON stays inside lib/spec; callers see these structs.
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain::spec {
+
+struct TrainerOutcome {
+  double final_loss = 0;
+  double eval_accuracy = 0;
+  double samples_per_s = 0;
+  long long steps = 0;
+  std::string weights_sha256;
+};
+
+struct RankOutcome {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;
+  int exit_code = 0;    // when signal is empty
+  std::string signal;   // "SIGKILL", or "" when it exited
+  bool stopped_by_dtrain = false;
+};
+
+struct RunSummary {
+  std::string job;
+  std::string run_id;
+  bool succeeded = false;
+  int exit_code = 0;
+  int restarts = 0;
+  double wall_s = 0;
+  std::string stopped_by;  // "SIGINT" etc. when dtrain was signalled
+  std::vector<RankOutcome> ranks;
+  std::optional<TrainerOutcome> trainer;
+};
+
+std::string toJson(const RunSummary& s);
+
+// The trainer's rank 0 writes its outcome to DTRAIN_RESULT_FILE; the launcher reads it.
+void writeTrainerOutcome(const std::string& path, const TrainerOutcome& t);
+std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path);
+
+}  // namespace dtrain::spec

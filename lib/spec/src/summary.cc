@@ -1,0 +1,81 @@
+#include "dtrain/spec/summary.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain::spec {
+
+using nlohmann::json;
+
+namespace {
+
+json trainerJson(const TrainerOutcome& t) {
+  return json{{"final_loss", t.final_loss},
+              {"eval_accuracy", t.eval_accuracy},
+              {"samples_per_s", t.samples_per_s},
+              {"steps", t.steps},
+              {"weights_sha256", t.weights_sha256}};
+}
+
+}  // namespace
+
+std::string toJson(const RunSummary& s) {
+  json j;
+  j["job"] = s.job;
+  j["run_id"] = s.run_id;
+  j["status"] = s.succeeded ? "succeeded" : "failed";
+  j["exit_code"] = s.exit_code;
+  j["restarts"] = s.restarts;
+  j["wall_s"] = s.wall_s;
+  j["stopped_by"] = s.stopped_by.empty() ? json(nullptr) : json(s.stopped_by);
+  j["ranks"] = json::array();
+  for (const auto& r : s.ranks) {
+    json rj{{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host}, {"stopped_by_dtrain", r.stopped_by_dtrain}};
+    if (r.signal.empty()) {
+      rj["exit_code"] = r.exit_code;
+      rj["signal"] = nullptr;
+    } else {
+      rj["exit_code"] = nullptr;
+      rj["signal"] = r.signal;
+    }
+    j["ranks"].push_back(rj);
+  }
+  j["trainer"] = s.trainer ? trainerJson(*s.trainer) : json(nullptr);
+  return j.dump(2) + "\n";
+}
+
+void writeTrainerOutcome(const std::string& path, const TrainerOutcome& t) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << trainerJson(t).dump() << "\n";
+    if (!f) throw IoError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("rename " + tmp);
+}
+
+std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  TrainerOutcome t;
+  try {
+    t.final_loss = j.at("final_loss").get<double>();
+    t.eval_accuracy = j.at("eval_accuracy").get<double>();
+    t.samples_per_s = j.at("samples_per_s").get<double>();
+    t.steps = j.at("steps").get<long long>();
+    t.weights_sha256 = j.at("weights_sha256").get<std::string>();
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+  return t;
+}
+
+}  // namespace dtrain::spec
