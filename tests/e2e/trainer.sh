@@ -37,6 +37,39 @@ JSON
 "$DTRAIN" train "$T/tiny.json" >"$T/out" 2>&1
 expect_eq "$?" 0 "dtrain train alone"
 expect_grep "trained: 32 steps" "$T/out" "alone: 512/16 steps"
+# kill -9 of a worker, then a restart from its checkpoint: the same weights as a run that
+# was never interrupted.
+mkspec() {  # file checkpoint-dir
+  cat > "$1" <<JSON
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [784, 256, 256, 10]}, "data": {"train_samples": 60000, "eval_samples": 2000},
+  "batch_size": 128, "epochs": 2, "optimizer": {"lr": 0.005, "momentum": 0.9}, "log_every_steps": 50,
+  "checkpoint": {"dir": "$2", "every_steps": 40}}}
+JSON
+}
+mkspec "$T/a.json" "$T/ckpt-a"; mkspec "$T/b.json" "$T/ckpt-b"
+"$DTRAIN" run "$T/a.json" >"$T/a.out" 2>&1
+expect_eq "$?" 0 "uninterrupted run"
+ls "$T/ckpt-a" | grep -q "ckpt-0000000468.bin" && pass "final checkpoint written" || fail "no final checkpoint: $(ls "$T/ckpt-a")"
+expect_eq "$(ls "$T/ckpt-a" | wc -l)" 3 "keeps the newest 3 checkpoints"
+"$DTRAIN" run "$T/b.json" >"$T/b1.out" 2>&1 &
+DTRAIN_PID=$!
+for _ in $(seq 300); do ls "$T/ckpt-b" 2>/dev/null | grep -q "ckpt-000000016[0-9].bin" && break; sleep 0.1; done
+victim=$(pgrep -f "train $T/b.json" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+[ "$rc" -ne 0 ] && pass "interrupted run fails (rc $rc)" || fail "interrupted run exited 0"
+"$DTRAIN" run "$T/b.json" >"$T/b2.out" 2>&1
+expect_eq "$?" 0 "restarted run"
+expect_grep "resuming from .*ckpt-b/ckpt-0000000[0-9]+.bin: step [1-9][0-9]+" "$T/b2.out" "resumed from a checkpoint"
+expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/b2.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/a.out")" "resumed weights bit-identical to the uninterrupted run"
+# A damaged newest checkpoint is skipped with a warning.
+newest=$(ls "$T/ckpt-b"/ckpt-*.bin | tail -1)
+printf 'garbage' > "$newest"
+"$DTRAIN" run "$T/b.json" >"$T/b3.out" 2>&1
+expect_eq "$?" 0 "run with a damaged newest checkpoint"
+expect_grep "warning: checkpoint .* is (not a dtrain checkpoint or truncated|truncated|corrupt).*skipping it" "$T/b3.out" "damaged checkpoint skipped"
+
 # Too few samples for one global batch is a clear error.
 cat > "$T/few.json" <<JSON
 {"nproc_per_node": 2, "trainer": {"model": {"layers": [16, 3]}, "data": {"train_samples": 10}, "batch_size": 16}}

@@ -1,10 +1,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/store/hash_store.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
 #include "dtrain/train/mlp.h"
 #include "dtrain/train/trainer.h"
@@ -149,6 +156,107 @@ TEST(Trainer, LearnsTheSyntheticTask) {
   EXPECT_GT(res[0].eval_accuracy, 0.9);
   EXPECT_EQ(res[0].weights_sha256, res[1].weights_sha256);
   EXPECT_EQ(res[0].steps, 4 * (20000 / 64));
+}
+
+}  // namespace
+}  // namespace dtrain::train
+
+namespace dtrain::train {
+namespace {
+
+std::string tempDir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/dtrain_ckpt_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+std::vector<std::vector<float>> runWith(int world, const spec::TrainerSpec& t,
+                                        std::function<void(int, const uint64_t*, int)> onBatch = {}) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::vector<float>> params(static_cast<size_t>(world));
+  std::vector<std::thread> ts;
+  std::mutex mu;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, world, {});
+      TrainOptions o;
+      o.final_params = &params[static_cast<size_t>(r)];
+      if (onBatch)
+        o.on_batch = [&](int e, const uint64_t* idx, int n) {
+          std::lock_guard<std::mutex> l(mu);
+          onBatch(e, idx, n);
+        };
+      train(t, *c, o);
+    });
+  for (auto& th : ts) th.join();
+  return params;
+}
+
+TEST(Checkpoint, ResumeAtTheSameWorldSizeIsBitIdentical) {
+  auto t = small(32);
+  t.max_steps = 40;
+  auto straight = runWith(2, t);
+  t.checkpoint.dir = tempDir("same");
+  t.checkpoint.every_steps = 7;
+  t.max_steps = 17;  // "interrupted" after step 17 (its last checkpoint)
+  runWith(2, t);
+  t.max_steps = 40;
+  auto resumed = runWith(2, t);
+  EXPECT_EQ(resumed[0], straight[0]);
+  EXPECT_EQ(resumed[1], straight[0]);
+}
+
+TEST(Checkpoint, ResumeAtAnotherWorldSizeSeesEverySampleOnce) {
+  auto t = small(32);
+  t.max_steps = 0;
+  t.epochs = 1;
+  t.checkpoint.dir = tempDir("resize");
+  t.checkpoint.every_steps = 10;
+  std::vector<int> seen(4096, 0);
+  auto count = [&](int epoch, const uint64_t* idx, int n) {
+    ASSERT_EQ(epoch, 0);
+    for (int i = 0; i < n; ++i) ++seen[idx[i]];
+  };
+  t.max_steps = 10;  // 2 workers x 32 = 640 samples
+  runWith(2, t, count);
+  t.max_steps = 0;   // then 4 workers finish the epoch: (4096 - 640) / 128 = 27 steps
+  runWith(4, t, count);
+  int once = 0, twice = 0;
+  for (int v : seen) once += v == 1, twice += v > 1;
+  EXPECT_EQ(twice, 0);
+  EXPECT_EQ(once, 640 + 27 * 128);  // the last 4096 - 640 - 27*128 = 0 are dropped (none here)
+}
+
+TEST(Checkpoint, DamagedNewestIsSkippedAndConfigChangesAreRefused) {
+  auto dir = tempDir("damaged");
+  TrainState a{1, 10, 0, 640, 2, {1, 2, 3}, {0, 0, 0}}, b{1, 20, 0, 1280, 2, {4, 5, 6}, {0, 0, 0}};
+  saveCheckpoint(dir, a);
+  std::string newest = saveCheckpoint(dir, b);
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(30);
+    f.put('\x7f');  // flip a byte in the payload
+  }
+  std::vector<std::string> warnings;
+  auto s = loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->step, 10);
+  EXPECT_EQ(s->params, (std::vector<float>{1, 2, 3}));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("corrupt (checksum mismatch)"), std::string::npos);
+  std::filesystem::resize_file(newest, 20);  // truncated
+  warnings.clear();
+  EXPECT_EQ(loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); })->step, 10);
+  EXPECT_NE(warnings[0].find("truncated"), std::string::npos);
+
+  auto t = small(32);
+  t.checkpoint.dir = tempDir("config");
+  t.max_steps = 3;
+  runWith(1, t);
+  t.model.layers = {20, 8, 4};
+  auto store = std::make_shared<store::HashStore>();
+  auto c = comm::createTcpCommunicator(store, 0, 1, {});
+  EXPECT_THROW(train(t, *c), SpecError);
 }
 
 }  // namespace

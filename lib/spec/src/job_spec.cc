@@ -237,9 +237,6 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     if (k.contains("every_steps"))
       ts.checkpoint.every_steps = static_cast<int>(c.integer(k["every_steps"], P + "/checkpoint/every_steps", 0, 1 << 30, "an integer >= 0"));
     if (!k.contains("dir")) c.fail(P + "/checkpoint/dir", "missing; give a directory for checkpoints");
-    // Parsed so that its errors are precise, but refused until checkpointing lands: a
-    // checkpoint setting that silently did nothing would lose a user's work.
-    c.fail(P + "/checkpoint", "checkpoints are not supported yet in this version of dtrain; remove the section");
   }
   if (ts.model.loss == "cross_entropy" && ts.model.layers.back() < 2)
     c.fail(P + "/model/layers", "cross_entropy needs at least 2 output classes");

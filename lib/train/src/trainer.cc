@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
 #include "dtrain/train/mlp.h"
 
@@ -58,8 +59,42 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   model.init(ts.seed);
   auto& params = model.params();
   auto& grads = model.grads();
-  // Every replica starts from rank 0's weights.
+  std::vector<float> momentum(params.size(), 0.0f);
+  const uint64_t hash = configHash(ts);
+
+  // Resume: rank 0 finds the newest intact checkpoint and broadcasts it, so ranks need no
+  // shared file system. header = {status, step, epoch, cursor, world}; status -1 = config
+  // mismatch (every rank fails with the same message).
+  int64_t header[5] = {0, 0, 0, 0, 0};
+  std::string ckptPath;
+  if (rank == 0 && !ts.checkpoint.dir.empty()) {
+    auto st = loadLatestCheckpoint(ts.checkpoint.dir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); },
+                                   &ckptPath);
+    if (st && st->config_hash != hash) {
+      header[0] = -1;
+    } else if (st && st->params.size() == params.size() && st->momentum.size() == params.size()) {
+      header[0] = 1;
+      header[1] = st->step;
+      header[2] = st->epoch;
+      header[3] = static_cast<int64_t>(st->cursor);
+      header[4] = st->world;
+      params = st->params;
+      momentum = st->momentum;
+    } else if (st) {
+      header[0] = -1;
+    }
+  }
+  comm.broadcast(header, 5, comm::DataType::kInt64, 0);
+  if (header[0] == -1)
+    throw SpecError(fmt::format("trainer: the newest checkpoint in {} was written by a different trainer config (model, "
+                                "data, optimizer or seed changed); remove it or use another /trainer/checkpoint/dir",
+                                ts.checkpoint.dir));
+  // Every replica starts from rank 0's weights (fresh or resumed).
   comm.broadcast(params.data(), params.size(), comm::DataType::kFloat32, 0);
+  if (header[0] == 1) comm.broadcast(momentum.data(), momentum.size(), comm::DataType::kFloat32, 0);
+  if (header[0] == 1 && rank == 0 && opts.log)
+    opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
+                         ckptPath, header[1], header[2] + 1, header[3], header[4], world));
 
   const int B = ts.batch_size;
   const int in = cfg.layers.front(), out = cfg.layers.back();
@@ -73,12 +108,25 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     throw SpecError(fmt::format("trainer: /trainer/data/train_samples ({}) is smaller than one global batch ({} = "
                                 "batch_size {} x {} workers); use more samples or a smaller batch",
                                 N, globalBatch, B, world));
-  long long totalSteps = static_cast<long long>(stepsPerEpoch) * ts.epochs;
+  long long step = header[1];
+  const int startEpoch = static_cast<int>(header[2]);
+  const uint64_t startCursor = static_cast<uint64_t>(header[3]);
+  long long totalSteps = step;
+  for (int e = startEpoch; e < ts.epochs; ++e)
+    totalSteps += static_cast<long long>((N - (e == startEpoch ? std::min(startCursor, N) : 0)) / globalBatch);
   if (ts.max_steps > 0) totalSteps = std::min(totalSteps, ts.max_steps);
+  auto save = [&](long long epoch, uint64_t cursor) {
+    if (rank != 0 || ts.checkpoint.dir.empty()) return;
+    // Past the last full global batch the epoch is over: resume at the next one.
+    if (cursor + globalBatch > N) {
+      ++epoch;
+      cursor = 0;
+    }
+    saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum});
+  };
 
   SyntheticData data(in, out, ts.data.seed);
   std::vector<float> x(static_cast<size_t>(B) * in), y(static_cast<size_t>(B) * (mse ? out : 1));
-  std::vector<float> momentum(params.size(), 0.0f);
   auto buckets = planBuckets([&] {
     std::vector<size_t> off;
     for (int l = 0; l <= model.numLayers(); ++l) off.push_back(l < model.numLayers() ? model.layerOffset(l) : params.size());
@@ -86,14 +134,18 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   }(), std::max<size_t>(1, static_cast<size_t>(ts.bucket_mb * 1024 * 1024 / 4)), (1u << 20) / 4);
 
   TrainResult result;
-  long long step = 0;
+  const long long firstStep = step;
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   Clock::time_point afterFirst;
   std::vector<comm::WorkPtr> works;
-  for (int epoch = 0; epoch < ts.epochs && step < totalSteps; ++epoch) {
+  for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
     auto order = epochOrder(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
-    for (uint64_t s = 0; s < stepsPerEpoch && step < totalSteps; ++s) {
-      const uint64_t base = s * globalBatch + static_cast<uint64_t>(rank) * B;
+    // The cursor counts samples of this epoch's order already used by all ranks together,
+    // so a resume at another world size continues exactly where the epoch stopped.
+    for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
+         cursor += globalBatch) {
+      const uint64_t base = cursor + static_cast<uint64_t>(rank) * B;
+      if (opts.on_batch) opts.on_batch(epoch, order.data() + base, B);
       for (int i = 0; i < B; ++i) {
         int label = 0;
         data.sample(order[base + static_cast<uint64_t>(i)], false, x.data() + static_cast<size_t>(i) * in, &label,
@@ -126,7 +178,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         params[i] -= lr * g;
       }
       ++step;
-      if (step == 1) afterFirst = Clock::now();
+      if (step == firstStep + 1) afterFirst = Clock::now();
+      if (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) save(epoch, cursor + globalBatch);
+      else if (step == totalSteps) save(epoch, cursor + globalBatch);
       windowLoss += loss * B;
       windowCorrect += correct;
       windowSamples += B;
@@ -135,7 +189,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         comm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         result.final_loss = stats[0] / stats[2];
         double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
-        double sps = step > 1 && elapsed > 0 ? static_cast<double>(step - 1) * globalBatch / elapsed : 0;
+        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
         double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
         if (rank == 0 && opts.log)
           opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s eta {}", epoch + 1,
@@ -147,7 +201,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   }
   double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
   result.steps = step;
-  result.samples_per_s = step > 1 && elapsed > 0 ? static_cast<double>(step - 1) * globalBatch / elapsed : 0;
+  result.samples_per_s =
+      step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
 
   // Held-out evaluation, sharded round-robin over the ranks.
   const uint64_t E = static_cast<uint64_t>(ts.data.eval_samples);

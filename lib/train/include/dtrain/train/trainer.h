@@ -22,6 +22,8 @@ struct TrainOptions {
   std::function<void(const std::string&)> log;
   // When set, receives the final weights (flat, layer by layer).
   std::vector<float>* final_params = nullptr;
+  // When set, sees every batch this rank trains on: (epoch, sample indices, count).
+  std::function<void(int, const uint64_t*, int)> on_batch;
 };
 
 // Trains per spec. Collective: every rank calls it. Throws PeerLostError when a peer fails
