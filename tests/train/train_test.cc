@@ -261,3 +261,77 @@ TEST(Checkpoint, DamagedNewestIsSkippedAndConfigChangesAreRefused) {
 
 }  // namespace
 }  // namespace dtrain::train
+
+namespace dtrain::train {
+namespace {
+
+TEST(Optimizer, LearningRateSchedules) {
+  spec::TrainerSpec t;
+  t.optimizer.lr = 1.0;
+  EXPECT_DOUBLE_EQ(learningRate(t, 50, 100), 1.0);
+  t.lr_schedule.type = "step";
+  t.lr_schedule.step_size = 10;
+  t.lr_schedule.gamma = 0.5;
+  EXPECT_DOUBLE_EQ(learningRate(t, 9, 100), 1.0);
+  EXPECT_DOUBLE_EQ(learningRate(t, 10, 100), 0.5);
+  EXPECT_DOUBLE_EQ(learningRate(t, 25, 100), 0.25);
+  t.lr_schedule = {};
+  t.lr_schedule.type = "warmup_cosine";
+  t.lr_schedule.warmup_steps = 10;
+  t.lr_schedule.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(learningRate(t, 0, 110), 0.1);
+  EXPECT_DOUBLE_EQ(learningRate(t, 9, 110), 1.0);
+  EXPECT_NEAR(learningRate(t, 60, 110), 0.55, 1e-12);  // half way: (1 + 0.1) / 2
+  EXPECT_NEAR(learningRate(t, 110, 110), 0.1, 1e-12);
+}
+
+TEST(Optimizer, AdamWLearnsAndResumesBitIdentically) {
+  auto t = small(32);
+  t.optimizer.type = "adamw";
+  t.optimizer.lr = 0.003;
+  t.optimizer.momentum = 0;
+  t.optimizer.weight_decay = 0.01;
+  // A schedule that does not depend on the total step count: the "interrupted" run below is
+  // made by a smaller max_steps, which would change a cosine schedule's horizon.
+  t.lr_schedule.type = "step";
+  t.lr_schedule.step_size = 7;
+  t.lr_schedule.gamma = 0.7;
+  t.max_steps = 30;
+  auto straight = runWith(2, t);
+  t.checkpoint.dir = tempDir("adamw");
+  t.max_steps = 12;
+  runWith(2, t);
+  t.max_steps = 30;
+  auto resumed = runWith(2, t);
+  EXPECT_EQ(resumed[0], straight[0]);
+
+  t.checkpoint.dir.clear();
+  t.max_steps = 0;
+  t.epochs = 4;
+  t.data.train_samples = 20000;
+  t.model.layers = {64, 128, 4};
+  std::vector<TrainResult> res;
+  runWorld(2, t, &res);
+  EXPECT_GT(res[0].eval_accuracy, 0.9);
+}
+
+TEST(Optimizer, GradientClippingBoundsTheStep) {
+  auto t = small(32);
+  t.optimizer.momentum = 0;
+  t.optimizer.lr = 0.1;
+  t.grad_clip_norm = 1e-3;
+  t.max_steps = 1;
+  auto after = runWith(1, t);
+  t.max_steps = 0;
+  t.epochs = 1;
+  // Step 0 from the same init: the weights before any update.
+  Mlp m({t.model.layers, Activation::kRelu, Loss::kCrossEntropy});
+  m.init(t.seed);
+  double sq = 0;
+  for (size_t i = 0; i < after[0].size(); ++i) sq += std::pow(after[0][i] - m.params()[i], 2);
+  EXPECT_LE(std::sqrt(sq), 0.1 * 1e-3 * 1.001);
+  EXPECT_GT(std::sqrt(sq), 0.1 * 1e-3 * 0.9);
+}
+
+}  // namespace
+}  // namespace dtrain::train

@@ -30,10 +30,12 @@ const std::vector<std::string> kTopKeys = {
     "trainer",      "shutdown_timeout_s", "prefix_output", "console_ranks"};
 const std::vector<std::string> kRendezvousKeys = {"port", "timeout_s"};
 const std::vector<std::string> kTrainerKeys = {"model", "data", "batch_size", "epochs", "max_steps", "optimizer",
-                                               "device", "seed", "bucket_mb", "overlap", "log_every_steps", "checkpoint"};
+                                               "device", "seed", "bucket_mb", "overlap", "log_every_steps", "checkpoint",
+                                               "lr_schedule", "grad_clip_norm"};
 const std::vector<std::string> kModelKeys = {"type", "layers", "activation", "loss"};
 const std::vector<std::string> kDataKeys = {"type", "train_samples", "eval_samples", "seed"};
-const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nesterov", "weight_decay"};
+const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"};
+const std::vector<std::string> kScheduleKeys = {"type", "step_size", "gamma", "warmup_steps", "min_lr"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps"};
 
 std::string typeName(const json& j) {
@@ -216,13 +218,40 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     const std::string OP = P + "/optimizer";
     if (!o.is_object()) c.fail(OP, fmt::format("expected an object, got {}", typeName(o)));
     c.checkKeys(o, OP, kOptimizerKeys);
-    if (o.contains("type")) ts.optimizer.type = oneOf(c, o["type"], OP + "/type", {"sgd"});
+    if (o.contains("type")) ts.optimizer.type = oneOf(c, o["type"], OP + "/type", {"sgd", "adamw"});
+    bool adam = ts.optimizer.type == "adamw";
+    if (adam) ts.optimizer.weight_decay = 0.01;
+    if (adam && (o.contains("momentum") || o.contains("nesterov")))
+      c.fail(OP + (o.contains("momentum") ? "/momentum" : "/nesterov"), "belongs to sgd; adamw takes betas and eps");
+    if (!adam && (o.contains("betas") || o.contains("eps")))
+      c.fail(OP + (o.contains("betas") ? "/betas" : "/eps"), "belongs to adamw; sgd takes momentum and nesterov");
+    if (o.contains("betas")) {
+      const json& b = o["betas"];
+      if (!b.is_array() || b.size() != 2) c.fail(OP + "/betas", "expected [beta1, beta2], e.g. [0.9, 0.999]");
+      ts.optimizer.beta1 = c.number(b[0], OP + "/betas/0", 0, 0.999999, "a beta in [0, 1)");
+      ts.optimizer.beta2 = c.number(b[1], OP + "/betas/1", 0, 0.999999, "a beta in [0, 1)");
+    }
+    if (o.contains("eps")) ts.optimizer.eps = c.number(o["eps"], OP + "/eps", 1e-30, 1, "an epsilon in (0, 1]");
     if (o.contains("lr")) ts.optimizer.lr = c.number(o["lr"], OP + "/lr", 0, 1e6, "a learning rate >= 0");
     if (o.contains("momentum")) ts.optimizer.momentum = c.number(o["momentum"], OP + "/momentum", 0, 0.999999, "a momentum in [0, 1)");
     if (o.contains("nesterov")) ts.optimizer.nesterov = c.boolean(o["nesterov"], OP + "/nesterov");
     if (o.contains("weight_decay")) ts.optimizer.weight_decay = c.number(o["weight_decay"], OP + "/weight_decay", 0, 1e3, "a weight decay >= 0");
     if (ts.optimizer.nesterov && ts.optimizer.momentum == 0) c.fail(OP + "/nesterov", "Nesterov needs a momentum > 0");
   }
+  if (t.contains("lr_schedule")) {
+    const json& l = t["lr_schedule"];
+    const std::string LP = P + "/lr_schedule";
+    if (!l.is_object()) c.fail(LP, fmt::format("expected an object, got {}", typeName(l)));
+    c.checkKeys(l, LP, kScheduleKeys);
+    if (l.contains("type")) ts.lr_schedule.type = oneOf(c, l["type"], LP + "/type", {"constant", "step", "warmup_cosine"});
+    const auto& ty = ts.lr_schedule.type;
+    if (l.contains("step_size")) ts.lr_schedule.step_size = c.integer(l["step_size"], LP + "/step_size", 1, 1ll << 40, "a step count >= 1");
+    if (l.contains("gamma")) ts.lr_schedule.gamma = c.number(l["gamma"], LP + "/gamma", 0, 1e6, "a factor >= 0");
+    if (l.contains("warmup_steps")) ts.lr_schedule.warmup_steps = c.integer(l["warmup_steps"], LP + "/warmup_steps", 0, 1ll << 40, "a step count >= 0");
+    if (l.contains("min_lr")) ts.lr_schedule.min_lr = c.number(l["min_lr"], LP + "/min_lr", 0, 1e6, "a learning rate >= 0");
+    if (ty == "step" && ts.lr_schedule.step_size == 0) c.fail(LP + "/step_size", "missing; the step schedule needs step_size");
+  }
+  if (t.contains("grad_clip_norm")) ts.grad_clip_norm = c.number(t["grad_clip_norm"], P + "/grad_clip_norm", 0, 1e12, "a norm >= 0 (0 = off)");
   if (t.contains("device")) ts.device = oneOf(c, t["device"], P + "/device", {"auto", "cpu"});
   if (t.contains("seed")) ts.seed = static_cast<unsigned long long>(c.integer(t["seed"], P + "/seed", 0, INT64_MAX, "an integer >= 0"));
   if (t.contains("bucket_mb")) ts.bucket_mb = c.number(t["bucket_mb"], P + "/bucket_mb", 0.001, 4096, "megabytes between 0.001 and 4096");

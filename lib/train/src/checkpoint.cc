@@ -77,6 +77,7 @@ std::vector<std::pair<long long, fs::path>> listCheckpoints(const std::string& d
 uint64_t configHash(const spec::TrainerSpec& t) {
   std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", t.model.type, fmt::join(t.model.layers, ","), t.model.activation,
                                 t.model.loss, t.data.type, t.data.seed, t.data.train_samples, t.optimizer.type, t.seed);
+  // (learning rate, schedule and clipping may change on resume; they do not shape the state)
   std::string h = hexToBytes(sha256Hex(key.data(), key.size()));
   uint64_t v = 0;
   std::memcpy(&v, h.data(), sizeof(v));

@@ -25,6 +25,19 @@ std::string fmtDuration(double s) {
 
 }  // namespace
 
+double learningRate(const spec::TrainerSpec& ts, long long step, long long totalSteps) {
+  const auto& s = ts.lr_schedule;
+  const double base = ts.optimizer.lr;
+  if (s.type == "step") return base * std::pow(s.gamma, static_cast<double>(step / s.step_size));
+  if (s.type == "warmup_cosine") {
+    if (step < s.warmup_steps) return base * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+    double span = static_cast<double>(std::max<long long>(1, totalSteps - s.warmup_steps));
+    double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+    return s.min_lr + (base - s.min_lr) * 0.5 * (1 + std::cos(3.141592653589793 * progress));
+  }
+  return base;
+}
+
 std::string sha256Hex(const void* data, size_t bytes) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -59,7 +72,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   model.init(ts.seed);
   auto& params = model.params();
   auto& grads = model.grads();
-  std::vector<float> momentum(params.size(), 0.0f);
+  const bool adam = ts.optimizer.type == "adamw";
+  // Optimizer state: SGD momentum buffer, or AdamW's first and second moments back to back.
+  std::vector<float> momentum(params.size() * (adam ? 2 : 1), 0.0f);
   const uint64_t hash = configHash(ts);
 
   // Resume: rank 0 finds the newest intact checkpoint and broadcasts it, so ranks need no
@@ -72,7 +87,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
                                    &ckptPath);
     if (st && st->config_hash != hash) {
       header[0] = -1;
-    } else if (st && st->params.size() == params.size() && st->momentum.size() == params.size()) {
+    } else if (st && st->params.size() == params.size() && st->momentum.size() == momentum.size()) {
       header[0] = 1;
       header[1] = st->step;
       header[2] = st->epoch;
@@ -166,16 +181,44 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       for (; next < buckets.size(); ++next) launch(buckets[next]);
       for (auto& w : works) w->wait();
 
-      // SGD with momentum / Nesterov / weight decay, PyTorch semantics.
-      const float lr = static_cast<float>(ts.optimizer.lr), mu = static_cast<float>(ts.optimizer.momentum),
-                  wd = static_cast<float>(ts.optimizer.weight_decay);
-      for (size_t i = 0; i < params.size(); ++i) {
-        float g = grads[i] + wd * params[i];
-        if (mu > 0) {
-          momentum[i] = mu * momentum[i] + g;
-          g = ts.optimizer.nesterov ? g + mu * momentum[i] : momentum[i];
+      // Gradients are identical on every rank here, so clipping agrees everywhere.
+      if (ts.grad_clip_norm > 0) {
+        double sq = 0;
+        for (float g : grads) sq += static_cast<double>(g) * g;
+        double norm = std::sqrt(sq);
+        if (norm > ts.grad_clip_norm) {
+          float scale = static_cast<float>(ts.grad_clip_norm / (norm + 1e-6));
+          for (float& g : grads) g *= scale;
         }
-        params[i] -= lr * g;
+      }
+      const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
+      const float wd = static_cast<float>(ts.optimizer.weight_decay);
+      if (!adam) {
+        // SGD with momentum / Nesterov / weight decay, PyTorch semantics.
+        const float mu = static_cast<float>(ts.optimizer.momentum);
+        for (size_t i = 0; i < params.size(); ++i) {
+          float g = grads[i] + wd * params[i];
+          if (mu > 0) {
+            momentum[i] = mu * momentum[i] + g;
+            g = ts.optimizer.nesterov ? g + mu * momentum[i] : momentum[i];
+          }
+          params[i] -= lr * g;
+        }
+      } else {
+        // AdamW (decoupled weight decay), PyTorch semantics.
+        const float b1 = static_cast<float>(ts.optimizer.beta1), b2 = static_cast<float>(ts.optimizer.beta2);
+        const float eps = static_cast<float>(ts.optimizer.eps);
+        const double t = static_cast<double>(step + 1);
+        const float c1 = static_cast<float>(1.0 - std::pow(ts.optimizer.beta1, t));
+        const float c2 = static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)));
+        float* m = momentum.data();
+        float* v = momentum.data() + params.size();
+        for (size_t i = 0; i < params.size(); ++i) {
+          params[i] -= lr * wd * params[i];
+          m[i] = b1 * m[i] + (1 - b1) * grads[i];
+          v[i] = b2 * v[i] + (1 - b2) * grads[i] * grads[i];
+          params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i]) / c2 + eps);
+        }
       }
       ++step;
       if (step == firstStep + 1) afterFirst = Clock::now();

@@ -31,12 +31,21 @@ struct TrainerSpec {
   int epochs = 1;
   long long max_steps = 0;  // 0 = no limit
   struct Optimizer {
-    std::string type = "sgd";
+    std::string type = "sgd";  // sgd | adamw
     double lr = 0.05;
-    double momentum = 0.0;
-    bool nesterov = false;
-    double weight_decay = 0.0;
+    double momentum = 0.0;     // sgd
+    bool nesterov = false;     // sgd
+    double weight_decay = 0.0; // sgd: L2 added to the gradient; adamw: decoupled (default 0.01)
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   } optimizer;
+  struct LrSchedule {
+    std::string type = "constant";  // constant | step | warmup_cosine
+    long long step_size = 0;        // step: multiply by gamma every step_size steps
+    double gamma = 0.1;
+    long long warmup_steps = 0;     // warmup_cosine: linear warm-up, then cosine to min_lr
+    double min_lr = 0.0;
+  } lr_schedule;
+  double grad_clip_norm = 0;  // clip gradients to this global L2 norm; 0 = off
   std::string device = "auto";  // auto | cpu | cuda
   unsigned long long seed = 0;
   double bucket_mb = 25;

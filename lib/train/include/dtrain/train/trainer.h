@@ -42,4 +42,7 @@ std::vector<Bucket> planBuckets(const std::vector<size_t>& layerOffsets, size_t 
 
 std::string sha256Hex(const void* data, size_t bytes);
 
+// The learning rate for 0-based `step` of `totalSteps` under the spec's schedule.
+double learningRate(const spec::TrainerSpec& ts, long long step, long long totalSteps);
+
 }  // namespace dtrain::train
