@@ -38,6 +38,7 @@ int runTrainCommand() {
   }
   train::TrainOptions to;
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
+  if (const char* d = std::getenv("DTRAIN_LOG_DIR"); d && *d) to.metrics_dir = d;
   train::TrainResult r = train::train(*s.trainer, *comm, to);
   if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0)
     spec::writeTrainerOutcome(path, {r.final_loss, r.eval_accuracy, r.samples_per_s, r.steps, r.weights_sha256});

@@ -37,6 +37,18 @@ JSON
 "$DTRAIN" train "$T/tiny.json" >"$T/out" 2>&1
 expect_eq "$?" 0 "dtrain train alone"
 expect_grep "trained: 32 steps" "$T/out" "alone: 512/16 steps"
+# Metrics: JSON lines while training, an SVG curve at the end, in the job's log directory.
+"$DTRAIN" run "$T/tiny.json" --nproc-per-node 2 --log-dir "$T/logs" >"$T/out" 2>&1
+expect_eq "$?" 0 "tiny job with a log dir"
+python3 - "$T/logs/metrics.jsonl" >"$T/check" <<'PY2'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+train = [r for r in rows if r["type"] == "train"]
+ev = [r for r in rows if r["type"] == "eval"]
+print(len(train) > 0, train[-1]["step"], all(0 <= r["accuracy"] <= 1 and r["loss"] > 0 for r in train), len(ev), 0 <= ev[0]["accuracy"] <= 1)
+PY2
+expect_eq "$(cat "$T/check")" "True 16 True 1 True" "metrics.jsonl: train rows to the last step, one eval row"
+expect_grep "^<svg .*</svg>|polyline" "$T/logs/metrics.svg" "metrics.svg has the curves"
 # kill -9 of a worker, then a restart from its checkpoint: the same weights as a run that
 # was never interrupted.
 mkspec() {  # file checkpoint-dir

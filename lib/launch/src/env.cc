@@ -37,6 +37,7 @@ EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan
   num("DTRAIN_NNODES", plan.nnodes);
   num("DTRAIN_RESTART_COUNT", opts.restart_count);
   set("DTRAIN_DEVICE", slot.device);
+  if (!spec.log_dir.empty()) set("DTRAIN_LOG_DIR", spec.log_dir);
   if (plan.store_port > 0) {
     set("DTRAIN_STORE_ADDR", plan.store_addr);
     num("DTRAIN_STORE_PORT", plan.store_port);

@@ -11,6 +11,7 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
+#include "dtrain/train/metrics.h"
 #include "dtrain/train/mlp.h"
 
 namespace dtrain::train {
@@ -150,6 +151,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
 
   TrainResult result;
   const long long firstStep = step;
+  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string());
+  const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   Clock::time_point afterFirst;
   std::vector<comm::WorkPtr> works;
@@ -234,6 +237,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
         double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
         double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
+        metrics.record({step, epoch + 1, result.final_loss, stats[1] / stats[2], sps,
+                        learningRate(ts, step - 1, totalSteps),
+                        std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
           opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s eta {}", epoch + 1,
                                ts.epochs, step, totalSteps, result.final_loss, 100.0 * stats[1] / stats[2], sps,
@@ -266,6 +272,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   comm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
   result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
   result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
+  if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, result.eval_accuracy);
+  metrics.finish();
 
   if (opts.final_params) *opts.final_params = params;
   // All replicas must hold bit-identical weights.

@@ -1,0 +1,92 @@
+#include "dtrain/train/metrics.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain::train {
+
+MetricsLog::MetricsLog(const std::string& dir) : dir_(dir) {
+  if (dir_.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  std::string path = (std::filesystem::path(dir_) / "metrics.jsonl").string();
+  f_ = std::fopen(path.c_str(), "a");
+  if (!f_) throwErrno("open " + path);
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::record(const MetricsPoint& p) {
+  if (!f_) return;
+  points_.push_back(p);
+  std::fprintf(f_,
+               "{\"type\": \"train\", \"step\": %lld, \"epoch\": %d, \"loss\": %.6g, \"accuracy\": %.6g, "
+               "\"samples_per_s\": %.6g, \"lr\": %.6g, \"elapsed_s\": %.6g}\n",
+               p.step, p.epoch, p.loss, p.accuracy, p.samples_per_s, p.lr, p.elapsed_s);
+  std::fflush(f_);
+}
+
+void MetricsLog::recordEval(long long step, double loss, double accuracy) {
+  if (!f_) return;
+  evalAccuracy_ = accuracy;
+  std::fprintf(f_, "{\"type\": \"eval\", \"step\": %lld, \"loss\": %.6g, \"accuracy\": %.6g}\n", step, loss, accuracy);
+  std::fflush(f_);
+}
+
+void MetricsLog::finish() {
+  if (!f_) return;
+  std::string path = (std::filesystem::path(dir_) / "metrics.svg").string();
+  std::ofstream out(path, std::ios::trunc);
+  out << metricsSvg(points_, evalAccuracy_);
+}
+
+std::string metricsSvg(const std::vector<MetricsPoint>& pts, double evalAccuracy) {
+  const double W = 640, H = 360, L = 60, R = 60, T = 30, B = 40;
+  const double pw = W - L - R, ph = H - T - B;
+  long long maxStep = 1;
+  double maxLoss = 1e-9;
+  for (const auto& p : pts) {
+    maxStep = std::max(maxStep, p.step);
+    maxLoss = std::max(maxLoss, p.loss);
+  }
+  auto x = [&](long long s) { return L + pw * static_cast<double>(s) / static_cast<double>(maxStep); };
+  auto yLoss = [&](double v) { return T + ph * (1 - v / maxLoss); };
+  auto yAcc = [&](double v) { return T + ph * (1 - v); };
+  std::string loss, acc;
+  for (const auto& p : pts) {
+    loss += fmt::format("{:.1f},{:.1f} ", x(p.step), yLoss(p.loss));
+    acc += fmt::format("{:.1f},{:.1f} ", x(p.step), yAcc(p.accuracy));
+  }
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<rect x=\"{2}\" y=\"{3}\" width=\"{4}\" height=\"{5}\" fill=\"none\" stroke=\"#999\"/>\n",
+      W, H, L, T, pw, ph);
+  for (int i = 0; i <= 4; ++i) {
+    double f = i / 4.0;
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#c0392b\">{:.3g}</text>\n", L - 6,
+                       T + ph * (1 - f) + 4, maxLoss * f);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#2471a3\">{:.0f}%</text>\n", W - R + 6,
+                       T + ph * (1 - f) + 4, 100 * f);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", L + pw * f, H - B + 16,
+                       static_cast<long long>(static_cast<double>(maxStep) * f));
+  }
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>\n", L + pw / 2, H - 8);
+  svg += fmt::format("<polyline fill=\"none\" stroke=\"#c0392b\" stroke-width=\"2\" points=\"{}\"/>\n", loss);
+  svg += fmt::format("<polyline fill=\"none\" stroke=\"#2471a3\" stroke-width=\"2\" points=\"{}\"/>\n", acc);
+  std::string title = evalAccuracy >= 0 ? fmt::format("training loss (red) and accuracy (blue); held-out accuracy {:.2f}%",
+                                                      100 * evalAccuracy)
+                                        : std::string("training loss (red) and accuracy (blue)");
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"18\" text-anchor=\"middle\">{}</text>\n</svg>\n", W / 2, title);
+  return svg;
+}
+
+}  // namespace dtrain::train
