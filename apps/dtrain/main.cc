@@ -21,6 +21,7 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
+#include "dtrain/train/data.h"
 #include "dtrain/launch/job.h"
 #include "bench_cmd.h"
 #include "train_cmd.h"
@@ -100,6 +101,12 @@ spec::JobSpec buildSpec(RunArgs& a) {
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
   spec::resolve(s);
+  // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
+  // before any worker starts.
+  if (s.trainer && s.trainer->data.type != "synthetic") {
+    train::openDataset(*s.trainer, false);
+    train::openDataset(*s.trainer, true);
+  }
   return s;
 }
 

@@ -33,7 +33,8 @@ const std::vector<std::string> kTrainerKeys = {"model", "data", "batch_size", "e
                                                "device", "seed", "bucket_mb", "overlap", "log_every_steps", "checkpoint",
                                                "lr_schedule", "grad_clip_norm"};
 const std::vector<std::string> kModelKeys = {"type", "layers", "activation", "loss"};
-const std::vector<std::string> kDataKeys = {"type", "train_samples", "eval_samples", "seed"};
+const std::vector<std::string> kDataKeys = {"type", "train_samples", "eval_samples", "seed", "path", "labels_path",
+                                            "eval_path", "eval_labels_path", "label_column", "header"};
 const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"};
 const std::vector<std::string> kScheduleKeys = {"type", "step_size", "gamma", "warmup_steps", "min_lr"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps"};
@@ -202,7 +203,33 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     const json& d = t["data"];
     if (!d.is_object()) c.fail(P + "/data", fmt::format("expected an object, got {}", typeName(d)));
     c.checkKeys(d, P + "/data", kDataKeys);
-    if (d.contains("type")) ts.data.type = oneOf(c, d["type"], P + "/data/type", {"synthetic"});
+    if (d.contains("type")) ts.data.type = oneOf(c, d["type"], P + "/data/type", {"synthetic", "csv", "idx"});
+    const std::string& ty = ts.data.type;
+    auto file = [&](const char* key, std::string& out) {
+      if (!d.contains(key)) return;
+      out = c.str(d[key], P + "/data/" + key, false);
+      if (!exists(out) || isDirectory(out)) c.fail(P + "/data/" + key, fmt::format("file \"{}\" does not exist", out));
+    };
+    file("path", ts.data.path);
+    file("labels_path", ts.data.labels_path);
+    file("eval_path", ts.data.eval_path);
+    file("eval_labels_path", ts.data.eval_labels_path);
+    if (ty != "synthetic" && ts.data.path.empty()) c.fail(P + "/data/path", fmt::format("missing; {} data needs a file", ty));
+    if (ty == "idx" && ts.data.labels_path.empty()) c.fail(P + "/data/labels_path", "missing; idx data needs a labels file");
+    if (ty == "idx" && !ts.data.eval_path.empty() && ts.data.eval_labels_path.empty())
+      c.fail(P + "/data/eval_labels_path", "missing; an idx eval_path needs its labels file");
+    if (ty == "synthetic" && (d.contains("path") || d.contains("eval_path")))
+      c.fail(P + "/data/" + std::string(d.contains("path") ? "path" : "eval_path"), "synthetic data has no files; use type csv or idx");
+    if (ty != "synthetic" && (d.contains("train_samples") || d.contains("eval_samples")))
+      c.fail(P + "/data/" + std::string(d.contains("train_samples") ? "train_samples" : "eval_samples"),
+             "only synthetic data takes a sample count; file data sets have the size of their files");
+    if (d.contains("label_column")) {
+      if (ty != "csv") c.fail(P + "/data/label_column", "only csv data has a label column");
+      const json& lc = d["label_column"];
+      ts.data.label_column = lc.is_number_integer() ? std::to_string(c.integer(lc, P + "/data/label_column", 0, 1 << 20, "a column index >= 0"))
+                                                    : c.str(lc, P + "/data/label_column", false);
+    }
+    if (d.contains("header")) ts.data.header = c.boolean(d["header"], P + "/data/header");
     if (d.contains("train_samples"))
       ts.data.train_samples = c.integer(d["train_samples"], P + "/data/train_samples", 1, 1ll << 40, "a sample count >= 1");
     if (d.contains("eval_samples"))

@@ -2,7 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <numeric>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 
 namespace dtrain::train {
 namespace {
@@ -77,6 +85,174 @@ std::vector<uint64_t> epochOrder(uint64_t n, uint64_t seed, uint64_t epoch) {
     std::swap(order[i - 1], order[j]);
   }
   return order;
+}
+
+namespace {
+
+class SyntheticSet final : public Dataset {
+ public:
+  SyntheticSet(const spec::TrainerSpec& t, bool eval)
+      : data_(t.model.layers.front(), t.model.layers.back(), t.data.seed),
+        eval_(eval),
+        n_(static_cast<uint64_t>(eval ? t.data.eval_samples : t.data.train_samples)) {}
+  uint64_t size() const override { return n_; }
+  void sample(uint64_t i, float* x, int* label, float* targets) const override { data_.sample(i, eval_, x, label, targets); }
+
+ private:
+  SyntheticData data_;
+  bool eval_;
+  uint64_t n_;
+};
+
+// Rows in memory: features and a label (or a regression target) per row.
+class TableSet final : public Dataset {
+ public:
+  TableSet(int inputs, std::vector<float> x, std::vector<float> y) : inputs_(inputs), x_(std::move(x)), y_(std::move(y)) {}
+  uint64_t size() const override { return y_.size(); }
+  void sample(uint64_t i, float* x, int* label, float* targets) const override {
+    std::memcpy(x, x_.data() + i * static_cast<uint64_t>(inputs_), static_cast<size_t>(inputs_) * sizeof(float));
+    if (label) *label = static_cast<int>(y_[i]);
+    if (targets) targets[0] = y_[i];
+  }
+
+ private:
+  int inputs_;
+  std::vector<float> x_, y_;
+};
+
+// A contiguous slice of another set (the held-out 10%).
+class Slice final : public Dataset {
+ public:
+  Slice(std::shared_ptr<Dataset> base, uint64_t begin, uint64_t end) : base_(std::move(base)), begin_(begin), end_(end) {}
+  uint64_t size() const override { return end_ - begin_; }
+  void sample(uint64_t i, float* x, int* label, float* targets) const override { base_->sample(begin_ + i, x, label, targets); }
+
+ private:
+  std::shared_ptr<Dataset> base_;
+  uint64_t begin_, end_;
+};
+
+void checkLabel(const spec::TrainerSpec& t, double v, const std::string& where) {
+  if (t.model.loss == "mse") return;
+  int classes = t.model.layers.back();
+  if (v != std::floor(v) || v < 0 || v >= classes)
+    throw SpecError(fmt::format("{}: label {} is not a class index in 0..{} (the model's output width)", where, v, classes - 1));
+}
+
+std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw SpecError(fmt::format("{}: cannot open csv file", path));
+  const int inputs = t.model.layers.front();
+  std::string line;
+  long long lineNo = 0;
+  int labelCol = -1, columns = -1;
+  const std::string& lc = t.data.label_column;
+  bool lcIsIndex = !lc.empty() && std::all_of(lc.begin(), lc.end(), ::isdigit);
+  if (lcIsIndex) labelCol = std::stoi(lc);
+  if (t.data.header) {
+    if (!std::getline(in, line)) throw SpecError(fmt::format("{}: empty file; expected a header line", path));
+    ++lineNo;
+    auto names = split(line, ',');
+    columns = static_cast<int>(names.size());
+    if (!lcIsIndex) {
+      for (int i = 0; i < columns; ++i) {
+        std::string n = names[static_cast<size_t>(i)];
+        while (!n.empty() && (n.back() == '\r' || n.back() == ' ')) n.pop_back();
+        if (n == lc) labelCol = i;
+      }
+      if (labelCol < 0)
+        throw SpecError(fmt::format("{}:1: no column named \"{}\" in the header; set /trainer/data/label_column", path, lc));
+    }
+  } else if (!lcIsIndex) {
+    throw SpecError(fmt::format("{}: without a header, /trainer/data/label_column must be a column index", path));
+  }
+  std::vector<float> x, y;
+  while (std::getline(in, line)) {
+    ++lineNo;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    auto cells = split(line, ',');
+    if (columns < 0) columns = static_cast<int>(cells.size());
+    if (static_cast<int>(cells.size()) != columns)
+      throw SpecError(fmt::format("{}:{}: has {} columns, expected {}", path, lineNo, cells.size(), columns));
+    if (labelCol >= columns) throw SpecError(fmt::format("{}: label column {} does not exist ({} columns)", path, labelCol, columns));
+    if (columns - 1 != inputs)
+      throw SpecError(fmt::format("{}: has {} feature columns but /trainer/model/layers starts with {}", path, columns - 1, inputs));
+    for (int i = 0; i < columns; ++i) {
+      const std::string& cell = cells[static_cast<size_t>(i)];
+      char* end = nullptr;
+      double v = std::strtod(cell.c_str(), &end);
+      if (cell.empty() || end == cell.c_str() || *end != '\0')
+        throw SpecError(fmt::format("{}:{}: column {} is not a number (\"{}\")", path, lineNo, i + 1, cell));
+      if (i == labelCol) {
+        checkLabel(t, v, fmt::format("{}:{}", path, lineNo));
+        y.push_back(static_cast<float>(v));
+      } else {
+        x.push_back(static_cast<float>(v));
+      }
+    }
+  }
+  if (y.empty()) throw SpecError(fmt::format("{}: no data rows", path));
+  return std::make_shared<TableSet>(inputs, std::move(x), std::move(y));
+}
+
+uint32_t be32(std::istream& in) {
+  unsigned char b[4] = {0, 0, 0, 0};
+  in.read(reinterpret_cast<char*>(b), 4);
+  return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
+}
+
+std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& images, const std::string& labels) {
+  std::ifstream fi(images, std::ios::binary), fl(labels, std::ios::binary);
+  if (!fi) throw SpecError(fmt::format("{}: cannot open idx images file", images));
+  if (!fl) throw SpecError(fmt::format("{}: cannot open idx labels file", labels));
+  uint32_t magic = be32(fi);
+  if (magic != 0x00000803)
+    throw SpecError(fmt::format("{}: not an idx3-ubyte images file (magic 0x{:08x}, expected 0x00000803)", images, magic));
+  uint32_t n = be32(fi), rows = be32(fi), cols = be32(fi);
+  uint32_t lmagic = be32(fl);
+  if (lmagic != 0x00000801)
+    throw SpecError(fmt::format("{}: not an idx1-ubyte labels file (magic 0x{:08x}, expected 0x00000801)", labels, lmagic));
+  uint32_t ln = be32(fl);
+  if (ln != n) throw SpecError(fmt::format("{}: {} labels for {} images in {}", labels, ln, n, images));
+  const int inputs = t.model.layers.front();
+  if (static_cast<uint64_t>(rows) * cols != static_cast<uint64_t>(inputs))
+    throw SpecError(fmt::format("{}: images are {}x{} = {} pixels but /trainer/model/layers starts with {}", images, rows,
+                                cols, static_cast<uint64_t>(rows) * cols, inputs));
+  std::vector<unsigned char> px(static_cast<size_t>(n) * rows * cols), lb(n);
+  fi.read(reinterpret_cast<char*>(px.data()), static_cast<std::streamsize>(px.size()));
+  fl.read(reinterpret_cast<char*>(lb.data()), static_cast<std::streamsize>(lb.size()));
+  if (!fi) throw SpecError(fmt::format("{}: truncated: fewer than {} images", images, n));
+  if (!fl) throw SpecError(fmt::format("{}: truncated: fewer than {} labels", labels, n));
+  std::vector<float> x(px.size()), y(n);
+  for (size_t i = 0; i < px.size(); ++i) x[i] = static_cast<float>(px[i]) / 255.0f;
+  for (uint32_t i = 0; i < n; ++i) {
+    checkLabel(t, lb[i], fmt::format("{}: label #{}", labels, i));
+    y[i] = lb[i];
+  }
+  return std::make_shared<TableSet>(inputs, std::move(x), std::move(y));
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> openDataset(const spec::TrainerSpec& t, bool eval) {
+  const auto& d = t.data;
+  if (d.type == "synthetic") return std::make_unique<SyntheticSet>(t, eval);
+  if (t.model.loss == "mse" && t.model.layers.back() != 1)
+    throw SpecError("trainer: file data sets have one target column: mse needs an output width of 1");
+  auto load = [&](const std::string& path, const std::string& labels) {
+    return d.type == "csv" ? loadCsv(t, path) : loadIdx(t, path, labels);
+  };
+  if (eval && !d.eval_path.empty()) {
+    auto set = load(d.eval_path, d.eval_labels_path);
+    uint64_t n = set->size();
+    return std::make_unique<Slice>(std::move(set), 0, n);
+  }
+  std::shared_ptr<Dataset> all = load(d.path, d.labels_path);
+  uint64_t n = all->size();
+  if (!d.eval_path.empty()) return std::make_unique<Slice>(all, 0, n);
+  uint64_t cut = n - n / 10;  // the last 10% are held out
+  return eval ? std::make_unique<Slice>(all, cut, n) : std::make_unique<Slice>(all, 0, cut);
 }
 
 }  // namespace dtrain::train

@@ -115,13 +115,15 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const int B = ts.batch_size;
   const int in = cfg.layers.front(), out = cfg.layers.back();
   const bool mse = cfg.loss == Loss::kMse;
-  const uint64_t N = static_cast<uint64_t>(ts.data.train_samples);
+  auto trainSet = openDataset(ts, false);
+  auto evalSet = openDataset(ts, true);
+  const uint64_t N = trainSet->size();
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(world);
   // drop_last: each epoch uses floor(N / global batch) full global batches; every sample of
   // those is seen exactly once across the ranks.
   const uint64_t stepsPerEpoch = N / globalBatch;
   if (stepsPerEpoch == 0)
-    throw SpecError(fmt::format("trainer: /trainer/data/train_samples ({}) is smaller than one global batch ({} = "
+    throw SpecError(fmt::format("trainer: the training set ({} samples) is smaller than one global batch ({} = "
                                 "batch_size {} x {} workers); use more samples or a smaller batch",
                                 N, globalBatch, B, world));
   long long step = header[1];
@@ -141,7 +143,6 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum});
   };
 
-  SyntheticData data(in, out, ts.data.seed);
   std::vector<float> x(static_cast<size_t>(B) * in), y(static_cast<size_t>(B) * (mse ? out : 1));
   auto buckets = planBuckets([&] {
     std::vector<size_t> off;
@@ -166,8 +167,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       if (opts.on_batch) opts.on_batch(epoch, order.data() + base, B);
       for (int i = 0; i < B; ++i) {
         int label = 0;
-        data.sample(order[base + static_cast<uint64_t>(i)], false, x.data() + static_cast<size_t>(i) * in, &label,
-                    mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
+        trainSet->sample(order[base + static_cast<uint64_t>(i)], x.data() + static_cast<size_t>(i) * in, &label,
+                         mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
         if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
       }
       int correct = 0;
@@ -254,14 +255,14 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
 
   // Held-out evaluation, sharded round-robin over the ranks.
-  const uint64_t E = static_cast<uint64_t>(ts.data.eval_samples);
+  const uint64_t E = evalSet->size();
   double ev[3] = {0, 0, 0};
   for (uint64_t first = static_cast<uint64_t>(rank) * B; first < E; first += globalBatch) {
     int n = static_cast<int>(std::min<uint64_t>(B, E - first));
     for (int i = 0; i < n; ++i) {
       int label = 0;
-      data.sample(first + static_cast<uint64_t>(i), true, x.data() + static_cast<size_t>(i) * in, &label,
-                  mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
+      evalSet->sample(first + static_cast<uint64_t>(i), x.data() + static_cast<size_t>(i) * in, &label,
+                      mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
       if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
     }
     int correct = 0;

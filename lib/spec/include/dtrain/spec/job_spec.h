@@ -22,10 +22,15 @@ struct TrainerSpec {
     std::string loss = "cross_entropy";  // cross_entropy | mse
   } model;
   struct Data {
-    std::string type = "synthetic";
-    long long train_samples = 60000;
-    long long eval_samples = 10000;
+    std::string type = "synthetic";  // synthetic | csv | idx
+    long long train_samples = 60000;  // synthetic
+    long long eval_samples = 10000;   // synthetic
     unsigned long long seed = 1;
+    // csv: numeric columns, one of them the label; idx: MNIST-format images + labels.
+    std::string path, labels_path;            // training set
+    std::string eval_path, eval_labels_path;  // held-out set (optional)
+    std::string label_column = "label";       // csv: header name, or a 0-based index
+    bool header = true;                       // csv: first line names the columns
   } data;
   int batch_size = 128;  // per worker
   int epochs = 1;

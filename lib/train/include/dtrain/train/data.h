@@ -1,9 +1,27 @@
 #pragma once
 // Data sets and DistributedSampler-style sharding.
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "dtrain/spec/job_spec.h"
+
 namespace dtrain::train {
+
+// A data set the trainer reads by index. Thread-safety: const methods may run concurrently.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual uint64_t size() const = 0;
+  // x: inputs floats; classification: *label; regression (targets != nullptr): outputs floats.
+  virtual void sample(uint64_t index, float* x, int* label, float* targets) const = 0;
+};
+
+// The training (eval = false) or held-out (eval = true) set of a trainer spec, checked
+// against the model's input and output widths. File data sets without an eval file hold
+// out their last 10%. Throws SpecError naming the file, line and column of bad data.
+std::unique_ptr<Dataset> openDataset(const spec::TrainerSpec& t, bool eval);
 
 // Seeded Gaussian latents z (kLatent dims) are mapped by a fixed random linear generator
 // into the input space (plus a little noise), and labelled by a fixed random teacher network

@@ -1,0 +1,72 @@
+# The trainer on file data sets: csv (header, label column) and MNIST-format idx files,
+# trained by 2 workers; bad data is refused before any worker starts.
+source "$(dirname "$0")/lib.sh"
+python3 - "$T" <<'PY'
+import random, struct, sys
+t = sys.argv[1]
+rnd = random.Random(3)
+centers = [[rnd.uniform(-3, 3) for _ in range(4)] for _ in range(3)]
+def row():
+    c = rnd.randrange(3)
+    return [centers[c][i] + rnd.gauss(0, 0.6) for i in range(4)], c
+with open(f"{t}/train.csv", "w") as f:
+    f.write("f1,f2,label,f3,f4\n")
+    for _ in range(3000):
+        x, c = row()
+        f.write(f"{x[0]:.4f},{x[1]:.4f},{c},{x[2]:.4f},{x[3]:.4f}\n")
+with open(f"{t}/bad.csv", "w") as f:
+    f.write("f1,f2,label,f3,f4\n1,2,0,3,4\n1,2,1,x3,4\n")
+# idx: 8x8 images, 4 classes: a bright 4x4 quadrant per class plus noise.
+def images(n, path, lpath):
+    with open(path, "wb") as fi, open(lpath, "wb") as fl:
+        fi.write(struct.pack(">IIII", 0x803, n, 8, 8))
+        fl.write(struct.pack(">II", 0x801, n))
+        for _ in range(n):
+            c = rnd.randrange(4)
+            px = bytearray(64)
+            for r in range(8):
+                for col in range(8):
+                    q = (r // 4) * 2 + col // 4
+                    v = (200 if q == c else 30) + rnd.randint(-30, 30)
+                    px[r * 8 + col] = max(0, min(255, v))
+            fi.write(bytes(px))
+            fl.write(bytes([c]))
+images(2000, f"{t}/train-images.idx3-ubyte", f"{t}/train-labels.idx1-ubyte")
+images(400, f"{t}/t10k-images.idx3-ubyte", f"{t}/t10k-labels.idx1-ubyte")
+PY
+cat > "$T/csv.json" <<JSON
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [4, 32, 3]},
+ "data": {"type": "csv", "path": "$T/train.csv", "label_column": "label"},
+ "batch_size": 32, "epochs": 5, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000}}
+JSON
+"$DTRAIN" run "$T/csv.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "csv job"
+acc=$(sed -n 's/.*eval accuracy \([0-9.]*\)%.*/\1/p' "$T/out")
+python3 -c "import sys; sys.exit(0 if float('${acc:-0}') >= 90 else 1)" && pass "csv held-out accuracy ${acc}%" || fail "csv accuracy ${acc}: $(cat "$T/out" "$T/err")"
+# 3000 rows, the last 10% held out: 2700 / (32 x 2) = 42 steps per epoch.
+expect_grep "trained: 210 steps" "$T/out" "csv: 10% held out, drop_last steps"
+cat > "$T/idx.json" <<JSON
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [64, 32, 4]},
+ "data": {"type": "idx", "path": "$T/train-images.idx3-ubyte", "labels_path": "$T/train-labels.idx1-ubyte",
+          "eval_path": "$T/t10k-images.idx3-ubyte", "eval_labels_path": "$T/t10k-labels.idx1-ubyte"},
+ "batch_size": 25, "epochs": 3, "optimizer": {"type": "adamw", "lr": 0.01}, "log_every_steps": 1000}}
+JSON
+"$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "idx job"
+acc=$(sed -n 's/.*eval accuracy \([0-9.]*\)%.*/\1/p' "$T/out")
+python3 -c "import sys; sys.exit(0 if float('${acc:-0}') >= 95 else 1)" && pass "idx held-out accuracy ${acc}%" || fail "idx accuracy ${acc}: $(cat "$T/out" "$T/err")"
+expect_grep "trained: 120 steps" "$T/out" "idx: 2000 / 50 x 3 epochs"
+# Bad data: refused with file:line and column, exit 2, nothing started.
+sed "s|train.csv|bad.csv|" "$T/csv.json" > "$T/bad.json"
+"$DTRAIN" run "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bad csv exits 2"
+expect_grep "^dtrain: error: .*bad.csv:3: column 4 is not a number \(\"x3\"\)$" "$T/err" "bad csv names line and column"
+sed 's|"layers": \[4, 32, 3\]|"layers": [5, 32, 3]|' "$T/csv.json" > "$T/wide.json"
+"$DTRAIN" validate "$T/wide.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "feature count mismatch exits 2"
+expect_grep "has 4 feature columns but /trainer/model/layers starts with 5" "$T/err" "feature count mismatch explained"
+sed 's|"layers": \[64, 32, 4\]|"layers": [64, 32, 3]|' "$T/idx.json" > "$T/cls.json"
+"$DTRAIN" run "$T/cls.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "label out of range exits 2"
+expect_grep "is not a class index in 0..2" "$T/err" "label range explained"
+sed 's|t10k-labels|nope-labels|' "$T/idx.json" > "$T/missing.json"
+"$DTRAIN" run "$T/missing.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "missing file exits 2"
+expect_grep "/trainer/data/eval_labels_path: file \".*nope-labels.idx1-ubyte\" does not exist" "$T/err" "missing file named"
+finish
