@@ -5,7 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include "dtrain/comm/communicator.h"
+#include "dtrain/launch/output.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
@@ -39,9 +42,18 @@ int runTrainCommand() {
   train::TrainOptions to;
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
   if (const char* d = std::getenv("DTRAIN_LOG_DIR"); d && *d) to.metrics_dir = d;
+  // A live progress bar: drawn by the launcher when its console is a terminal, or in place
+  // here when run by hand on one. Plain periodic lines otherwise.
+  if (const char* tty = std::getenv("DTRAIN_CONSOLE_TTY"); tty && std::string(tty) == "1") {
+    to.status = [](const std::string& text) { std::cout << launch::kStatusPrefix << text << std::endl; };
+  } else if (!std::getenv("DTRAIN_STORE_ADDR") && ::isatty(STDOUT_FILENO)) {
+    to.status = [](const std::string& text) { std::cout << "\r\x1b[2K" << text << std::flush; };
+    to.log = [](const std::string& line) { std::cout << "\r\x1b[2K" << line << std::endl; };
+  }
   train::TrainResult r = train::train(*s.trainer, *comm, to);
   if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0)
     spec::writeTrainerOutcome(path, {r.final_loss, r.eval_accuracy, r.samples_per_s, r.steps, r.weights_sha256});
+  if (to.status && !std::getenv("DTRAIN_STORE_ADDR")) std::cout << "\n";
   if (comm->rank() == 0)
     std::cout << fmt::format("trained: {} steps, final loss {:.4f}, eval accuracy {:.2f}%, {:.0f} samples/s, weights sha256 {}",
                              r.steps, r.final_loss, 100 * r.eval_accuracy, r.samples_per_s, r.weights_sha256)

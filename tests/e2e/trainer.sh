@@ -2,6 +2,10 @@
 # >= 95% held-out accuracy, replicas end bit-identical, and trainer specs are validated.
 source "$(dirname "$0")/lib.sh"
 cd "$SRC"
+cat > "$T/tiny2.json" <<JSON
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [64, 256, 10]}, "data": {"train_samples": 7680, "eval_samples": 64},
+ "batch_size": 64, "epochs": 1, "log_every_steps": 20}}
+JSON
 start=$(date +%s)
 "$DTRAIN" run configs/quickstart.json --summary-json "$T/sum.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "quickstart exits 0"
@@ -23,6 +27,15 @@ acc=$(sed -n 's/.*eval accuracy \([0-9.]*\)%.*/\1/p' <<<"$line")
 python3 -c "import sys; sys.exit(0 if float('$acc') >= 95.0 else 1)" && pass "eval accuracy ${acc}% >= 95%" || fail "eval accuracy ${acc}%: $line"
 [[ "$line" =~ weights\ sha256\ [0-9a-f]{64}$ ]] && pass "weights hash reported" || fail "no hash: $line"
 if grep -q "\[rank 1\]" "$T/out"; then fail "rank 1 printed progress"; else pass "only rank 0 reports"; fi
+if LC_ALL=C grep -q $'\x1b' "$T/out"; then fail "escape codes in non-terminal output"; else pass "plain lines when not a terminal"; fi
+# On a terminal (a pty from script(1)): a live progress bar drawn in place, lines above it.
+script -qfc "$DTRAIN run $T/tiny2.json" "$T/tty.txt" >/dev/null 2>&1 <<<"" || true
+python3 - "$T/tty.txt" >"$T/check" <<'PY2'
+import sys
+d = open(sys.argv[1], "rb").read()
+print(d.count(b"\r\x1b[2K") > 2, b"dtrain-status" not in d, b"[rank 0] epoch 1/1 [" in d, b"100% step 60/60" in d, b"trained: 60 steps" in d)
+PY2
+expect_eq "$(cat "$T/check")" "True True True True True" "progress bar on a terminal"
 # Same seed, same data, same world size -> the same weights.
 "$DTRAIN" run configs/quickstart.json --env DTRAIN_UNUSED=1 >"$T/out2" 2>&1
 expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/out2")" "$(grep -o 'sha256 [0-9a-f]*' "$T/out")" "training is deterministic"

@@ -152,6 +152,8 @@ class LocalLauncher final : public Launcher {
   bool stopping_ = false;
   Clock::time_point killDeadline_{};
   bool killed_ = false;
+  bool consoleTty_ = false;
+  std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
 };
 
 void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base) {
@@ -222,6 +224,15 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
 }
 
 void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
+  // A status line (kStatusPrefix) is drawn in place on a terminal, and replaced by the next
+  // one; it never reaches log files or the stderr tail.
+  if (!isErr && line.substr(0, kStatusPrefix.size()) == kStatusPrefix) {
+    if (!consoleTty_) return;
+    std::string text(line.substr(kStatusPrefix.size()));
+    statusLine_ = (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
+    writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+    return;
+  }
   if (isErr) w.tail.push(line);
   if (w.log) {
     std::string rec;
@@ -236,7 +247,10 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   if (spec_->prefix_output) rec = fmt::format("[rank {}] ", w.slot.global_rank);
   rec.append(line);
   rec.push_back('\n');
+  // Lift the status line out of the way, print, and draw it again below.
+  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
   writeAll(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 
 void LocalLauncher::signalAll(int sig) {
@@ -284,6 +298,10 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   stopping_ = killed_ = false;
   SignalScope signals;
   EnvMap base = currentEnvironment();
+  consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
+  statusLine_.clear();
+  // Workers learn whether a live status line can be shown (the trainer's progress bar).
+  if (consoleTty_) base["DTRAIN_CONSOLE_TTY"] = "1";
 
   // Error files live under log_dir when there is one (kept), else in a private temp dir.
   std::filesystem::path errRoot;
@@ -400,6 +418,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     }
     result_.workers.push_back(w.exit);
   }
+  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
   if (tempErrRoot) {
     std::error_code ec;
     std::filesystem::remove_all(errRoot, ec);

@@ -155,7 +155,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string());
   const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
-  Clock::time_point afterFirst;
+  Clock::time_point afterFirst, lastStatus;
   std::vector<comm::WorkPtr> works;
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
     auto order = epochOrder(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
@@ -226,6 +226,19 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       }
       ++step;
       if (step == firstStep + 1) afterFirst = Clock::now();
+      if (rank == 0 && opts.status && (Clock::now() - lastStatus > std::chrono::milliseconds(200) || step == totalSteps)) {
+        lastStatus = Clock::now();
+        double elapsed = std::chrono::duration<double>(lastStatus - afterFirst).count();
+        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
+        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
+        double frac = static_cast<double>(step) / static_cast<double>(std::max<long long>(1, totalSteps));
+        int filled = static_cast<int>(frac * 30);
+        opts.status(fmt::format("epoch {}/{} [{}{}] {:3.0f}% step {}/{} loss {} {:.0f} samples/s eta {}", epoch + 1,
+                                ts.epochs, std::string(static_cast<size_t>(filled), '#'),
+                                std::string(static_cast<size_t>(30 - filled), '.'), 100 * frac, step, totalSteps,
+                                result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"), sps,
+                                fmtDuration(eta)));
+      }
       if (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) save(epoch, cursor + globalBatch);
       else if (step == totalSteps) save(epoch, cursor + globalBatch);
       windowLoss += loss * B;

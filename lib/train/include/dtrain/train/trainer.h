@@ -22,6 +22,8 @@ struct TrainOptions {
   std::function<void(const std::string&)> log;
   // When set, receives the final weights (flat, layer by layer).
   std::vector<float>* final_params = nullptr;
+  // Live status (a progress bar), rank 0 only, a few times a second; empty = none.
+  std::function<void(const std::string&)> status;
   // Rank 0 writes metrics.jsonl and metrics.svg here; "" = none.
   std::string metrics_dir;
   // When set, sees every batch this rank trains on: (epoch, sample indices, count).
