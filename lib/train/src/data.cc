@@ -76,15 +76,39 @@ void SyntheticData::sample(uint64_t index, bool eval, float* x, int* label, floa
   if (label) *label = best;
 }
 
-std::vector<uint64_t> epochOrder(uint64_t n, uint64_t seed, uint64_t epoch) {
-  std::vector<uint64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  uint64_t s = seed * 0x2545f4914f6cdd1dull + epoch * 0x9e3779b97f4a7c15ull + 1;
-  for (uint64_t i = n; i > 1; --i) {
-    uint64_t j = splitmix(s) % i;
-    std::swap(order[i - 1], order[j]);
+EpochOrder::EpochOrder(uint64_t n, uint64_t seed, uint64_t epoch) : n_(n), halfBits_(1) {
+  while ((uint64_t{1} << (2 * halfBits_)) < n) ++halfBits_;
+  uint64_t st = seed * 0x2545f4914f6cdd1dull + epoch * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& k : keys_) k = splitmix(st);
+}
+
+// A balanced Feistel network over 2*halfBits_ bits: a bijection on [0, 2^(2h)).
+uint64_t EpochOrder::feistel(uint64_t v) const {
+  const uint64_t mask = (uint64_t{1} << halfBits_) - 1;
+  uint64_t l = v >> halfBits_, r = v & mask;
+  for (uint64_t k : keys_) {
+    uint64_t s = r ^ k;
+    uint64_t f = splitmix(s) & mask;
+    uint64_t nl = r;
+    r = l ^ f;
+    l = nl;
   }
-  return order;
+  return (l << halfBits_) | r;
+}
+
+uint64_t EpochOrder::operator[](uint64_t position) const {
+  // Cycle walking: values >= n are mapped again until they land in range; the domain is
+  // less than 4n, so this takes under 4 rounds on average.
+  uint64_t v = feistel(position);
+  while (v >= n_) v = feistel(v);
+  return v;
+}
+
+std::vector<uint64_t> epochOrder(uint64_t n, uint64_t seed, uint64_t epoch) {
+  EpochOrder o(n, seed, epoch);
+  std::vector<uint64_t> out(n);
+  for (uint64_t i = 0; i < n; ++i) out[i] = o[i];
+  return out;
 }
 
 namespace {

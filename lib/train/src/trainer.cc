@@ -158,13 +158,17 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   Clock::time_point afterFirst, lastStatus;
   std::vector<comm::WorkPtr> works;
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
-    auto order = epochOrder(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
+    EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
     // The cursor counts samples of this epoch's order already used by all ranks together,
     // so a resume at another world size continues exactly where the epoch stopped.
     for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
          cursor += globalBatch) {
       const uint64_t base = cursor + static_cast<uint64_t>(rank) * B;
-      if (opts.on_batch) opts.on_batch(epoch, order.data() + base, B);
+      if (opts.on_batch) {
+        std::vector<uint64_t> idx(static_cast<size_t>(B));
+        for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];
+        opts.on_batch(epoch, idx.data(), B);
+      }
       for (int i = 0; i < B; ++i) {
         int label = 0;
         trainSet->sample(order[base + static_cast<uint64_t>(i)], x.data() + static_cast<size_t>(i) * in, &label,

@@ -44,7 +44,23 @@ class SyntheticData {
   std::vector<float> teacher_;  // [outputs x kLatent]
 };
 
-// The global order of epoch `epoch`: a permutation of [0, n) seeded by (seed, epoch).
+// The global order of an epoch: a pseudo-random permutation of [0, n) seeded by
+// (seed, epoch), evaluated per position (a Feistel network with cycle walking), so neither
+// memory nor start-up time grows with n.
+class EpochOrder {
+ public:
+  EpochOrder(uint64_t n, uint64_t seed, uint64_t epoch);
+  uint64_t operator[](uint64_t position) const;
+  uint64_t size() const { return n_; }
+
+ private:
+  uint64_t feistel(uint64_t v) const;
+  uint64_t n_;
+  int halfBits_;
+  uint64_t keys_[4];
+};
+
+// All positions at once (tests, small n).
 std::vector<uint64_t> epochOrder(uint64_t n, uint64_t seed, uint64_t epoch);
 
 }  // namespace dtrain::train
