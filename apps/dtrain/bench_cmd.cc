@@ -31,13 +31,6 @@ struct BenchArgs {
 
 BenchArgs gArgs;
 
-std::string selfExe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) throwErrno("readlink /proc/self/exe");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 comm::BenchOptions benchOptions(comm::Collective c) {
   auto& a = gArgs;
   comm::BenchOptions o;
@@ -82,7 +75,7 @@ int launch(comm::Collective c, CLI::App* sub) {
   benchOptions(c);  // refuse bad flags before starting anything
   spec::JobSpec s;
   s.name = fmt::format("bench-{}", comm::name(c));
-  s.command = {selfExe(), "bench", sub->get_name(), "--worker", "--backend", a.backend, "-b", a.minBytes, "-e",
+  s.command = {launch::selfExecutable(), "bench", sub->get_name(), "--worker", "--backend", a.backend, "-b", a.minBytes, "-e",
                a.maxBytes, "-f", std::to_string(a.factor), "-n", std::to_string(a.iters), "-w",
                std::to_string(a.warmup), "-d", a.dtype, "-o", a.op, "--timeout", fmt::format("{}", a.timeout_s)};
   if (!a.json.empty()) {

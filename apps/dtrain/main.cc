@@ -75,13 +75,6 @@ double parseDoubleFlag(const std::string& flag, const std::string& v) {
   return out;
 }
 
-std::string selfExe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) throw IoError("cannot find dtrain's own executable (/proc/self/exe): " + ec.message());
-  return p.string();
-}
-
 spec::JobSpec buildSpec(RunArgs& a) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
@@ -89,7 +82,7 @@ spec::JobSpec buildSpec(RunArgs& a) {
   if (!a.spec_path.empty()) {
     s = spec::loadJobSpec(a.spec_path);
     // A trainer job runs the built-in trainer as every worker's command.
-    if (s.trainer) s.command = {selfExe(), "train", std::filesystem::absolute(a.spec_path).string()};
+    if (s.trainer) s.command = {launch::selfExecutable(), "train", std::filesystem::absolute(a.spec_path).string()};
   } else if (!a.command.empty()) {
     s.command = a.command;
     s.name = a.command[0].substr(a.command[0].rfind('/') + 1);

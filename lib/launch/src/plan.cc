@@ -21,6 +21,13 @@ std::string hostName() {
   return buf;
 }
 
+std::string selfExecutable() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throwErrno("readlink /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
 std::string newRunId() {
   unsigned char bytes[6] = {0};
   std::ifstream r("/dev/urandom", std::ios::binary);

@@ -46,4 +46,8 @@ std::string newRunId();
 
 std::string hostName();
 
+// Absolute path of the running dtrain binary (/proc/self/exe), for workers that are dtrain
+// itself (trainer, bench). Throws IoError.
+std::string selfExecutable();
+
 }  // namespace dtrain::launch
