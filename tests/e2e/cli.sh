@@ -37,6 +37,15 @@ expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
 CUDA_VISIBLE_DEVICES= "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
 expect_grep "^nproc_per_node: +$(nproc) \(auto\)$" "$T/out" "auto = CPU cores without visible GPUs"
 
+# A rendezvous port already in use: exit 2 naming the field and the fix.
+python3 -c "
+import socket, subprocess, json, sys
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); port = s.getsockname()[1]
+open('$T/busy.json', 'w').write(json.dumps({'command': ['true'], 'rendezvous': {'port': port}}))
+r = subprocess.run(['$DTRAIN', 'run', '$T/busy.json'], capture_output=True, text=True)
+print(r.returncode, 'Address already in use; choose a free port, or 0 for any' in r.stderr and '/rendezvous/port' in r.stderr)" >"$T/check"
+expect_eq "$(cat "$T/check")" "2 True" "busy rendezvous port refused with the fix"
+
 # Every example config validates.
 for c in "$SRC"/configs/*.json; do
   (cd "$SRC" && "$DTRAIN" validate "$c" >/dev/null 2>"$T/err") && pass "$(basename "$c") validates" || fail "$(basename "$c"): $(cat "$T/err")"
