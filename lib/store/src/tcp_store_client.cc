@@ -135,7 +135,7 @@ void TcpStore::connect() {
   try {
     auth.op = Op::kAuth;
     auth.num = wire::kVersion;
-    wire::Reply challenge = call(wire::Request{Op::kPing, {}, {}, -2}, Duration(-2));  // read-only, see call()
+    wire::Reply challenge = readReply(Clock::now() + std::chrono::seconds(30));
     if (challenge.op != Op::kChallenge)
       throw IoError(fmt::format("store {}: server did not start with a challenge; is this a dtrain store?", endpoint()));
     auth.values = {handshakeMac(opts_.token, challenge.value)};
@@ -152,38 +152,33 @@ void TcpStore::connect() {
   }
 }
 
-// Sends req (unless serverWait == -2: just read the next frame) and reads one reply. The
-// deadline is the server-side wait plus a margin, so the server's own typed timeout
-// normally arrives first.
-wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
-  bool readOnly = serverWait == Duration(-2);
-  Duration budget = std::chrono::seconds(30);
-  if (serverWait > Duration::zero()) budget += serverWait;
-  bool forever = serverWait == kNoTimeout;
-  auto deadline = forever ? Clock::time_point::max() : Clock::now() + budget;
-  auto lost = [&](const std::string& why) -> IoError {
-    ::close(fd_);
-    fd_ = -1;
-    return IoError(fmt::format("store {}: {}", endpoint(), why));
-  };
+IoError TcpStore::dropConnection(const std::string& why) {
+  ::close(fd_);
+  fd_ = -1;
+  return IoError(fmt::format("store {}: {}", endpoint(), why));
+}
+
+void TcpStore::sendRequest(const wire::Request& req, std::chrono::steady_clock::time_point deadline) {
   if (fd_ < 0) throw IoError(fmt::format("store {}: not connected", endpoint()));
-  if (!readOnly) {
-    std::string frame = wire::encodeRequest(req);
-    size_t sent = 0;
-    while (sent < frame.size()) {
-      ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        sent += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (!waitFd(fd_, POLLOUT, deadline)) throw lost("timed out sending a request");
-        continue;
-      }
-      throw lost(fmt::format("connection lost: {}", std::strerror(errno)));
+  std::string frame = wire::encodeRequest(req);
+  size_t sent = 0;
+  while (sent < frame.size()) {
+    ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
     }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!waitFd(fd_, POLLOUT, deadline)) throw dropConnection("timed out sending a request");
+      continue;
+    }
+    throw dropConnection(fmt::format("connection lost: {}", std::strerror(errno)));
   }
+}
+
+wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) {
+  if (fd_ < 0) throw IoError(fmt::format("store {}: not connected", endpoint()));
   std::string buf;
   size_t want = wire::kHeaderSize;
   bool haveHeader = false;
@@ -199,24 +194,34 @@ wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
         try {
           want += wire::decodeHeader(buf, lim);
         } catch (const wire::WireError& e) {
-          throw lost(fmt::format("bad reply: {}", e.what()));
+          throw dropConnection(fmt::format("bad reply: {}", e.what()));
         }
       }
       continue;
     }
-    if (n == 0) throw lost("connection closed by the store server");
+    if (n == 0) throw dropConnection("connection closed by the store server");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!waitFd(fd_, POLLIN, deadline)) throw lost(fmt::format("no reply within {:.3g} s", budget.count() / 1000.0));
+      if (!waitFd(fd_, POLLIN, deadline)) throw dropConnection("no reply in time");
       continue;
     }
-    throw lost(fmt::format("connection lost: {}", std::strerror(errno)));
+    throw dropConnection(fmt::format("connection lost: {}", std::strerror(errno)));
   }
   try {
     return wire::decodeReply(std::string_view(buf).substr(wire::kHeaderSize), lim);
   } catch (const wire::WireError& e) {
-    throw lost(fmt::format("bad reply: {}", e.what()));
+    throw dropConnection(fmt::format("bad reply: {}", e.what()));
   }
+}
+
+// One request, one reply. The deadline is the server-side wait plus a margin, so the
+// server's own typed timeout normally arrives first.
+wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
+  Duration budget = std::chrono::seconds(30);
+  if (serverWait > Duration::zero()) budget += serverWait;
+  auto deadline = serverWait == kNoTimeout ? Clock::time_point::max() : Clock::now() + budget;
+  sendRequest(req, deadline);
+  return readReply(deadline);
 }
 
 namespace {

@@ -78,7 +78,7 @@ class TcpCommunicator final : public Communicator {
     return enqueue("allreduce", [=, this](Clock::time_point dl) { allreduce(static_cast<char*>(data), count, t, op, dl); });
   }
   WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
-    checkPeer(root, "broadcast root");
+    checkPeer(root, "broadcast root", /*allowSelf=*/true);
     return enqueue("broadcast", [=, this](Clock::time_point dl) { broadcast(static_cast<char*>(data), count * elementSize(t), root, dl); });
   }
   WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
@@ -98,7 +98,7 @@ class TcpCommunicator final : public Communicator {
     });
   }
   WorkPtr sendAsync(const void* data, size_t bytes, int peer) override {
-    checkPeer(peer, "send peer");
+    checkPeer(peer, "send peer", false);
     return enqueue("send", [=, this](Clock::time_point dl) {
       uint64_t header = bytes;
       transfer(dl).to(peer, reinterpret_cast<const char*>(&header), sizeof(header)).run();
@@ -106,7 +106,7 @@ class TcpCommunicator final : public Communicator {
     });
   }
   WorkPtr recvAsync(void* data, size_t bytes, int peer) override {
-    checkPeer(peer, "recv peer");
+    checkPeer(peer, "recv peer", false);
     return enqueue("recv", [=, this](Clock::time_point dl) {
       uint64_t header = 0;
       transfer(dl).from(peer, reinterpret_cast<char*>(&header), sizeof(header)).run();
@@ -167,8 +167,8 @@ class TcpCommunicator final : public Communicator {
 
   Transfer transfer(Clock::time_point dl) { return Transfer(*this, dl); }
 
-  void checkPeer(int peer, const char* what) const {
-    if (peer < 0 || peer >= size_ || (peer == rank_ && std::string(what) != "broadcast root"))
+  void checkPeer(int peer, const char* what, bool allowSelf) const {
+    if (peer < 0 || peer >= size_ || (peer == rank_ && !allowSelf))
       throw SpecError(fmt::format("{} {} is not another rank of this communicator (size {})", what, peer, size_));
   }
 

@@ -95,6 +95,10 @@ class TcpStore final : public Store {
 
  private:
   wire::Reply call(const wire::Request& req, Duration serverWait);
+  void sendRequest(const wire::Request& req, std::chrono::steady_clock::time_point deadline);
+  wire::Reply readReply(std::chrono::steady_clock::time_point deadline);
+  // Closes the connection and returns the error to throw.
+  IoError dropConnection(const std::string& why);
   void connect();
 
   TcpStoreOptions opts_;
