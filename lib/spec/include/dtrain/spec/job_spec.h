@@ -11,6 +11,34 @@ namespace dtrain::spec {
 struct RendezvousSpec {
   int port = 0;          // dtrain's own store port; 0 = a free one, chosen at start
   int timeout_s = 900;
+  // Multi-node only. The address agents use to reach the launcher's store; "" = the source
+  // address of the launching host's route to each node (what that node sees it as).
+  std::string addr;
+  // MASTER_ADDR override; "" = node 0's address as the other nodes reach it.
+  std::string master_addr;
+};
+
+// One host of a multi-node job: a hostfile line, a "nodes" entry or a --hosts item.
+struct NodeSpec {
+  std::string host;       // as ssh (or the resolver) reaches it, without user@
+  std::string user;       // "" = ssh.user, else ssh's own default
+  int port = 0;           // ssh port; 0 = ssh.port, else 22
+  int slots = 0;          // workers on this node; 0 = nproc_per_node (resolved on that node if "auto")
+  std::string address;    // how other nodes reach this one; "" = learned at run time
+  std::vector<int> gpus;  // CUDA_VISIBLE_DEVICES for this node's workers; empty = leave as is
+  bool local = false;     // resolved: this machine (localhost, 127.x, ::1, its host name); no ssh
+  std::string origin;     // where it was given, for messages: "hosts:3", "job.json: /nodes/2", "--hosts"
+};
+
+// How the launcher reaches remote nodes (OpenSSH client, BatchMode).
+struct SshSpec {
+  std::string user;                      // default login user; "" = ssh's default
+  int port = 0;                          // default port; 0 = ssh's default (22 or ssh_config)
+  std::string identity_file;             // -i; "" = ssh's defaults / agent
+  double connect_timeout_s = 10;         // ConnectTimeout, also the pre-flight deadline
+  std::vector<std::string> options;      // extra ssh arguments, verbatim (e.g. "-F", "cfg")
+  std::string host_key_checking = "accept-new";  // StrictHostKeyChecking: yes | no | accept-new
+  std::string dtrain_path;               // dtrain binary on the remote hosts; "" = this binary's path
 };
 
 // The built-in trainer (docs/job-spec.md, "trainer").
@@ -77,7 +105,19 @@ struct JobSpec {
   std::vector<int> console_ranks;             // empty = all ranks on the console
   std::string source;                         // file it was read from, for messages
   std::optional<TrainerSpec> trainer;         // set: workers run the built-in trainer
+  // Multi-node: empty = single node, this machine. Filled from "nodes", "hostfile" (path
+  // relative to dtrain's cwd) or --hostfile/--hosts; order = node order of the first round.
+  std::vector<NodeSpec> nodes;
+  std::string hostfile;                       // the file nodes came from, if any
+  SshSpec ssh;
+  // Prefixes of the launcher's environment variables that reach remote workers (local ones
+  // inherit everything anyway). Default: kDefaultEnvForward.
+  std::vector<std::string> env_forward;
+  std::string env_file;                       // KEY=VALUE lines merged under env (env wins)
 };
+
+inline const std::vector<std::string> kDefaultEnvForward = {"NCCL_", "GLOO_", "OMP_", "OPENBLAS_", "MKL_",
+                                                            "PYTHON", "TORCH_", "HF_", "WANDB_"};
 
 // Reads and validates a job spec file. Throws SpecError with one line:
 // "<file>: <json pointer>: <problem>; <fix>".
@@ -95,7 +135,26 @@ struct Overrides {
   std::vector<std::string> env;               // "K=V"
   std::optional<std::string> local_ranks_filter;  // "0,2"
   bool no_prefix = false;
+  std::optional<std::string> hostfile;        // --hostfile FILE (replaces the spec's nodes)
+  std::optional<std::string> hosts;           // --hosts h1:2,h2:2 (replaces the spec's nodes)
 };
+
+// Reads a hostfile: "host slots=N", "host:N", "user@host", optional "gpus=0,1" and
+// "port=N" fields, '#' comments, blank lines. Throws SpecError "<file>:<line>: problem; fix"
+// for duplicates, bad slot counts and unknown fields.
+std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& source);
+std::vector<NodeSpec> loadHostfile(const std::string& path);
+// "--hosts h1:2,user@h2:2,h3" (slots optional).
+std::vector<NodeSpec> parseHostList(const std::string& list);
+
+// True when host names this machine (localhost, 127.0.0.0/8, ::1, gethostname(), or an
+// address of one of its interfaces).
+bool isLocalHost(const std::string& host);
+
+// The resolved spec as spec JSON text that parseJobSpec accepts and that describes the same
+// job on a node: everything but nodes, hostfile and ssh (launcher-only). For shipping a
+// job to remote agents through the store.
+std::string serializeForNode(const JobSpec& spec);
 
 // Applies overrides and re-checks what they touched. Throws SpecError naming the flag.
 void applyOverrides(JobSpec& spec, const Overrides& o);
