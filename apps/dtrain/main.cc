@@ -23,6 +23,8 @@
 #include "dtrain/spec/summary.h"
 #include "dtrain/train/data.h"
 #include "dtrain/launch/job.h"
+#include "dtrain/launch/multi_node.h"
+#include "agent_cmd.h"
 #include "bench_cmd.h"
 #include "train_cmd.h"
 #include "store_cmd.h"
@@ -37,8 +39,17 @@ struct RunArgs {
   spec::Overrides overrides;
   bool dry_run = false;
   std::string summary_json;
-  std::string nproc, max_restarts, shutdown;
+  std::string nproc, max_restarts, shutdown, hostfile, hosts;
 };
+
+std::string versionString() {
+  return std::string("dtrain ") + DTRAIN_VERSION
+#ifdef DTRAIN_HAVE_CUDA
+         + " (CUDA/NCCL build)";
+#else
+         + " (CPU build)";
+#endif
+}
 
 void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Workers on this node: a positive integer or \"auto\"");
@@ -49,6 +60,8 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--local-ranks-filter,--local_ranks_filter", a.overrides.local_ranks_filter,
                   "Show only these local ranks on the console, e.g. 0,2 (log files still get all)");
   cmd->add_flag("--no-prefix", a.overrides.no_prefix, "Do not prefix worker lines with [rank N]");
+  cmd->add_option("--hostfile", a.hostfile, "Run across the hosts of this file (host slots=N, host:N, user@host; one per line)");
+  cmd->add_option("--hosts", a.hosts, "Run across these hosts: h1:2,h2:2 (replaces the spec's nodes)");
 }
 
 int parseIntFlag(const std::string& flag, const std::string& v) {
@@ -90,6 +103,8 @@ spec::JobSpec buildSpec(RunArgs& a) {
     throw SpecError("nothing to run; give a job spec (dtrain run job.json) or a command (dtrain run -- python3 train.py)");
   }
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
+  if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
+  if (!a.hosts.empty()) a.overrides.hosts = a.hosts;
   if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts);
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
@@ -106,8 +121,9 @@ spec::JobSpec buildSpec(RunArgs& a) {
 int cmdRun(RunArgs& a) {
   spec::JobSpec s = buildSpec(a);
   std::string runId = launch::newRunId();
+  bool multiNode = !s.nodes.empty();
   if (a.dry_run) {
-    std::cout << launch::formatPlan(launch::makeLocalPlan(s, runId), s);
+    std::cout << launch::formatPlan(multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId), s);
     return kExitOk;
   }
   // The trainer's rank 0 leaves its outcome here for the summary.
@@ -117,7 +133,16 @@ int cmdRun(RunArgs& a) {
     s.env["DTRAIN_RESULT_FILE"] = resultFile;
   }
   auto started = std::chrono::steady_clock::now();
-  launch::RunResult r = launch::runLocalJob(s, runId);
+  launch::RunResult r;
+  if (multiNode) {
+    launch::MultiNodeOptions mo;
+    mo.version = versionString();
+    mo.result_file = resultFile;
+    s.env.erase("DTRAIN_RESULT_FILE");  // each node's agent picks its own; rank 0's comes back
+    r = launch::runMultiNodeJob(s, runId, mo);
+  } else {
+    r = launch::runLocalJob(s, runId);
+  }
   if (!a.summary_json.empty()) {
     spec::RunSummary sum;
     sum.job = s.name;
@@ -139,7 +164,7 @@ int cmdRun(RunArgs& a) {
     if (std::rename(tmp.c_str(), a.summary_json.c_str()) != 0) throwErrno("--summary-json: rename to " + a.summary_json);
   }
   if (!resultFile.empty()) std::remove(resultFile.c_str());
-  if (r.first_failure >= 0) std::cerr << launch::formatFailure(r, s) << std::flush;
+  if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s) << std::flush;
   if (r.received_signal)
     std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
   return r.exit_code;
@@ -161,13 +186,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"dtrain: launcher and job runner for distributed training"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION
-#ifdef DTRAIN_HAVE_CUDA
-                                        + " (CUDA/NCCL build)"
-#else
-                                        + " (CPU build)"
-#endif
-  );
+  app.set_version_flag("--version", versionString());
 
   RunArgs runArgs;
   runArgs.command = command;
@@ -185,6 +204,7 @@ int main(int argc, char** argv) {
   app::addStoreCommands(app);
   app::addBenchCommands(app);
   app::addTrainCommand(app);
+  app::addAgentCommand(app);
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -208,6 +228,7 @@ int main(int argc, char** argv) {
     if (int rc = app::runStoreCommand(); rc >= 0) return rc;
     if (int rc = app::runBenchCommand(); rc >= 0) return rc;
     if (int rc = app::runTrainCommand(); rc >= 0) return rc;
+    if (int rc = app::runAgentCommand(); rc >= 0) return rc;
     if (run->parsed()) return cmdRun(runArgs);
     if (validate->parsed()) {
       spec::JobSpec s = buildSpec(valArgs);

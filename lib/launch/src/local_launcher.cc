@@ -16,107 +16,22 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/fd.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/env.h"
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/output.h"
+#include "dtrain/launch/process.h"
+#include "signal_scope.h"
 #include "dtrain/spec/error_file.h"
 
 namespace dtrain::launch {
 namespace {
 
+using detail::SignalScope;
+using detail::utcNow;
+
 using Clock = std::chrono::steady_clock;
-
-// Owning fd. Copies deleted.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = o.release();
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
-std::pair<Fd, Fd> makePipe() {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) throwErrno("pipe");
-  return {Fd(p[0]), Fd(p[1])};
-}
-
-// Self-pipe: signal handlers write the signal number; the event loop polls the read end.
-int gSignalPipe[2] = {-1, -1};
-
-void onSignal(int sig) {
-  int saved = errno;
-  unsigned char b = static_cast<unsigned char>(sig);
-  ssize_t ignored = ::write(gSignalPipe[1], &b, 1);
-  (void)ignored;
-  errno = saved;
-}
-
-// Installs the handlers for the lifetime of a run and restores the old ones after.
-class SignalScope {
- public:
-  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
-  SignalScope() {
-    if (::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) throwErrno("pipe");
-    struct sigaction sa {};
-    sa.sa_handler = onSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;
-    ::sigaction(SIGPIPE, &ign, &oldPipe_);
-  }
-  ~SignalScope() {
-    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
-    ::sigaction(SIGPIPE, &oldPipe_, nullptr);
-    ::close(gSignalPipe[0]);
-    ::close(gSignalPipe[1]);
-    gSignalPipe[0] = gSignalPipe[1] = -1;
-  }
-  SignalScope(const SignalScope&) = delete;
-  SignalScope& operator=(const SignalScope&) = delete;
-  int fd() const { return gSignalPipe[0]; }
-
- private:
-  struct sigaction old_[std::size(kSignals)] {};
-  struct sigaction oldPipe_ {};
-};
-
-std::string utcNow() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms));
-}
 
 struct Stream {
   Fd fd;
@@ -137,6 +52,7 @@ struct Worker {
 
 class LocalLauncher final : public Launcher {
  public:
+  explicit LocalLauncher(LocalRunOptions opts) : opts_(std::move(opts)) {}
   RunResult run(const Plan& plan, const spec::JobSpec& spec) override;
 
  private:
@@ -144,86 +60,49 @@ class LocalLauncher final : public Launcher {
   void emitLine(Worker& w, bool isErr, std::string_view line);
   void signalAll(int sig);
   void reap();
-  void startShutdown(int sig);
+  void drain(Worker& w);
+  void fillExit(Worker& w);
+  void startShutdown(int sig, double graceS);
 
+  LocalRunOptions opts_;
   const spec::JobSpec* spec_ = nullptr;
   std::vector<Worker> workers_;
   RunResult result_;
   bool stopping_ = false;
   Clock::time_point killDeadline_{};
   bool killed_ = false;
+  bool controlClosed_ = false;
   bool consoleTty_ = false;
   std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
 };
 
 void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base) {
-  auto [outR, outW] = makePipe();
-  auto [errR, errW] = makePipe();
   EnvOptions eo;
   eo.error_file = w.error_file;
+  eo.restart_count = opts_.restart_count;
   EnvMap env = workerEnv(base, spec, plan, w.slot, eo);
-  // Everything the child needs is built before fork(): only async-signal-safe calls after.
-  std::vector<std::string> envStrings;
-  for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
-  std::vector<char*> envp, argv;
-  for (auto& s : envStrings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = spec.command;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::string execError = fmt::format("dtrain: error: cannot run '{}': ", spec.command[0]);
-  const char* cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
-  pid_t parent = ::getpid();
-
-  sigset_t all, old;
-  sigfillset(&all);
-  ::sigprocmask(SIG_BLOCK, &all, &old);  // no handler of ours may run in the child
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
-    throwErrno("fork");
-  }
-  if (pid == 0) {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::signal(sig, SIG_DFL);
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
-    ::setpgid(0, 0);
-    // The worker dies with dtrain; the getppid check closes the race where dtrain died
-    // before prctl ran.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
-    ::dup2(outW.get(), STDOUT_FILENO);
-    ::dup2(errW.get(), STDERR_FILENO);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
-    if (cwd && ::chdir(cwd) != 0) {
-      const char* e = std::strerror(errno);
-      (void)!::write(STDERR_FILENO, "dtrain: error: cannot chdir to cwd: ", 36);
-      (void)!::write(STDERR_FILENO, e, std::strlen(e));
-      (void)!::write(STDERR_FILENO, "\n", 1);
-      ::_exit(126);
-    }
-    ::execvpe(argv[0], argv.data(), envp.data());
-    int code = errno == ENOENT ? 127 : 126;
-    const char* e = std::strerror(errno);
-    (void)!::write(STDERR_FILENO, execError.data(), execError.size());
-    (void)!::write(STDERR_FILENO, e, std::strlen(e));
-    (void)!::write(STDERR_FILENO, "\n", 1);
-    ::_exit(code);
-  }
-  ::setpgid(pid, pid);  // both sides set it, so it holds whichever runs first
-  ::sigprocmask(SIG_SETMASK, &old, nullptr);
-  w.pid = pid;
+  SpawnOptions so;
+  so.argv = spec.command;
+  for (const auto& [k, v] : env) so.env.push_back(k + "=" + v);
+  so.cwd = spec.cwd;
+  Spawned child = spawnProcess(so);
+  w.pid = child.pid;
   w.running = true;
-  w.out.fd = std::move(outR);
-  w.err.fd = std::move(errR);
+  w.out.fd = std::move(child.out);
+  w.err.fd = std::move(child.err);
   w.err.is_err = true;
   w.exit.global_rank = w.slot.global_rank;
   w.exit.local_rank = w.slot.local_rank;
   w.exit.host = w.slot.host;
-  w.exit.pid = pid;
+  w.exit.pid = child.pid;
 }
 
 void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
+  if (opts_.line_sink) {
+    if (isErr) w.tail.push(line);
+    opts_.line_sink(w.slot, isErr, line);
+    return;
+  }
   // A status line (kStatusPrefix) is drawn in place on a terminal, and replaced by the next
   // one; it never reaches log files or the stderr tail.
   if (!isErr && line.substr(0, kStatusPrefix.size()) == kStatusPrefix) {
@@ -258,11 +137,16 @@ void LocalLauncher::signalAll(int sig) {
     if (w.running) ::kill(-w.pid, sig);
 }
 
-void LocalLauncher::startShutdown(int sig) {
-  if (stopping_) return;
+void LocalLauncher::startShutdown(int sig, double graceS) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(graceS * 1000));
+  if (stopping_) {
+    // A later, more urgent request may only shorten the grace period.
+    if (deadline < killDeadline_) killDeadline_ = deadline;
+    return;
+  }
   stopping_ = true;
   signalAll(sig);
-  killDeadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(spec_->shutdown_timeout_s * 1000));
+  killDeadline_ = deadline;
 }
 
 void LocalLauncher::reap() {
@@ -284,18 +168,53 @@ void LocalLauncher::reap() {
       if (failed && stopping_) w.exit.stopped_by_dtrain = true;
       if (failed && !stopping_ && result_.first_failure < 0) {
         result_.first_failure = static_cast<int>(i);
-        startShutdown(SIGTERM);
+        startShutdown(SIGTERM, spec_->shutdown_timeout_s);
       }
       // Whatever is left in the process group (grandchildren) goes with the worker.
       ::kill(-pid, SIGKILL);
+      if (opts_.on_exit) {
+        // Reported now, not at the end: a remote launcher must learn of the first failure
+        // before this node's teardown (and other nodes' knock-on failures) play out.
+        drain(w);
+        fillExit(w);
+        opts_.on_exit(w.exit);
+      }
     }
+  }
+}
+
+void LocalLauncher::drain(Worker& w) {
+  // The worker is gone, so what it wrote is all in the pipes; bounded in case a
+  // grandchild keeps writing.
+  char buf[65536];
+  for (Stream* s : {&w.out, &w.err}) {
+    bool isErr = s->is_err;
+    for (int i = 0; i < 16 && s->fd; ++i) {
+      pollfd p{s->fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) break;
+      ssize_t got = ::read(s->fd.get(), buf, sizeof(buf));
+      if (got <= 0) {
+        s->splitter.finish([&](std::string_view l) { emitLine(w, isErr, l); });
+        s->fd.reset();
+        break;
+      }
+      s->splitter.feed(std::string_view(buf, static_cast<size_t>(got)), [&](std::string_view l) { emitLine(w, isErr, l); });
+    }
+  }
+}
+
+void LocalLauncher::fillExit(Worker& w) {
+  w.exit.stderr_tail.assign(w.tail.lines().begin(), w.tail.lines().end());
+  if (auto e = spec::readWorkerErrorFile(w.error_file)) {
+    w.exit.error_message = e->message;
+    w.exit.error_traceback = e->traceback;
   }
 }
 
 RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   spec_ = &spec;
   result_ = {};
-  stopping_ = killed_ = false;
+  stopping_ = killed_ = controlClosed_ = false;
   SignalScope signals;
   EnvMap base = currentEnvironment();
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
@@ -323,7 +242,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     auto dir = errRoot / "attempt_0" / std::to_string(w.slot.global_rank);
     std::filesystem::create_directories(dir);
     w.error_file = (dir / "error.json").string();
-    if (!spec.log_dir.empty()) {
+    if (!spec.log_dir.empty() && !opts_.line_sink) {
       auto logPath = std::filesystem::path(spec.log_dir) / fmt::format("rank_{}.log", w.slot.global_rank);
       int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd < 0) throwErrno("open " + logPath.string());
@@ -347,6 +266,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     std::vector<std::pair<Worker*, Stream*>> owners;
     fds.push_back({signals.fd(), POLLIN, 0});
     owners.push_back({nullptr, nullptr});
+    fds.push_back({controlClosed_ ? -1 : opts_.control_fd, POLLIN, 0});  // poll ignores a negative fd
+    owners.push_back({nullptr, nullptr});
     bool anyRunning = false;
     for (auto& w : workers_) {
       anyRunning |= w.running;
@@ -356,7 +277,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         owners.push_back({&w, s});
       }
     }
-    if (!anyRunning && fds.size() == 1) break;
+    if (!anyRunning && fds.size() == 2) break;
     int timeoutMs = -1;
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
@@ -385,12 +306,20 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
             killed_ = true;
             signalAll(SIGKILL);
           }
-          startShutdown(sig);
+          startShutdown(sig, spec_->shutdown_timeout_s);
         }
       }
       reap();
     }
-    for (size_t i = 1; i < fds.size(); ++i) {
+    if (opts_.control_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      ControlAction a = opts_.on_control ? opts_.on_control() : ControlAction::kNone;
+      if (a == ControlAction::kStop) startShutdown(SIGTERM, spec.shutdown_timeout_s);
+      if (a == ControlAction::kKill) {
+        controlClosed_ = true;  // the controller is gone: nothing more to read
+        startShutdown(SIGTERM, std::min(spec.shutdown_timeout_s, kLostControllerGraceS));
+      }
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto [w, s] = owners[i];
       ssize_t got = ::read(s->fd.get(), buf.data(), buf.size());
@@ -411,11 +340,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       bool isErr = s->is_err;
       s->splitter.finish([&](std::string_view l) { emitLine(w, isErr, l); });
     }
-    w.exit.stderr_tail.assign(w.tail.lines().begin(), w.tail.lines().end());
-    if (auto e = spec::readWorkerErrorFile(w.error_file)) {
-      w.exit.error_message = e->message;
-      w.exit.error_traceback = e->traceback;
-    }
+    fillExit(w);
     result_.workers.push_back(w.exit);
   }
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
@@ -434,10 +359,15 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
 
 }  // namespace
 
-std::unique_ptr<Launcher> makeLocalLauncher() { return std::make_unique<LocalLauncher>(); }
+std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts) {
+  return std::make_unique<LocalLauncher>(std::move(opts));
+}
 
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
-  if (result.first_failure < 0) return {};
+  if (result.first_failure < 0) {
+    if (result.failure_message.empty()) return {};
+    return fmt::format("dtrain: job '{}' failed: {}\n", spec.name, result.failure_message);
+  }
   const auto& f = result.workers[result.first_failure];
   int failed = 0, stopped = 0;
   for (const auto& w : result.workers) {
@@ -453,6 +383,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   out += fmt::format("    rank:       {} (local rank {})\n", f.global_rank, f.local_rank);
   out += fmt::format("    host:       {}\n", f.host);
   out += fmt::format("    pid:        {}\n", f.pid);
+  if (!result.failure_message.empty()) out += fmt::format("    cause:      {}\n", result.failure_message);
   out += fmt::format("    exit:       {}\n", f.signal ? signalName(f.signal) : fmt::format("code {}", f.exit_code));
   out += fmt::format("    time:       {}\n", f.when);
   if (!f.error_message.empty()) out += fmt::format("    error:      {}\n", f.error_message);

@@ -15,13 +15,14 @@ namespace dtrain::rendezvous {
 
 using Clock = std::chrono::steady_clock;
 
-std::string encodeNode(const NodeInfo& n) { return fmt::format("{}\t{}\t{}", n.name, n.nproc, n.order); }
+std::string encodeNode(const NodeInfo& n) { return fmt::format("{}\t{}\t{}\t{}", n.name, n.nproc, n.order, n.addr); }
 
 NodeInfo decodeNode(const std::string& s) {
   auto parts = split(s, '\t');
-  if (parts.size() != 3) throw PeerLostError(fmt::format("rendezvous: malformed node record '{}'", s));
+  if (parts.size() != 3 && parts.size() != 4) throw PeerLostError(fmt::format("rendezvous: malformed node record '{}'", s));
   NodeInfo n;
   n.name = parts[0];
+  if (parts.size() == 4) n.addr = parts[3];
   try {
     n.nproc = std::stoi(parts[1]);
     n.order = std::stoi(parts[2]);

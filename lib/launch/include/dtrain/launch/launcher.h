@@ -1,6 +1,8 @@
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtrain/launch/plan.h"
@@ -28,6 +30,8 @@ struct RunResult {
   int received_signal = 0;   // SIGINT/SIGTERM/SIGHUP that stopped the job, else 0
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
+  // Multi-node: a failure that is not a worker's (a node lost, an agent's error), "" if none.
+  std::string failure_message;
 };
 
 // Seam between "what to run" and "how processes get started" (local now; SSH and a fake
@@ -39,7 +43,28 @@ class Launcher {
   virtual RunResult run(const Plan& plan, const spec::JobSpec& spec) = 0;
 };
 
-std::unique_ptr<Launcher> makeLocalLauncher();
+// What an outside controller (the node agent) asks of a running local launch.
+enum class ControlAction {
+  kNone,
+  kStop,  // teardown as for SIGTERM: SIGTERM, then SIGKILL after shutdown_timeout_s
+  kKill,  // the controller is gone: SIGTERM, then SIGKILL within kLostControllerGrace
+};
+inline constexpr double kLostControllerGraceS = 2.0;
+
+// The defaults are `dtrain run` on one node: output to the console and log files.
+struct LocalRunOptions {
+  // Agent mode: every worker line goes here instead of the console and the log files
+  // (status lines included, unfiltered).
+  std::function<void(const WorkerSlot&, bool is_err, std::string_view line)> line_sink;
+  // Polled with the workers; when readable, on_control() says what to do.
+  int control_fd = -1;
+  std::function<ControlAction()> on_control;
+  // Called as each worker ends, with its output so far drained (stderr tail, error file).
+  std::function<void(const WorkerExit&)> on_exit;
+  int restart_count = 0;
+};
+
+std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 
 // The failure summary printed when a worker fails.
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec);

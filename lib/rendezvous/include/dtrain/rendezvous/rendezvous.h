@@ -5,7 +5,7 @@
 //
 // Keys (under "rdzv/<run_id>/"):
 //   r/<N>/count        add() counter: arrival index of each joiner
-//   r/<N>/node/<i>     "<name>\t<nproc>\t<order>" of the i-th joiner
+//   r/<N>/node/<i>     "<name>\t<nproc>\t<order>\t<addr>" of the i-th joiner
 //   r/<N>/closed       compareSet() once: the number of participants (first closer wins)
 //   open               the round late joiners should aim for (bumped by openNextRound)
 //   hb/<name>          heartbeat counter of a node
@@ -25,6 +25,7 @@ struct NodeInfo {
   std::string name;  // unique per node (host name, or host:agent id)
   int nproc = 1;     // workers on this node
   int order = -1;    // position in the hostfile; -1 = rank by join order
+  std::string addr;  // how other nodes reach this one ("" = unknown)
 };
 
 struct RendezvousOptions {

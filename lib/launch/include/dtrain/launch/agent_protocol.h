@@ -1,0 +1,48 @@
+#pragma once
+// The line protocol between `dtrain run` (the launcher) and each node's `dtrain agent`.
+//
+// Launcher -> agent, on the agent's stdin (over ssh for remote nodes):
+//   "token <hex>\n"   first line: the job's store secret (never in argv, never in the env
+//                     of ssh); then
+//   "stop\n"          tear the workers down gracefully (SIGTERM, grace, SIGKILL)
+//   "kill\n"          tear down now
+//   EOF               the launcher is gone: tear down within kLostControllerGraceS
+//
+// Agent -> launcher, one record per line on the agent's stdout: a type letter and
+// tab-separated fields, each escaped (backslash, tab, newline) so that a record is always
+// exactly one line whatever a worker printed:
+//   O <rank> <text>   a worker's stdout line     E <rank> <text>   a worker's stderr line
+//   N <node_rank> <nnodes> <world_size> <rank_offset> <master_addr> <master_port> <round>
+//   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <when> <message>
+//     <traceback> <stderr tail lines...>         a worker ended
+//   T <json>          the trainer's outcome (rank 0's DTRAIN_RESULT_FILE)
+//   F <kind> <message>  the agent failed before or around its workers; kind is "spec"
+//                     (bad input, exit 2), "timeout" or "io"
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/launch/launcher.h"
+
+namespace dtrain::launch::proto {
+
+std::string escape(std::string_view s);
+std::string unescape(std::string_view s);
+
+// One record: type letter + escaped fields, '\n'-terminated.
+std::string record(char type, const std::vector<std::string>& fields);
+
+struct Record {
+  char type = 0;
+  std::vector<std::string> fields;  // unescaped
+};
+// Parses one line (without its '\n'). Returns nullopt for anything malformed: a remote
+// peer's bytes are never trusted to be well-formed.
+std::optional<Record> parse(std::string_view line);
+
+std::string exitRecord(const WorkerExit& w);
+// From an 'X' record; nullopt when malformed.
+std::optional<WorkerExit> parseExit(const Record& r);
+
+}  // namespace dtrain::launch::proto

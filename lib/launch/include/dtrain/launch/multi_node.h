@@ -1,0 +1,37 @@
+#pragma once
+// Multi-node jobs: the launcher hosts the store, checks every remote host (pre-flight),
+// starts one `dtrain agent` per node (over ssh, or as a child for local entries), streams
+// their workers' output, and tears every node down on a failure or a signal.
+#include <string>
+#include <vector>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/launch/launcher.h"
+#include "dtrain/launch/plan.h"
+#include "dtrain/spec/job_spec.h"
+
+namespace dtrain::launch {
+
+struct MultiNodeOptions {
+  std::string version;      // what `dtrain --version` prints here; every host must match
+  std::string result_file;  // where the trainer's outcome goes ("" = dropped)
+};
+
+// Raised when one or more hosts fail the pre-flight check; what() is a per-host table.
+class PreflightError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+// Runs the job across spec.nodes to completion. spec.rendezvous.port is written back with
+// the store's port. Throws SpecError for a busy port, PreflightError for unreachable hosts.
+RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const MultiNodeOptions& opts);
+
+// The ssh client argv that reaches `node` (everything up to and including the host), per
+// the spec's ssh section: BatchMode, ConnectTimeout, host key policy, keepalives.
+std::vector<std::string> sshArgv(const spec::JobSpec& spec, const spec::NodeSpec& node);
+
+// The plan as the hostfile describes it (node order = node rank), for --dry-run.
+Plan makeNodesPlan(const spec::JobSpec& spec, const std::string& run_id);
+
+}  // namespace dtrain::launch

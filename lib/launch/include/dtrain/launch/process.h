@@ -1,0 +1,34 @@
+#pragma once
+// Child processes as dtrain starts them: own process group, killed with dtrain
+// (PR_SET_PDEATHSIG), stdout/stderr (and optionally stdin) on pipes.
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "dtrain/common/fd.h"
+
+namespace dtrain::launch {
+
+struct SpawnOptions {
+  std::vector<std::string> argv;  // argv[0] looked up on PATH
+  std::vector<std::string> env;   // "KEY=VALUE", the whole environment
+  std::string cwd;                // "" = ours
+  bool stdin_pipe = false;        // false: stdin is /dev/null
+};
+
+struct Spawned {
+  pid_t pid = -1;
+  Fd in;   // write end of the child's stdin (stdin_pipe only)
+  Fd out;  // read end of the child's stdout
+  Fd err;  // read end of the child's stderr
+};
+
+// fork + exec. A program that cannot be run exits 127 (not found) or 126 with one line on
+// its stderr, as a shell would. Throws IoError when fork or pipe fail.
+Spawned spawnProcess(const SpawnOptions& opts);
+
+// A pipe with both ends close-on-exec.
+std::pair<Fd, Fd> makePipe();
+
+}  // namespace dtrain::launch

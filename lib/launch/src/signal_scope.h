@@ -1,0 +1,72 @@
+#pragma once
+// Private to lib/launch: the launchers' signal handling and timestamps.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <ctime>
+#include <iterator>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain::launch::detail {
+
+// Self-pipe: signal handlers write the signal number; the event loop polls the read end.
+inline int gSignalPipe[2] = {-1, -1};
+
+inline void onSignal(int sig) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  ssize_t ignored = ::write(gSignalPipe[1], &b, 1);
+  (void)ignored;
+  errno = saved;
+}
+
+// Installs the handlers for the lifetime of a run and restores the old ones after.
+class SignalScope {
+ public:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  SignalScope() {
+    if (::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) throwErrno("pipe");
+    struct sigaction sa {};
+    sa.sa_handler = onSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ign, &oldPipe_);
+  }
+  ~SignalScope() {
+    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    ::sigaction(SIGPIPE, &oldPipe_, nullptr);
+    ::close(gSignalPipe[0]);
+    ::close(gSignalPipe[1]);
+    gSignalPipe[0] = gSignalPipe[1] = -1;
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+  int fd() const { return gSignalPipe[0]; }
+
+ private:
+  struct sigaction old_[std::size(kSignals)] {};
+  struct sigaction oldPipe_ {};
+};
+
+inline std::string utcNow() {
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms));
+}
+
+}  // namespace dtrain::launch::detail

@@ -1,0 +1,78 @@
+# Multi-node through agents on this machine (local host entries run without ssh): the
+# torchrun environment per node, output and logs, teardown on a failure and on signals,
+# the built-in trainer across nodes, and no orphans when the launcher is SIGKILLed.
+source "$(dirname "$0")/lib.sh"
+HOSTS="localhost:2,127.0.0.1:1"
+
+# Environment contract: 2 nodes, 2 + 1 workers, ranks contiguous per node.
+"$DTRAIN" run --hosts "$HOSTS" --log-dir "$T/logs" -- sh -c "env > $T/env.\$RANK; echo hello from \$RANK" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "3 workers on 2 nodes exit 0"
+v() { grep -E "^$2=" "$T/env.$1" | head -1 | cut -d= -f2-; }
+for r in 0 1 2; do [ -f "$T/env.$r" ] || fail "rank $r did not run"; done
+expect_eq "$(v 0 GROUP_RANK) $(v 1 GROUP_RANK) $(v 2 GROUP_RANK)" "0 0 1" "GROUP_RANK per node"
+expect_eq "$(v 0 LOCAL_RANK) $(v 1 LOCAL_RANK) $(v 2 LOCAL_RANK)" "0 1 0" "LOCAL_RANK per node"
+expect_eq "$(v 0 LOCAL_WORLD_SIZE) $(v 2 LOCAL_WORLD_SIZE)" "2 1" "LOCAL_WORLD_SIZE per node"
+expect_eq "$(v 0 WORLD_SIZE) $(v 2 WORLD_SIZE)" "3 3" "WORLD_SIZE"
+expect_eq "$(v 0 GROUP_WORLD_SIZE) $(v 2 GROUP_WORLD_SIZE)" "2 2" "GROUP_WORLD_SIZE"
+expect_eq "$(v 0 DTRAIN_NNODES)" 2 "DTRAIN_NNODES"
+expect_eq "$(v 0 MASTER_PORT)" "$(v 2 MASTER_PORT)" "one MASTER_PORT"
+expect_eq "$(v 0 MASTER_ADDR)" "$(v 2 MASTER_ADDR)" "one MASTER_ADDR"
+expect_eq "$(v 0 DTRAIN_STORE_TOKEN)" "$(v 2 DTRAIN_STORE_TOKEN)" "one store token"
+expect_eq "$(v 0 TORCHELASTIC_RUN_ID)" "$(v 2 TORCHELASTIC_RUN_ID)" "one run id"
+[ "$(v 0 MASTER_PORT)" != "$(v 0 DTRAIN_STORE_PORT)" ] && pass "MASTER_PORT is not the store port" || fail "MASTER_PORT = store port"
+expect_grep "^\[localhost rank 1\] hello from 1$" "$T/out" "lines prefixed with host and rank"
+expect_grep "^\[127.0.0.1 rank 2\] hello from 2$" "$T/out" "second node's lines"
+expect_eq "$(cat "$T/logs/rank_2.log")" "hello from 2" "per-rank log file on the launching host"
+if grep -q "DTRAIN_STORE_TOKEN\|token" <(ps -eo args); then pass "(ps checked)"; fi
+
+# Dry run: the plan in hostfile order.
+"$DTRAIN" run --dry-run --hosts "$HOSTS" -- true >"$T/plan" 2>&1
+expect_eq "$?" 0 "dry run"
+expect_grep "2 node\(s\), world size 3" "$T/plan" "plan header"
+expect_grep "^127.0.0.1 +1 +0 +2 " "$T/plan" "plan row for node 1"
+
+# A worker failing on node 1 stops node 0's workers; the summary names host and rank.
+start=$(date +%s)
+"$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'if [ "$RANK" = 2 ]; then sleep 0.5; echo "disk full" >&2; exit 3; fi; exec sleep 60' >"$T/out" 2>"$T/err"
+rc=$?
+took=$(( $(date +%s) - start ))
+expect_eq "$rc" 3 "exit code of the failing worker"
+[ "$took" -lt 15 ] && pass "torn down in ${took}s" || fail "teardown took ${took}s"
+expect_grep "failed: rank 2 exited with code 3" "$T/err" "summary names the rank"
+expect_grep "host: +127.0.0.1" "$T/err" "summary names the host"
+expect_grep "\| disk full" "$T/err" "summary has the stderr tail"
+
+# SIGTERM to the launcher: every node torn down, exit 143.
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 143 "SIGTERM: exit 143"
+for r in 0 1 2; do alive "$(cat "$T/pid.$r")" && fail "rank $r survived SIGTERM" || pass "rank $r stopped"; done
+
+# SIGKILL of the launcher: agents and workers follow.
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+for r in 0 1 2; do
+  p=$(cat "$T/pid.$r")
+  for _ in $(seq 50); do alive "$p" || break; sleep 0.1; done
+  alive "$p" && { fail "rank $r (pid $p) outlived a SIGKILLed launcher"; kill -9 "$p"; } || pass "rank $r gone after SIGKILL"
+done
+
+# The built-in trainer across 2 nodes x 1 worker ends bit-identical to 1 node x 2 workers.
+cat > "$T/train.json" <<JSON
+{"name": "mn-train", "trainer": {"model": {"layers": [32, 64, 4]},
+  "data": {"type": "synthetic", "train_samples": 4096, "eval_samples": 512, "seed": 3},
+  "batch_size": 64, "epochs": 2, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000}}
+JSON
+"$DTRAIN" run "$T/train.json" --hosts localhost:1,127.0.0.1:1 --summary-json "$T/mn.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "trainer on 2 nodes"
+"$DTRAIN" run "$T/train.json" --nproc-per-node 2 --summary-json "$T/sn.json" >"$T/out1" 2>"$T/err1"
+expect_eq "$?" 0 "trainer on 1 node"
+h1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mn.json"); h2=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/sn.json")
+[ -n "$h1" ] && expect_eq "$h1" "$h2" "2 nodes x 1 == 1 node x 2 (weights hash)" || fail "no trainer outcome in the multi-node summary: $(cat "$T/mn.json")"
+expect_grep '"host": "127.0.0.1"' "$T/mn.json" "summary ranks name their host"
+finish

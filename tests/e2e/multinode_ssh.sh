@@ -1,0 +1,121 @@
+# Multi-node over real ssh: 3 network-namespace hosts with their own sshd (scripts/testbed),
+# 2 slots each. The launcher runs in the root namespace and reaches them through ssh; the
+# hosts share this machine's filesystem, so the same dtrain binary path works everywhere.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/testbed_lib.sh"
+testbed_up 3
+cat > "$T/hosts" <<EOF2
+# OpenMPI, Horovod and user@host forms
+h1 slots=2
+h2:2
+root@h3 slots=2   # trailing comment
+EOF2
+job() {  # job NAME COMMAND-JSON [EXTRA-KEYS]
+  cat > "$T/$1.json" <<JSON
+{"name": "$1", "command": $2, "hostfile": "$T/hosts", "shutdown_timeout_s": 3,
+ "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"], "connect_timeout_s": 5}${3:-}}
+JSON
+}
+v() { grep -E "^$2=" "$T/env.$1" | head -1 | cut -d= -f2-; }
+
+# 1. The torchrun environment on every rank of every host.
+job env '["sh", "-c", "env > '"$T"'/env.$RANK; echo host=$(hostname)"]'
+timeout 60 "$DTRAIN" run "$T/env.json" --log-dir "$T/logs" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "6 workers on 3 hosts exit 0"
+for r in 0 1 2 3 4 5; do
+  [ -f "$T/env.$r" ] || { fail "rank $r did not run"; continue; }
+  node=$((r / 2))
+  expect_eq "$(v $r GROUP_RANK)/$(v $r LOCAL_RANK)/$(v $r WORLD_SIZE)/$(v $r LOCAL_WORLD_SIZE)/$(v $r GROUP_WORLD_SIZE)" \
+    "$node/$((r % 2))/6/2/3" "rank $r: GROUP_RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/GROUP_WORLD_SIZE"
+  expect_eq "$(v $r MASTER_ADDR)" "$TESTBED_ADDR_h1" "rank $r MASTER_ADDR is node 0's address"
+  expect_eq "$(v $r MASTER_PORT)" "$(v 0 MASTER_PORT)" "rank $r MASTER_PORT"
+  expect_eq "$(v $r DTRAIN_STORE_ADDR)" "$TESTBED_GATEWAY" "rank $r reaches the store at the launcher's address"
+done
+for h in 1 2 3; do
+  expect_grep "^\[h$h rank $(( (h - 1) * 2 + 1 ))\] host=h$h$" "$T/out" "h$h's workers ran on h$h, lines prefixed with host and rank"
+done
+expect_eq "$(cat "$T/logs/rank_5.log")" "host=h3" "remote rank's log file on the launching host"
+# The job secret travels on ssh's stdin, never in a command line on any host.
+tok=$(v 0 DTRAIN_STORE_TOKEN)
+[ ${#tok} -eq 64 ] && pass "token reached remote workers" || fail "no token on rank 0"
+
+# 2. The built-in trainer across hosts: identical weights everywhere (checked by the trainer),
+#    and the same weights as 6 local workers.
+cat > "$T/train.json" <<JSON
+{"name": "mn-train", "hostfile": "$T/hosts", "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"]},
+ "trainer": {"model": {"layers": [32, 64, 4]}, "data": {"type": "synthetic", "train_samples": 3072, "eval_samples": 512, "seed": 3},
+  "batch_size": 32, "epochs": 1, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000}}
+JSON
+timeout 120 "$DTRAIN" run "$T/train.json" --summary-json "$T/mn.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "trainer on 3 hosts"
+timeout 120 "$DTRAIN" run "$T/train.json" --hosts localhost:6 --env DTRAIN_COMM_SHM=0 --summary-json "$T/sn.json" >"$T/out1" 2>"$T/err1"
+expect_eq "$?" 0 "trainer on 1 host x 6"
+h1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mn.json"); h2=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/sn.json")
+[ -n "$h1" ] && expect_eq "$h1" "$h2" "3 hosts x 2 == 1 host x 6 (weights hash)" || fail "no trainer outcome: $(cat "$T/mn.json" "$T/err")"
+
+# 3. A worker failing on h2 tears down h1 and h3.
+job fail '["sh", "-c", "echo $$ > '"$T"'/pid.$RANK; if [ $RANK = 2 ]; then sleep 1; echo \"cuda oom\" >&2; exit 5; fi; exec sleep 120"]'
+start=$(date +%s)
+timeout 60 "$DTRAIN" run "$T/fail.json" >"$T/out" 2>"$T/err"
+rc=$?; took=$(( $(date +%s) - start ))
+expect_eq "$rc" 5 "exit code of the failing remote worker"
+[ "$took" -lt 20 ] && pass "all hosts torn down in ${took}s" || fail "teardown took ${took}s"
+expect_grep "failed: rank 2 exited with code 5" "$T/err" "summary names the rank"
+expect_grep "host: +h2" "$T/err" "summary names the host"
+expect_grep "\| cuda oom" "$T/err" "summary has the remote stderr tail"
+for h in h1 h2 h3; do tb_wait_no_pids $h 10 && pass "nothing left on $h" || fail "leftovers on $h"; done
+
+# 4. SIGKILL of the launcher: every host is empty within 10 s.
+rm -f "$T"/pid.*
+job sleep '["sh", "-c", "echo $$ > '"$T"'/pid.$RANK; exec sleep 120"]'
+"$DTRAIN" run "$T/sleep.json" >/dev/null 2>&1 &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2" "$T/pid.3" "$T/pid.4" "$T/pid.5"
+kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+for h in h1 h2 h3; do tb_wait_no_pids $h 10 && pass "$h empty 10 s after the launcher's SIGKILL" || fail "orphans on $h"; done
+
+# 5. Ctrl-C on the launcher tears every host down (exit 130).
+rm -f "$T"/pid.*
+"$DTRAIN" run "$T/sleep.json" >/dev/null 2>&1 &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.5"
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "SIGINT: exit 130"
+for h in h1 h2 h3; do tb_wait_no_pids $h 10 && pass "$h empty after SIGINT" || fail "leftovers on $h after SIGINT"; done
+
+# 6. Real PyTorch DDP (gloo) across hosts, unmodified: 3 hosts x 1 worker.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  job ddp '["/usr/bin/python3", "'"$SRC"'/examples/pytorch/ddp_minimal.py"]' ', "env": {"OMP_NUM_THREADS": "1"}'
+  # gloo picks its interface by name; every test bed host calls its NIC eth0.
+  timeout 150 "$DTRAIN" run "$T/ddp.json" --hosts h1:1,h2:1,h3:1 --env GLOO_SOCKET_IFNAME=eth0 >"$T/out" 2>"$T/err"
+  expect_eq "$?" 0 "PyTorch DDP across 3 hosts exits 0"
+  for h in 1 2 3; do
+    r=$((h - 1))
+    expect_grep "^\[h$h rank $r\] rank $r/3: loss [0-9.]+ weights_in_sync=True$" "$T/out" "torch rank $r on h$h trained in sync"
+  done
+else
+  fail "python3-torch is not installed (scripts/setup.sh installs it)"
+fi
+
+# 7. Pre-flight: an unreachable host fails the job before anything starts, within the timeout.
+printf 'h1 slots=1\n%s slots=1\n' "$TESTBED_DOWN_HOST" > "$T/hosts"
+job pre '["sh", "-c", "touch '"$T"'/started.$RANK"]'
+sed -i 's/"connect_timeout_s": 5/"connect_timeout_s": 2/' "$T/pre.json"
+start=$(date +%s)
+timeout 60 "$DTRAIN" run "$T/pre.json" >"$T/out" 2>"$T/err"
+rc=$?; took=$(( $(date +%s) - start ))
+expect_eq "$rc" 1 "pre-flight failure exits 1"
+[ "$took" -le 10 ] && pass "pre-flight answered in ${took}s" || fail "pre-flight took ${took}s"
+expect_grep "pre-flight failed for 1 of 2 remote host\(s\)" "$T/err" "pre-flight summary"
+expect_grep "^  $TESTBED_DOWN_HOST \($T/hosts:2\): " "$T/err" "the unreachable host is named with its hostfile line"
+ls "$T"/started.* >/dev/null 2>&1 && fail "workers started despite a failed pre-flight" || pass "nothing started"
+
+# 8. Pre-flight: a different dtrain on a host is refused.
+printf '#!/bin/sh\necho "dtrain 0.0.1 (CPU build)"\n' > "$T/old-dtrain"; chmod +x "$T/old-dtrain"
+printf 'h1 slots=1\nh2 slots=1\n' > "$T/hosts"
+job ver '["true"]' ''
+sed -i "s|\"connect_timeout_s\": 5|\"connect_timeout_s\": 5, \"dtrain_path\": \"$T/old-dtrain\"|" "$T/ver.json"
+timeout 60 "$DTRAIN" run "$T/ver.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "version mismatch exits 1"
+expect_grep "version mismatch: \"dtrain 0.0.1 \(CPU build\)\" there" "$T/err" "version mismatch named"
+finish
