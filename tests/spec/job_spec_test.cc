@@ -104,6 +104,51 @@ TEST(JobSpec, ConsoleRanksMustExist) {
   EXPECT_THROW(resolve(s), SpecError);
 }
 
+TEST(JobSpec, ParsesMultiNodeKeys) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2,
+      "nodes": [{"host": "alice@node1", "slots": 4, "gpus": [0, 1, 2, 3]}, {"host": "node2", "port": 2222, "address": "10.1.0.2"}],
+      "ssh": {"user": "bob", "port": 22, "connect_timeout_s": 5, "options": ["-o", "Compression=no"],
+              "host_key_checking": "yes", "dtrain_path": "/opt/dtrain"},
+      "rendezvous": {"port": 29400, "addr": "10.1.0.1", "master_addr": "10.1.0.1"},
+      "env_forward": ["NCCL_", "MY_APP_"]})",
+                           "job.json");
+  ASSERT_EQ(s.nodes.size(), 2u);
+  EXPECT_EQ(s.nodes[0].user, "alice");
+  EXPECT_EQ(s.nodes[0].host, "node1");
+  EXPECT_EQ(s.nodes[0].slots, 4);
+  EXPECT_EQ(s.nodes[1].port, 2222);
+  EXPECT_EQ(s.nodes[1].address, "10.1.0.2");
+  EXPECT_EQ(s.ssh.user, "bob");
+  EXPECT_EQ(s.ssh.port, 22);
+  EXPECT_DOUBLE_EQ(s.ssh.connect_timeout_s, 5);
+  EXPECT_EQ(s.ssh.options, (std::vector<std::string>{"-o", "Compression=no"}));
+  EXPECT_EQ(s.ssh.host_key_checking, "yes");
+  EXPECT_EQ(s.ssh.dtrain_path, "/opt/dtrain");
+  EXPECT_EQ(s.rendezvous.addr, "10.1.0.1");
+  EXPECT_EQ(s.rendezvous.master_addr, "10.1.0.1");
+  EXPECT_EQ(s.env_forward, (std::vector<std::string>{"NCCL_", "MY_APP_"}));
+  resolve(s);
+  EXPECT_EQ(s.nodes[1].slots, 2);
+}
+
+TEST(JobSpec, MultiNodeKeysAreChecked) {
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "host_file": "h"})"),
+            "job.json: /host_file: unknown key \"host_file\"; did you mean \"hostfile\"?");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "env_forwards": []})"),
+            "job.json: /env_forwards: unknown key \"env_forwards\"; did you mean \"env_forward\"?");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "nodes": [{"host": "h", "adress": "1.2.3.4"}]})"),
+            "job.json: /nodes/0/adress: unknown key \"adress\"; did you mean \"address\"?");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "nodes": {"host": "h"}})"),
+            "job.json: /nodes: expected an array of hosts like [{\"host\": \"node1\", \"slots\": 8}], got an object");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "ssh": "alice"})"), "job.json: /ssh: expected an object, got the string \"alice\"");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "hostfile": ""})"), "job.json: /hostfile: expected a non-empty string, got \"\"");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "env_file": 3})"), "job.json: /env_file: expected a string, got 3");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "rendezvous": {"addr": "a b"}})"),
+            "job.json: /rendezvous/addr: host name \"a b\" contains ' '; give an IP address or host name");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "env_forward": ["A=B"]})"),
+            "job.json: /env_forward/0: a variable-name prefix cannot contain '='");
+}
+
 TEST(Strings, ClosestMatch) {
   EXPECT_EQ(closestMatch("comand", {"command", "cwd", "env"}), "command");
   EXPECT_EQ(closestMatch("zzzzzz", {"command", "cwd", "env"}), "");

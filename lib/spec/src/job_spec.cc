@@ -18,6 +18,7 @@
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
+#include "node_checks.h"
 
 namespace dtrain::spec {
 namespace {
@@ -27,8 +28,12 @@ using nlohmann::json;
 const std::vector<std::string> kTopKeys = {
     "name",         "command",       "env",           "cwd",      "nproc_per_node",
     "log_dir",      "max_restarts",  "rendezvous",    "nodes",    "hostfile",
-    "trainer",      "shutdown_timeout_s", "prefix_output", "console_ranks"};
-const std::vector<std::string> kRendezvousKeys = {"port", "timeout_s"};
+    "trainer",      "shutdown_timeout_s", "prefix_output", "console_ranks", "ssh",
+    "env_forward",  "env_file"};
+const std::vector<std::string> kRendezvousKeys = {"port", "timeout_s", "addr", "master_addr"};
+const std::vector<std::string> kNodeKeys = {"host", "slots", "user", "port", "address", "gpus"};
+const std::vector<std::string> kSshKeys = {"user", "port", "identity_file", "connect_timeout_s",
+                                           "options", "host_key_checking", "dtrain_path"};
 const std::vector<std::string> kTrainerKeys = {"model", "data", "batch_size", "epochs", "max_steps", "optimizer",
                                                "device", "seed", "bucket_mb", "overlap", "log_every_steps", "checkpoint",
                                                "lr_schedule", "grad_clip_norm"};
@@ -299,7 +304,140 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
   return ts;
 }
 
+std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
+  if (!arr.is_array())
+    c.fail("/nodes", fmt::format("expected an array of hosts like [{{\"host\": \"node1\", \"slots\": 8}}], got {}", typeName(arr)));
+  if (arr.empty()) c.fail("/nodes", "is empty; list at least one host, or remove \"nodes\" to run on this machine only");
+  std::vector<NodeSpec> nodes;
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const std::string P = fmt::format("/nodes/{}", i);
+    const json& e = arr[i];
+    if (!e.is_object())
+      c.fail(P, fmt::format("expected an object like {{\"host\": \"node1\", \"slots\": 8}}, got {}", typeName(e)));
+    c.checkKeys(e, P, kNodeKeys);
+    NodeSpec n;
+    n.origin = fmt::format("{}: {}", c.source(), P);
+    if (!e.contains("host")) c.fail(P + "/host", "missing; give the host name or address, e.g. \"host\": \"node1\"");
+    std::string host = c.str(e["host"], P + "/host", false);
+    if (auto at = host.find('@'); at != std::string::npos) {
+      n.user = host.substr(0, at);
+      host = host.substr(at + 1);
+      if (auto p = detail::userProblem(n.user); !p.empty()) c.fail(P + "/host", p + "; write \"user@host\" or just the host");
+    }
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    if (std::count(host.begin(), host.end(), ':') == 1)
+      c.fail(P + "/host", fmt::format("\"{}\" looks like host:slots; write \"host\": \"{}\", \"slots\": {}", e["host"].get<std::string>(),
+                                      host.substr(0, host.find(':')), host.substr(host.find(':') + 1)));
+    if (auto p = detail::hostProblem(host); !p.empty()) c.fail(P + "/host", p + "; give a host name or address");
+    n.host = host;
+    if (e.contains("user")) {
+      std::string user = c.str(e["user"], P + "/user", false);
+      if (auto p = detail::userProblem(user); !p.empty()) c.fail(P + "/user", p + "; give the login name");
+      if (!n.user.empty() && n.user != user)
+        c.fail(P + "/user", fmt::format("\"{}\" contradicts \"{}@\" in host; give the user once", user, n.user));
+      n.user = user;
+    }
+    if (e.contains("slots"))
+      n.slots = static_cast<int>(c.integer(e["slots"], P + "/slots", 1, 4096, "a worker count between 1 and 4096"));
+    if (e.contains("port"))
+      n.port = static_cast<int>(c.integer(e["port"], P + "/port", 1, 65535, "an ssh port between 1 and 65535"));
+    if (e.contains("address")) {
+      n.address = c.str(e["address"], P + "/address", false);
+      if (auto p = detail::hostProblem(n.address); !p.empty())
+        c.fail(P + "/address", p + "; give the IP (or name) the other nodes reach this one by");
+    }
+    if (e.contains("gpus")) {
+      const json& g = e["gpus"];
+      if (!g.is_array()) c.fail(P + "/gpus", fmt::format("expected an array of GPU indices like [0, 1], got {}", typeName(g)));
+      for (size_t k = 0; k < g.size(); ++k) {
+        std::string gp = fmt::format("{}/gpus/{}", P, k);
+        int v = static_cast<int>(c.integer(g[k], gp, 0, 1023, "a GPU index >= 0"));
+        auto prev = std::find(n.gpus.begin(), n.gpus.end(), v);
+        if (prev != n.gpus.end())
+          c.fail(gp, fmt::format("GPU {} is listed twice (also {}/gpus/{}); list each GPU once", v, P, prev - n.gpus.begin()));
+        n.gpus.push_back(v);
+      }
+    }
+    if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
+      c.fail(P, fmt::format("{} is listed twice (first at /nodes/{}); merge the entries (\"slots\" runs more workers on one host)",
+                            detail::hostLabel(n), dup));
+    n.local = isLocalHost(n.host);
+    nodes.push_back(std::move(n));
+  }
+  return nodes;
+}
+
+// "~/x" as ssh reads it, so that the existence check looks where ssh will.
+std::string expandHome(const std::string& path) {
+  if (path.rfind("~/", 0) != 0) return path;
+  const char* home = std::getenv("HOME");
+  return home && *home ? std::string(home) + path.substr(1) : path;
+}
+
+SshSpec parseSsh(const Checker& c, const json& j) {
+  const std::string P = "/ssh";
+  if (!j.is_object()) c.fail(P, fmt::format("expected an object, got {}", typeName(j)));
+  c.checkKeys(j, P, kSshKeys);
+  SshSpec s;
+  if (j.contains("user")) {
+    s.user = c.str(j["user"], P + "/user", false);
+    if (auto p = detail::userProblem(s.user); !p.empty()) c.fail(P + "/user", p + "; give the login name");
+  }
+  if (j.contains("port")) s.port = static_cast<int>(c.integer(j["port"], P + "/port", 1, 65535, "an ssh port between 1 and 65535"));
+  if (j.contains("identity_file")) {
+    s.identity_file = expandHome(c.str(j["identity_file"], P + "/identity_file", false));
+    if (!exists(s.identity_file) || isDirectory(s.identity_file))
+      c.fail(P + "/identity_file", fmt::format("file \"{}\" does not exist; give the private key ssh should use (-i)", s.identity_file));
+  }
+  if (j.contains("connect_timeout_s"))
+    s.connect_timeout_s = c.number(j["connect_timeout_s"], P + "/connect_timeout_s", 0.1, 3600, "seconds between 0.1 and 3600");
+  if (j.contains("options")) {
+    const json& o = j["options"];
+    if (!o.is_array())
+      c.fail(P + "/options", fmt::format("expected an array of ssh arguments like [\"-F\", \"ssh_config\"], got {}", typeName(o)));
+    for (size_t i = 0; i < o.size(); ++i) s.options.push_back(c.str(o[i], fmt::format("{}/options/{}", P, i), false));
+  }
+  if (j.contains("host_key_checking"))
+    s.host_key_checking = oneOf(c, j["host_key_checking"], P + "/host_key_checking", {"yes", "no", "accept-new"});
+  if (j.contains("dtrain_path")) s.dtrain_path = c.str(j["dtrain_path"], P + "/dtrain_path", false);
+  return s;
+}
+
 }  // namespace
+
+std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source) {
+  std::map<std::string, std::string> env;
+  std::istringstream in(text);
+  std::string line;
+  int lineNo = 0;
+  while (std::getline(in, line)) {
+    ++lineNo;
+    auto fail = [&](const std::string& msg) { throw SpecError(fmt::format("{}:{}: {}", source, lineNo, msg)); };
+    size_t b = line.find_first_not_of(" \t");
+    size_t e = line.find_last_not_of(" \t\r");
+    if (b == std::string::npos || e == std::string::npos || line[b] == '#') continue;
+    std::string body = line.substr(b, e - b + 1);
+    if (body.rfind("export", 0) == 0 && body.size() > 6 && (body[6] == ' ' || body[6] == '\t'))
+      body = body.substr(body.find_first_not_of(" \t", 6));
+    auto eq = body.find('=');
+    if (eq == std::string::npos)
+      fail(fmt::format("expected KEY=VALUE, got \"{}\"; write one KEY=VALUE per line ('#' starts a comment line)", body));
+    std::string key = body.substr(0, eq);
+    bool keyOk = !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
+                 std::all_of(key.begin(), key.end(), [](unsigned char ch) { return std::isalnum(ch) || ch == '_'; });
+    if (!keyOk)
+      fail(fmt::format("bad variable name \"{}\"; names are letters, digits and '_', not starting with a digit (no spaces around '=')", key));
+    std::string value = body.substr(eq + 1);
+    if (!value.empty() && (value[0] == '"' || value[0] == '\'')) {
+      if (value.size() < 2 || value.back() != value[0])
+        fail(fmt::format("unterminated quote in the value of {}; values are one line: close the {} quote", key,
+                         value[0] == '"' ? "double" : "single"));
+      value = value.substr(1, value.size() - 2);
+    }
+    env[key] = value;
+  }
+  return env;
+}
 
 JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   Checker c(source);
@@ -373,18 +511,59 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   }
   if (root.contains("rendezvous")) {
     const json& r = root["rendezvous"];
+    auto addr = [&](const char* key, std::string& out) {
+      if (!r.is_object() || !r.contains(key)) return;
+      std::string p = std::string("/rendezvous/") + key;
+      out = c.str(r[key], p, false);
+      if (auto problem = detail::hostProblem(out); !problem.empty()) c.fail(p, problem + "; give an IP address or host name");
+    };
     if (!r.is_object()) c.fail("/rendezvous", fmt::format("expected an object, got {}", typeName(r)));
     c.checkKeys(r, "/rendezvous", kRendezvousKeys);
     if (r.contains("port"))
       spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 0, 65535, "a TCP port between 1 and 65535, or 0 for a free one"));
     if (r.contains("timeout_s"))
       spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "seconds between 1 and 86400"));
+    addr("addr", spec.rendezvous.addr);
+    addr("master_addr", spec.rendezvous.master_addr);
   }
   if (hasTrainer) spec.trainer = parseTrainer(c, root["trainer"]);
-  for (const char* later : {"nodes", "hostfile"}) {
-    if (root.contains(later))
-      c.fail(std::string("/") + later,
-             fmt::format("\"{}\" is not supported yet in this version of dtrain; remove it to run on this machine", later));
+
+  if (root.contains("nodes") && root.contains("hostfile"))
+    c.fail("/hostfile", "\"nodes\" and \"hostfile\" both list the hosts; keep one of them");
+  if (root.contains("nodes")) spec.nodes = parseNodes(c, root["nodes"]);
+  if (root.contains("hostfile")) {
+    spec.hostfile = c.str(root["hostfile"], "/hostfile", false);
+    if (!exists(spec.hostfile))
+      c.fail("/hostfile", fmt::format("hostfile \"{}\" does not exist; the path is relative to the directory dtrain runs in",
+                                      spec.hostfile));
+    if (isDirectory(spec.hostfile)) c.fail("/hostfile", fmt::format("\"{}\" is a directory; give a hostfile", spec.hostfile));
+    spec.nodes = loadHostfile(spec.hostfile);  // errors name the hostfile and line
+  }
+  if (root.contains("ssh")) spec.ssh = parseSsh(c, root["ssh"]);
+  if (root.contains("env_forward")) {
+    const json& f = root["env_forward"];
+    if (!f.is_array())
+      c.fail("/env_forward", fmt::format("expected an array of variable-name prefixes like [\"NCCL_\"], got {}", typeName(f)));
+    for (size_t i = 0; i < f.size(); ++i) {
+      std::string p = fmt::format("/env_forward/{}", i);
+      std::string prefix = c.str(f[i], p, false);
+      if (prefix.find('=') != std::string::npos) c.fail(p, "a variable-name prefix cannot contain '='");
+      spec.env_forward.push_back(prefix);
+    }
+  } else {
+    spec.env_forward = kDefaultEnvForward;
+  }
+  if (root.contains("env_file")) {
+    spec.env_file = c.str(root["env_file"], "/env_file", false);
+    if (!exists(spec.env_file) || isDirectory(spec.env_file))
+      c.fail("/env_file", fmt::format("file \"{}\" does not exist; the path is relative to the directory dtrain runs in",
+                                      spec.env_file));
+    std::ifstream in(spec.env_file, std::ios::binary);
+    if (!in) c.fail("/env_file", fmt::format("cannot read \"{}\": permission denied; check its mode", spec.env_file));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    // The spec's own env wins over the file.
+    for (auto& [k, v] : parseEnvFile(ss.str(), spec.env_file)) spec.env.emplace(k, v);
   }
   return spec;
 }
@@ -427,6 +606,20 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
   if (o.local_ranks_filter)
     spec.console_ranks = parseRankList(*o.local_ranks_filter, [](const std::string& m) { throw SpecError("--local-ranks-filter: " + m); });
   if (o.no_prefix) spec.prefix_output = false;
+  if (o.hostfile && o.hosts) throw SpecError("--hostfile and --hosts both list the hosts; give one of them");
+  if (o.hostfile) {
+    if (o.hostfile->empty()) throw SpecError("--hostfile: expected a file path, got \"\"");
+    try {
+      spec.nodes = loadHostfile(*o.hostfile);
+    } catch (const SpecError& e) {
+      throw SpecError(std::string("--hostfile: ") + e.what());
+    }
+    spec.hostfile = *o.hostfile;
+  }
+  if (o.hosts) {
+    spec.nodes = parseHostList(*o.hosts);
+    spec.hostfile.clear();
+  }
 }
 
 int visibleGpuCount() {
@@ -463,12 +656,97 @@ int autoProcsPerNode() {
 
 void resolve(JobSpec& spec) {
   if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode();
-  for (int r : spec.console_ranks) {
-    if (r >= spec.nproc_per_node)
-      throw SpecError(fmt::format("{}: /console_ranks: local rank {} does not exist with nproc_per_node {}; use ranks 0..{}",
-                                  spec.source.empty() ? "command line" : spec.source, r, spec.nproc_per_node,
-                                  spec.nproc_per_node - 1));
+  const std::string source = spec.source.empty() ? "command line" : spec.source;
+  if (spec.nodes.empty()) {
+    for (int r : spec.console_ranks) {
+      if (r >= spec.nproc_per_node)
+        throw SpecError(fmt::format("{}: /console_ranks: local rank {} does not exist with nproc_per_node {}; use ranks 0..{}",
+                                    source, r, spec.nproc_per_node, spec.nproc_per_node - 1));
+    }
+    return;
   }
+  // "auto" is counted on each node itself (its GPUs, its cores), so those slots stay 0 here.
+  const NodeSpec* smallest = nullptr;
+  for (auto& n : spec.nodes) {
+    if (n.slots == 0 && !spec.nproc_auto) n.slots = spec.nproc_per_node;
+    if (n.slots > 0 && (smallest == nullptr || n.slots < smallest->slots)) smallest = &n;
+  }
+  if (smallest == nullptr) return;
+  for (int r : spec.console_ranks) {
+    if (r >= smallest->slots)
+      throw SpecError(fmt::format("{}: /console_ranks: local rank {} does not exist on {} ({}), which runs {} worker{}; use ranks 0..{}",
+                                  source, r, detail::hostLabel(*smallest), smallest->origin, smallest->slots,
+                                  smallest->slots == 1 ? "" : "s", smallest->slots - 1));
+  }
+}
+
+std::string serializeForNode(const JobSpec& spec) {
+  json j;
+  j["name"] = spec.name;
+  if (!spec.command.empty()) j["command"] = spec.command;
+  j["env"] = json::object();
+  for (const auto& [k, v] : spec.env) j["env"][k] = v;
+  if (!spec.cwd.empty()) j["cwd"] = spec.cwd;
+  if (spec.nproc_auto)
+    j["nproc_per_node"] = "auto";
+  else
+    j["nproc_per_node"] = spec.nproc_per_node;
+  if (!spec.log_dir.empty()) j["log_dir"] = spec.log_dir;
+  j["max_restarts"] = spec.max_restarts;
+  json r = {{"port", spec.rendezvous.port}, {"timeout_s", spec.rendezvous.timeout_s}};
+  if (!spec.rendezvous.addr.empty()) r["addr"] = spec.rendezvous.addr;
+  if (!spec.rendezvous.master_addr.empty()) r["master_addr"] = spec.rendezvous.master_addr;
+  j["rendezvous"] = r;
+  j["shutdown_timeout_s"] = spec.shutdown_timeout_s;
+  j["prefix_output"] = spec.prefix_output;
+  j["console_ranks"] = spec.console_ranks;
+  j["env_forward"] = spec.env_forward;
+  if (spec.trainer) {
+    const TrainerSpec& t = *spec.trainer;
+    json tj;
+    tj["model"] = {{"type", t.model.type}, {"layers", t.model.layers}, {"activation", t.model.activation}, {"loss", t.model.loss}};
+    // Only the keys the data type takes: parseJobSpec refuses the others.
+    json d = {{"type", t.data.type}, {"seed", t.data.seed}};
+    if (t.data.type == "synthetic") {
+      d["train_samples"] = t.data.train_samples;
+      d["eval_samples"] = t.data.eval_samples;
+    } else {
+      d["path"] = t.data.path;
+      if (!t.data.labels_path.empty()) d["labels_path"] = t.data.labels_path;
+      if (!t.data.eval_path.empty()) d["eval_path"] = t.data.eval_path;
+      if (!t.data.eval_labels_path.empty()) d["eval_labels_path"] = t.data.eval_labels_path;
+    }
+    if (t.data.type == "csv") {
+      d["label_column"] = t.data.label_column;  // an index stays its decimal string, read the same way
+      d["header"] = t.data.header;
+    }
+    tj["data"] = d;
+    tj["batch_size"] = t.batch_size;
+    tj["epochs"] = t.epochs;
+    tj["max_steps"] = t.max_steps > 0 ? json(t.max_steps) : json(nullptr);
+    json o = {{"type", t.optimizer.type}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay}};
+    if (t.optimizer.type == "adamw") {
+      o["betas"] = {t.optimizer.beta1, t.optimizer.beta2};
+      o["eps"] = t.optimizer.eps;
+    } else {
+      o["momentum"] = t.optimizer.momentum;
+      o["nesterov"] = t.optimizer.nesterov;
+    }
+    tj["optimizer"] = o;
+    json l = {{"type", t.lr_schedule.type}, {"gamma", t.lr_schedule.gamma}, {"warmup_steps", t.lr_schedule.warmup_steps},
+              {"min_lr", t.lr_schedule.min_lr}};
+    if (t.lr_schedule.step_size > 0) l["step_size"] = t.lr_schedule.step_size;
+    tj["lr_schedule"] = l;
+    tj["grad_clip_norm"] = t.grad_clip_norm;
+    tj["device"] = t.device;
+    tj["seed"] = t.seed;
+    tj["bucket_mb"] = t.bucket_mb;
+    tj["overlap"] = t.overlap;
+    tj["log_every_steps"] = t.log_every_steps;
+    if (!t.checkpoint.dir.empty()) tj["checkpoint"] = {{"dir", t.checkpoint.dir}, {"every_steps", t.checkpoint.every_steps}};
+    j["trainer"] = tj;
+  }
+  return j.dump();
 }
 
 std::string describe(const JobSpec& spec) {
@@ -488,6 +766,31 @@ std::string describe(const JobSpec& spec) {
   os << fmt::format("prefix_output:      {}\n", spec.prefix_output);
   if (!spec.console_ranks.empty()) os << fmt::format("console_ranks:      {}\n", fmt::join(spec.console_ranks, ","));
   for (const auto& [k, v] : spec.env) os << fmt::format("env:                {}={}\n", k, v);
+  if (!spec.env_file.empty()) os << fmt::format("env_file:           {} (under env)\n", spec.env_file);
+  if (spec.nodes.empty()) return os.str();
+
+  if (!spec.rendezvous.addr.empty()) os << fmt::format("rendezvous.addr:    {}\n", spec.rendezvous.addr);
+  if (!spec.rendezvous.master_addr.empty()) os << fmt::format("master_addr:        {}\n", spec.rendezvous.master_addr);
+  os << fmt::format("nodes:              {}{}\n", spec.nodes.size(),
+                    spec.hostfile.empty() ? "" : fmt::format(" (from {})", spec.hostfile));
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    const NodeSpec& n = spec.nodes[i];
+    std::string slots = n.slots ? fmt::format("{} slot{}", n.slots, n.slots == 1 ? "" : "s") : std::string("auto slots");
+    std::string extra;
+    if (!n.user.empty()) extra += fmt::format(", user {}", n.user);
+    if (n.port) extra += fmt::format(", port {}", n.port);
+    if (!n.gpus.empty()) extra += fmt::format(", gpus {}", fmt::join(n.gpus, ","));
+    if (!n.address.empty()) extra += fmt::format(", address {}", n.address);
+    os << fmt::format("{:<20}{}: {}{}, {}\n", fmt::format("  node {}:", i), n.host, slots, extra, n.local ? "local (no ssh)" : "ssh");
+  }
+  const SshSpec& s = spec.ssh;
+  os << fmt::format("ssh:                user {}, port {}, connect timeout {} s, host keys {}\n",
+                    s.user.empty() ? "(ssh default)" : s.user, s.port ? std::to_string(s.port) : std::string("(ssh default)"),
+                    s.connect_timeout_s, s.host_key_checking);
+  if (!s.identity_file.empty()) os << fmt::format("ssh identity:       {}\n", s.identity_file);
+  if (!s.options.empty()) os << fmt::format("ssh options:        {}\n", fmt::join(s.options, " "));
+  os << fmt::format("remote dtrain:      {}\n", s.dtrain_path.empty() ? "(this binary's path)" : s.dtrain_path);
+  os << fmt::format("env_forward:        {}\n", spec.env_forward.empty() ? std::string("(none)") : fmt::format("{}", fmt::join(spec.env_forward, " ")));
   return os.str();
 }
 

@@ -144,16 +144,25 @@ struct Overrides {
 // for duplicates, bad slot counts and unknown fields.
 std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& source);
 std::vector<NodeSpec> loadHostfile(const std::string& path);
-// "--hosts h1:2,user@h2:2,h3" (slots optional).
+// "--hosts h1:2,user@h2:2,h3" (slots optional). Throws SpecError "--hosts: problem; fix".
 std::vector<NodeSpec> parseHostList(const std::string& list);
+
+// An env_file's text: KEY=VALUE lines, '#' comments, blank lines, optional "export ",
+// values literal (no expansion) with one pair of surrounding quotes removed. Throws
+// SpecError "<source>:<line>: problem; fix".
+std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source);
 
 // True when host names this machine (localhost, 127.0.0.0/8, ::1, gethostname(), or an
 // address of one of its interfaces).
 bool isLocalHost(const std::string& host);
 
 // The resolved spec as spec JSON text that parseJobSpec accepts and that describes the same
-// job on a node: everything but nodes, hostfile and ssh (launcher-only). For shipping a
-// job to remote agents through the store.
+// job on a node: everything but nodes, hostfile, ssh and env_file (launcher-only; env holds
+// the env_file's variables already). For shipping a job to remote agents through the store.
+// Paths (cwd, log_dir, data files, checkpoint dir) are written as given: relative ones are
+// relative to the agent's working directory, and parseJobSpec on the node checks that they
+// exist there. nproc_per_node is the spec's ("auto" when nproc_auto); for a node with its
+// own slot count, set nproc_per_node (and nproc_auto = false) on a copy first.
 std::string serializeForNode(const JobSpec& spec);
 
 // Applies overrides and re-checks what they touched. Throws SpecError naming the flag.

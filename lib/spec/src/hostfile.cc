@@ -1,0 +1,395 @@
+// Hostfiles, --hosts lists and "is this host this machine?".
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/spec/job_spec.h"
+#include "node_checks.h"
+
+namespace dtrain::spec {
+namespace detail {
+
+namespace {
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return s;
+}
+
+std::string nameProblem(const std::string& value, const char* what, const std::string& extra) {
+  if (value.empty()) return fmt::format("empty {}", what);
+  if (value[0] == '-') return fmt::format("{} \"{}\" starts with '-' (ssh would read it as an option)", what, value);
+  for (char ch : value) {
+    bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' ||
+              extra.find(ch) != std::string::npos;
+    if (!ok) {
+      std::string shown = std::isprint(static_cast<unsigned char>(ch)) ? std::string(1, ch)
+                                                                      : fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
+      return fmt::format("{} \"{}\" contains '{}'", what, value, shown);
+    }
+  }
+  return "";
+}
+}  // namespace
+
+std::string hostProblem(const std::string& host) { return nameProblem(host, "host name", ":%"); }
+std::string userProblem(const std::string& user) { return nameProblem(user, "user name", ""); }
+
+int parseSlotCount(const std::string& text) {
+  if (text.empty() || text.size() > 5) return -1;
+  for (char ch : text)
+    if (!std::isdigit(static_cast<unsigned char>(ch))) return -1;
+  int v = std::stoi(text);
+  return v >= 1 && v <= 4096 ? v : -1;
+}
+
+std::string parseGpuList(const std::string& text, std::vector<int>& out) {
+  out.clear();
+  for (const auto& part : split(text, ',')) {
+    bool digits = !part.empty() && part.size() <= 4 &&
+                  std::all_of(part.begin(), part.end(), [](unsigned char ch) { return std::isdigit(ch); });
+    if (!digits) return fmt::format("bad GPU index \"{}\" in \"{}\"", part, text);
+    int g = std::stoi(part);
+    if (std::find(out.begin(), out.end(), g) != out.end()) return fmt::format("GPU {} is listed twice in \"{}\"", g, text);
+    out.push_back(g);
+  }
+  return "";
+}
+
+int findDuplicate(const std::vector<NodeSpec>& nodes, const NodeSpec& n) {
+  std::string h = lower(n.host);
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (lower(nodes[i].host) == h && nodes[i].port == n.port) return static_cast<int>(i);
+  return -1;
+}
+
+std::string hostLabel(const NodeSpec& n) {
+  return n.port ? fmt::format("host \"{}\" (port {})", n.host, n.port) : fmt::format("host \"{}\"", n.host);
+}
+
+}  // namespace detail
+
+namespace {
+
+using Fail = std::function<void(const std::string&)>;
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+// "[user@]host[:N]", "[user@][v6addr]:N" or "[user@]v6addr". Sets slots when ":N" is there
+// and returns whether it was.
+bool parseHostToken(const std::string& token, NodeSpec& n, const Fail& fail, const std::string& slotsFix) {
+  std::string rest = token;
+  if (auto at = token.find('@'); at != std::string::npos) {
+    n.user = token.substr(0, at);
+    rest = token.substr(at + 1);
+    if (n.user.empty()) fail(fmt::format("empty user name in \"{}\"; write user@host, or just host", token));
+    if (auto p = detail::userProblem(n.user); !p.empty()) fail(fmt::format("{} in \"{}\"; fix the user name", p, token));
+  }
+  std::string slots;
+  bool hasSlots = false;
+  if (!rest.empty() && rest[0] == '[') {
+    auto close = rest.find(']');
+    if (close == std::string::npos) fail(fmt::format("unclosed '[' in \"{}\"; write an IPv6 address as [addr] or [addr]:N", token));
+    n.host = rest.substr(1, close - 1);
+    std::string after = rest.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') fail(fmt::format("unexpected \"{}\" after \"{}\"; write [addr]:N", after, rest.substr(0, close + 1)));
+      hasSlots = true;
+      slots = after.substr(1);
+    }
+  } else if (std::count(rest.begin(), rest.end(), ':') == 1) {
+    auto colon = rest.find(':');
+    n.host = rest.substr(0, colon);
+    hasSlots = true;
+    slots = rest.substr(colon + 1);
+  } else {
+    n.host = rest;  // a plain name, or an IPv6 address without slots
+  }
+  if (auto p = detail::hostProblem(n.host); !p.empty())
+    fail(fmt::format("{}; give a host name or address{}", p, n.host.empty() ? "" : " (user@host for a login name)"));
+  if (hasSlots) {
+    n.slots = detail::parseSlotCount(slots);
+    if (n.slots < 0) fail(fmt::format("bad slot count \"{}\" for host \"{}\"; {}", slots, n.host, slotsFix));
+  }
+  return hasSlots;
+}
+
+const char* kKnownFields = "slots=N, gpus=..., port=N, address=...";
+
+}  // namespace
+
+std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& source) {
+  std::vector<NodeSpec> nodes;
+  std::vector<int> lineOf;
+  std::istringstream in(text);
+  std::string raw;
+  int lineNo = 0;
+  while (std::getline(in, raw)) {
+    ++lineNo;
+    if (auto hash = raw.find('#'); hash != std::string::npos) raw.erase(hash);
+    auto tokens = words(raw);
+    if (tokens.empty()) continue;
+    const std::string where = fmt::format("{}:{}", source, lineNo);
+    Fail fail = [&](const std::string& msg) { throw SpecError(fmt::format("{}: {}", where, msg)); };
+    NodeSpec n;
+    n.origin = where;
+    const std::string slotsFix = "give slots=N (or host:N) with N between 1 and 4096";
+    bool slotsSeen = parseHostToken(tokens[0], n, fail, slotsFix);
+    std::vector<std::string> seen;
+    if (slotsSeen) seen.push_back("slots");
+    for (size_t i = 1; i < tokens.size(); ++i) {
+      const std::string& tok = tokens[i];
+      auto eq = tok.find('=');
+      std::string key = eq == std::string::npos ? tok : tok.substr(0, eq);
+      std::string value = eq == std::string::npos ? "" : tok.substr(eq + 1);
+      static const std::vector<std::string> kFields = {"slots", "gpus", "port", "address"};
+      if (eq == std::string::npos || std::find(kFields.begin(), kFields.end(), key) == kFields.end()) {
+        std::string hint = eq == std::string::npos ? "" : closestMatch(key, kFields);
+        if (!hint.empty())
+          fail(fmt::format("unknown field \"{}\"; did you mean \"{}={}\"? known fields: {}", tok, hint, value, kKnownFields));
+        fail(fmt::format("unknown field \"{}\"; known fields: {}", tok, kKnownFields));
+      }
+      if (std::find(seen.begin(), seen.end(), key) != seen.end())
+        fail(fmt::format("{} is given twice for host \"{}\"; keep one", key, n.host));
+      seen.push_back(key);
+      if (key == "slots") {
+        n.slots = detail::parseSlotCount(value);
+        if (n.slots < 0) fail(fmt::format("bad slot count \"{}\" for host \"{}\"; {}", value, n.host, slotsFix));
+      } else if (key == "gpus") {
+        if (auto p = detail::parseGpuList(value, n.gpus); !p.empty())
+          fail(fmt::format("{} for host \"{}\"; give GPU indices like gpus=0,1", p, n.host));
+      } else if (key == "port") {
+        int port = -1;
+        if (!value.empty() && value.size() <= 5 &&
+            std::all_of(value.begin(), value.end(), [](unsigned char ch) { return std::isdigit(ch); }))
+          port = std::stoi(value);
+        if (port < 1 || port > 65535)
+          fail(fmt::format("bad ssh port \"{}\" for host \"{}\"; give port=N with N between 1 and 65535", value, n.host));
+        n.port = port;
+      } else {  // address
+        if (auto p = detail::hostProblem(value); !p.empty())
+          fail(fmt::format("bad address for host \"{}\": {}; give address=IP or a name the other nodes resolve", n.host,
+                           value.empty() ? "empty address" : p));
+        n.address = value;
+      }
+    }
+    if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
+      fail(fmt::format("{} is listed twice (first on line {}); remove one of the lines (slots=N runs more workers on one host)",
+                       detail::hostLabel(n), lineOf[dup]));
+    n.local = isLocalHost(n.host);
+    nodes.push_back(std::move(n));
+    lineOf.push_back(lineNo);
+  }
+  if (nodes.empty())
+    throw SpecError(fmt::format("{}: no hosts listed; add one line per host, e.g. \"node1 slots=8\"", source));
+  return nodes;
+}
+
+std::vector<NodeSpec> loadHostfile(const std::string& path) {
+  struct stat st {};
+  bool there = ::stat(path.c_str(), &st) == 0;
+  if (there && S_ISDIR(st.st_mode))
+    throw SpecError(fmt::format("{}: is a directory; give a hostfile (one host per line)", path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw SpecError(fmt::format("{}: cannot open hostfile: {}; check the path (relative to the directory dtrain runs in)",
+                                path, there ? "permission denied" : "no such file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseHostfile(ss.str(), path);
+}
+
+std::vector<NodeSpec> parseHostList(const std::string& list) {
+  std::vector<NodeSpec> nodes;
+  auto items = split(list, ',');
+  for (size_t i = 0; i < items.size(); ++i) {
+    std::string item = trim(items[i]);
+    Fail fail = [&](const std::string& msg) { throw SpecError("--hosts: " + msg); };
+    if (item.empty())
+      fail(list.empty() ? std::string("expected a comma-separated list like \"h1:2,user@h2:2,h3\", got \"\"")
+                        : fmt::format("empty entry {} in \"{}\"; give hosts like \"h1:2,user@h2:2,h3\"", i + 1, list));
+    NodeSpec n;
+    n.origin = "--hosts";
+    parseHostToken(item, n, fail, "give host:N with N between 1 and 4096");
+    if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
+      fail(fmt::format("{} is listed twice (entries {} and {}); give it once, with host:N for more workers",
+                       detail::hostLabel(n), dup + 1, i + 1));
+    n.local = isLocalHost(n.host);
+    nodes.push_back(std::move(n));
+  }
+  return nodes;
+}
+
+// ---------------------------------------------------------------------------------------
+// isLocalHost
+
+namespace {
+
+struct Address {
+  int family = 0;
+  unsigned char bytes[16] = {};
+  bool operator==(const Address& o) const {
+    return family == o.family && std::memcmp(bytes, o.bytes, family == AF_INET ? 4 : 16) == 0;
+  }
+};
+
+bool fromSockaddr(const sockaddr* sa, Address& out) {
+  if (sa == nullptr) return false;
+  if (sa->sa_family == AF_INET) {
+    out.family = AF_INET;
+    std::memcpy(out.bytes, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
+    return true;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* a6 = &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a6)) {  // ::ffff:a.b.c.d is the IPv4 address
+      out.family = AF_INET;
+      std::memcpy(out.bytes, a6->s6_addr + 12, 4);
+    } else {
+      out.family = AF_INET6;
+      std::memcpy(out.bytes, a6->s6_addr, 16);
+    }
+    return true;
+  }
+  return false;
+}
+
+bool isLoopback(const Address& a) {
+  if (a.family == AF_INET) return a.bytes[0] == 127;
+  static const unsigned char kV6Loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return std::memcmp(a.bytes, kV6Loopback, 16) == 0;
+}
+
+std::vector<Address> interfaceAddresses() {
+  std::vector<Address> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    Address a;
+    if (fromSockaddr(i->ifa_addr, a)) out.push_back(a);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+std::vector<Address> lookup(const std::string& host, bool numericOnly) {
+  std::vector<Address> out;
+  addrinfo hints {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (numericOnly) hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (addrinfo* r = res; r != nullptr; r = r->ai_next) {
+    Address a;
+    if (fromSockaddr(r->ai_addr, a)) out.push_back(a);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+// A name's addresses, or none when it does not resolve within `limit`. getaddrinfo cannot be
+// cancelled, so a slow lookup is left to finish on a detached thread: a hostfile of ssh
+// aliases must not cost a DNS timeout per line. A name that slow is not this machine's.
+std::vector<Address> lookupBounded(const std::string& host, std::chrono::milliseconds limit) {
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::vector<Address> addrs;
+  };
+  auto p = std::make_shared<Pending>();
+  try {
+    std::thread([p, host] {
+      auto addrs = lookup(host, false);
+      std::lock_guard<std::mutex> lock(p->mu);
+      p->addrs = std::move(addrs);
+      p->done = true;
+      p->cv.notify_all();
+    }).detach();
+  } catch (const std::system_error&) {
+    return {};  // no thread to spare: treat the name as remote (ssh still reaches it)
+  }
+  std::unique_lock<std::mutex> lock(p->mu);
+  if (!p->cv.wait_for(lock, limit, [&] { return p->done; })) return {};
+  return p->addrs;
+}
+
+}  // namespace
+
+bool isLocalHost(const std::string& hostIn) {
+  std::string host = detail::lower(hostIn);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) return false;
+  if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost" || host == "ip6-loopback")
+    return true;
+
+  std::vector<Address> addrs = lookup(host, true);
+  if (addrs.empty()) {
+    // A name: this machine's own name needs no lookup; anything else resolves (hosts file,
+    // DNS) with a bound, and a name that does not resolve (an ssh_config alias) is remote.
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0') {
+      std::string self = detail::lower(buf);
+      if (host == self || host == self.substr(0, self.find('.'))) return true;
+    }
+    static std::mutex cacheMu;
+    static std::map<std::string, std::vector<Address>> cache;
+    {
+      std::lock_guard<std::mutex> lock(cacheMu);
+      if (auto it = cache.find(host); it != cache.end()) {
+        addrs = it->second;
+      } else {
+        addrs = lookupBounded(host, std::chrono::milliseconds(1500));
+        cache[host] = addrs;
+      }
+    }
+  }
+  if (addrs.empty()) return false;
+  std::vector<Address> mine;
+  bool fetched = false;
+  for (const auto& a : addrs) {
+    if (isLoopback(a)) return true;
+    if (!fetched) {
+      mine = interfaceAddresses();
+      fetched = true;
+    }
+    if (std::find(mine.begin(), mine.end(), a) != mine.end()) return true;
+  }
+  return false;
+}
+
+}  // namespace dtrain::spec

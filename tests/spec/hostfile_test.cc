@@ -1,0 +1,652 @@
+// Multi-node spec input: hostfiles, --hosts, isLocalHost, env files, "nodes"/"ssh" keys,
+// overrides and the per-node serialization.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <chrono>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/spec/job_spec.h"
+
+namespace dtrain::spec {
+namespace {
+
+template <typename F>
+std::string errorOf(F&& f) {
+  try {
+    f();
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string hostfileError(const std::string& text) {
+  return errorOf([&] { parseHostfile(text, "hosts"); });
+}
+std::string specError(const std::string& text) {
+  return errorOf([&] { parseJobSpec(text, "job.json"); });
+}
+
+// A temporary file removed at the end of the test.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    char tmpl[] = "/tmp/dtrain-spec-test.XXXXXX";
+    int fd = ::mkstemp(tmpl);
+    path_ = tmpl;
+    std::ofstream(path_) << text;
+    ::close(fd);
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string selfName() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------
+// Hostfile formats
+
+TEST(Hostfile, OpenMpiDeepSpeedFormat) {
+  auto nodes = parseHostfile("node1 slots=4\nnode2 slots=8\n", "hosts");
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].host, "node1");
+  EXPECT_EQ(nodes[0].slots, 4);
+  EXPECT_EQ(nodes[0].origin, "hosts:1");
+  EXPECT_EQ(nodes[1].host, "node2");
+  EXPECT_EQ(nodes[1].slots, 8);
+  EXPECT_EQ(nodes[1].origin, "hosts:2");
+  EXPECT_FALSE(nodes[0].local);
+}
+
+TEST(Hostfile, HorovodFormatAndUsers) {
+  auto nodes = parseHostfile("node1:2\nalice@node2:3\nbob@node3 slots=1\nnode4\n", "hosts");
+  ASSERT_EQ(nodes.size(), 4u);
+  EXPECT_EQ(nodes[0].host, "node1");
+  EXPECT_EQ(nodes[0].slots, 2);
+  EXPECT_EQ(nodes[0].user, "");
+  EXPECT_EQ(nodes[1].host, "node2");
+  EXPECT_EQ(nodes[1].user, "alice");
+  EXPECT_EQ(nodes[1].slots, 3);
+  EXPECT_EQ(nodes[2].user, "bob");
+  EXPECT_EQ(nodes[2].slots, 1);
+  EXPECT_EQ(nodes[3].slots, 0);  // nproc_per_node
+}
+
+TEST(Hostfile, CommentsBlankLinesTabsAndFields) {
+  auto nodes = parseHostfile(
+      "# cluster A\n\n   \n\tnode1\tslots=2   gpus=0,1 # the first\nnode2 port=2222 address=10.0.0.2 gpus=3\n# end\n",
+      "hosts");
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].gpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(nodes[0].origin, "hosts:4");
+  EXPECT_EQ(nodes[1].port, 2222);
+  EXPECT_EQ(nodes[1].address, "10.0.0.2");
+  EXPECT_EQ(nodes[1].gpus, (std::vector<int>{3}));
+  EXPECT_EQ(nodes[1].origin, "hosts:5");
+}
+
+TEST(Hostfile, Ipv6Addresses) {
+  auto nodes = parseHostfile("[fd00::2]:4\nfd00::3 slots=2\n", "hosts");
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].host, "fd00::2");
+  EXPECT_EQ(nodes[0].slots, 4);
+  EXPECT_EQ(nodes[1].host, "fd00::3");
+  EXPECT_EQ(nodes[1].slots, 2);
+}
+
+TEST(Hostfile, SameHostOnOtherPortsIsNotADuplicate) {
+  auto nodes = parseHostfile("h port=2201\nh port=2202\n", "hosts");
+  EXPECT_EQ(nodes.size(), 2u);
+}
+
+TEST(Hostfile, LocalEntriesAreMarked) {
+  auto nodes = parseHostfile("localhost:2\n127.0.0.2:1\nremote-alias-h1:1\n", "hosts");
+  EXPECT_TRUE(nodes[0].local);
+  EXPECT_TRUE(nodes[1].local);
+  EXPECT_FALSE(nodes[2].local);
+}
+
+TEST(Hostfile, BadSlotCounts) {
+  EXPECT_EQ(hostfileError("h1 slots=0\n"),
+            "hosts:1: bad slot count \"0\" for host \"h1\"; give slots=N (or host:N) with N between 1 and 4096");
+  EXPECT_EQ(hostfileError("ok\nh1 slots=x\n"),
+            "hosts:2: bad slot count \"x\" for host \"h1\"; give slots=N (or host:N) with N between 1 and 4096");
+  EXPECT_EQ(hostfileError("h1:-1\n"),
+            "hosts:1: bad slot count \"-1\" for host \"h1\"; give slots=N (or host:N) with N between 1 and 4096");
+  EXPECT_EQ(hostfileError("h1:\n"),
+            "hosts:1: bad slot count \"\" for host \"h1\"; give slots=N (or host:N) with N between 1 and 4096");
+  EXPECT_NE(hostfileError("h1 slots=4097\n").find("bad slot count \"4097\""), std::string::npos);
+  EXPECT_NE(hostfileError("h1 slots=\n").find("bad slot count \"\""), std::string::npos);
+  EXPECT_EQ(hostfileError("h1:2 slots=2\n"), "hosts:1: slots is given twice for host \"h1\"; keep one");
+}
+
+TEST(Hostfile, Duplicates) {
+  EXPECT_EQ(hostfileError("# c\nh1 slots=2\nh2\n\nh1 slots=2\n"),
+            "hosts:5: host \"h1\" is listed twice (first on line 2); remove one of the lines (slots=N runs more workers "
+            "on one host)");
+  // Host names are case-insensitive; the user does not make another host.
+  EXPECT_NE(hostfileError("H1\nalice@h1\n").find("hosts:2: host \"h1\" is listed twice (first on line 1)"), std::string::npos);
+  EXPECT_NE(hostfileError("h port=22\nh port=22\n").find("host \"h\" (port 22) is listed twice"), std::string::npos);
+}
+
+TEST(Hostfile, UnknownFields) {
+  EXPECT_EQ(hostfileError("h1\nh2\nh3 foo=1\n"),
+            "hosts:3: unknown field \"foo=1\"; known fields: slots=N, gpus=..., port=N, address=...");
+  EXPECT_EQ(hostfileError("h1 slot=4\n"),
+            "hosts:1: unknown field \"slot=4\"; did you mean \"slots=4\"? known fields: slots=N, gpus=..., port=N, address=...");
+  EXPECT_EQ(hostfileError("h1 max_slots=4\n"),
+            "hosts:1: unknown field \"max_slots=4\"; known fields: slots=N, gpus=..., port=N, address=...");
+  EXPECT_EQ(hostfileError("h1 4\n"), "hosts:1: unknown field \"4\"; known fields: slots=N, gpus=..., port=N, address=...");
+}
+
+TEST(Hostfile, BadFieldValues) {
+  EXPECT_EQ(hostfileError("h1 gpus=0,x\n"), "hosts:1: bad GPU index \"x\" in \"0,x\" for host \"h1\"; give GPU indices like gpus=0,1");
+  EXPECT_EQ(hostfileError("h1 gpus=1,1\n"), "hosts:1: GPU 1 is listed twice in \"1,1\" for host \"h1\"; give GPU indices like gpus=0,1");
+  EXPECT_EQ(hostfileError("h1 port=0\n"), "hosts:1: bad ssh port \"0\" for host \"h1\"; give port=N with N between 1 and 65535");
+  EXPECT_EQ(hostfileError("h1 port=70000\n"),
+            "hosts:1: bad ssh port \"70000\" for host \"h1\"; give port=N with N between 1 and 65535");
+  EXPECT_NE(hostfileError("h1 address=\n").find("hosts:1: bad address for host \"h1\": empty address"), std::string::npos);
+  EXPECT_NE(hostfileError("h1 gpus=0 gpus=1\n").find("gpus is given twice"), std::string::npos);
+}
+
+TEST(Hostfile, BadHostsAndUsers) {
+  EXPECT_EQ(hostfileError("-oProxyCommand=x\n"),
+            "hosts:1: host name \"-oProxyCommand=x\" starts with '-' (ssh would read it as an option); give a host name or "
+            "address (user@host for a login name)");
+  EXPECT_NE(hostfileError("h$(x)\n").find("hosts:1: host name \"h$(x)\" contains '$'"), std::string::npos);
+  EXPECT_NE(hostfileError("@h1\n").find("hosts:1: empty user name in \"@h1\""), std::string::npos);
+  EXPECT_NE(hostfileError("alice@\n").find("hosts:1: empty host name"), std::string::npos);
+  EXPECT_NE(hostfileError("[fd00::1\n").find("unclosed '['"), std::string::npos);
+}
+
+TEST(Hostfile, EmptyIsAnError) {
+  EXPECT_EQ(hostfileError(""), "hosts: no hosts listed; add one line per host, e.g. \"node1 slots=8\"");
+  EXPECT_EQ(hostfileError("# only comments\n\n"), "hosts: no hosts listed; add one line per host, e.g. \"node1 slots=8\"");
+}
+
+TEST(Hostfile, LoadNamesMissingFile) {
+  EXPECT_EQ(errorOf([] { loadHostfile("/nonexistent/hosts"); }),
+            "/nonexistent/hosts: cannot open hostfile: no such file; check the path (relative to the directory dtrain runs in)");
+  EXPECT_EQ(errorOf([] { loadHostfile("/tmp"); }), "/tmp: is a directory; give a hostfile (one host per line)");
+  TempFile f("a:1\nb:2\n");
+  auto nodes = loadHostfile(f.path());
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[1].origin, f.path() + ":2");
+  TempFile bad("a:1\na:1\n");
+  EXPECT_EQ(errorOf([&] { loadHostfile(bad.path()); }).rfind(bad.path() + ":2: host \"a\" is listed twice", 0), 0u);
+}
+
+// ---------------------------------------------------------------------------------------
+// --hosts
+
+TEST(HostList, Parses) {
+  auto nodes = parseHostList("h1:2,user@h2:3,h3");
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_EQ(nodes[0].host, "h1");
+  EXPECT_EQ(nodes[0].slots, 2);
+  EXPECT_EQ(nodes[1].user, "user");
+  EXPECT_EQ(nodes[1].host, "h2");
+  EXPECT_EQ(nodes[1].slots, 3);
+  EXPECT_EQ(nodes[2].slots, 0);
+  EXPECT_EQ(nodes[2].origin, "--hosts");
+  EXPECT_TRUE(parseHostList("localhost:2")[0].local);
+}
+
+TEST(HostList, Errors) {
+  EXPECT_EQ(errorOf([] { parseHostList(""); }), "--hosts: expected a comma-separated list like \"h1:2,user@h2:2,h3\", got \"\"");
+  EXPECT_EQ(errorOf([] { parseHostList("h1,,h2"); }),
+            "--hosts: empty entry 2 in \"h1,,h2\"; give hosts like \"h1:2,user@h2:2,h3\"");
+  EXPECT_EQ(errorOf([] { parseHostList("h1:0"); }),
+            "--hosts: bad slot count \"0\" for host \"h1\"; give host:N with N between 1 and 4096");
+  EXPECT_EQ(errorOf([] { parseHostList("h1:2,h2,h1"); }),
+            "--hosts: host \"h1\" is listed twice (entries 1 and 3); give it once, with host:N for more workers");
+  EXPECT_EQ(errorOf([] { parseHostList("h1 slots=2"); }).rfind("--hosts: host name \"h1 slots=2\" contains ' '", 0), 0u);
+}
+
+// ---------------------------------------------------------------------------------------
+// isLocalHost
+
+TEST(IsLocalHost, LoopbackAndOwnNames) {
+  EXPECT_TRUE(isLocalHost("localhost"));
+  EXPECT_TRUE(isLocalHost("LOCALHOST"));
+  EXPECT_TRUE(isLocalHost("127.0.0.1"));
+  EXPECT_TRUE(isLocalHost("127.1.2.3"));
+  EXPECT_TRUE(isLocalHost("::1"));
+  EXPECT_TRUE(isLocalHost("[::1]"));
+  std::string self = selfName();
+  ASSERT_FALSE(self.empty());
+  EXPECT_TRUE(isLocalHost(self));
+  EXPECT_TRUE(isLocalHost(self.substr(0, self.find('.'))));
+}
+
+TEST(IsLocalHost, RemoteAndUnresolvable) {
+  EXPECT_FALSE(isLocalHost(""));
+  EXPECT_FALSE(isLocalHost("192.0.2.1"));    // TEST-NET-1, never assigned
+  EXPECT_FALSE(isLocalHost("2001:db8::1"));  // documentation prefix
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(isLocalHost("h1"));  // an ssh_config alias: does not resolve, so not local
+  EXPECT_FALSE(isLocalHost("dtrain-no-such-host.invalid"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));  // bounded, not a DNS timeout each
+}
+
+TEST(IsLocalHost, InterfaceAddresses) {
+  // Whatever the machine's own name resolves to that is not loopback is one of its
+  // interfaces in any sane setup; at least loopback's own interface address counts.
+  EXPECT_TRUE(isLocalHost("127.0.0.1"));
+}
+
+// ---------------------------------------------------------------------------------------
+// env files
+
+TEST(EnvFile, Parses) {
+  auto env = parseEnvFile(
+      "# comment\n\nA=1\nexport B=two words\n  C=\"quoted # not a comment\"\nD='single'\nE=\nF=a=b\nG=$HOME\r\nH=\"\"\n",
+      "vars.env");
+  EXPECT_EQ(env.at("A"), "1");
+  EXPECT_EQ(env.at("B"), "two words");
+  EXPECT_EQ(env.at("C"), "quoted # not a comment");
+  EXPECT_EQ(env.at("D"), "single");
+  EXPECT_EQ(env.at("E"), "");
+  EXPECT_EQ(env.at("F"), "a=b");
+  EXPECT_EQ(env.at("G"), "$HOME");  // literal, no expansion
+  EXPECT_EQ(env.at("H"), "");
+  EXPECT_EQ(env.size(), 8u);
+}
+
+TEST(EnvFile, Errors) {
+  auto err = [](const std::string& text) { return errorOf([&] { parseEnvFile(text, "vars.env"); }); };
+  EXPECT_EQ(err("A=1\nnot a pair\n"),
+            "vars.env:2: expected KEY=VALUE, got \"not a pair\"; write one KEY=VALUE per line ('#' starts a comment line)");
+  EXPECT_EQ(err("A B=1\n"),
+            "vars.env:1: bad variable name \"A B\"; names are letters, digits and '_', not starting with a digit (no spaces "
+            "around '=')");
+  EXPECT_NE(err("1A=1\n").find("vars.env:1: bad variable name \"1A\""), std::string::npos);
+  EXPECT_NE(err("=1\n").find("vars.env:1: bad variable name \"\""), std::string::npos);
+  EXPECT_EQ(err("A=\"open\n"), "vars.env:1: unterminated quote in the value of A; values are one line: close the double quote");
+}
+
+TEST(EnvFile, MergedUnderSpecEnv) {
+  TempFile f("A=from-file\nB=from-file\n");
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "env": {"A": "from-spec"}, "env_file": ")" + f.path() + R"("})", "job.json");
+  EXPECT_EQ(s.env.at("A"), "from-spec");
+  EXPECT_EQ(s.env.at("B"), "from-file");
+  EXPECT_EQ(s.env_file, f.path());
+  EXPECT_EQ(specError(R"({"command": ["true"], "env_file": "/nonexistent/vars"})"),
+            "job.json: /env_file: file \"/nonexistent/vars\" does not exist; the path is relative to the directory dtrain "
+            "runs in");
+  TempFile bad("A=1\nB\n");
+  EXPECT_EQ(specError(R"({"command": ["true"], "env_file": ")" + bad.path() + R"("})"),
+            bad.path() + ":2: expected KEY=VALUE, got \"B\"; write one KEY=VALUE per line ('#' starts a comment line)");
+}
+
+// ---------------------------------------------------------------------------------------
+// Spec keys
+
+TEST(SpecNodes, ParsesEveryField) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nodes": [
+      {"host": "node1", "slots": 4, "user": "alice", "port": 2222, "address": "10.0.0.1", "gpus": [0, 1, 2, 3]},
+      {"host": "bob@node2"},
+      {"host": "localhost", "slots": 1}]})",
+                           "job.json");
+  ASSERT_EQ(s.nodes.size(), 3u);
+  EXPECT_EQ(s.nodes[0].host, "node1");
+  EXPECT_EQ(s.nodes[0].slots, 4);
+  EXPECT_EQ(s.nodes[0].user, "alice");
+  EXPECT_EQ(s.nodes[0].port, 2222);
+  EXPECT_EQ(s.nodes[0].address, "10.0.0.1");
+  EXPECT_EQ(s.nodes[0].gpus, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(s.nodes[0].origin, "job.json: /nodes/0");
+  EXPECT_FALSE(s.nodes[0].local);
+  EXPECT_EQ(s.nodes[1].host, "node2");
+  EXPECT_EQ(s.nodes[1].user, "bob");
+  EXPECT_EQ(s.nodes[1].slots, 0);
+  EXPECT_TRUE(s.nodes[2].local);
+  EXPECT_TRUE(s.hostfile.empty());
+  EXPECT_EQ(s.env_forward, kDefaultEnvForward);
+}
+
+TEST(SpecNodes, Errors) {
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "slots": 0}]})"),
+            "job.json: /nodes/0/slots: expected a worker count between 1 and 4096, got 0");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "slot": 2}]})"),
+            "job.json: /nodes/0/slot: unknown key \"slot\"; did you mean \"slots\"?");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"slots": 2}]})"),
+            "job.json: /nodes/0/host: missing; give the host name or address, e.g. \"host\": \"node1\"");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": ""}]})"),
+            "job.json: /nodes/0/host: expected a non-empty string, got \"\"");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h 1"}]})"),
+            "job.json: /nodes/0/host: host name \"h 1\" contains ' '; give a host name or address");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1:4"}]})"),
+            "job.json: /nodes/0/host: \"h1:4\" looks like host:slots; write \"host\": \"h1\", \"slots\": 4");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "a@h1", "user": "b"}]})"),
+            "job.json: /nodes/0/user: \"b\" contradicts \"a@\" in host; give the user once");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "port": 0}]})"),
+            "job.json: /nodes/0/port: expected an ssh port between 1 and 65535, got 0");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "gpus": [0, -1]}]})"),
+            "job.json: /nodes/0/gpus/1: expected a GPU index >= 0, got -1");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "gpus": [0, 1, 0]}]})"),
+            "job.json: /nodes/0/gpus/2: GPU 0 is listed twice (also /nodes/0/gpus/0); list each GPU once");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1"}, {"host": "h2"}, {"host": "H1"}]})"),
+            "job.json: /nodes/2: host \"H1\" is listed twice (first at /nodes/0); merge the entries (\"slots\" runs more "
+            "workers on one host)");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": []})"),
+            "job.json: /nodes: is empty; list at least one host, or remove \"nodes\" to run on this machine only");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": ["h1"]})"),
+            "job.json: /nodes/0: expected an object like {\"host\": \"node1\", \"slots\": 8}, got the string \"h1\"");
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1"}], "hostfile": "hosts"})"),
+            "job.json: /hostfile: \"nodes\" and \"hostfile\" both list the hosts; keep one of them");
+}
+
+TEST(SpecHostfile, ReadsRelativeToCwdAndNamesTheHostfileInErrors) {
+  TempFile f("h1 slots=2\nlocalhost slots=1\n");
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "hostfile": ")" + f.path() + R"("})", "job.json");
+  ASSERT_EQ(s.nodes.size(), 2u);
+  EXPECT_EQ(s.hostfile, f.path());
+  EXPECT_EQ(s.nodes[0].origin, f.path() + ":1");
+  EXPECT_FALSE(s.nodes[0].local);
+  EXPECT_TRUE(s.nodes[1].local);
+  EXPECT_EQ(specError(R"({"command": ["true"], "hostfile": "/nonexistent/hosts"})"),
+            "job.json: /hostfile: hostfile \"/nonexistent/hosts\" does not exist; the path is relative to the directory "
+            "dtrain runs in");
+  EXPECT_EQ(specError(R"({"command": ["true"], "hostfile": "/tmp"})"), "job.json: /hostfile: \"/tmp\" is a directory; give a hostfile");
+  TempFile bad("h1\nh2 foo=1\n");
+  EXPECT_EQ(specError(R"({"command": ["true"], "hostfile": ")" + bad.path() + R"("})"),
+            bad.path() + ":2: unknown field \"foo=1\"; known fields: slots=N, gpus=..., port=N, address=...");
+}
+
+TEST(SpecSsh, ParsesAndChecks) {
+  TempFile key("not really a key");
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "ssh": {"user": "alice", "port": 2222, "identity_file": ")" + key.path() +
+                               R"(", "connect_timeout_s": 2.5, "options": ["-F", "cfg"], "host_key_checking": "no",
+                                "dtrain_path": "/opt/dtrain/bin/dtrain"}})",
+                           "job.json");
+  EXPECT_EQ(s.ssh.user, "alice");
+  EXPECT_EQ(s.ssh.port, 2222);
+  EXPECT_EQ(s.ssh.identity_file, key.path());
+  EXPECT_DOUBLE_EQ(s.ssh.connect_timeout_s, 2.5);
+  EXPECT_EQ(s.ssh.options, (std::vector<std::string>{"-F", "cfg"}));
+  EXPECT_EQ(s.ssh.host_key_checking, "no");
+  EXPECT_EQ(s.ssh.dtrain_path, "/opt/dtrain/bin/dtrain");
+
+  JobSpec d = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  EXPECT_EQ(d.ssh.host_key_checking, "accept-new");
+  EXPECT_DOUBLE_EQ(d.ssh.connect_timeout_s, 10);
+
+  EXPECT_EQ(specError(R"({"command": ["true"], "ssh": {"identity_file": "/nonexistent/id"}})"),
+            "job.json: /ssh/identity_file: file \"/nonexistent/id\" does not exist; give the private key ssh should use (-i)");
+  EXPECT_EQ(specError(R"({"command": ["true"], "ssh": {"host_key_checking": "accept_new"}})"),
+            "job.json: /ssh/host_key_checking: \"accept_new\" is not one of yes, no, accept-new; did you mean \"accept-new\"?");
+  EXPECT_EQ(specError(R"({"command": ["true"], "ssh": {"connect_timeout_s": 0}})"),
+            "job.json: /ssh/connect_timeout_s: expected seconds between 0.1 and 3600, got 0");
+  EXPECT_EQ(specError(R"({"command": ["true"], "ssh": {"option": []}})"),
+            "job.json: /ssh/option: unknown key \"option\"; did you mean \"options\"?");
+  EXPECT_EQ(specError(R"({"command": ["true"], "ssh": {"options": "-F cfg"}})"),
+            "job.json: /ssh/options: expected an array of ssh arguments like [\"-F\", \"ssh_config\"], got the string \"-F cfg\"");
+  EXPECT_EQ(specError(R"({"command": ["true"], "ssh": {"dtrain_path": ""}})"),
+            "job.json: /ssh/dtrain_path: expected a non-empty string, got \"\"");
+  EXPECT_EQ(specError(R"({"command": ["true"], "ssh": {"port": 65536}})"),
+            "job.json: /ssh/port: expected an ssh port between 1 and 65535, got 65536");
+}
+
+TEST(SpecRendezvous, AddrAndMasterAddr) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "rendezvous": {"addr": "10.0.0.1", "master_addr": "node1-ib"}})", "job.json");
+  EXPECT_EQ(s.rendezvous.addr, "10.0.0.1");
+  EXPECT_EQ(s.rendezvous.master_addr, "node1-ib");
+  EXPECT_EQ(specError(R"({"command": ["true"], "rendezvous": {"addr": ""}})"),
+            "job.json: /rendezvous/addr: expected a non-empty string, got \"\"");
+  EXPECT_EQ(specError(R"({"command": ["true"], "rendezvous": {"master_addr": 5}})"),
+            "job.json: /rendezvous/master_addr: expected a string, got 5");
+  EXPECT_EQ(specError(R"({"command": ["true"], "rendezvous": {"master_adr": "x"}})"),
+            "job.json: /rendezvous/master_adr: unknown key \"master_adr\"; did you mean \"master_addr\"?");
+}
+
+TEST(SpecEnvForward, DefaultAndExplicit) {
+  EXPECT_EQ(parseJobSpec(R"({"command": ["true"]})", "job.json").env_forward, kDefaultEnvForward);
+  EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env_forward": ["MY_", "NCCL_"]})", "job.json").env_forward,
+            (std::vector<std::string>{"MY_", "NCCL_"}));
+  EXPECT_TRUE(parseJobSpec(R"({"command": ["true"], "env_forward": []})", "job.json").env_forward.empty());
+  EXPECT_EQ(specError(R"({"command": ["true"], "env_forward": "NCCL_"})"),
+            "job.json: /env_forward: expected an array of variable-name prefixes like [\"NCCL_\"], got the string \"NCCL_\"");
+  EXPECT_EQ(specError(R"({"command": ["true"], "env_forward": ["A", ""]})"),
+            "job.json: /env_forward/1: expected a non-empty string, got \"\"");
+}
+
+// ---------------------------------------------------------------------------------------
+// Overrides and resolve
+
+TEST(SpecOverrides, HostfileAndHosts) {
+  TempFile f("a slots=2\nb slots=2\n");
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nodes": [{"host": "x"}]})", "job.json");
+  Overrides o;
+  o.hostfile = f.path();
+  applyOverrides(s, o);
+  ASSERT_EQ(s.nodes.size(), 2u);
+  EXPECT_EQ(s.nodes[0].host, "a");
+  EXPECT_EQ(s.hostfile, f.path());
+
+  Overrides h;
+  h.hosts = "c:1,d:1,e:1";
+  applyOverrides(s, h);
+  EXPECT_EQ(s.nodes.size(), 3u);
+  EXPECT_TRUE(s.hostfile.empty());
+
+  Overrides both;
+  both.hostfile = f.path();
+  both.hosts = "c";
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, both); }), "--hostfile and --hosts both list the hosts; give one of them");
+  Overrides missing;
+  missing.hostfile = "/nonexistent/hosts";
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, missing); }),
+            "--hostfile: /nonexistent/hosts: cannot open hostfile: no such file; check the path (relative to the directory "
+            "dtrain runs in)");
+  Overrides badHosts;
+  badHosts.hosts = "a:x";
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, badHosts); }).rfind("--hosts: bad slot count \"x\"", 0), 0u);
+}
+
+TEST(SpecResolve, SlotsAndConsoleRanks) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 3,
+      "nodes": [{"host": "a", "slots": 2}, {"host": "b"}]})",
+                           "job.json");
+  resolve(s);
+  EXPECT_EQ(s.nodes[0].slots, 2);
+  EXPECT_EQ(s.nodes[1].slots, 3);  // nproc_per_node
+
+  JobSpec a = parseJobSpec(R"({"command": ["true"], "nproc_per_node": "auto", "nodes": [{"host": "a"}, {"host": "b", "slots": 4}]})",
+                           "job.json");
+  resolve(a);
+  EXPECT_EQ(a.nodes[0].slots, 0);  // counted on that node
+  EXPECT_EQ(a.nodes[1].slots, 4);
+
+  JobSpec bad = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 4, "console_ranks": [0, 2],
+      "nodes": [{"host": "a", "slots": 4}, {"host": "b", "slots": 2}]})",
+                             "job.json");
+  EXPECT_EQ(errorOf([&] { resolve(bad); }),
+            "job.json: /console_ranks: local rank 2 does not exist on host \"b\" (job.json: /nodes/1), which runs 2 workers; "
+            "use ranks 0..1");
+  // Single node: unchanged.
+  JobSpec one = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2, "console_ranks": [2]})", "job.json");
+  EXPECT_NE(errorOf([&] { resolve(one); }).find("local rank 2 does not exist with nproc_per_node 2"), std::string::npos);
+}
+
+TEST(SpecDescribe, ListsNodesAndSsh) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2, "ssh": {"user": "alice", "port": 2200},
+      "nodes": [{"host": "localhost", "slots": 1}, {"host": "bob@node2", "port": 2222, "gpus": [0, 1]}]})",
+                           "job.json");
+  resolve(s);
+  std::string d = describe(s);
+  EXPECT_NE(d.find("nodes:              2\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("localhost: 1 slot, local (no ssh)"), std::string::npos) << d;
+  EXPECT_NE(d.find("node2: 2 slots, user bob, port 2222, gpus 0,1, ssh"), std::string::npos) << d;
+  EXPECT_NE(d.find("ssh:                user alice, port 2200, connect timeout 10 s, host keys accept-new"), std::string::npos) << d;
+  EXPECT_NE(d.find("env_forward:        NCCL_ GLOO_"), std::string::npos) << d;
+  EXPECT_EQ(describe(parseJobSpec(R"({"command": ["true"]})", "job.json")).find("nodes:"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------
+// serializeForNode
+
+void expectRoundTrip(const JobSpec& s) {
+  std::string once = serializeForNode(s);
+  JobSpec back = parseJobSpec(once, "node-spec");
+  EXPECT_EQ(serializeForNode(back), once);
+  EXPECT_EQ(back.name, s.name);
+  EXPECT_EQ(back.command, s.command);
+  EXPECT_EQ(back.env, s.env);
+  EXPECT_EQ(back.cwd, s.cwd);
+  EXPECT_EQ(back.nproc_auto, s.nproc_auto);
+  if (!s.nproc_auto) {
+    EXPECT_EQ(back.nproc_per_node, s.nproc_per_node);
+  }
+  EXPECT_EQ(back.log_dir, s.log_dir);
+  EXPECT_EQ(back.max_restarts, s.max_restarts);
+  EXPECT_EQ(back.rendezvous.port, s.rendezvous.port);
+  EXPECT_EQ(back.rendezvous.timeout_s, s.rendezvous.timeout_s);
+  EXPECT_EQ(back.rendezvous.addr, s.rendezvous.addr);
+  EXPECT_EQ(back.rendezvous.master_addr, s.rendezvous.master_addr);
+  EXPECT_EQ(back.shutdown_timeout_s, s.shutdown_timeout_s);
+  EXPECT_EQ(back.prefix_output, s.prefix_output);
+  EXPECT_EQ(back.console_ranks, s.console_ranks);
+  EXPECT_EQ(back.env_forward, s.env_forward);
+  EXPECT_TRUE(back.nodes.empty());
+  EXPECT_TRUE(back.hostfile.empty());
+  EXPECT_TRUE(back.env_file.empty());
+  ASSERT_EQ(back.trainer.has_value(), s.trainer.has_value());
+  if (!s.trainer) return;
+  const TrainerSpec& a = *back.trainer;
+  const TrainerSpec& b = *s.trainer;
+  EXPECT_EQ(a.model.type, b.model.type);
+  EXPECT_EQ(a.model.layers, b.model.layers);
+  EXPECT_EQ(a.model.activation, b.model.activation);
+  EXPECT_EQ(a.model.loss, b.model.loss);
+  EXPECT_EQ(a.data.type, b.data.type);
+  EXPECT_EQ(a.data.train_samples, b.data.train_samples);
+  EXPECT_EQ(a.data.eval_samples, b.data.eval_samples);
+  EXPECT_EQ(a.data.seed, b.data.seed);
+  EXPECT_EQ(a.data.path, b.data.path);
+  EXPECT_EQ(a.data.labels_path, b.data.labels_path);
+  EXPECT_EQ(a.data.eval_path, b.data.eval_path);
+  EXPECT_EQ(a.data.eval_labels_path, b.data.eval_labels_path);
+  EXPECT_EQ(a.data.label_column, b.data.label_column);
+  EXPECT_EQ(a.data.header, b.data.header);
+  EXPECT_EQ(a.batch_size, b.batch_size);
+  EXPECT_EQ(a.epochs, b.epochs);
+  EXPECT_EQ(a.max_steps, b.max_steps);
+  EXPECT_EQ(a.optimizer.type, b.optimizer.type);
+  EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
+  EXPECT_EQ(a.optimizer.momentum, b.optimizer.momentum);
+  EXPECT_EQ(a.optimizer.nesterov, b.optimizer.nesterov);
+  EXPECT_EQ(a.optimizer.weight_decay, b.optimizer.weight_decay);
+  EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
+  EXPECT_EQ(a.optimizer.beta2, b.optimizer.beta2);
+  EXPECT_EQ(a.optimizer.eps, b.optimizer.eps);
+  EXPECT_EQ(a.lr_schedule.type, b.lr_schedule.type);
+  EXPECT_EQ(a.lr_schedule.step_size, b.lr_schedule.step_size);
+  EXPECT_EQ(a.lr_schedule.gamma, b.lr_schedule.gamma);
+  EXPECT_EQ(a.lr_schedule.warmup_steps, b.lr_schedule.warmup_steps);
+  EXPECT_EQ(a.lr_schedule.min_lr, b.lr_schedule.min_lr);
+  EXPECT_EQ(a.grad_clip_norm, b.grad_clip_norm);
+  EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.bucket_mb, b.bucket_mb);
+  EXPECT_EQ(a.overlap, b.overlap);
+  EXPECT_EQ(a.log_every_steps, b.log_every_steps);
+  EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
+  EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
+}
+
+TEST(SerializeForNode, CommandJobRoundTrips) {
+  TempFile envFile("FROM_FILE=1\nA=file\n");
+  JobSpec s = parseJobSpec(R"({"name": "cmd", "command": ["sh", "-c", "echo 'x y' \\\"$A\\\"", ""], "env": {"A": "spec", "Q": "\"q\""},
+      "cwd": "/tmp", "nproc_per_node": 3, "log_dir": "/tmp/dtrain-serialize-logs", "max_restarts": 2,
+      "rendezvous": {"port": 29500, "timeout_s": 60, "addr": "10.0.0.1", "master_addr": "node1"},
+      "shutdown_timeout_s": 2.5, "prefix_output": false, "console_ranks": [0, 1],
+      "env_forward": ["NCCL_", "MY_"], "env_file": ")" + envFile.path() + R"(",
+      "nodes": [{"host": "h1", "slots": 2}, {"host": "h2", "slots": 3}], "ssh": {"user": "alice"}})",
+                           "job.json");
+  resolve(s);
+  expectRoundTrip(s);
+  std::string text = serializeForNode(s);
+  EXPECT_EQ(text.find("\"nodes\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("\"ssh\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("\"env_file\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("\"hostfile\""), std::string::npos) << text;
+  JobSpec back = parseJobSpec(text, "node-spec");
+  EXPECT_EQ(back.env.at("FROM_FILE"), "1");  // merged already
+  EXPECT_EQ(back.env.at("A"), "spec");
+}
+
+TEST(SerializeForNode, DefaultsAndAutoRoundTrip) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": "auto"})", "job.json");
+  resolve(s);
+  expectRoundTrip(s);
+  EXPECT_NE(serializeForNode(s).find("\"nproc_per_node\":\"auto\""), std::string::npos);
+  JobSpec none = parseJobSpec(R"({"command": ["true"], "env_forward": []})", "job.json");
+  expectRoundTrip(none);
+}
+
+TEST(SerializeForNode, TrainerEveryFieldRoundTrips) {
+  JobSpec s = parseJobSpec(R"({"name": "t", "nproc_per_node": 2, "trainer": {
+      "model": {"type": "mlp", "layers": [20, 33, 17, 5], "activation": "gelu", "loss": "mse"},
+      "data": {"type": "synthetic", "train_samples": 1234, "eval_samples": 0, "seed": 18446744073},
+      "batch_size": 7, "epochs": 3, "max_steps": 99,
+      "optimizer": {"type": "sgd", "lr": 0.123456789012345, "momentum": 0.85, "nesterov": true, "weight_decay": 0.0001},
+      "lr_schedule": {"type": "step", "step_size": 10, "gamma": 0.3, "warmup_steps": 2, "min_lr": 1e-7},
+      "grad_clip_norm": 1.5, "device": "cpu", "seed": 42, "bucket_mb": 0.5, "overlap": false, "log_every_steps": 3,
+      "checkpoint": {"dir": "/tmp/dtrain-serialize-ckpt", "every_steps": 5}}})",
+                           "job.json");
+  resolve(s);
+  expectRoundTrip(s);
+}
+
+TEST(SerializeForNode, AdamwWarmupCosineRoundTrips) {
+  JobSpec s = parseJobSpec(R"({"trainer": {"model": {"layers": [8, 4, 3]},
+      "optimizer": {"type": "adamw", "lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.05},
+      "lr_schedule": {"type": "warmup_cosine", "warmup_steps": 100, "min_lr": 1e-5}}})",
+                           "job.json");
+  expectRoundTrip(s);
+  JobSpec d = parseJobSpec(R"({"trainer": {"model": {"layers": [8, 3]}, "optimizer": {"type": "adamw"}}})", "job.json");
+  expectRoundTrip(d);
+  EXPECT_DOUBLE_EQ(parseJobSpec(serializeForNode(d), "x").trainer->optimizer.weight_decay, 0.01);
+}
+
+TEST(SerializeForNode, CsvDataRoundTrips) {
+  TempFile train("a,b,label\n1,2,0\n3,4,1\n");
+  TempFile eval("a,b,label\n1,2,0\n");
+  JobSpec s = parseJobSpec(R"({"trainer": {"model": {"layers": [2, 2]},
+      "data": {"type": "csv", "path": ")" + train.path() + R"(", "eval_path": ")" + eval.path() + R"(",
+               "label_column": 2, "header": false, "seed": 3}}})",
+                           "job.json");
+  expectRoundTrip(s);
+  EXPECT_EQ(parseJobSpec(serializeForNode(s), "x").trainer->data.label_column, "2");
+  JobSpec named = parseJobSpec(R"({"trainer": {"model": {"layers": [2, 2]},
+      "data": {"type": "csv", "path": ")" + train.path() + R"(", "label_column": "label"}}})",
+                               "job.json");
+  expectRoundTrip(named);
+}
+
+TEST(SerializeForNode, IdxDataRoundTrips) {
+  TempFile images("x");
+  TempFile labels("y");
+  JobSpec s = parseJobSpec(R"({"trainer": {"model": {"layers": [784, 10]},
+      "data": {"type": "idx", "path": ")" + images.path() + R"(", "labels_path": ")" + labels.path() + R"(",
+               "eval_path": ")" + images.path() + R"(", "eval_labels_path": ")" + labels.path() + R"("}}})",
+                           "job.json");
+  expectRoundTrip(s);
+}
+
+}  // namespace
+}  // namespace dtrain::spec
