@@ -4,7 +4,7 @@
 # Usage: scripts/setup.sh [--bench]
 set -euo pipefail
 pkgs=(cmake g++ make libcli11-dev libboost-dev nlohmann-json3-dev libfmt-dev libgtest-dev
-      libssl-dev libopenblas-dev python3-torch procps)
+      libssl-dev libopenblas-dev python3-torch procps openssh-server openssh-client iproute2)
 # Peers for the side-by-side benchmarks (bench/allreduce_peers.sh): only with --bench.
 [ "${1:-}" = "--bench" ] && pkgs+=(openmpi-bin libopenmpi-dev)
 missing=()
