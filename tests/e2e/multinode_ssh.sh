@@ -79,8 +79,26 @@ rm -f "$T"/pid.*
 "$DTRAIN" run "$T/sleep.json" >/dev/null 2>&1 &
 DTRAIN_PID=$!
 wait_for "$T/pid.0" "$T/pid.5"
+# The job secret travels on ssh's stdin: no command line on this machine (all test bed hosts
+# share its process table) carries it.
+tok=$(tr '\0' '\n' < /proc/"$(cat "$T/pid.5")"/environ | grep '^DTRAIN_STORE_TOKEN=' | cut -d= -f2)
+[ ${#tok} -eq 64 ] && pass "remote worker has the token" || fail "no token in rank 5's environment"
+if ps -eo args | grep -v grep | grep -qF "$tok"; then fail "the token is visible in a command line"; else pass "token in no command line"; fi
 kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 130 "SIGINT: exit 130"
+
+# A dropped ssh connection (its client killed): that node's agent kills its workers (stdin
+# EOF), the launcher reports the node lost and tears the other hosts down.
+rm -f "$T"/pid.*
+"$DTRAIN" run "$T/sleep.json" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2" "$T/pid.3" "$T/pid.4" "$T/pid.5"
+sshpid=$(pgrep -P "$DTRAIN_PID" -f "ssh .* h2 exec")
+[ -n "$sshpid" ] && kill -9 "$sshpid"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "lost node: exit 1"
+expect_grep "node h2 \($T/hosts:2\) lost: its agent \(ssh\) exited with 137" "$T/err" "the lost node is named"
+for h in h1 h2 h3; do tb_wait_no_pids $h 10 && pass "$h empty after h2's connection dropped" || fail "leftovers on $h after a dropped connection"; done
 for h in h1 h2 h3; do tb_wait_no_pids $h 10 && pass "$h empty after SIGINT" || fail "leftovers on $h after SIGINT"; done
 
 # 6. Real PyTorch DDP (gloo) across hosts, unmodified: 3 hosts x 1 worker.

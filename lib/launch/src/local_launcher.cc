@@ -249,7 +249,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       w.log = Fd(fd);
     }
   }
-  if (setsOmpThreads(base, spec))
+  if (setsOmpThreads(base, spec) && !opts_.line_sink)  // an agent's launcher says it once for all nodes
     writeAll(STDERR_FILENO,
              fmt::format("dtrain: setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
                          "machine; set it in the spec's env or with --env to tune\n",

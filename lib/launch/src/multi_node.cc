@@ -350,6 +350,12 @@ RunResult MultiNodeRunner::run(const std::string& run_id, int storePort, const s
     writeAll(n.in.get(), "token " + token + "\n");
   }
 
+  bool crowded = std::any_of(spec_.nodes.begin(), spec_.nodes.end(),
+                             [&](const spec::NodeSpec& n) { return (n.slots ? n.slots : spec_.nproc_per_node) > 1; });
+  if (crowded && !env.count("OMP_NUM_THREADS") && !spec_.env.count("OMP_NUM_THREADS"))
+    writeAll(STDERR_FILENO, "dtrain: setting OMP_NUM_THREADS=1 for the workers of nodes that run several, to avoid "
+                            "overloading them; set it in the spec's env or with --env to tune\n");
+
   std::vector<char> buf(65536);
   while (true) {
     std::vector<pollfd> fds;
@@ -465,7 +471,7 @@ Plan makeNodesPlan(const spec::JobSpec& spec, const std::string& run_id) {
   Plan plan;
   plan.run_id = run_id;
   plan.nnodes = static_cast<int>(spec.nodes.size());
-  plan.master_addr = spec.rendezvous.master_addr.empty() ? "(node 0)" : spec.rendezvous.master_addr;
+  plan.master_addr = spec.rendezvous.master_addr.empty() ? "node 0's address" : spec.rendezvous.master_addr;
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const auto& n = spec.nodes[i];
     int slots = n.slots > 0 ? n.slots : spec.nproc_per_node;

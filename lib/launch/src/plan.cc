@@ -87,8 +87,11 @@ std::string formatPlan(const Plan& plan, const spec::JobSpec& spec) {
   size_t hostW = 4;
   for (const auto& w : plan.workers) hostW = std::max(hostW, w.host.size());
   std::ostringstream os;
-  os << fmt::format("job {} (run {}): {} node(s), world size {}, master {}:{}\n", spec.name, plan.run_id, plan.nnodes,
-                    plan.world_size, plan.master_addr, plan.master_port);
+  // Multi-node plans learn the master port (and maybe the address) at rendezvous.
+  std::string master = plan.master_port ? fmt::format("{}:{}", plan.master_addr, plan.master_port)
+                                        : fmt::format("{}, port chosen at start", plan.master_addr);
+  os << fmt::format("job {} (run {}): {} node(s), world size {}, master {}\n", spec.name, plan.run_id, plan.nnodes,
+                    plan.world_size, master);
   os << fmt::format("{:<{}}  {:>9}  {:>10}  {:>11}  {:<7}  {}\n", "host", hostW, "node_rank", "local_rank", "global_rank",
                     "device", "command");
   for (const auto& w : plan.workers)
