@@ -1,14 +1,16 @@
 // Multi-node spec input: hostfiles, --hosts, isLocalHost, env files, "nodes"/"ssh" keys,
 // overrides and the per-node serialization.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <string>
-
 #include <chrono>
+#include <string>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/spec/job_spec.h"
@@ -243,9 +245,27 @@ TEST(IsLocalHost, RemoteAndUnresolvable) {
 }
 
 TEST(IsLocalHost, InterfaceAddresses) {
-  // Whatever the machine's own name resolves to that is not loopback is one of its
-  // interfaces in any sane setup; at least loopback's own interface address counts.
-  EXPECT_TRUE(isLocalHost("127.0.0.1"));
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(::getifaddrs(&list), 0);
+  int checked = 0;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof(text));
+    EXPECT_TRUE(isLocalHost(text)) << text << " on " << i->ifa_name;
+    ++checked;
+  }
+  ::freeifaddrs(list);
+  EXPECT_GE(checked, 1);  // lo at least
+}
+
+TEST(IsLocalHost, ManyUnresolvableNamesShareOneDeadline) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "alias-" + std::to_string(i) + ".dtrain-test.invalid:1\n";
+  auto start = std::chrono::steady_clock::now();
+  auto nodes = parseHostfile(text, "hosts");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  for (const auto& n : nodes) EXPECT_FALSE(n.local) << n.host;
 }
 
 // ---------------------------------------------------------------------------------------

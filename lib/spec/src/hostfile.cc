@@ -209,12 +209,12 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       fail(fmt::format("{} is listed twice (first on line {}); remove one of the lines (slots=N runs more workers on one host)",
                        detail::hostLabel(n), lineOf[dup]));
-    n.local = isLocalHost(n.host);
     nodes.push_back(std::move(n));
     lineOf.push_back(lineNo);
   }
   if (nodes.empty())
     throw SpecError(fmt::format("{}: no hosts listed; add one line per host, e.g. \"node1 slots=8\"", source));
+  detail::markLocal(nodes);
   return nodes;
 }
 
@@ -247,9 +247,9 @@ std::vector<NodeSpec> parseHostList(const std::string& list) {
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       fail(fmt::format("{} is listed twice (entries {} and {}); give it once, with host:N for more workers",
                        detail::hostLabel(n), dup + 1, i + 1));
-    n.local = isLocalHost(n.host);
     nodes.push_back(std::move(n));
   }
+  detail::markLocal(nodes);
   return nodes;
 }
 
@@ -321,16 +321,18 @@ std::vector<Address> lookup(const std::string& host, bool numericOnly) {
   return out;
 }
 
-// A name's addresses, or none when it does not resolve within `limit`. getaddrinfo cannot be
-// cancelled, so a slow lookup is left to finish on a detached thread: a hostfile of ssh
-// aliases must not cost a DNS timeout per line. A name that slow is not this machine's.
-std::vector<Address> lookupBounded(const std::string& host, std::chrono::milliseconds limit) {
-  struct Pending {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::vector<Address> addrs;
-  };
+// Name lookups run on detached threads: getaddrinfo cannot be cancelled, and a hostfile of
+// ssh aliases must not cost a DNS timeout per line. All names of a list are looked up at
+// once under one deadline; a name that does not resolve by then is not this machine's (ssh
+// still reaches it). Results, timeouts included, are cached so that answers stay consistent.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<Address> addrs;
+};
+
+std::shared_ptr<Pending> startLookup(const std::string& host) {
   auto p = std::make_shared<Pending>();
   try {
     std::thread([p, host] {
@@ -341,55 +343,100 @@ std::vector<Address> lookupBounded(const std::string& host, std::chrono::millise
       p->cv.notify_all();
     }).detach();
   } catch (const std::system_error&) {
-    return {};  // no thread to spare: treat the name as remote (ssh still reaches it)
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->done = true;  // no thread to spare: treat the name as remote
   }
-  std::unique_lock<std::mutex> lock(p->mu);
-  if (!p->cv.wait_for(lock, limit, [&] { return p->done; })) return {};
-  return p->addrs;
+  return p;
 }
 
-}  // namespace
+constexpr auto kLookupLimit = std::chrono::milliseconds(1500);
+constexpr size_t kLookupBatch = 64;  // threads in flight at once
 
-bool isLocalHost(const std::string& hostIn) {
+std::mutex cacheMu;
+std::map<std::string, std::vector<Address>>& lookupCache() {
+  static std::map<std::string, std::vector<Address>> cache;
+  return cache;
+}
+
+std::string normalized(const std::string& hostIn) {
   std::string host = detail::lower(hostIn);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (host.empty()) return false;
-  if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost" || host == "ip6-loopback")
-    return true;
+  return host;
+}
 
-  std::vector<Address> addrs = lookup(host, true);
-  if (addrs.empty()) {
-    // A name: this machine's own name needs no lookup; anything else resolves (hosts file,
-    // DNS) with a bound, and a name that does not resolve (an ssh_config alias) is remote.
-    char buf[256] = {};
-    if (::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0') {
-      std::string self = detail::lower(buf);
-      if (host == self || host == self.substr(0, self.find('.'))) return true;
-    }
-    static std::mutex cacheMu;
-    static std::map<std::string, std::vector<Address>> cache;
-    {
-      std::lock_guard<std::mutex> lock(cacheMu);
-      if (auto it = cache.find(host); it != cache.end()) {
-        addrs = it->second;
-      } else {
-        addrs = lookupBounded(host, std::chrono::milliseconds(1500));
-        cache[host] = addrs;
-      }
+// Decided without a name lookup: 1 local, 0 not, -1 needs one (addrs filled when numeric).
+int quickAnswer(const std::string& host, std::vector<Address>& addrs) {
+  if (host.empty()) return 0;
+  if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost" || host == "ip6-loopback")
+    return 1;
+  addrs = lookup(host, true);
+  if (!addrs.empty()) return 2;  // numeric: compare addresses
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0') {
+    std::string self = detail::lower(buf);
+    if (host == self || host == self.substr(0, self.find('.'))) return 1;
+  }
+  return -1;
+}
+
+bool addressesAreLocal(const std::vector<Address>& addrs, const std::vector<Address>& mine) {
+  for (const auto& a : addrs)
+    if (isLoopback(a) || std::find(mine.begin(), mine.end(), a) != mine.end()) return true;
+  return false;
+}
+
+std::vector<bool> localFlags(const std::vector<std::string>& hostsIn) {
+  std::vector<bool> out(hostsIn.size(), false);
+  std::vector<std::vector<Address>> addrs(hostsIn.size());
+  std::vector<size_t> toResolve;
+  for (size_t i = 0; i < hostsIn.size(); ++i) {
+    std::string host = normalized(hostsIn[i]);
+    int quick = quickAnswer(host, addrs[i]);
+    if (quick == 1) out[i] = true;
+    if (quick != -1) continue;
+    std::lock_guard<std::mutex> lock(cacheMu);
+    if (auto it = lookupCache().find(host); it != lookupCache().end())
+      addrs[i] = it->second;
+    else
+      toResolve.push_back(i);
+  }
+  for (size_t b = 0; b < toResolve.size(); b += kLookupBatch) {
+    size_t e = std::min(toResolve.size(), b + kLookupBatch);
+    std::vector<std::shared_ptr<Pending>> pending;
+    for (size_t k = b; k < e; ++k) pending.push_back(startLookup(normalized(hostsIn[toResolve[k]])));
+    auto deadline = std::chrono::steady_clock::now() + kLookupLimit;
+    for (size_t k = b; k < e; ++k) {
+      auto& p = pending[k - b];
+      std::unique_lock<std::mutex> lock(p->mu);
+      if (p->cv.wait_until(lock, deadline, [&] { return p->done; })) addrs[toResolve[k]] = p->addrs;
+      std::lock_guard<std::mutex> cacheLock(cacheMu);
+      lookupCache()[normalized(hostsIn[toResolve[k]])] = addrs[toResolve[k]];
     }
   }
-  if (addrs.empty()) return false;
   std::vector<Address> mine;
   bool fetched = false;
-  for (const auto& a : addrs) {
-    if (isLoopback(a)) return true;
+  for (size_t i = 0; i < hostsIn.size(); ++i) {
+    if (out[i] || addrs[i].empty()) continue;
     if (!fetched) {
       mine = interfaceAddresses();
       fetched = true;
     }
-    if (std::find(mine.begin(), mine.end(), a) != mine.end()) return true;
+    out[i] = addressesAreLocal(addrs[i], mine);
   }
-  return false;
+  return out;
 }
+
+}  // namespace
+
+namespace detail {
+void markLocal(std::vector<NodeSpec>& nodes) {
+  std::vector<std::string> hosts;
+  for (const auto& n : nodes) hosts.push_back(n.host);
+  auto flags = localFlags(hosts);
+  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].local = flags[i];
+}
+}  // namespace detail
+
+bool isLocalHost(const std::string& host) { return localFlags({host})[0]; }
 
 }  // namespace dtrain::spec

@@ -361,9 +361,9 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       c.fail(P, fmt::format("{} is listed twice (first at /nodes/{}); merge the entries (\"slots\" runs more workers on one host)",
                             detail::hostLabel(n), dup));
-    n.local = isLocalHost(n.host);
     nodes.push_back(std::move(n));
   }
+  detail::markLocal(nodes);
   return nodes;
 }
 
