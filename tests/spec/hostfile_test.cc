@@ -100,6 +100,15 @@ TEST(Hostfile, CommentsBlankLinesTabsAndFields) {
   EXPECT_EQ(nodes[1].origin, "hosts:5");
 }
 
+TEST(Hostfile, WindowsLineEndingsAndByteOrderMark) {
+  auto nodes = parseHostfile("\xEF\xBB\xBFnode1 slots=2\r\nnode2:3\r\n\r\n", "hosts");
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].host, "node1");
+  EXPECT_EQ(nodes[0].slots, 2);
+  EXPECT_EQ(nodes[1].slots, 3);
+  EXPECT_EQ(parseEnvFile("\xEF\xBB\xBF" "A=1\r\n", "vars.env").at("A"), "1");
+}
+
 TEST(Hostfile, Ipv6Addresses) {
   auto nodes = parseHostfile("[fd00::2]:4\nfd00::3 slots=2\n", "hosts");
   ASSERT_EQ(nodes.size(), 2u);
@@ -161,6 +170,7 @@ TEST(Hostfile, BadFieldValues) {
   EXPECT_EQ(hostfileError("h1 port=70000\n"),
             "hosts:1: bad ssh port \"70000\" for host \"h1\"; give port=N with N between 1 and 65535");
   EXPECT_NE(hostfileError("h1 address=\n").find("hosts:1: bad address for host \"h1\": empty address"), std::string::npos);
+  EXPECT_NE(hostfileError("h1 gpus=1024\n").find("bad GPU index \"1024\""), std::string::npos);
   EXPECT_NE(hostfileError("h1 gpus=0 gpus=1\n").find("gpus is given twice"), std::string::npos);
 }
 
@@ -349,6 +359,8 @@ TEST(SpecNodes, Errors) {
             "job.json: /nodes/0/host: expected a non-empty string, got \"\"");
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h 1"}]})"),
             "job.json: /nodes/0/host: host name \"h 1\" contains ' '; give a host name or address");
+  EXPECT_EQ(specError("{\"command\": [\"true\"], \"nodes\": [{\"host\": \"h\\n1\"}]}"),
+            "job.json: /nodes/0/host: host name \"h\\x0a1\" contains '\\x0a'; give a host name or address");  // one line
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1:4"}]})"),
             "job.json: /nodes/0/host: \"h1:4\" looks like host:slots; write \"host\": \"h1\", \"slots\": 4");
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "a@h1", "user": "b"}]})"),

@@ -36,17 +36,20 @@ std::string lower(std::string s) {
   return s;
 }
 
+// Messages are one line: control and non-ASCII bytes are shown as \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) out += ch >= 0x20 && ch < 0x7f ? std::string(1, static_cast<char>(ch)) : fmt::format("\\x{:02x}", ch);
+  return out;
+}
+
 std::string nameProblem(const std::string& value, const char* what, const std::string& extra) {
   if (value.empty()) return fmt::format("empty {}", what);
-  if (value[0] == '-') return fmt::format("{} \"{}\" starts with '-' (ssh would read it as an option)", what, value);
+  if (value[0] == '-') return fmt::format("{} \"{}\" starts with '-' (ssh would read it as an option)", what, printable(value));
   for (char ch : value) {
     bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' ||
               extra.find(ch) != std::string::npos;
-    if (!ok) {
-      std::string shown = std::isprint(static_cast<unsigned char>(ch)) ? std::string(1, ch)
-                                                                      : fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
-      return fmt::format("{} \"{}\" contains '{}'", what, value, shown);
-    }
+    if (!ok) return fmt::format("{} \"{}\" contains '{}'", what, printable(value), printable(std::string(1, ch)));
   }
   return "";
 }
@@ -70,6 +73,7 @@ std::string parseGpuList(const std::string& text, std::vector<int>& out) {
                   std::all_of(part.begin(), part.end(), [](unsigned char ch) { return std::isdigit(ch); });
     if (!digits) return fmt::format("bad GPU index \"{}\" in \"{}\"", part, text);
     int g = std::stoi(part);
+    if (g > 1023) return fmt::format("bad GPU index \"{}\" in \"{}\"", part, text);
     if (std::find(out.begin(), out.end(), g) != out.end()) return fmt::format("GPU {} is listed twice in \"{}\"", g, text);
     out.push_back(g);
   }
@@ -154,7 +158,8 @@ const char* kKnownFields = "slots=N, gpus=..., port=N, address=...";
 std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& source) {
   std::vector<NodeSpec> nodes;
   std::vector<int> lineOf;
-  std::istringstream in(text);
+  // A UTF-8 byte-order mark (some Windows editors write one) is not part of the first host.
+  std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);
   std::string raw;
   int lineNo = 0;
   while (std::getline(in, raw)) {

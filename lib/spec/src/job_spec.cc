@@ -407,7 +407,7 @@ SshSpec parseSsh(const Checker& c, const json& j) {
 
 std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source) {
   std::map<std::string, std::string> env;
-  std::istringstream in(text);
+  std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);  // without a UTF-8 BOM
   std::string line;
   int lineNo = 0;
   while (std::getline(in, line)) {
