@@ -305,6 +305,8 @@ TEST(EnvFile, Errors) {
             "around '=')");
   EXPECT_NE(err("1A=1\n").find("vars.env:1: bad variable name \"1A\""), std::string::npos);
   EXPECT_NE(err("=1\n").find("vars.env:1: bad variable name \"\""), std::string::npos);
+  EXPECT_EQ(err("A=1\nB=caf\xE9\n"), "vars.env:2: the line is not valid UTF-8; save the file as UTF-8");
+  EXPECT_EQ(parseEnvFile("B=caf\xC3\xA9\n", "vars.env").at("B"), "caf\xC3\xA9");
   EXPECT_EQ(err("A=\"open\n"), "vars.env:1: unterminated quote in the value of A; values are one line: close the double quote");
 }
 
@@ -619,6 +621,15 @@ TEST(SerializeForNode, CommandJobRoundTrips) {
   JobSpec back = parseJobSpec(text, "node-spec");
   EXPECT_EQ(back.env.at("FROM_FILE"), "1");  // merged already
   EXPECT_EQ(back.env.at("A"), "spec");
+}
+
+TEST(SerializeForNode, NonUtf8EnvIsASpecError) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  Overrides o;
+  o.env = {"A=caf\xE9"};
+  applyOverrides(s, o);
+  EXPECT_EQ(errorOf([&] { serializeForNode(s); }),
+            "a value of the job (env, --env) is not valid UTF-8 and cannot be sent to remote nodes; use UTF-8 text");
 }
 
 TEST(SerializeForNode, DefaultsAndAutoRoundTrip) {
