@@ -1,14 +1,16 @@
 // Multi-node spec input: hostfiles, --hosts, isLocalHost, env files, "nodes"/"ssh" keys,
 // overrides and the per-node serialization.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <string>
-
 #include <chrono>
+#include <string>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/spec/job_spec.h"
@@ -98,6 +100,15 @@ TEST(Hostfile, CommentsBlankLinesTabsAndFields) {
   EXPECT_EQ(nodes[1].origin, "hosts:5");
 }
 
+TEST(Hostfile, WindowsLineEndingsAndByteOrderMark) {
+  auto nodes = parseHostfile("\xEF\xBB\xBFnode1 slots=2\r\nnode2:3\r\n\r\n", "hosts");
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].host, "node1");
+  EXPECT_EQ(nodes[0].slots, 2);
+  EXPECT_EQ(nodes[1].slots, 3);
+  EXPECT_EQ(parseEnvFile("\xEF\xBB\xBF" "A=1\r\n", "vars.env").at("A"), "1");
+}
+
 TEST(Hostfile, Ipv6Addresses) {
   auto nodes = parseHostfile("[fd00::2]:4\nfd00::3 slots=2\n", "hosts");
   ASSERT_EQ(nodes.size(), 2u);
@@ -159,6 +170,7 @@ TEST(Hostfile, BadFieldValues) {
   EXPECT_EQ(hostfileError("h1 port=70000\n"),
             "hosts:1: bad ssh port \"70000\" for host \"h1\"; give port=N with N between 1 and 65535");
   EXPECT_NE(hostfileError("h1 address=\n").find("hosts:1: bad address for host \"h1\": empty address"), std::string::npos);
+  EXPECT_NE(hostfileError("h1 gpus=1024\n").find("bad GPU index \"1024\""), std::string::npos);
   EXPECT_NE(hostfileError("h1 gpus=0 gpus=1\n").find("gpus is given twice"), std::string::npos);
 }
 
@@ -243,9 +255,27 @@ TEST(IsLocalHost, RemoteAndUnresolvable) {
 }
 
 TEST(IsLocalHost, InterfaceAddresses) {
-  // Whatever the machine's own name resolves to that is not loopback is one of its
-  // interfaces in any sane setup; at least loopback's own interface address counts.
-  EXPECT_TRUE(isLocalHost("127.0.0.1"));
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(::getifaddrs(&list), 0);
+  int checked = 0;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof(text));
+    EXPECT_TRUE(isLocalHost(text)) << text << " on " << i->ifa_name;
+    ++checked;
+  }
+  ::freeifaddrs(list);
+  EXPECT_GE(checked, 1);  // lo at least
+}
+
+TEST(IsLocalHost, ManyUnresolvableNamesShareOneDeadline) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "alias-" + std::to_string(i) + ".dtrain-test.invalid:1\n";
+  auto start = std::chrono::steady_clock::now();
+  auto nodes = parseHostfile(text, "hosts");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  for (const auto& n : nodes) EXPECT_FALSE(n.local) << n.host;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -275,6 +305,8 @@ TEST(EnvFile, Errors) {
             "around '=')");
   EXPECT_NE(err("1A=1\n").find("vars.env:1: bad variable name \"1A\""), std::string::npos);
   EXPECT_NE(err("=1\n").find("vars.env:1: bad variable name \"\""), std::string::npos);
+  EXPECT_EQ(err("A=1\nB=caf\xE9\n"), "vars.env:2: the line is not valid UTF-8; save the file as UTF-8");
+  EXPECT_EQ(parseEnvFile("B=caf\xC3\xA9\n", "vars.env").at("B"), "caf\xC3\xA9");
   EXPECT_EQ(err("A=\"open\n"), "vars.env:1: unterminated quote in the value of A; values are one line: close the double quote");
 }
 
@@ -329,6 +361,8 @@ TEST(SpecNodes, Errors) {
             "job.json: /nodes/0/host: expected a non-empty string, got \"\"");
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h 1"}]})"),
             "job.json: /nodes/0/host: host name \"h 1\" contains ' '; give a host name or address");
+  EXPECT_EQ(specError("{\"command\": [\"true\"], \"nodes\": [{\"host\": \"h\\n1\"}]}"),
+            "job.json: /nodes/0/host: host name \"h\\x0a1\" contains '\\x0a'; give a host name or address");  // one line
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1:4"}]})"),
             "job.json: /nodes/0/host: \"h1:4\" looks like host:slots; write \"host\": \"h1\", \"slots\": 4");
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "a@h1", "user": "b"}]})"),
@@ -587,6 +621,15 @@ TEST(SerializeForNode, CommandJobRoundTrips) {
   JobSpec back = parseJobSpec(text, "node-spec");
   EXPECT_EQ(back.env.at("FROM_FILE"), "1");  // merged already
   EXPECT_EQ(back.env.at("A"), "spec");
+}
+
+TEST(SerializeForNode, NonUtf8EnvIsASpecError) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  Overrides o;
+  o.env = {"A=caf\xE9"};
+  applyOverrides(s, o);
+  EXPECT_EQ(errorOf([&] { serializeForNode(s); }),
+            "a value of the job (env, --env) is not valid UTF-8 and cannot be sent to remote nodes; use UTF-8 text");
 }
 
 TEST(SerializeForNode, DefaultsAndAutoRoundTrip) {

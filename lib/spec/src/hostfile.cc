@@ -36,17 +36,20 @@ std::string lower(std::string s) {
   return s;
 }
 
+// Messages are one line: control and non-ASCII bytes are shown as \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) out += ch >= 0x20 && ch < 0x7f ? std::string(1, static_cast<char>(ch)) : fmt::format("\\x{:02x}", ch);
+  return out;
+}
+
 std::string nameProblem(const std::string& value, const char* what, const std::string& extra) {
   if (value.empty()) return fmt::format("empty {}", what);
-  if (value[0] == '-') return fmt::format("{} \"{}\" starts with '-' (ssh would read it as an option)", what, value);
+  if (value[0] == '-') return fmt::format("{} \"{}\" starts with '-' (ssh would read it as an option)", what, printable(value));
   for (char ch : value) {
     bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' ||
               extra.find(ch) != std::string::npos;
-    if (!ok) {
-      std::string shown = std::isprint(static_cast<unsigned char>(ch)) ? std::string(1, ch)
-                                                                      : fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
-      return fmt::format("{} \"{}\" contains '{}'", what, value, shown);
-    }
+    if (!ok) return fmt::format("{} \"{}\" contains '{}'", what, printable(value), printable(std::string(1, ch)));
   }
   return "";
 }
@@ -70,6 +73,7 @@ std::string parseGpuList(const std::string& text, std::vector<int>& out) {
                   std::all_of(part.begin(), part.end(), [](unsigned char ch) { return std::isdigit(ch); });
     if (!digits) return fmt::format("bad GPU index \"{}\" in \"{}\"", part, text);
     int g = std::stoi(part);
+    if (g > 1023) return fmt::format("bad GPU index \"{}\" in \"{}\"", part, text);
     if (std::find(out.begin(), out.end(), g) != out.end()) return fmt::format("GPU {} is listed twice in \"{}\"", g, text);
     out.push_back(g);
   }
@@ -154,7 +158,8 @@ const char* kKnownFields = "slots=N, gpus=..., port=N, address=...";
 std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& source) {
   std::vector<NodeSpec> nodes;
   std::vector<int> lineOf;
-  std::istringstream in(text);
+  // A UTF-8 byte-order mark (some Windows editors write one) is not part of the first host.
+  std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);
   std::string raw;
   int lineNo = 0;
   while (std::getline(in, raw)) {
@@ -209,12 +214,12 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       fail(fmt::format("{} is listed twice (first on line {}); remove one of the lines (slots=N runs more workers on one host)",
                        detail::hostLabel(n), lineOf[dup]));
-    n.local = isLocalHost(n.host);
     nodes.push_back(std::move(n));
     lineOf.push_back(lineNo);
   }
   if (nodes.empty())
     throw SpecError(fmt::format("{}: no hosts listed; add one line per host, e.g. \"node1 slots=8\"", source));
+  detail::markLocal(nodes);
   return nodes;
 }
 
@@ -247,9 +252,9 @@ std::vector<NodeSpec> parseHostList(const std::string& list) {
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       fail(fmt::format("{} is listed twice (entries {} and {}); give it once, with host:N for more workers",
                        detail::hostLabel(n), dup + 1, i + 1));
-    n.local = isLocalHost(n.host);
     nodes.push_back(std::move(n));
   }
+  detail::markLocal(nodes);
   return nodes;
 }
 
@@ -321,16 +326,18 @@ std::vector<Address> lookup(const std::string& host, bool numericOnly) {
   return out;
 }
 
-// A name's addresses, or none when it does not resolve within `limit`. getaddrinfo cannot be
-// cancelled, so a slow lookup is left to finish on a detached thread: a hostfile of ssh
-// aliases must not cost a DNS timeout per line. A name that slow is not this machine's.
-std::vector<Address> lookupBounded(const std::string& host, std::chrono::milliseconds limit) {
-  struct Pending {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::vector<Address> addrs;
-  };
+// Name lookups run on detached threads: getaddrinfo cannot be cancelled, and a hostfile of
+// ssh aliases must not cost a DNS timeout per line. All names of a list are looked up at
+// once under one deadline; a name that does not resolve by then is not this machine's (ssh
+// still reaches it). Results, timeouts included, are cached so that answers stay consistent.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<Address> addrs;
+};
+
+std::shared_ptr<Pending> startLookup(const std::string& host) {
   auto p = std::make_shared<Pending>();
   try {
     std::thread([p, host] {
@@ -341,55 +348,100 @@ std::vector<Address> lookupBounded(const std::string& host, std::chrono::millise
       p->cv.notify_all();
     }).detach();
   } catch (const std::system_error&) {
-    return {};  // no thread to spare: treat the name as remote (ssh still reaches it)
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->done = true;  // no thread to spare: treat the name as remote
   }
-  std::unique_lock<std::mutex> lock(p->mu);
-  if (!p->cv.wait_for(lock, limit, [&] { return p->done; })) return {};
-  return p->addrs;
+  return p;
 }
 
-}  // namespace
+constexpr auto kLookupLimit = std::chrono::milliseconds(1500);
+constexpr size_t kLookupBatch = 64;  // threads in flight at once
 
-bool isLocalHost(const std::string& hostIn) {
+std::mutex cacheMu;
+std::map<std::string, std::vector<Address>>& lookupCache() {
+  static std::map<std::string, std::vector<Address>> cache;
+  return cache;
+}
+
+std::string normalized(const std::string& hostIn) {
   std::string host = detail::lower(hostIn);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (host.empty()) return false;
-  if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost" || host == "ip6-loopback")
-    return true;
+  return host;
+}
 
-  std::vector<Address> addrs = lookup(host, true);
-  if (addrs.empty()) {
-    // A name: this machine's own name needs no lookup; anything else resolves (hosts file,
-    // DNS) with a bound, and a name that does not resolve (an ssh_config alias) is remote.
-    char buf[256] = {};
-    if (::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0') {
-      std::string self = detail::lower(buf);
-      if (host == self || host == self.substr(0, self.find('.'))) return true;
-    }
-    static std::mutex cacheMu;
-    static std::map<std::string, std::vector<Address>> cache;
-    {
-      std::lock_guard<std::mutex> lock(cacheMu);
-      if (auto it = cache.find(host); it != cache.end()) {
-        addrs = it->second;
-      } else {
-        addrs = lookupBounded(host, std::chrono::milliseconds(1500));
-        cache[host] = addrs;
-      }
+// Decided without a name lookup: 1 local, 0 not, -1 needs one (addrs filled when numeric).
+int quickAnswer(const std::string& host, std::vector<Address>& addrs) {
+  if (host.empty()) return 0;
+  if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost" || host == "ip6-loopback")
+    return 1;
+  addrs = lookup(host, true);
+  if (!addrs.empty()) return 2;  // numeric: compare addresses
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0') {
+    std::string self = detail::lower(buf);
+    if (host == self || host == self.substr(0, self.find('.'))) return 1;
+  }
+  return -1;
+}
+
+bool addressesAreLocal(const std::vector<Address>& addrs, const std::vector<Address>& mine) {
+  for (const auto& a : addrs)
+    if (isLoopback(a) || std::find(mine.begin(), mine.end(), a) != mine.end()) return true;
+  return false;
+}
+
+std::vector<bool> localFlags(const std::vector<std::string>& hostsIn) {
+  std::vector<bool> out(hostsIn.size(), false);
+  std::vector<std::vector<Address>> addrs(hostsIn.size());
+  std::vector<size_t> toResolve;
+  for (size_t i = 0; i < hostsIn.size(); ++i) {
+    std::string host = normalized(hostsIn[i]);
+    int quick = quickAnswer(host, addrs[i]);
+    if (quick == 1) out[i] = true;
+    if (quick != -1) continue;
+    std::lock_guard<std::mutex> lock(cacheMu);
+    if (auto it = lookupCache().find(host); it != lookupCache().end())
+      addrs[i] = it->second;
+    else
+      toResolve.push_back(i);
+  }
+  for (size_t b = 0; b < toResolve.size(); b += kLookupBatch) {
+    size_t e = std::min(toResolve.size(), b + kLookupBatch);
+    std::vector<std::shared_ptr<Pending>> pending;
+    for (size_t k = b; k < e; ++k) pending.push_back(startLookup(normalized(hostsIn[toResolve[k]])));
+    auto deadline = std::chrono::steady_clock::now() + kLookupLimit;
+    for (size_t k = b; k < e; ++k) {
+      auto& p = pending[k - b];
+      std::unique_lock<std::mutex> lock(p->mu);
+      if (p->cv.wait_until(lock, deadline, [&] { return p->done; })) addrs[toResolve[k]] = p->addrs;
+      std::lock_guard<std::mutex> cacheLock(cacheMu);
+      lookupCache()[normalized(hostsIn[toResolve[k]])] = addrs[toResolve[k]];
     }
   }
-  if (addrs.empty()) return false;
   std::vector<Address> mine;
   bool fetched = false;
-  for (const auto& a : addrs) {
-    if (isLoopback(a)) return true;
+  for (size_t i = 0; i < hostsIn.size(); ++i) {
+    if (out[i] || addrs[i].empty()) continue;
     if (!fetched) {
       mine = interfaceAddresses();
       fetched = true;
     }
-    if (std::find(mine.begin(), mine.end(), a) != mine.end()) return true;
+    out[i] = addressesAreLocal(addrs[i], mine);
   }
-  return false;
+  return out;
 }
+
+}  // namespace
+
+namespace detail {
+void markLocal(std::vector<NodeSpec>& nodes) {
+  std::vector<std::string> hosts;
+  for (const auto& n : nodes) hosts.push_back(n.host);
+  auto flags = localFlags(hosts);
+  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].local = flags[i];
+}
+}  // namespace detail
+
+bool isLocalHost(const std::string& host) { return localFlags({host})[0]; }
 
 }  // namespace dtrain::spec

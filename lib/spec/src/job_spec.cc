@@ -361,9 +361,9 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       c.fail(P, fmt::format("{} is listed twice (first at /nodes/{}); merge the entries (\"slots\" runs more workers on one host)",
                             detail::hostLabel(n), dup));
-    n.local = isLocalHost(n.host);
     nodes.push_back(std::move(n));
   }
+  detail::markLocal(nodes);
   return nodes;
 }
 
@@ -405,9 +405,24 @@ SshSpec parseSsh(const Checker& c, const json& j) {
 
 }  // namespace
 
+// Env files are not JSON, so nothing else has checked their encoding; a value that is not
+// UTF-8 could not be shipped to remote nodes in the JSON node spec.
+bool validUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += len;
+  }
+  return true;
+}
+
 std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source) {
   std::map<std::string, std::string> env;
-  std::istringstream in(text);
+  std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);  // without a UTF-8 BOM
   std::string line;
   int lineNo = 0;
   while (std::getline(in, line)) {
@@ -417,6 +432,7 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
     size_t e = line.find_last_not_of(" \t\r");
     if (b == std::string::npos || e == std::string::npos || line[b] == '#') continue;
     std::string body = line.substr(b, e - b + 1);
+    if (!validUtf8(body)) fail("the line is not valid UTF-8; save the file as UTF-8");
     if (body.rfind("export", 0) == 0 && body.size() > 6 && (body[6] == ' ' || body[6] == '\t'))
       body = body.substr(body.find_first_not_of(" \t", 6));
     auto eq = body.find('=');
@@ -746,7 +762,12 @@ std::string serializeForNode(const JobSpec& spec) {
     if (!t.checkpoint.dir.empty()) tj["checkpoint"] = {{"dir", t.checkpoint.dir}, {"every_steps", t.checkpoint.every_steps}};
     j["trainer"] = tj;
   }
-  return j.dump();
+  try {
+    return j.dump();
+  } catch (const json::type_error&) {
+    // Only --env values (from argv) can get here: everything else was JSON or checked.
+    throw SpecError("a value of the job (env, --env) is not valid UTF-8 and cannot be sent to remote nodes; use UTF-8 text");
+  }
 }
 
 std::string describe(const JobSpec& spec) {

@@ -25,6 +25,10 @@ std::string parseGpuList(const std::string& text, std::vector<int>& out);
 // Two entries may name one machine with different ports (containers behind one address).
 int findDuplicate(const std::vector<NodeSpec>& nodes, const NodeSpec& n);
 
+// Sets NodeSpec::local for every node (isLocalHost, with all name lookups at once under one
+// deadline rather than one per host).
+void markLocal(std::vector<NodeSpec>& nodes);
+
 // `host "h1"` or `host "h1" (port 2222)`, for messages.
 std::string hostLabel(const NodeSpec& n);
 
