@@ -97,7 +97,7 @@ sshpid=$(pgrep -P "$DTRAIN_PID" -f "ssh .* h2 exec")
 [ -n "$sshpid" ] && kill -9 "$sshpid"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 1 "lost node: exit 1"
-expect_grep "node h2 \($T/hosts:2\) lost: its agent \(ssh\) exited with 137" "$T/err" "the lost node is named"
+expect_grep "node h2 \($T/hosts:3\) lost: its agent \(ssh\) exited with 137" "$T/err" "the lost node is named"
 for h in h1 h2 h3; do tb_wait_no_pids $h 10 && pass "$h empty after h2's connection dropped" || fail "leftovers on $h after a dropped connection"; done
 for h in h1 h2 h3; do tb_wait_no_pids $h 10 && pass "$h empty after SIGINT" || fail "leftovers on $h after SIGINT"; done
 

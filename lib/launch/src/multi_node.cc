@@ -517,7 +517,9 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
     for (const auto& prefix : spec.env_forward)
       if (k.rfind(prefix, 0) == 0 && !shipped.env.count(k)) shipped.env[k] = v;
   }
+  // Relative paths mean what they mean here; agents start elsewhere (ssh: the home directory).
   if (shipped.cwd.empty()) shipped.cwd = std::filesystem::current_path().string();
+  if (!shipped.log_dir.empty()) shipped.log_dir = std::filesystem::absolute(shipped.log_dir).string();
   // Remote workers' output reaches this console: they may draw a progress bar when it is a terminal.
   if (::isatty(STDOUT_FILENO) == 1) shipped.env["DTRAIN_CONSOLE_TTY"] = "1";
   {
