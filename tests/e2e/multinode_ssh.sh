@@ -19,8 +19,9 @@ JSON
 v() { grep -E "^$2=" "$T/env.$1" | head -1 | cut -d= -f2-; }
 
 # 1. The torchrun environment on every rank of every host.
-job env '["sh", "-c", "env > '"$T"'/env.$RANK; echo host=$(hostname)"]'
-timeout 60 "$DTRAIN" run "$T/env.json" --log-dir "$T/logs" >"$T/out" 2>"$T/err"
+printf '# env file\nexport FROM_FILE="file value"\nBOTH=file\n' > "$T/vars.env"
+job env '["sh", "-c", "env > '"$T"'/env.$RANK; echo host=$(hostname)"]' ', "env_file": "'"$T"'/vars.env", "env": {"BOTH": "spec"}'
+NCCL_DEBUG=INFO MY_PRIVATE_VAR=1 timeout 60 "$DTRAIN" run "$T/env.json" --log-dir "$T/logs" --env FROM_CLI=x >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "6 workers on 3 hosts exit 0"
 for r in 0 1 2 3 4 5; do
   [ -f "$T/env.$r" ] || { fail "rank $r did not run"; continue; }
@@ -31,6 +32,13 @@ for r in 0 1 2 3 4 5; do
   expect_eq "$(v $r MASTER_PORT)" "$(v 0 MASTER_PORT)" "rank $r MASTER_PORT"
   expect_eq "$(v $r DTRAIN_STORE_ADDR)" "$TESTBED_GATEWAY" "rank $r reaches the store at the launcher's address"
 done
+# Environment reaches remote workers only explicitly: forwarded prefixes, env_file, env, --env.
+expect_eq "$(v 5 NCCL_DEBUG)" INFO "NCCL_* forwarded to remote workers"
+expect_eq "$(v 5 MY_PRIVATE_VAR)" "" "other launcher variables are not forwarded"
+expect_eq "$(v 5 FROM_FILE)" "file value" "env_file reaches remote workers"
+expect_eq "$(v 5 BOTH)" spec "spec env wins over env_file"
+expect_eq "$(v 5 FROM_CLI)" x "--env reaches remote workers"
+expect_eq "$(v 3 PWD)" "$(pwd)" "remote workers start in the launcher's directory"
 for h in 1 2 3; do
   expect_grep "^\[h$h rank $(( (h - 1) * 2 + 1 ))\] host=h$h$" "$T/out" "h$h's workers ran on h$h, lines prefixed with host and rank"
 done
