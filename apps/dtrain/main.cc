@@ -39,7 +39,7 @@ struct RunArgs {
   spec::Overrides overrides;
   bool dry_run = false;
   std::string summary_json;
-  std::string nproc, max_restarts, shutdown, hostfile, hosts;
+  std::string nproc, max_restarts, shutdown, hostfile, hosts, nnodes;
 };
 
 std::string versionString() {
@@ -54,6 +54,7 @@ std::string versionString() {
 void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Workers on this node: a positive integer or \"auto\"");
   cmd->add_option("--max-restarts,--max_restarts", a.max_restarts, "Restarts allowed before the job fails");
+  cmd->add_option("--nnodes", a.nnodes, "Elastic node range N or MIN:MAX (multi-node; default: all hosts given)");
   cmd->add_option("--log-dir,--log_dir", a.overrides.log_dir, "Directory for per-rank log files (rank_N.log)");
   cmd->add_option("--env", a.overrides.env, "Extra worker environment KEY=VALUE (repeatable)");
   cmd->add_option("--shutdown-timeout", a.shutdown, "Seconds between SIGTERM and SIGKILL at teardown (default 30)");
@@ -105,6 +106,7 @@ spec::JobSpec buildSpec(RunArgs& a) {
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
   if (!a.hosts.empty()) a.overrides.hosts = a.hosts;
+  if (!a.nnodes.empty()) a.overrides.nnodes = a.nnodes;
   if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts);
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
@@ -148,6 +150,8 @@ int cmdRun(RunArgs& a) {
     sum.job = s.name;
     sum.run_id = runId;
     sum.exit_code = r.exit_code;
+    sum.restarts = r.restarts;
+    sum.events = r.events;
     sum.succeeded = r.exit_code == 0;
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (r.received_signal) sum.stopped_by = signalName(r.received_signal);

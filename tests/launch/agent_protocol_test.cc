@@ -37,7 +37,7 @@ TEST(AgentProtocol, MalformedInputIsRejectedNotTrusted) {
   auto r = proto::parse("X\t1\t2");
   ASSERT_TRUE(r);
   EXPECT_FALSE(proto::parseExit(*r));
-  auto bad = proto::parse("X\tone\t0\t1\t0\t0\t0\twhen\tm\ttb");
+  auto bad = proto::parse("X\tone\t0\t1\t0\t0\t0\t0\twhen\tm\ttb");
   ASSERT_TRUE(bad);
   EXPECT_FALSE(proto::parseExit(*bad));
 }
@@ -50,6 +50,7 @@ TEST(AgentProtocol, WorkerExitRoundTrips) {
   w.exit_code = 0;
   w.signal = 9;
   w.stopped_by_dtrain = true;
+  w.hung = true;
   w.when = "2026-12-02T10:00:00.000Z";
   w.error_message = "ValueError: bad";
   w.error_traceback = "Traceback:\n  line 1\n\tline 2";
@@ -64,6 +65,7 @@ TEST(AgentProtocol, WorkerExitRoundTrips) {
   EXPECT_EQ(back->pid, 4242);
   EXPECT_EQ(back->signal, 9);
   EXPECT_TRUE(back->stopped_by_dtrain);
+  EXPECT_TRUE(back->hung);
   EXPECT_EQ(back->when, w.when);
   EXPECT_EQ(back->error_message, w.error_message);
   EXPECT_EQ(back->error_traceback, w.error_traceback);

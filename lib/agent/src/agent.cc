@@ -10,12 +10,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -85,21 +88,65 @@ std::string routeSource(const std::string& peer) {
   return out;
 }
 
-// Control commands reach the launcher loop through a pipe: 'S' stop, 'K' kill (launcher
-// gone). Written by the stdin and heartbeat threads, read by LocalLauncher's poll loop.
+// A command from the launcher (agent_protocol.h).
+struct Command {
+  enum Kind { kStop, kKill, kPause, kRestart, kExit } kind = kStop;
+  int restart_count = 0;
+  int nnodes = 0;
+};
+
+std::optional<Command> parseCommand(const std::string& line) {
+  auto w = split(line, ' ');
+  if (w.empty()) return std::nullopt;
+  if (w[0] == "stop") return Command{Command::kStop};
+  if (w[0] == "kill") return Command{Command::kKill};
+  if (w[0] == "pause") return Command{Command::kPause};
+  if (w[0] == "exit") return Command{Command::kExit};
+  if (w[0] == "restart" && w.size() == 3) {
+    try {
+      return Command{Command::kRestart, std::stoi(w[1]), std::stoi(w[2])};
+    } catch (...) {
+    }
+  }
+  return std::nullopt;
+}
+
+// Commands from the stdin thread (and the heartbeat thread, which posts kKill when the
+// store is gone) to the main thread. A pipe byte per command wakes LocalLauncher's poll.
+// Thread-safety: post() from any thread; the rest from the main thread.
 class Control {
  public:
   Control() { std::tie(r_, w_) = launch::makePipe(); }
-  void post(char c) { (void)!::write(w_.get(), &c, 1); }
+  void post(Command c) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(c);
+    }
+    cv_.notify_all();
+    char b = 1;
+    (void)!::write(w_.get(), &b, 1);
+  }
   int fd() const { return r_.get(); }
-  launch::ControlAction take() {
-    char c = 0;
-    if (::read(r_.get(), &c, 1) != 1) return launch::ControlAction::kNone;
-    return c == 'S' ? launch::ControlAction::kStop : launch::ControlAction::kKill;
+  bool pending() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return !q_.empty();
+  }
+  // Blocks until a command is there.
+  Command pop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return !q_.empty(); });
+    Command c = q_.front();
+    q_.pop_front();
+    char b;
+    (void)!::read(r_.get(), &b, 1);
+    return c;
   }
 
  private:
   Fd r_, w_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Command> q_;
 };
 
 struct Failure {
@@ -134,26 +181,24 @@ int runAgent(const AgentOptions& opts) {
     return fail({"spec", "dtrain agent: no --store-addr and no SSH_CONNECTION to learn the launcher's address from; "
                          "set rendezvous.addr in the job spec"});
 
-  // Before the workers exist, a stop or a lost launcher just ends the agent.
   // Shared with a detached thread that may outlive this frame while the process exits.
-  auto launchedPtr = std::make_shared<std::atomic<bool>>(false);
+  // Until connected (nothing started yet), a stop or a lost launcher just ends the agent.
+  auto connectedPtr = std::make_shared<std::atomic<bool>>(false);
   auto controlPtr = std::make_shared<Control>();
-  auto& launched = *launchedPtr;
+  auto& connected = *connectedPtr;
   auto& control = *controlPtr;
-  std::thread([controlPtr, launchedPtr] {
-    auto& control = *controlPtr;
-    auto& launched = *launchedPtr;
+  std::thread([controlPtr, connectedPtr] {
     while (true) {
       auto line = readLine(STDIN_FILENO, std::chrono::hours(24 * 365));
       if (!line) {
-        if (!launched) ::_exit(128 + SIGHUP);
-        control.post('K');
+        if (!*connectedPtr) ::_exit(128 + SIGHUP);
+        controlPtr->post({Command::kKill});
         return;
       }
-      if (*line == "stop" || *line == "kill") {
-        if (!launched) ::_exit(128 + SIGTERM);
-        control.post(*line == "stop" ? 'S' : 'K');
-      }
+      auto cmd = parseCommand(*line);
+      if (!cmd) continue;
+      if (!*connectedPtr && (cmd->kind == Command::kStop || cmd->kind == Command::kKill)) ::_exit(128 + SIGTERM);
+      controlPtr->post(*cmd);
     }
   }).detach();
 
@@ -176,6 +221,7 @@ int runAgent(const AgentOptions& opts) {
     return fail({"io", fmt::format("node {}: cannot use the launcher's store at {}:{}: {}", opts.node, storeAddr,
                                    opts.store_port, e.what())});
   }
+  connected = true;
 
   if (!opts.gpus.empty()) {
     std::vector<std::string> g;
@@ -205,72 +251,17 @@ int runAgent(const AgentOptions& opts) {
     return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});
   }
 
-  launch::Plan plan;
-  rendezvous::RoundResult round;
-  try {
-    rendezvous::RendezvousOptions ro;
-    ro.run_id = opts.run_id;
-    ro.min_nodes = ro.max_nodes = opts.nnodes;
-    ro.join_timeout = std::chrono::seconds(spec.rendezvous.timeout_s);
-    ro.last_call = std::chrono::milliseconds(0);
-    rendezvous::NodeInfo self;
-    self.name = opts.node;
-    self.nproc = spec.nproc_per_node;
-    self.order = opts.order;
-    self.addr = opts.address.empty() ? st->localAddress() : opts.address;
-    rendezvous::Rendezvous rdzv(st, ro, self);
-    round = rdzv.join();
-
-    // Node 0 names the master: its address as the others reach it, and a port free here.
-    std::string masterKey = fmt::format("job/r/{}/master", round.round);
-    if (round.node_rank == 0) {
-      std::string addr = spec.rendezvous.master_addr.empty() ? self.addr : spec.rendezvous.master_addr;
-      if (isLoopback(addr)) {
-        // A local node reached the store over loopback: use the route toward another node.
-        for (const auto& n : round.nodes)
-          if (!isLoopback(n.addr)) {
-            std::string src = routeSource(n.addr);
-            if (!src.empty()) addr = src;
-            break;
-          }
-      }
-      st->set(masterKey, fmt::format("{}\t{}", addr, launch::pickFreePort(spec.rendezvous.port)));
-    }
-    auto master = split(st->get(masterKey), '\t');
-    DTRAIN_CHECK(master.size() == 2);
-
-    plan.run_id = opts.run_id;
-    plan.nnodes = round.nnodes;
-    plan.world_size = round.world_size;
-    plan.local_world_size = spec.nproc_per_node;
-    plan.master_addr = master[0];
-    plan.master_port = std::stoi(master[1]);
-    plan.store_addr = storeAddr;
-    plan.store_port = opts.store_port;
-    plan.store_token = token;
-    int gpus = spec::visibleGpuCount();
-    for (int i = 0; i < spec.nproc_per_node; ++i) {
-      launch::WorkerSlot s;
-      s.host = opts.node;
-      s.node_rank = round.node_rank;
-      s.local_rank = i;
-      s.global_rank = round.rank_offset + i;
-      s.device = gpus > 0 ? fmt::format("cuda:{}", i % gpus) : "cpu";
-      plan.workers.push_back(s);
-    }
-  } catch (const TimeoutError& e) {
-    return fail({"timeout", fmt::format("node {}: {}", opts.node, e.what())});
-  } catch (const std::exception& e) {
-    return fail({"io", fmt::format("node {}: rendezvous failed: {}", opts.node, e.what())});
-  }
-  send(proto::record('N', {std::to_string(round.node_rank), std::to_string(round.nnodes),
-                           std::to_string(round.world_size), std::to_string(round.rank_offset), plan.master_addr,
-                           std::to_string(plan.master_port), std::to_string(round.round)}));
-
-  // Heartbeats double as the check that the launcher (and its store) is still there.
+  // Heartbeats (the launcher's liveness check of this node) double as our check that the
+  // launcher and its store are still there: gone for store_lost_s -> like stdin EOF.
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  // The first beat before anything is reported, so that a host coming back is never judged
+  // by its counter from before it was lost.
+  try {
+    rendezvous::HeartbeatMonitor::beat(*st, opts.run_id, opts.node);
+  } catch (const std::exception&) {
+  }
   std::thread heart([&] {
     auto lastOk = Clock::now();
     std::unique_lock<std::mutex> lk(mu);
@@ -281,7 +272,7 @@ int runAgent(const AgentOptions& opts) {
         lastOk = Clock::now();
       } catch (const std::exception&) {
         if (Clock::now() - lastOk > std::chrono::duration<double>(opts.store_lost_s)) {
-          control.post('K');
+          control.post({Command::kKill});
           lk.lock();
           return;
         }
@@ -289,38 +280,136 @@ int runAgent(const AgentOptions& opts) {
       lk.lock();
     }
   });
-
-  launch::LocalRunOptions lo;
-  lo.line_sink = [](const launch::WorkerSlot& s, bool isErr, std::string_view line) {
-    send(proto::record(isErr ? 'E' : 'O', {std::to_string(s.global_rank), std::to_string(s.local_rank), std::string(line)}));
-  };
-  lo.on_exit = [](const launch::WorkerExit& w) { send(proto::exitRecord(w)); };
-  lo.control_fd = control.fd();
-  lo.on_control = [&control] { return control.take(); };
-  launched = true;
-  launch::RunResult result;
-  int rc = kExitFailure;
-  try {
-    result = launch::makeLocalLauncher(lo)->run(plan, spec);
-    rc = result.exit_code;
-  } catch (const std::exception& e) {
-    rc = fail({"io", fmt::format("node {}: {}", opts.node, e.what())});
-  }
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    done = true;
-  }
-  cv.notify_all();
-  heart.join();
-  if (!resultFile.empty()) {
-    std::ifstream in(resultFile);
-    if (in) {
-      std::stringstream ss;
-      ss << in.rdbuf();
-      send(proto::record('T', {ss.str()}));
+  auto stopHeart = [&] {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      done = true;
     }
-    std::remove(resultFile.c_str());
+    cv.notify_all();
+    heart.join();
+  };
+
+  int rc = kExitOk;
+  int restartCount = 0;
+  int nnodes = opts.nnodes;
+  std::optional<Command> next;  // what to do after the current round
+  if (opts.wait) {
+    // A host coming back: ready, and admitted by the launcher's next "restart".
+    send(proto::record('W', {opts.node}));
+    next = control.pop();
+  } else {
+    next = Command{Command::kRestart, 0, nnodes};
   }
+  while (next && next->kind == Command::kRestart) {
+    restartCount = next->restart_count;
+    nnodes = next->nnodes;
+    next.reset();
+    launch::Plan plan;
+    rendezvous::RoundResult round;
+    try {
+      rendezvous::RendezvousOptions ro;
+      ro.run_id = opts.run_id;
+      ro.min_nodes = ro.max_nodes = nnodes;
+      ro.join_timeout = std::chrono::seconds(spec.rendezvous.timeout_s);
+      ro.last_call = std::chrono::milliseconds(0);
+      ro.should_abort = [&control] { return control.pending(); };
+      rendezvous::NodeInfo self;
+      self.name = opts.node;
+      self.nproc = spec.nproc_per_node;
+      self.order = opts.order;
+      self.addr = opts.address.empty() ? st->localAddress() : opts.address;
+      rendezvous::Rendezvous rdzv(st, ro, self);
+      round = rdzv.join();
+
+      // Node 0 names the master: its address as the others reach it, and a port free here.
+      std::string masterKey = fmt::format("job/r/{}/master", round.round);
+      if (round.node_rank == 0) {
+        std::string addr = spec.rendezvous.master_addr.empty() ? self.addr : spec.rendezvous.master_addr;
+        if (isLoopback(addr)) {
+          // A local node reached the store over loopback: use the route toward another node.
+          for (const auto& n : round.nodes)
+            if (!isLoopback(n.addr)) {
+              std::string src = routeSource(n.addr);
+              if (!src.empty()) addr = src;
+              break;
+            }
+        }
+        st->set(masterKey, fmt::format("{}\t{}", addr, launch::pickFreePort(spec.rendezvous.port)));
+      }
+      auto master = split(st->get(masterKey), '\t');
+      DTRAIN_CHECK(master.size() == 2);
+
+      plan.run_id = opts.run_id;
+      plan.round = round.round;
+      plan.nnodes = round.nnodes;
+      plan.world_size = round.world_size;
+      plan.local_world_size = spec.nproc_per_node;
+      plan.master_addr = master[0];
+      plan.master_port = std::stoi(master[1]);
+      plan.store_addr = storeAddr;
+      plan.store_port = opts.store_port;
+      plan.store_token = token;
+      int gpus = spec::visibleGpuCount();
+      for (int i = 0; i < spec.nproc_per_node; ++i) {
+        launch::WorkerSlot s;
+        s.host = opts.node;
+        s.node_rank = round.node_rank;
+        s.local_rank = i;
+        s.global_rank = round.rank_offset + i;
+        s.device = gpus > 0 ? fmt::format("cuda:{}", i % gpus) : "cpu";
+        plan.workers.push_back(s);
+      }
+    } catch (const rendezvous::RendezvousAborted&) {
+      next = control.pop();  // the launcher changed its mind: do what it says now
+      if (next->kind == Command::kPause) next = control.pop();
+      continue;
+    } catch (const TimeoutError& e) {
+      rc = fail({"timeout", fmt::format("node {}: {}", opts.node, e.what())});
+      break;
+    } catch (const std::exception& e) {
+      rc = fail({"io", fmt::format("node {}: rendezvous failed: {}", opts.node, e.what())});
+      break;
+    }
+    send(proto::record('N', {std::to_string(round.node_rank), std::to_string(round.nnodes),
+                             std::to_string(round.world_size), std::to_string(round.rank_offset), plan.master_addr,
+                             std::to_string(plan.master_port), std::to_string(round.round)}));
+
+    launch::LocalRunOptions lo;
+    lo.line_sink = [](const launch::WorkerSlot& s, bool isErr, std::string_view line) {
+      send(proto::record(isErr ? 'E' : 'O', {std::to_string(s.global_rank), std::to_string(s.local_rank), std::string(line)}));
+    };
+    lo.on_exit = [](const launch::WorkerExit& w) { send(proto::exitRecord(w)); };
+    lo.control_fd = control.fd();
+    // Any command ends this round's workers; what comes next is decided after they are down.
+    lo.on_control = [&control, &next]() {
+      if (!control.pending()) return launch::ControlAction::kNone;
+      Command c = control.pop();
+      // A later word replaces an earlier one (pause -> restart), but stop and kill stand.
+      if (!next || (next->kind != Command::kStop && next->kind != Command::kKill)) next = c;
+      return c.kind == Command::kKill ? launch::ControlAction::kKill : launch::ControlAction::kStop;
+    };
+    lo.restart_count = restartCount;
+    try {
+      launch::RunResult result = launch::makeLocalLauncher(lo)->run(plan, spec);
+      rc = result.exit_code;
+    } catch (const std::exception& e) {
+      rc = fail({"io", fmt::format("node {}: {}", opts.node, e.what())});
+      break;
+    }
+    send(proto::record('D', {std::to_string(rc), std::to_string(round.round)}));
+    if (!resultFile.empty()) {
+      std::ifstream in(resultFile);
+      if (in) {
+        std::stringstream ss;
+        ss << in.rdbuf();
+        send(proto::record('T', {ss.str()}));
+      }
+      std::remove(resultFile.c_str());
+    }
+    // Idle until the launcher decides: another round, or the end.
+    while (!next || next->kind == Command::kPause) next = control.pop();
+  }
+  stopHeart();
   if (!specFile.empty()) std::remove(specFile.c_str());
   return rc;
 }

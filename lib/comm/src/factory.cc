@@ -52,10 +52,12 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
   if (o.advertise_addr.empty()) o.advertise_addr = tcp->localAddress();
   const char* run = std::getenv("DTRAIN_RUN_ID");
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const char* round = std::getenv("DTRAIN_ROUND");
   // Each attempt of each run meets in its own namespace, so a restarted job never sees the
-  // addresses of the previous attempt.
+  // addresses of the previous attempt. A membership change (a node joining) starts a new
+  // round without spending a restart, hence the round too.
   auto store = std::make_shared<store::PrefixStore>(
-      fmt::format("{}/{}", run ? run : "run", restart ? restart : "0"), tcp);
+      fmt::format("{}/{}/{}", run ? run : "run", restart ? restart : "0", round ? round : "0"), tcp);
   store->setTimeout(opts.timeout);
   if (o.backend == "tcp") return createTcpCommunicator(store, rank, size, o);
   if (o.backend == "nccl") {

@@ -68,24 +68,26 @@ bool toInt(const std::string& s, int& out) {
 
 std::string exitRecord(const WorkerExit& w) {
   std::vector<std::string> f = {std::to_string(w.global_rank), std::to_string(w.local_rank), std::to_string(w.pid),
-                                std::to_string(w.exit_code),   std::to_string(w.signal),     w.stopped_by_dtrain ? "1" : "0",
+                                std::to_string(w.exit_code),   std::to_string(w.signal),     w.stopped_by_dtrain ? "1" : "0", w.hung ? "1" : "0",
                                 w.when,                        w.error_message,              w.error_traceback};
   for (const auto& l : w.stderr_tail) f.push_back(l);
   return record('X', f);
 }
 
 std::optional<WorkerExit> parseExit(const Record& r) {
-  if (r.type != 'X' || r.fields.size() < 9) return std::nullopt;
+  if (r.type != 'X' || r.fields.size() < 10) return std::nullopt;
   WorkerExit w;
-  int stopped = 0;
+  int stopped = 0, hung = 0;
   if (!toInt(r.fields[0], w.global_rank) || !toInt(r.fields[1], w.local_rank) || !toInt(r.fields[2], w.pid) ||
-      !toInt(r.fields[3], w.exit_code) || !toInt(r.fields[4], w.signal) || !toInt(r.fields[5], stopped))
+      !toInt(r.fields[3], w.exit_code) || !toInt(r.fields[4], w.signal) || !toInt(r.fields[5], stopped) ||
+      !toInt(r.fields[6], hung))
     return std::nullopt;
   w.stopped_by_dtrain = stopped != 0;
-  w.when = r.fields[6];
-  w.error_message = r.fields[7];
-  w.error_traceback = r.fields[8];
-  w.stderr_tail.assign(r.fields.begin() + 9, r.fields.end());
+  w.hung = hung != 0;
+  w.when = r.fields[7];
+  w.error_message = r.fields[8];
+  w.error_traceback = r.fields[9];
+  w.stderr_tail.assign(r.fields.begin() + 10, r.fields.end());
   return w;
 }
 

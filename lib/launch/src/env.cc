@@ -36,6 +36,7 @@ EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan
   num("DTRAIN_NODE_RANK", slot.node_rank);
   num("DTRAIN_NNODES", plan.nnodes);
   num("DTRAIN_RESTART_COUNT", opts.restart_count);
+  num("DTRAIN_ROUND", plan.round);
   set("DTRAIN_DEVICE", slot.device);
   if (!spec.log_dir.empty()) set("DTRAIN_LOG_DIR", spec.log_dir);
   if (plan.store_port > 0) {

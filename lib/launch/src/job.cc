@@ -1,10 +1,18 @@
 #include "dtrain/launch/job.h"
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/launch/output.h"
+#include "signal_scope.h"
 #include "dtrain/store/tcp_store.h"
 #include "dtrain/store/token.h"
 
@@ -29,7 +37,35 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
   plan.store_addr = so.bind;
   plan.store_port = server.port();
   plan.store_token = so.token;
-  return makeLocalLauncher()->run(plan, spec);
+  std::vector<spec::JobEvent> events;
+  for (int attempt = 0;; ++attempt) {
+    LocalRunOptions lo;
+    lo.restart_count = attempt;
+    plan.round = attempt;
+    RunResult r = makeLocalLauncher(lo)->run(plan, spec);
+    bool failed = r.first_failure >= 0 && !r.received_signal;
+    if (failed) {
+      const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
+      std::string what = f.hung ? "hung" : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
+      if (f.hung) events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
+      if (attempt < spec.max_restarts) {
+        events.push_back({detail::utcNow(), attempt + 1, "restart",
+                          fmt::format("rank {} {}; restart {} of {}", f.global_rank, what, attempt + 1, spec.max_restarts),
+                          f.host, f.global_rank});
+        writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
+      } else if (spec.max_restarts > 0) {
+        r.failure_message = fmt::format("restart budget exhausted: {} restart(s) of {} used", attempt, spec.max_restarts);
+      }
+    }
+    r.restarts = attempt;
+    r.events = events;
+    if (!failed || attempt >= spec.max_restarts) return r;
+    // Back off (1 s, 2 s, 4 s, ... at most 60 s) and start the next attempt on a fresh
+    // MASTER_PORT: the old one may still be held by the previous attempt's sockets.
+    double pause = std::min(60.0, spec.restart_backoff_s * std::pow(2.0, attempt));
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<long>(pause * 1000)));
+    plan.master_port = pickFreePort(spec.rendezvous.port);
+  }
 }
 
 }  // namespace dtrain::launch

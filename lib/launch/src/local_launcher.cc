@@ -47,6 +47,7 @@ struct Worker {
   Fd log;
   TailBuffer tail{20};
   std::string error_file;
+  std::string watchdog_file;  // DTRAIN_WATCHDOG_FILE; armed once the worker first touches it
   WorkerExit exit;
 };
 
@@ -61,6 +62,7 @@ class LocalLauncher final : public Launcher {
   void signalAll(int sig);
   void reap();
   void drain(Worker& w);
+  void checkWatchdogs();
   void fillExit(Worker& w);
   void startShutdown(int sig, double graceS);
 
@@ -81,6 +83,7 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   eo.error_file = w.error_file;
   eo.restart_count = opts_.restart_count;
   EnvMap env = workerEnv(base, spec, plan, w.slot, eo);
+  if (!w.watchdog_file.empty()) env["DTRAIN_WATCHDOG_FILE"] = w.watchdog_file;
   SpawnOptions so;
   so.argv = spec.command;
   for (const auto& [k, v] : env) so.env.push_back(k + "=" + v);
@@ -183,6 +186,24 @@ void LocalLauncher::reap() {
   }
 }
 
+void LocalLauncher::checkWatchdogs() {
+  auto now = std::filesystem::file_time_type::clock::now();
+  for (auto& w : workers_) {
+    if (!w.running || w.watchdog_file.empty() || w.exit.hung) continue;
+    std::error_code ec;
+    auto touched = std::filesystem::last_write_time(w.watchdog_file, ec);
+    if (ec) continue;  // not armed: the worker never touched it
+    double silent = std::chrono::duration<double>(now - touched).count();
+    if (silent <= spec_->worker_timeout_s) continue;
+    // Hung (stopped, deadlocked): killed and counted as this worker's failure.
+    w.exit.hung = true;
+    w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}); killed as hung", silent,
+                                       spec_->worker_timeout_s);
+    ::kill(-w.pid, SIGKILL);
+    ::kill(-w.pid, SIGCONT);  // a stopped process group must run to die
+  }
+}
+
 void LocalLauncher::drain(Worker& w) {
   // The worker is gone, so what it wrote is all in the pipes; bounded in case a
   // grandchild keeps writing.
@@ -205,6 +226,7 @@ void LocalLauncher::drain(Worker& w) {
 
 void LocalLauncher::fillExit(Worker& w) {
   w.exit.stderr_tail.assign(w.tail.lines().begin(), w.tail.lines().end());
+  if (w.exit.hung) return;  // the watchdog's message says what happened
   if (auto e = spec::readWorkerErrorFile(w.error_file)) {
     w.exit.error_message = e->message;
     w.exit.error_traceback = e->traceback;
@@ -239,17 +261,23 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   for (size_t i = 0; i < plan.workers.size(); ++i) {
     Worker& w = workers_[i];
     w.slot = plan.workers[i];
-    auto dir = errRoot / "attempt_0" / std::to_string(w.slot.global_rank);
+    auto dir = errRoot / fmt::format("attempt_{}", opts_.restart_count) / std::to_string(w.slot.global_rank);
     std::filesystem::create_directories(dir);
     w.error_file = (dir / "error.json").string();
+    if (spec.worker_timeout_s > 0) {
+      w.watchdog_file = (dir / "watchdog").string();
+      std::filesystem::remove(w.watchdog_file);
+    }
     if (!spec.log_dir.empty() && !opts_.line_sink) {
       auto logPath = std::filesystem::path(spec.log_dir) / fmt::format("rank_{}.log", w.slot.global_rank);
-      int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      // A restart appends to the logs of the attempts before it.
+      int mode = opts_.restart_count > 0 ? O_APPEND : O_TRUNC;
+      int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644);
       if (fd < 0) throwErrno("open " + logPath.string());
       w.log = Fd(fd);
     }
   }
-  if (setsOmpThreads(base, spec) && !opts_.line_sink)  // an agent's launcher says it once for all nodes
+  if (setsOmpThreads(base, spec) && !opts_.line_sink && opts_.restart_count == 0)  // an agent's launcher says it once for all nodes
     writeAll(STDERR_FILENO,
              fmt::format("dtrain: setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
                          "machine; set it in the spec's env or with --env to tune\n",
@@ -285,9 +313,11 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     }
     // With every worker gone, a grandchild that kept a pipe open must not hold dtrain up.
     if (!anyRunning) timeoutMs = 200;
+    if (spec.worker_timeout_s > 0 && anyRunning && (timeoutMs < 0 || timeoutMs > 250)) timeoutMs = 250;
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
     if (n == 0 && !anyRunning) break;
+    if (spec.worker_timeout_s > 0 && !stopping_) checkWatchdogs();
     if (stopping_ && !killed_ && Clock::now() >= killDeadline_) {
       killed_ = true;
       signalAll(SIGKILL);

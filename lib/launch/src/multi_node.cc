@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <cmath>
 #include <optional>
 
 #include <fmt/format.h>
@@ -23,6 +24,7 @@
 #include "dtrain/launch/env.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/process.h"
+#include "dtrain/rendezvous/rendezvous.h"
 #include "dtrain/store/tcp_store.h"
 #include "dtrain/store/token.h"
 #include "signal_scope.h"
@@ -62,9 +64,20 @@ struct Pipe {
   LineSplitter splitter;
 };
 
+enum class NodeState {
+  kStarting,  // agent spawned, not heard from yet
+  kWaiting,   // a host coming back: connected, waiting to be admitted
+  kJoining,   // told to join a round
+  kRunning,   // its workers run in the current round
+  kIdle,      // its workers of the round have ended; waiting for the launcher's word
+  kLost,      // its agent is gone; retried after the cooldown
+  kDone,      // told to exit
+};
+
 // One node: its agent process (ssh client or local child) and what it reported.
 struct Node {
   const spec::NodeSpec* spec = nullptr;
+  size_t index = 0;  // hostfile position
   std::string name;
   pid_t pid = -1;
   bool running = false;
@@ -72,10 +85,20 @@ struct Node {
   Fd in;
   Pipe out, err;
   TailBuffer errTail{20};
-  bool sawFailure = false;  // reported a failing worker or an F record
-  bool sawExit = false;     // reported its workers' exits
-  int nodeRank = -1;
+  NodeState state = NodeState::kStarting;
+  bool member = false;  // part of the current (or next) round
+  int round = -1;       // round it last reported starting
+  int idleRc = 0;
+  int failures = 0;     // times lost: the cooldown grows with it
+  Clock::time_point retryAt{};
+  std::string lostReason;  // set when we kill it (heartbeat silent)
+  std::vector<WorkerExit> exits;  // of its workers in its latest round
 };
+
+bool connected(const Node& n) {
+  return n.running && (n.state == NodeState::kWaiting || n.state == NodeState::kJoining ||
+                       n.state == NodeState::kRunning || n.state == NodeState::kIdle);
+}
 
 // Pre-flight: `ssh host DTRAIN --version` on every remote host at once.
 void preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec*>& remotes, const std::string& version) {
@@ -167,29 +190,107 @@ void preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec
 
 class MultiNodeRunner {
  public:
-  MultiNodeRunner(spec::JobSpec& spec, const MultiNodeOptions& opts) : spec_(spec), opts_(opts) {}
-  RunResult run(const std::string& run_id, int storePort, const std::string& token);
+  MultiNodeRunner(spec::JobSpec& spec, const MultiNodeOptions& opts, std::string runId, int storePort, std::string token)
+      : spec_(spec), opts_(opts), runId_(std::move(runId)), storePort_(storePort), token_(std::move(token)) {}
+  RunResult run();
 
  private:
+  void spawnAgent(Node& n, bool wait);
   void onRecord(Node& n, std::string_view line);
   void emitWorkerLine(Node& n, bool isErr, int rank, int localRank, std::string_view text);
-  void nodeFailed(Node& n, const std::string& why, int exitCode);
+  void event(const std::string& kind, int round, const std::string& reason, const std::string& host = "", int rank = -1);
+  void send(Node& n, const std::string& cmd);
+  void workerFailed(Node& n, const WorkerExit& w);
+  void nodeLost(Node& n, const std::string& why);
+  void scheduleRestart(bool spendsBudget, double delayS);
+  void tryRestart();
+  void finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker = std::nullopt);
   void stopAll(const char* how);
+  void checkAllIdle();
+  void timers();
   void reap();
+  int memberCount() const;
 
   spec::JobSpec& spec_;
   const MultiNodeOptions& opts_;
+  std::string runId_;
+  int storePort_;
+  std::string token_;
+  std::unique_ptr<store::TcpStore> store_;  // the launcher's own client: rounds, heartbeats
+  std::unique_ptr<rendezvous::HeartbeatMonitor> hearts_;
   std::vector<Node> nodes_;
   RunResult result_;
+  std::optional<WorkerExit> failedWorker_;
   std::map<int, Fd> logs_;
+  int openRound_ = 0;       // the rendezvous round agents join next / are in
+  int activeRound_ = -1;    // the round whose workers run (all members reported it)
+  bool restarting_ = true;  // members told to join openRound_, not all there yet
+  bool pending_ = false;    // a restart is scheduled
+  Clock::time_point pendingAt_{};
+  std::optional<Clock::time_point> minNodesDeadline_;
+  bool finishing_ = false;  // every member succeeded; agents told to exit
   bool stopping_ = false;
-  bool killSent_ = false;
   bool killed_ = false;
   Clock::time_point killDeadline_{};
+  Clock::time_point nextHeartbeatCheck_{};
   int fallbackExit_ = 0;  // exit code for a failure that is not a worker's
   bool consoleTty_ = false;
   std::string statusLine_;
+  EnvMap env_;
 };
+
+int MultiNodeRunner::memberCount() const {
+  int n = 0;
+  for (const auto& node : nodes_) n += node.member;
+  return n;
+}
+
+void MultiNodeRunner::event(const std::string& kind, int round, const std::string& reason, const std::string& host, int rank) {
+  result_.events.push_back({detail::utcNow(), round, kind, reason, host, rank});
+  writeAll(STDERR_FILENO, spec::formatEvent(result_.events.back()) + "\n");
+}
+
+void MultiNodeRunner::send(Node& n, const std::string& cmd) {
+  if (n.in) writeAll(n.in.get(), cmd + "\n");
+}
+
+void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
+  const auto& ns = *n.spec;
+  int nnodes = static_cast<int>(spec_.nodes.size());
+  std::vector<std::string> args = {"agent", "--store-port", std::to_string(storePort_), "--run-id", runId_,
+                                   "--node", n.name, "--order", std::to_string(n.index), "--nnodes", std::to_string(nnodes)};
+  if (ns.slots > 0) args.insert(args.end(), {"--nproc", std::to_string(ns.slots)});
+  if (!ns.gpus.empty()) {
+    std::vector<std::string> g;
+    for (int x : ns.gpus) g.push_back(std::to_string(x));
+    args.insert(args.end(), {"--gpus", fmt::format("{}", fmt::join(g, ","))});
+  }
+  if (!ns.address.empty()) args.insert(args.end(), {"--address", ns.address});
+  if (wait) args.push_back("--wait");
+  SpawnOptions so;
+  so.env = envStrings(env_);
+  so.stdin_pipe = true;
+  if (ns.local) {
+    args.insert(args.end(), {"--store-addr", "127.0.0.1"});
+    so.argv = {selfExecutable()};
+    so.argv.insert(so.argv.end(), args.begin(), args.end());
+  } else {
+    if (!spec_.rendezvous.addr.empty()) args.insert(args.end(), {"--store-addr", spec_.rendezvous.addr});
+    args.insert(args.begin(), remoteDtrain(spec_));
+    so.argv = sshArgv(spec_, ns);
+    so.argv.push_back(remoteCommand(args));
+  }
+  Spawned child = spawnProcess(so);
+  n.pid = child.pid;
+  n.running = true;
+  n.status = 0;
+  n.in = std::move(child.in);
+  n.out = Pipe{std::move(child.out), {}};
+  n.err = Pipe{std::move(child.err), {}};
+  n.state = NodeState::kStarting;
+  n.lostReason.clear();
+  send(n, "token " + token_);
+}
 
 void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRank, std::string_view text) {
   std::string prefix = spec_.prefix_output ? fmt::format("[{} rank {}] ", n.name, rank) : std::string();
@@ -221,18 +322,119 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 
-void MultiNodeRunner::nodeFailed(Node& n, const std::string& why, int exitCode) {
-  if (n.sawFailure || stopping_) return;
-  n.sawFailure = true;
+void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker) {
+  if (stopping_ || finishing_) return;
   if (result_.failure_message.empty()) {
     result_.failure_message = why;
     fallbackExit_ = exitCode;
   }
+  if (worker && !failedWorker_) failedWorker_ = worker;
   stopAll("stop");
+}
+
+void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
+  std::string what = w.hung ? "hung" : w.signal ? "killed by " + signalName(w.signal) : fmt::format("exited with code {}", w.exit_code);
+  if (w.hung) event("worker_hung", activeRound_, w.error_message, n.name, w.global_rank);
+  if (result_.restarts >= spec_.max_restarts) {
+    finalFailure(spec_.max_restarts > 0 ? fmt::format("restart budget exhausted: {} restart(s) of {} used",
+                                                      result_.restarts, spec_.max_restarts)
+                                        : "",
+                 kExitFailure, w);
+    return;
+  }
+  ++result_.restarts;
+  event("restart", openRound_ + 1,
+        fmt::format("rank {} on {} {}; restart {} of {}", w.global_rank, n.name, what, result_.restarts, spec_.max_restarts),
+        n.name, w.global_rank);
+  scheduleRestart(true, std::min(60.0, spec_.restart_backoff_s * std::pow(2.0, result_.restarts - 1)));
+}
+
+void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
+  bool wasMember = n.member && n.state != NodeState::kDone;
+  n.state = NodeState::kLost;
+  n.member = false;
+  n.in.reset();
+  if (stopping_ || finishing_) return;
+  ++n.failures;
+  // Horovod-style: a host that keeps failing waits longer before it is tried again.
+  double cooldown = std::min(300.0, std::max(1.0, spec_.restart_backoff_s) * std::pow(2.0, n.failures));
+  n.retryAt = Clock::now() + std::chrono::milliseconds(static_cast<long>(cooldown * 1000));
+  if (!wasMember) {
+    event("host_excluded", openRound_, fmt::format("{} ({}) did not come back: {}; next try in {:.0f} s", n.name,
+                                                   n.spec->origin, why, cooldown),
+          n.name);
+    return;
+  }
+  event("node_lost", activeRound_, fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
+  int left = memberCount();
+  if (spec_.max_restarts == 0 || result_.restarts >= spec_.max_restarts) {
+    std::string msg = fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why);
+    if (spec_.max_restarts > 0)
+      msg += fmt::format("; restart budget exhausted: {} restart(s) of {} used", result_.restarts, spec_.max_restarts);
+    finalFailure(msg, kExitFailure);
+    return;
+  }
+  event("host_excluded", activeRound_, fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures),
+        n.name);
+  ++result_.restarts;
+  event("restart", openRound_ + 1,
+        fmt::format("{} node(s) left (min_nodes {}); restart {} of {}", left, spec_.min_nodes, result_.restarts,
+                    spec_.max_restarts));
+  scheduleRestart(true, std::min(60.0, spec_.restart_backoff_s * std::pow(2.0, result_.restarts - 1)));
+}
+
+void MultiNodeRunner::scheduleRestart(bool spendsBudget, double delayS) {
+  (void)spendsBudget;
+  // Workers stop now; the next round starts after the back-off.
+  for (auto& n : nodes_)
+    if (connected(n) && (n.state == NodeState::kRunning || n.state == NodeState::kJoining)) send(n, "pause");
+  auto at = Clock::now() + std::chrono::milliseconds(static_cast<long>(delayS * 1000));
+  if (!pending_ || at > pendingAt_) pendingAt_ = at;
+  pending_ = true;
+  restarting_ = true;  // failures until the next round starts are consequences, not causes
+}
+
+void MultiNodeRunner::tryRestart() {
+  std::vector<Node*> ready;
+  for (auto& n : nodes_)
+    if (connected(n)) ready.push_back(&n);
+  if (static_cast<int>(ready.size()) < spec_.min_nodes) {
+    if (!minNodesDeadline_) {
+      minNodesDeadline_ = Clock::now() + std::chrono::seconds(spec_.rendezvous.timeout_s);
+      writeAll(STDERR_FILENO, fmt::format("dtrain: {} node(s) available, min_nodes is {}: waiting up to {} s for hosts to "
+                                          "come back\n",
+                                          ready.size(), spec_.min_nodes, spec_.rendezvous.timeout_s));
+    }
+    if (Clock::now() >= *minNodesDeadline_)
+      finalFailure(fmt::format("only {} node(s) left, min_nodes is {}; waited {} s (rendezvous.timeout_s) for others "
+                               "to come back",
+                               ready.size(), spec_.min_nodes, spec_.rendezvous.timeout_s),
+                   kExitFailure);
+    return;
+  }
+  minNodesDeadline_.reset();
+  if (static_cast<int>(ready.size()) > spec_.max_nodes) ready.resize(static_cast<size_t>(spec_.max_nodes));
+  rendezvous::RendezvousOptions ro;
+  ro.run_id = runId_;
+  rendezvous::Rendezvous(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, {}).openNextRound(openRound_);
+  ++openRound_;
+  for (auto& n : nodes_) n.member = false;
+  for (Node* n : ready) {
+    if (n->state == NodeState::kWaiting)
+      event("node_joined", openRound_, fmt::format("{} ({}) is back and joins round {}", n->name, n->spec->origin, openRound_),
+            n->name);
+    n->member = true;
+    n->state = NodeState::kJoining;
+    n->exits.clear();
+    send(*n, fmt::format("restart {} {}", result_.restarts, ready.size()));
+  }
+  pending_ = false;
+  restarting_ = true;
 }
 
 void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
   auto r = proto::parse(line);
+  if (!r) return;
   auto intField = [&](size_t i) {
     try {
       return std::stoi(r->fields.at(i));
@@ -240,54 +442,74 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       return -1;
     }
   };
-  if (!r) return;
   switch (r->type) {
     case 'O':
     case 'E':
       if (r->fields.size() == 3) emitWorkerLine(n, r->type == 'E', intField(0), intField(1), r->fields[2]);
       return;
-    case 'N':
-      n.nodeRank = intField(0);
+    case 'W':
+      if (n.state == NodeState::kStarting) n.state = NodeState::kWaiting;
       return;
+    case 'N': {
+      n.round = intField(6);
+      n.state = NodeState::kRunning;
+      n.exits.clear();
+      bool all = restarting_ && !pending_;
+      for (const auto& m : nodes_)
+        if (m.member && m.round != openRound_) all = false;
+      if (all) {
+        restarting_ = false;
+        activeRound_ = openRound_;
+      }
+      return;
+    }
     case 'X': {
       auto w = proto::parseExit(*r);
       if (!w) return;
       w->host = n.name;
-      n.sawExit = true;
-      result_.workers.push_back(*w);
+      n.exits.push_back(*w);
       bool failed = (w->signal || w->exit_code) && !w->stopped_by_dtrain;
-      if (failed && result_.first_failure < 0 && !stopping_) {
-        result_.first_failure = static_cast<int>(result_.workers.size() - 1);
-        n.sawFailure = true;
-        stopAll("stop");
-      }
+      if (failed && !stopping_ && !finishing_ && !restarting_ && n.round == activeRound_) workerFailed(n, *w);
       return;
     }
+    case 'D':
+      n.state = NodeState::kIdle;
+      n.idleRc = intField(0);
+      checkAllIdle();
+      return;
     case 'T':
       if (!opts_.result_file.empty() && r->fields.size() == 1) std::ofstream(opts_.result_file) << r->fields[0];
       return;
     case 'F':
-      if (r->fields.size() == 2) nodeFailed(n, r->fields[1], r->fields[0] == "spec" ? kExitUsage : kExitFailure);
+      if (r->fields.size() == 2) finalFailure(r->fields[1], r->fields[0] == "spec" ? kExitUsage : kExitFailure);
       return;
     default:
       return;
   }
 }
 
+void MultiNodeRunner::checkAllIdle() {
+  if (restarting_ || pending_ || stopping_ || finishing_) return;
+  for (const auto& n : nodes_)
+    if (n.member && (n.state != NodeState::kIdle || n.idleRc != 0)) return;
+  finishing_ = true;
+  for (auto& n : nodes_) {
+    if (!connected(n) && n.state != NodeState::kStarting) continue;
+    send(n, "exit");
+    n.state = NodeState::kDone;
+  }
+}
+
 void MultiNodeRunner::stopAll(const char* how) {
-  std::string cmd = std::string(how) + "\n";
   for (auto& n : nodes_)
-    if (n.in) writeAll(n.in.get(), cmd);
+    if (n.running) send(n, how);
   if (!stopping_) {
     stopping_ = true;
     // Agents escalate to SIGKILL after the grace period themselves; this is the backstop
     // for an agent (or an ssh connection) that does not come back.
     killDeadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000) + 10000);
   }
-  if (std::string(how) == "kill") {
-    killSent_ = true;
-    killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
-  }
+  if (std::string(how) == "kill") killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
 }
 
 void MultiNodeRunner::reap() {
@@ -299,62 +521,75 @@ void MultiNodeRunner::reap() {
       if (n.pid != pid || !n.running) continue;
       n.running = false;
       n.status = status;
-      n.in.reset();
       ::kill(-pid, SIGKILL);  // anything left in its process group goes with it
     }
   }
 }
 
-RunResult MultiNodeRunner::run(const std::string& run_id, int storePort, const std::string& token) {
+void MultiNodeRunner::timers() {
+  auto now = Clock::now();
+  if (stopping_ || finishing_) return;
+  if (pending_ && now >= pendingAt_) tryRestart();
+  // Liveness: a connected agent whose heartbeat stopped is cut off (and then lost).
+  if (now >= nextHeartbeatCheck_) {
+    nextHeartbeatCheck_ = now + std::chrono::milliseconds(500);
+    std::vector<std::string> names;
+    for (const auto& n : nodes_)
+      if (connected(n)) names.push_back(n.name);
+    std::vector<std::string> dead;
+    try {
+      dead = hearts_->dead(names);
+    } catch (const std::exception&) {
+    }
+    for (auto& n : nodes_) {
+      if (!connected(n) || std::find(dead.begin(), dead.end(), n.name) == dead.end()) continue;
+      n.lostReason = fmt::format("no heartbeat for {:.3g} s (rendezvous.heartbeat_timeout_s)", spec_.rendezvous.heartbeat_timeout_s);
+      ::kill(-n.pid, SIGKILL);
+    }
+  }
+  // Hosts that were lost are tried again after their cooldown, while there is room.
+  int inPlay = 0;
+  for (const auto& n : nodes_) inPlay += n.running;
+  for (auto& n : nodes_) {
+    if (n.state != NodeState::kLost || n.running || now < n.retryAt || inPlay >= spec_.max_nodes) continue;
+    writeAll(STDERR_FILENO, fmt::format("dtrain: trying {} ({}) again\n", n.name, n.spec->origin));
+    spawnAgent(n, /*wait=*/true);
+    ++inPlay;
+  }
+  // A waiting host is admitted at once (a membership change spends no restart).
+  bool waiting = std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kWaiting; });
+  if (waiting && !pending_ && !restarting_ && memberCount() < spec_.max_nodes) scheduleRestart(false, 0);
+}
+
+RunResult MultiNodeRunner::run() {
   SignalScope signals;
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
   if (!spec_.log_dir.empty()) std::filesystem::create_directories(spec_.log_dir);
-  EnvMap env = currentEnvironment();
-  std::string self = selfExecutable();
-  std::string bin = remoteDtrain(spec_);
-  int nnodes = static_cast<int>(spec_.nodes.size());
+  env_ = currentEnvironment();
+  {
+    store::TcpStoreOptions co;
+    co.host = "127.0.0.1";
+    co.port = storePort_;
+    co.token = token_;
+    store_ = std::make_unique<store::TcpStore>(co);
+    hearts_ = std::make_unique<rendezvous::HeartbeatMonitor>(
+        std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), runId_,
+        std::chrono::milliseconds(static_cast<long>(spec_.rendezvous.heartbeat_timeout_s * 1000)));
+  }
   nodes_.resize(spec_.nodes.size());
   for (size_t i = 0; i < spec_.nodes.size(); ++i) {
     Node& n = nodes_[i];
-    const auto& ns = spec_.nodes[i];
-    n.spec = &ns;
-    n.name = nodeName(spec_, ns);
-    std::vector<std::string> args = {"agent", "--store-port", std::to_string(storePort), "--run-id", run_id,
-                                     "--node", n.name, "--order", std::to_string(i), "--nnodes", std::to_string(nnodes)};
-    if (ns.slots > 0) args.insert(args.end(), {"--nproc", std::to_string(ns.slots)});
-    if (!ns.gpus.empty()) {
-      std::vector<std::string> g;
-      for (int x : ns.gpus) g.push_back(std::to_string(x));
-      args.insert(args.end(), {"--gpus", fmt::format("{}", fmt::join(g, ","))});
-    }
-    if (!ns.address.empty()) args.insert(args.end(), {"--address", ns.address});
-    SpawnOptions so;
-    so.env = envStrings(env);
-    so.stdin_pipe = true;
-    if (ns.local) {
-      args.insert(args.end(), {"--store-addr", "127.0.0.1"});
-      so.argv = {self};
-      so.argv.insert(so.argv.end(), args.begin(), args.end());
-    } else {
-      if (!spec_.rendezvous.addr.empty()) args.insert(args.end(), {"--store-addr", spec_.rendezvous.addr});
-      args.insert(args.begin(), bin);
-      so.argv = sshArgv(spec_, ns);
-      so.argv.push_back(remoteCommand(args));
-    }
-    Spawned child = spawnProcess(so);
-    n.pid = child.pid;
-    n.running = true;
-    n.in = std::move(child.in);
-    n.out.fd = std::move(child.out);
-    n.err.fd = std::move(child.err);
-    writeAll(n.in.get(), "token " + token + "\n");
+    n.spec = &spec_.nodes[i];
+    n.index = i;
+    n.name = nodeName(spec_, spec_.nodes[i]);
+    n.member = true;
   }
-
   bool crowded = std::any_of(spec_.nodes.begin(), spec_.nodes.end(),
                              [&](const spec::NodeSpec& n) { return (n.slots ? n.slots : spec_.nproc_per_node) > 1; });
-  if (crowded && !env.count("OMP_NUM_THREADS") && !spec_.env.count("OMP_NUM_THREADS"))
+  if (crowded && !env_.count("OMP_NUM_THREADS") && !spec_.env.count("OMP_NUM_THREADS"))
     writeAll(STDERR_FILENO, "dtrain: setting OMP_NUM_THREADS=1 for the workers of nodes that run several, to avoid "
                             "overloading them; set it in the spec's env or with --env to tune\n");
+  for (auto& n : nodes_) spawnAgent(n, /*wait=*/false);
 
   std::vector<char> buf(65536);
   while (true) {
@@ -368,16 +603,17 @@ RunResult MultiNodeRunner::run(const std::string& run_id, int storePort, const s
       if (n.out.fd) fds.push_back({n.out.fd.get(), POLLIN, 0}), owners.push_back({&n, false});
       if (n.err.fd) fds.push_back({n.err.fd.get(), POLLIN, 0}), owners.push_back({&n, true});
     }
-    if (!anyRunning && fds.size() == 1) break;
-    int timeoutMs = 1000;
+    bool retriesLeft = !stopping_ && !finishing_ &&
+                       std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kLost; }) &&
+                       (pending_ || restarting_ || minNodesDeadline_);
+    if (!anyRunning && fds.size() == 1 && !pending_ && !retriesLeft) break;
+    int timeoutMs = 250;
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
-      timeoutMs = static_cast<int>(std::clamp<long>(left, 0, 1000));
+      timeoutMs = static_cast<int>(std::clamp<long>(left, 0, 250));
     }
-    if (!anyRunning) timeoutMs = 200;
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
-    if (n == 0 && !anyRunning) break;
     if (stopping_ && !killed_ && Clock::now() >= killDeadline_) {
       killed_ = true;
       for (auto& node : nodes_)
@@ -391,7 +627,8 @@ RunResult MultiNodeRunner::run(const std::string& run_id, int storePort, const s
           int sig = sigs[i];
           if (sig == SIGCHLD) continue;
           if (!result_.received_signal) result_.received_signal = sig;
-          stopAll(stopping_ && sig == SIGINT ? "kill" : "stop");  // a second Ctrl-C means "now"
+          bool again = stopping_ && sig == SIGINT;
+          stopAll(again ? "kill" : "stop");  // a second Ctrl-C means "now"
         }
       }
     }
@@ -417,31 +654,37 @@ RunResult MultiNodeRunner::run(const std::string& run_id, int storePort, const s
       p.splitter.feed(std::string_view(buf.data(), static_cast<size_t>(got)), handle);
     }
     reap();
-    // An agent that ended without reporting its workers lost them: the node is gone.
+    // An agent that ended (its output read to the end) while it still had a part to play.
     for (auto& node : nodes_) {
-      if (node.running || node.out.fd || node.sawExit || node.sawFailure) continue;
+      if (node.running || node.out.fd || node.state == NodeState::kLost || node.state == NodeState::kDone) continue;
       int code = WIFEXITED(node.status) ? WEXITSTATUS(node.status) : 128 + WTERMSIG(node.status);
-      std::string tail = node.errTail.lines().empty() ? "" : ": " + node.errTail.lines().back();
-      nodeFailed(node, fmt::format("node {} ({}) lost: its agent{} exited with {}{}", node.name, node.spec->origin,
-                                   node.spec->local ? "" : " (ssh)", code, tail),
-                 kExitFailure);
-      node.sawFailure = true;
+      std::string why = node.lostReason;
+      if (why.empty()) {
+        why = fmt::format("its agent{} exited with {}", node.spec->local ? "" : " (ssh)", code);
+        if (!node.errTail.lines().empty()) why += ": " + node.errTail.lines().back();
+      }
+      nodeLost(node, why);
     }
+    timers();
   }
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
-  // Ranks in order; first_failure follows its worker.
-  std::optional<WorkerExit> first;
-  if (result_.first_failure >= 0) first = result_.workers[static_cast<size_t>(result_.first_failure)];
+  // The summary shows the last round's ranks, in order; first_failure follows its worker.
+  for (const auto& node : nodes_)
+    if (node.member || node.state == NodeState::kDone)
+      result_.workers.insert(result_.workers.end(), node.exits.begin(), node.exits.end());
   std::stable_sort(result_.workers.begin(), result_.workers.end(),
                    [](const WorkerExit& a, const WorkerExit& b) { return a.global_rank < b.global_rank; });
-  if (first) {
-    for (size_t i = 0; i < result_.workers.size(); ++i)
-      if (result_.workers[i].global_rank == first->global_rank) result_.first_failure = static_cast<int>(i);
+  if (failedWorker_) {
+    auto it = std::find_if(result_.workers.begin(), result_.workers.end(), [&](const WorkerExit& w) {
+      return w.global_rank == failedWorker_->global_rank && w.host == failedWorker_->host;
+    });
+    if (it == result_.workers.end()) it = result_.workers.insert(result_.workers.end(), *failedWorker_);
+    result_.first_failure = static_cast<int>(it - result_.workers.begin());
   }
   if (result_.received_signal) {
     result_.exit_code = 128 + result_.received_signal;
-  } else if (first) {
-    result_.exit_code = first->signal ? 128 + first->signal : first->exit_code;
+  } else if (failedWorker_) {
+    result_.exit_code = failedWorker_->signal ? 128 + failedWorker_->signal : failedWorker_->exit_code;
   } else if (!result_.failure_message.empty()) {
     result_.exit_code = fallbackExit_;
   }
@@ -531,8 +774,8 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
     client.set("job/spec", spec::serializeForNode(shipped));
     client.set("job/source", spec.source.empty() ? "command line" : spec.source);
   }
-  MultiNodeRunner runner(spec, opts);
-  return runner.run(run_id, server->port(), so.token);
+  MultiNodeRunner runner(spec, opts, run_id, server->port(), so.token);
+  return runner.run();
 }
 
 }  // namespace dtrain::launch

@@ -79,6 +79,7 @@ RoundResult Rendezvous::join() {
           break;
         }
         if (Clock::now() >= deadline) timeout(round + 1, opts_.join_timeout);
+        if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted("rendezvous abandoned");
         std::this_thread::sleep_for(opts_.poll);
       }
       continue;
@@ -103,6 +104,7 @@ RoundResult Rendezvous::join() {
         break;
       }
       if (now >= deadline) timeout(round, opts_.join_timeout);
+      if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted(fmt::format("rendezvous round {} abandoned", round));
       try {
         s.wait({closedKey}, std::min<Duration>(opts_.poll, std::chrono::duration_cast<Duration>(deadline - now)));
       } catch (const TimeoutError&) {

@@ -29,8 +29,9 @@ const std::vector<std::string> kTopKeys = {
     "name",         "command",       "env",           "cwd",      "nproc_per_node",
     "log_dir",      "max_restarts",  "rendezvous",    "nodes",    "hostfile",
     "trainer",      "shutdown_timeout_s", "prefix_output", "console_ranks", "ssh",
-    "env_forward",  "env_file"};
-const std::vector<std::string> kRendezvousKeys = {"port", "timeout_s", "addr", "master_addr"};
+    "env_forward",  "env_file",      "min_nodes",     "max_nodes", "worker_timeout_s",
+    "restart_backoff_s"};
+const std::vector<std::string> kRendezvousKeys = {"port", "timeout_s", "addr", "master_addr", "heartbeat_timeout_s"};
 const std::vector<std::string> kNodeKeys = {"host", "slots", "user", "port", "address", "gpus"};
 const std::vector<std::string> kSshKeys = {"user", "port", "identity_file", "connect_timeout_s",
                                            "options", "host_key_checking", "dtrain_path"};
@@ -516,6 +517,14 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   }
   if (root.contains("max_restarts"))
     spec.max_restarts = static_cast<int>(c.integer(root["max_restarts"], "/max_restarts", 0, 1000000, "an integer >= 0"));
+  if (root.contains("min_nodes"))
+    spec.min_nodes = static_cast<int>(c.integer(root["min_nodes"], "/min_nodes", 1, 4096, "a node count between 1 and 4096"));
+  if (root.contains("max_nodes"))
+    spec.max_nodes = static_cast<int>(c.integer(root["max_nodes"], "/max_nodes", 1, 4096, "a node count between 1 and 4096"));
+  if (root.contains("worker_timeout_s"))
+    spec.worker_timeout_s = c.number(root["worker_timeout_s"], "/worker_timeout_s", 0, 86400, "seconds between 0 (off) and 86400");
+  if (root.contains("restart_backoff_s"))
+    spec.restart_backoff_s = c.number(root["restart_backoff_s"], "/restart_backoff_s", 0, 3600, "seconds between 0 and 3600");
   if (root.contains("shutdown_timeout_s"))
     spec.shutdown_timeout_s = c.number(root["shutdown_timeout_s"], "/shutdown_timeout_s", 0, 86400, "seconds between 0 and 86400");
   if (root.contains("prefix_output")) spec.prefix_output = c.boolean(root["prefix_output"], "/prefix_output");
@@ -539,6 +548,9 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
       spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 0, 65535, "a TCP port between 1 and 65535, or 0 for a free one"));
     if (r.contains("timeout_s"))
       spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "seconds between 1 and 86400"));
+    if (r.contains("heartbeat_timeout_s"))
+      spec.rendezvous.heartbeat_timeout_s =
+          c.number(r["heartbeat_timeout_s"], "/rendezvous/heartbeat_timeout_s", 1, 3600, "seconds between 1 and 3600");
     addr("addr", spec.rendezvous.addr);
     addr("master_addr", spec.rendezvous.master_addr);
   }
@@ -598,6 +610,28 @@ JobSpec loadJobSpec(const std::string& path) {
 void applyOverrides(JobSpec& spec, const Overrides& o) {
   if (o.nproc_per_node)
     parseNproc(*o.nproc_per_node, spec, [](const std::string& m) { throw SpecError("--nproc-per-node: " + m); });
+  if (o.nnodes) {
+    auto bad = [&]() -> SpecError {
+      return SpecError(fmt::format("--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got \"{}\"", *o.nnodes));
+    };
+    auto parts = split(*o.nnodes, ':');
+    if (parts.empty() || parts.size() > 2) throw bad();
+    std::vector<int> v;
+    for (const auto& p : parts) {
+      size_t used = 0;
+      int x = 0;
+      try {
+        x = std::stoi(p, &used);
+      } catch (...) {
+        throw bad();
+      }
+      if (used != p.size() || x < 1) throw bad();
+      v.push_back(x);
+    }
+    spec.min_nodes = v[0];
+    spec.max_nodes = v.size() == 2 ? v[1] : v[0];
+    if (spec.min_nodes > spec.max_nodes) throw bad();
+  }
   if (o.max_restarts) {
     if (*o.max_restarts < 0) throw SpecError(fmt::format("--max-restarts: expected an integer >= 0, got {}", *o.max_restarts));
     spec.max_restarts = *o.max_restarts;
@@ -673,6 +707,17 @@ int autoProcsPerNode() {
 void resolve(JobSpec& spec) {
   if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode();
   const std::string source = spec.source.empty() ? "command line" : spec.source;
+  // Elastic range: defaults to the hosts given; it cannot ask for more nodes than there are.
+  int hosts = std::max<int>(1, static_cast<int>(spec.nodes.size()));
+  if (spec.max_nodes == 0) spec.max_nodes = std::max(hosts, spec.min_nodes);
+  if (spec.min_nodes == 0) spec.min_nodes = std::min(hosts, spec.max_nodes);
+  if (spec.min_nodes > spec.max_nodes)
+    throw SpecError(fmt::format("{}: /min_nodes: {} is more than max_nodes {}; make min_nodes <= max_nodes", source,
+                                spec.min_nodes, spec.max_nodes));
+  if (spec.max_nodes > hosts)
+    throw SpecError(fmt::format("{}: /max_nodes: {} node(s) asked for but {} host(s) given; list more hosts (hostfile, "
+                                "nodes, --hosts) or lower max_nodes / --nnodes",
+                                source, spec.max_nodes, hosts));
   if (spec.nodes.empty()) {
     for (int r : spec.console_ranks) {
       if (r >= spec.nproc_per_node)
@@ -709,7 +754,10 @@ std::string serializeForNode(const JobSpec& spec) {
     j["nproc_per_node"] = spec.nproc_per_node;
   if (!spec.log_dir.empty()) j["log_dir"] = spec.log_dir;
   j["max_restarts"] = spec.max_restarts;
-  json r = {{"port", spec.rendezvous.port}, {"timeout_s", spec.rendezvous.timeout_s}};
+  j["worker_timeout_s"] = spec.worker_timeout_s;
+  j["restart_backoff_s"] = spec.restart_backoff_s;
+  json r = {{"port", spec.rendezvous.port}, {"timeout_s", spec.rendezvous.timeout_s},
+            {"heartbeat_timeout_s", spec.rendezvous.heartbeat_timeout_s}};
   if (!spec.rendezvous.addr.empty()) r["addr"] = spec.rendezvous.addr;
   if (!spec.rendezvous.master_addr.empty()) r["master_addr"] = spec.rendezvous.master_addr;
   j["rendezvous"] = r;
@@ -780,6 +828,8 @@ std::string describe(const JobSpec& spec) {
   os << fmt::format("nproc_per_node:     {}{}\n", spec.nproc_per_node, spec.nproc_auto ? " (auto)" : "");
   os << fmt::format("log_dir:            {}\n", spec.log_dir.empty() ? "(none)" : spec.log_dir);
   os << fmt::format("max_restarts:       {}\n", spec.max_restarts);
+  if (!spec.nodes.empty()) os << fmt::format("nodes range:        {}..{} (min_nodes..max_nodes)\n", spec.min_nodes, spec.max_nodes);
+  if (spec.worker_timeout_s > 0) os << fmt::format("worker_timeout_s:   {}\n", spec.worker_timeout_s);
   os << fmt::format("shutdown_timeout_s: {}\n", spec.shutdown_timeout_s);
   os << fmt::format("rendezvous:         port {}, timeout {} s\n",
                     spec.rendezvous.port ? std::to_string(spec.rendezvous.port) : std::string("any free"),

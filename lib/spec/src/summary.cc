@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/common/errors.h"
@@ -22,6 +23,13 @@ json trainerJson(const TrainerOutcome& t) {
 }
 
 }  // namespace
+
+std::string formatEvent(const JobEvent& e) {
+  std::string out = fmt::format("dtrain: event {} (round {})", e.kind, e.round);
+  if (!e.host.empty()) out += fmt::format(" host {}", e.host);
+  if (e.rank >= 0) out += fmt::format(" rank {}", e.rank);
+  return out + ": " + e.reason;
+}
 
 std::string toJson(const RunSummary& s) {
   json j;
@@ -45,6 +53,13 @@ std::string toJson(const RunSummary& s) {
     j["ranks"].push_back(rj);
   }
   j["trainer"] = s.trainer ? trainerJson(*s.trainer) : json(nullptr);
+  j["events"] = json::array();
+  for (const auto& e : s.events) {
+    json ej = {{"time", e.time}, {"round", e.round}, {"kind", e.kind}, {"reason", e.reason}};
+    ej["host"] = e.host.empty() ? json(nullptr) : json(e.host);
+    ej["rank"] = e.rank < 0 ? json(nullptr) : json(e.rank);
+    j["events"].push_back(ej);
+  }
   return j.dump(2) + "\n";
 }
 

@@ -19,6 +19,8 @@ struct AgentOptions {
   int nproc = 0;            // workers here; 0 = the spec's nproc_per_node ("auto" resolved here)
   std::vector<int> gpus;    // CUDA_VISIBLE_DEVICES for the workers; empty = leave as is
   std::string address;      // how other nodes reach this one; "" = learned from the connection
+  // A host coming back: connect, say "W", and join only when the launcher says "restart".
+  bool wait = false;
   // Give up when the store has been unreachable this long (the launcher is gone).
   double store_lost_s = 5;
 };

@@ -13,8 +13,8 @@
 // exactly one line whatever a worker printed:
 //   O <rank> <text>   a worker's stdout line     E <rank> <text>   a worker's stderr line
 //   N <node_rank> <nnodes> <world_size> <rank_offset> <master_addr> <master_port> <round>
-//   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <when> <message>
-//     <traceback> <stderr tail lines...>         a worker ended
+//   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <hung 0|1> <when>
+//     <message> <traceback> <stderr tail lines...>   a worker ended
 //   T <json>          the trainer's outcome (rank 0's DTRAIN_RESULT_FILE)
 //   F <kind> <message>  the agent failed before or around its workers; kind is "spec"
 //                     (bad input, exit 2), "timeout" or "io"

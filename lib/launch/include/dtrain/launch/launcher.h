@@ -7,6 +7,7 @@
 
 #include "dtrain/launch/plan.h"
 #include "dtrain/spec/job_spec.h"
+#include "dtrain/spec/summary.h"
 
 namespace dtrain::launch {
 
@@ -19,6 +20,7 @@ struct WorkerExit {
   int exit_code = 0;  // valid when signal == 0
   int signal = 0;     // terminating signal, 0 if it exited
   bool stopped_by_dtrain = false;  // killed during teardown, not a failure of its own
+  bool hung = false;               // killed by the watchdog (worker_timeout_s)
   std::string when;                // UTC, ISO 8601
   std::vector<std::string> stderr_tail;
   std::string error_message;       // from TORCHELASTIC_ERROR_FILE
@@ -32,6 +34,8 @@ struct RunResult {
   int first_failure = -1;    // index into workers, -1 when none failed
   // Multi-node: a failure that is not a worker's (a node lost, an agent's error), "" if none.
   std::string failure_message;
+  int restarts = 0;                      // restarts that spent the budget
+  std::vector<spec::JobEvent> events;    // elastic events, in order
 };
 
 // Seam between "what to run" and "how processes get started" (local now; SSH and a fake

@@ -18,6 +18,7 @@ struct WorkerSlot {
 
 struct Plan {
   std::string run_id;
+  int round = 0;  // rendezvous round: a new one per restart or membership change
   int nnodes = 1;
   int world_size = 0;
   int local_world_size = 0;

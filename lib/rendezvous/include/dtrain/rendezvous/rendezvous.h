@@ -11,7 +11,9 @@
 //   hb/<name>          heartbeat counter of a node
 //
 // Thread-safety: a Rendezvous object is used by one thread; the store may be shared.
+#include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,14 @@ struct RendezvousOptions {
   // Names of nodes expected (hostfile); only used to say who is missing on a timeout.
   std::vector<std::string> expected;
   Duration poll{std::chrono::milliseconds(20)};
+  // Polled while waiting for the round to close; true abandons the join (RendezvousAborted).
+  std::function<bool()> should_abort;
+};
+
+// join() gave up because should_abort said so (the caller has something better to do).
+class RendezvousAborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 struct RoundResult {

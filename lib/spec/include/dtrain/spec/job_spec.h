@@ -16,6 +16,8 @@ struct RendezvousSpec {
   std::string addr;
   // MASTER_ADDR override; "" = node 0's address as the other nodes reach it.
   std::string master_addr;
+  // Multi-node: a node whose agent has not heartbeat for this long is lost.
+  double heartbeat_timeout_s = 15;
 };
 
 // One host of a multi-node job: a hostfile line, a "nodes" entry or a --hosts item.
@@ -99,6 +101,15 @@ struct JobSpec {
   int nproc_per_node = 1;                     // resolved count
   std::string log_dir;                        // "" = no per-rank files
   int max_restarts = 0;
+  // Elastic range (multi-node): the job goes on while at least min_nodes are left, and
+  // admits nodes back up to max_nodes. 0 = the number of hosts given.
+  int min_nodes = 0;
+  int max_nodes = 0;
+  // A worker that has armed its watchdog (DTRAIN_WATCHDOG_FILE) and not touched it for
+  // this long is killed and counted as failed. 0 = off.
+  double worker_timeout_s = 0;
+  // Pause before restart n: restart_backoff_s * 2^(n-1), at most 60 s.
+  double restart_backoff_s = 1;
   RendezvousSpec rendezvous;
   double shutdown_timeout_s = 30;             // grace between SIGTERM and SIGKILL
   bool prefix_output = true;                  // "[rank N] " on every console line
@@ -130,6 +141,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source);
 struct Overrides {
   std::optional<std::string> nproc_per_node;  // integer or "auto"
   std::optional<int> max_restarts;
+  std::optional<std::string> nnodes;          // --nnodes N or MIN:MAX
   std::optional<std::string> log_dir;
   std::optional<double> shutdown_timeout_s;
   std::vector<std::string> env;               // "K=V"

@@ -24,6 +24,19 @@ struct RankOutcome {
   bool stopped_by_dtrain = false;
 };
 
+// One elastic event: "restart", "node_lost", "node_joined", "host_excluded", "worker_hung".
+struct JobEvent {
+  std::string time;    // UTC, ISO 8601
+  int round = 0;       // rendezvous round (= restart attempt) it ended or started
+  std::string kind;
+  std::string reason;  // one line
+  std::string host;    // "" when not about one host
+  int rank = -1;       // -1 when not about one rank
+};
+
+// The event's one-line form, as printed on stderr when it happens.
+std::string formatEvent(const JobEvent& e);
+
 struct RunSummary {
   std::string job;
   std::string run_id;
@@ -34,6 +47,7 @@ struct RunSummary {
   std::string stopped_by;  // "SIGINT" etc. when dtrain was signalled
   std::vector<RankOutcome> ranks;
   std::optional<TrainerOutcome> trainer;
+  std::vector<JobEvent> events;
 };
 
 std::string toJson(const RunSummary& s);
