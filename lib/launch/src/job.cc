@@ -47,7 +47,10 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
     if (failed) {
       const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
       std::string what = f.hung ? "hung" : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
-      if (f.hung) events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
+      if (f.hung) {
+        events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
+        writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
+      }
       if (attempt < spec.max_restarts) {
         events.push_back({detail::utcNow(), attempt + 1, "restart",
                           fmt::format("rank {} {}; restart {} of {}", f.global_rank, what, attempt + 1, spec.max_restarts),

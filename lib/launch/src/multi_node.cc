@@ -416,7 +416,9 @@ void MultiNodeRunner::tryRestart() {
   if (static_cast<int>(ready.size()) > spec_.max_nodes) ready.resize(static_cast<size_t>(spec_.max_nodes));
   rendezvous::RendezvousOptions ro;
   ro.run_id = runId_;
-  rendezvous::Rendezvous(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, {}).openNextRound(openRound_);
+  rendezvous::NodeInfo self;
+  self.name = "launcher";  // opens rounds, never joins one
+  rendezvous::Rendezvous(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, self).openNextRound(openRound_);
   ++openRound_;
   for (auto& n : nodes_) n.member = false;
   for (Node* n : ready) {

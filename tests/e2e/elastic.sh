@@ -1,0 +1,64 @@
+# Elastic restarts through the real binary on this machine: a single node, and two local
+# nodes driven through agents. Restart budget, TORCHELASTIC_RESTART_COUNT, events in the
+# summary, a hung (SIGSTOPped) worker killed by the watchdog.
+source "$(dirname "$0")/lib.sh"
+jq_() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+
+# A worker that fails on the first attempt: one restart, then success; it sees restart count 1.
+cmd='echo "attempt $TORCHELASTIC_RESTART_COUNT round $DTRAIN_ROUND" >> '"$T"'/seen.$RANK; if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exec sleep 30; exit 0'
+"$DTRAIN" run --nproc-per-node 2 --max-restarts 2 --summary-json "$T/s1.json" -- sh -c "$cmd" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "single node: fails once, restarts, succeeds"
+expect_eq "$(tail -1 "$T/seen.0")" "attempt 1 round 1" "rank 0 saw TORCHELASTIC_RESTART_COUNT=1 after the restart"
+expect_eq "$(jq_ "$T/s1.json" "d['restarts']")" 1 "summary: restarts 1"
+expect_eq "$(jq_ "$T/s1.json" "[e['kind'] for e in d['events']]")" "['restart']" "summary: one restart event"
+expect_grep "event restart \(round 1\) host .* rank 1: rank 1 exited with code 3; restart 1 of 2" "$T/err" "restart event line"
+
+# Budget exhausted: fails within one restart cycle, with the worker's exit code.
+start=$(date +%s)
+"$DTRAIN" run --nproc-per-node 1 --max-restarts 2 --summary-json "$T/s2.json" -- sh -c 'exit 7' >"$T/out" 2>"$T/err"
+rc=$?; took=$(( $(date +%s) - start ))
+expect_eq "$rc" 7 "budget exhausted: the worker's exit code"
+expect_eq "$(jq_ "$T/s2.json" "d['restarts']")" 2 "summary: restarts 2"
+expect_grep "restart budget exhausted: 2 restart\(s\) of 2 used" "$T/err" "summary says the budget is spent"
+[ "$took" -lt 10 ] && pass "back-off 1 s + 2 s (${took}s)" || fail "took ${took}s"
+
+# A stopped worker that armed its watchdog is killed as hung and restarted.
+cat > "$T/hang.sh" <<'SH'
+touch "$DTRAIN_WATCHDOG_FILE"
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 0 ]; then kill -STOP $$; fi
+for i in 1 2 3 4; do touch "$DTRAIN_WATCHDOG_FILE"; sleep 0.5; done
+SH
+cat > "$T/hang.json" <<JSON
+{"name": "hang", "command": ["sh", "$T/hang.sh"], "nproc_per_node": 2, "max_restarts": 1, "worker_timeout_s": 2}
+JSON
+start=$(date +%s.%N)
+"$DTRAIN" run "$T/hang.json" --summary-json "$T/s3.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "hung worker detected, restarted, job completes"
+expect_grep "event worker_hung \(round 0\) host .* rank 0: no heartbeat for 2\.[0-9] s \(worker_timeout_s 2\); killed as hung" "$T/err" "hung event within worker_timeout_s + 10%"
+expect_eq "$(jq_ "$T/s3.json" "[e['kind'] for e in d['events']]")" "['worker_hung', 'restart']" "summary events"
+
+# Two local nodes: a failure on node 1 restarts both nodes; the budget is the job's.
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --summary-json "$T/s4.json" -- sh -c "$cmd" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "two nodes: fails once, restarts, succeeds"
+expect_eq "$(tail -1 "$T/seen.1")" "attempt 1 round 1" "node 1 worker saw restart count 1, round 1"
+expect_eq "$(jq_ "$T/s4.json" "(d['restarts'], [r['exit_code'] for r in d['ranks']])")" "(1, [0, 0])" "summary: 1 restart, final ranks succeeded"
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 -- sh -c 'sleep 0.3; exit 5' >"$T/out" 2>"$T/err"
+expect_eq "$?" 5 "two nodes: budget exhausted exits with the worker's code"
+expect_grep "restart budget exhausted: 1 restart\(s\) of 1 used" "$T/err" "two nodes: budget message"
+
+# A real PyTorch script that fails on its first attempt restarts and succeeds.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  cat > "$T/flaky.py" <<'PY'
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and dist.get_rank() == 1:
+    sys.exit(9)
+dist.barrier()
+print(f"rank {dist.get_rank()} ok at restart {os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
+PY
+  timeout 120 "$DTRAIN" run --nproc-per-node 2 --max-restarts 1 --env OMP_NUM_THREADS=1 -- /usr/bin/python3 "$T/flaky.py" >"$T/out" 2>"$T/err"
+  expect_eq "$?" 0 "PyTorch job restarts and succeeds"
+  expect_grep "^\[rank 0\] rank 0 ok at restart 1$" "$T/out" "PyTorch worker saw TORCHELASTIC_RESTART_COUNT=1"
+fi
+finish

@@ -1,0 +1,50 @@
+# Elastic multi-node on the netns test bed (3 hosts x 2 slots, min_nodes 2): a node's agent
+# killed, and a node cut off the network: the job goes on with 2 nodes, the host comes back
+# after its cooldown and the world grows again, without spending another restart.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/testbed_lib.sh"
+testbed_up 3
+jq_() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+printf 'h1 slots=2\nh2 slots=2\nh3 slots=2\n' > "$T/hosts"
+# Round 0 and 1 workers wait (to be interrupted); from round 2 on they finish.
+cat > "$T/job.json" <<JSON
+{"name": "elastic", "hostfile": "$T/hosts", "min_nodes": 2, "max_restarts": 3, "restart_backoff_s": 1,
+ "shutdown_timeout_s": 2, "rendezvous": {"heartbeat_timeout_s": 3},
+ "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"], "connect_timeout_s": 3},
+ "command": ["sh", "-c", "echo \$DTRAIN_ROUND \$WORLD_SIZE \$RANK >> $T/\$0/rounds.\$(hostname); echo \$\$ > $T/\$0/pid.\$DTRAIN_ROUND.\$RANK; if [ \$DTRAIN_ROUND -ge 2 ]; then sleep 1; else sleep 60; fi", "sh"]}
+JSON
+
+run_case() {  # run_case NAME: starts the job with its files under $T/NAME
+  mkdir -p "$T/$1"
+  sed "s|\"sh\"]}|\"$1\"]}|" "$T/job.json" > "$T/$1/job.json"
+  "$DTRAIN" run "$T/$1/job.json" --summary-json "$T/$1/summary.json" >"$T/$1/out" 2>"$T/$1/err" &
+  DTRAIN_PID=$!
+  wait_for $(for r in 0 1 2 3 4 5; do echo "$T/$1/pid.0.$r"; done)
+}
+check_case() {  # check_case NAME HOST
+  local d="$T/$1"
+  wait "$DTRAIN_PID"; local rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 0 "$1: the job completes"
+  expect_eq "$(jq_ "$d/summary.json" "d['restarts']")" 1 "$1: one restart spent (the join spent none)"
+  expect_eq "$(jq_ "$d/summary.json" "[e['kind'] for e in d['events'] if e['host'] in ('$2', None)][:3]")" \
+    "['node_lost', 'host_excluded', 'restart']" "$1: events name the lost host"
+  expect_grep "event node_joined \(round 2\) host $2: $2 \($T/hosts:[0-9]\) is back" "$d/err" "$1: $2 joined round 2"
+  expect_eq "$(awk '{print $1 ":" $2}' "$d/rounds.h1" | sort -u | tr '\n' ' ')" "0:6 1:4 2:6 " "$1: h1 saw world 6, then 4, then 6"
+  expect_eq "$(awk '{print $1}' "$d/rounds.$2" | sort -u | tr '\n' ' ')" "0 2 " "$1: $2 sat out round 1"
+  expect_eq "$(jq_ "$d/summary.json" "len(d['ranks'])")" 6 "$1: the final round had 6 ranks"
+}
+
+# 1. The agent on h3 is killed (SIGKILL): its workers die with it.
+run_case agentkill
+pkill -9 -f "^$DTRAIN agent .*--node h3 " || fail "no agent process for h3"
+check_case agentkill h3
+
+# 2. h2 is cut off the network: it misses its heartbeats and is dropped; once it is back it
+#    rejoins.
+run_case netcut
+ip link set dtb-v2 down
+wait_for $(for r in 0 1 2 3; do echo "$T/netcut/pid.1.$r"; done)
+ip link set dtb-v2 up
+check_case netcut h2
+grep -q "no heartbeat" "$T/netcut/err" && pass "netcut: lost for a silent heartbeat" || fail "netcut: no heartbeat reason: $(cat "$T/netcut/err")"
+finish
