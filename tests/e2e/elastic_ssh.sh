@@ -47,4 +47,17 @@ wait_for $(for r in 0 1 2 3; do echo "$T/netcut/pid.1.$r"; done)
 ip link set dtb-v2 up
 check_case netcut h2
 grep -q "no heartbeat" "$T/netcut/err" && pass "netcut: lost for a silent heartbeat" || fail "netcut: no heartbeat reason: $(cat "$T/netcut/err")"
+
+# 3. An elastic job starts without a host that cannot be reached (enough are left), retries
+#    it in the background, and completes; a non-elastic job would refuse to start.
+printf 'h1 slots=1\n%s slots=1\nh2 slots=1\n' "$TESTBED_DOWN_HOST" > "$T/hosts3"
+cat > "$T/down.json" <<JSON
+{"name": "down", "hostfile": "$T/hosts3", "min_nodes": 2, "command": ["sh", "-c", "echo world \$WORLD_SIZE; sleep 2"],
+ "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"], "connect_timeout_s": 2}}
+JSON
+timeout 60 "$DTRAIN" run "$T/down.json" >"$T/down.out" 2>"$T/down.err"
+expect_eq "$?" 0 "unreachable host, min_nodes 2: the job runs on the others"
+expect_grep "pre-flight: 1 host\(s\) unreachable; starting with 2 \(min_nodes 2\)" "$T/down.err" "the start without it is said"
+expect_grep "event host_excluded \(round 0\) host $TESTBED_DOWN_HOST" "$T/down.err" "host_excluded event"
+expect_grep "^\[h2 rank 1\] world 2$" "$T/down.out" "world of 2"
 finish

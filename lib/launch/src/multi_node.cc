@@ -101,8 +101,15 @@ bool connected(const Node& n) {
 }
 
 // Pre-flight: `ssh host DTRAIN --version` on every remote host at once.
-void preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec*>& remotes, const std::string& version) {
-  if (remotes.empty()) return;
+struct Problem {
+  const spec::NodeSpec* node;
+  std::string text;
+  bool unreachable;  // ssh could not get there (may come back); else the host is set up wrong
+};
+
+std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec*>& remotes,
+                               const std::string& version) {
+  if (remotes.empty()) return {};
   std::string bin = remoteDtrain(spec);
   struct Check {
     const spec::NodeSpec* node;
@@ -148,7 +155,7 @@ void preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec
       if (dst.size() < 65536) dst.append(buf, static_cast<size_t>(got));
     }
   }
-  std::vector<std::string> problems;
+  std::vector<Problem> problems;
   for (auto& c : checks) {
     int status = 0;
     bool exited = false;
@@ -160,7 +167,7 @@ void preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec
     if (!exited) {
       ::kill(-c.proc.pid, SIGKILL);
       ::waitpid(c.proc.pid, &status, 0);
-      problems.push_back(fmt::format("{} ({}): no answer within {:.3g} s", c.node->host, c.node->origin, limit.count()));
+      problems.push_back({c.node, fmt::format("{} ({}): no answer within {:.3g} s", c.node->host, c.node->origin, limit.count()), true});
       continue;
     }
     std::string got = c.out.substr(0, c.out.find('\n'));
@@ -169,30 +176,27 @@ void preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec
       if (!l.empty()) lastErr = l;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code == 255) {
-      problems.push_back(fmt::format("{} ({}): ssh failed: {}", c.node->host, c.node->origin,
-                                     lastErr.empty() ? "exit 255" : lastErr));
+      problems.push_back({c.node, fmt::format("{} ({}): ssh failed: {}", c.node->host, c.node->origin,
+                                              lastErr.empty() ? "exit 255" : lastErr), true});
     } else if (code == 127 || code == 126) {
-      problems.push_back(fmt::format("{} ({}): dtrain not runnable at {} (exit {}); install it there or set ssh.dtrain_path",
-                                     c.node->host, c.node->origin, bin, code));
+      problems.push_back({c.node, fmt::format("{} ({}): dtrain not runnable at {} (exit {}); install it there or set ssh.dtrain_path",
+                                              c.node->host, c.node->origin, bin, code), false});
     } else if (code != 0) {
-      problems.push_back(fmt::format("{} ({}): '{} --version' exited {}: {}", c.node->host, c.node->origin, bin, code, lastErr));
+      problems.push_back({c.node, fmt::format("{} ({}): '{} --version' exited {}: {}", c.node->host, c.node->origin, bin, code, lastErr), false});
     } else if (got != version) {
-      problems.push_back(fmt::format("{} ({}): version mismatch: \"{}\" there, \"{}\" here; install the same dtrain",
-                                     c.node->host, c.node->origin, got, version));
+      problems.push_back({c.node, fmt::format("{} ({}): version mismatch: \"{}\" there, \"{}\" here; install the same dtrain",
+                                              c.node->host, c.node->origin, got, version), false});
     }
   }
-  if (!problems.empty()) {
-    std::string msg = fmt::format("pre-flight failed for {} of {} remote host(s):", problems.size(), remotes.size());
-    for (const auto& p : problems) msg += "\n  " + p;
-    throw PreflightError(msg);
-  }
+  return problems;
 }
 
 class MultiNodeRunner {
  public:
   MultiNodeRunner(spec::JobSpec& spec, const MultiNodeOptions& opts, std::string runId, int storePort, std::string token)
       : spec_(spec), opts_(opts), runId_(std::move(runId)), storePort_(storePort), token_(std::move(token)) {}
-  RunResult run();
+  // `excluded`: hosts that failed pre-flight; they start lost, to be retried.
+  RunResult run(const std::vector<const spec::NodeSpec*>& excluded);
 
  private:
   void spawnAgent(Node& n, bool wait);
@@ -222,6 +226,7 @@ class MultiNodeRunner {
   RunResult result_;
   std::optional<WorkerExit> failedWorker_;
   std::map<int, Fd> logs_;
+  int firstRoundNodes_ = 0;
   int openRound_ = 0;       // the rendezvous round agents join next / are in
   int activeRound_ = -1;    // the round whose workers run (all members reported it)
   bool restarting_ = true;  // members told to join openRound_, not all there yet
@@ -256,7 +261,7 @@ void MultiNodeRunner::send(Node& n, const std::string& cmd) {
 
 void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   const auto& ns = *n.spec;
-  int nnodes = static_cast<int>(spec_.nodes.size());
+  int nnodes = firstRoundNodes_;
   std::vector<std::string> args = {"agent", "--store-port", std::to_string(storePort_), "--run-id", runId_,
                                    "--node", n.name, "--order", std::to_string(n.index), "--nnodes", std::to_string(nnodes)};
   if (ns.slots > 0) args.insert(args.end(), {"--nproc", std::to_string(ns.slots)});
@@ -563,7 +568,7 @@ void MultiNodeRunner::timers() {
   if (waiting && !pending_ && !restarting_ && memberCount() < spec_.max_nodes) scheduleRestart(false, 0);
 }
 
-RunResult MultiNodeRunner::run() {
+RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& excluded) {
   SignalScope signals;
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
   if (!spec_.log_dir.empty()) std::filesystem::create_directories(spec_.log_dir);
@@ -584,14 +589,24 @@ RunResult MultiNodeRunner::run() {
     n.spec = &spec_.nodes[i];
     n.index = i;
     n.name = nodeName(spec_, spec_.nodes[i]);
-    n.member = true;
+    n.member = std::find(excluded.begin(), excluded.end(), n.spec) == excluded.end();
+    if (!n.member) {
+      n.state = NodeState::kLost;
+      n.failures = 1;
+      double cooldown = std::min(300.0, std::max(1.0, spec_.restart_backoff_s) * 2);
+      n.retryAt = Clock::now() + std::chrono::milliseconds(static_cast<long>(cooldown * 1000));
+      event("host_excluded", 0, fmt::format("{} ({}) failed pre-flight; next try in {:.0f} s", n.name, n.spec->origin, cooldown),
+            n.name);
+    }
+    firstRoundNodes_ += n.member;
   }
   bool crowded = std::any_of(spec_.nodes.begin(), spec_.nodes.end(),
                              [&](const spec::NodeSpec& n) { return (n.slots ? n.slots : spec_.nproc_per_node) > 1; });
   if (crowded && !env_.count("OMP_NUM_THREADS") && !spec_.env.count("OMP_NUM_THREADS"))
     writeAll(STDERR_FILENO, "dtrain: setting OMP_NUM_THREADS=1 for the workers of nodes that run several, to avoid "
                             "overloading them; set it in the spec's env or with --env to tune\n");
-  for (auto& n : nodes_) spawnAgent(n, /*wait=*/false);
+  for (auto& n : nodes_)
+    if (n.member) spawnAgent(n, /*wait=*/false);
 
   std::vector<char> buf(65536);
   while (true) {
@@ -737,7 +752,23 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   std::vector<const spec::NodeSpec*> remotes;
   for (const auto& n : spec.nodes)
     if (!n.local) remotes.push_back(&n);
-  preflight(spec, remotes, opts.version);
+  auto problems = preflight(spec, remotes, opts.version);
+  // An elastic job (min_nodes below the host count) starts without hosts that cannot be
+  // reached, as long as enough are left; they are tried again later. A host set up wrong
+  // (no dtrain, another version) always stops the job: retrying cannot fix it.
+  std::vector<const spec::NodeSpec*> excluded;
+  bool fatal = std::any_of(problems.begin(), problems.end(), [](const Problem& p) { return !p.unreachable; });
+  int usable = static_cast<int>(spec.nodes.size() - problems.size());
+  if (!problems.empty()) {
+    std::string table;
+    for (const auto& p : problems) table += "\n  " + p.text;
+    if (fatal || usable < spec.min_nodes)
+      throw PreflightError(fmt::format("pre-flight failed for {} of {} remote host(s):{}", problems.size(), remotes.size(), table));
+    writeAll(STDERR_FILENO, fmt::format("dtrain: pre-flight: {} host(s) unreachable; starting with {} (min_nodes {}), "
+                                        "retrying the others later:{}\n",
+                                        problems.size(), usable, spec.min_nodes, table));
+    for (const auto& p : problems) excluded.push_back(p.node);
+  }
 
   store::TcpStoreServerOptions so;
   so.bind = remotes.empty() ? "127.0.0.1" : "0.0.0.0";
@@ -777,7 +808,7 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
     client.set("job/source", spec.source.empty() ? "command line" : spec.source);
   }
   MultiNodeRunner runner(spec, opts, run_id, server->port(), so.token);
-  return runner.run();
+  return runner.run(excluded);
 }
 
 }  // namespace dtrain::launch
