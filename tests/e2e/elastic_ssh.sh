@@ -48,7 +48,27 @@ ip link set dtb-v2 up
 check_case netcut h2
 grep -q "no heartbeat" "$T/netcut/err" && pass "netcut: lost for a silent heartbeat" || fail "netcut: no heartbeat reason: $(cat "$T/netcut/err")"
 
-# 3. An elastic job starts without a host that cannot be reached (enough are left), retries
+# 3. Below min_nodes: the survivor waits rendezvous.timeout_s for the lost host, then the job
+#    fails clearly.
+printf 'h1 slots=1\nh2 slots=1\n' > "$T/hosts2"
+cat > "$T/min.json" <<JSON
+{"name": "min", "hostfile": "$T/hosts2", "max_restarts": 2, "restart_backoff_s": 1, "shutdown_timeout_s": 1,
+ "rendezvous": {"heartbeat_timeout_s": 2, "timeout_s": 5}, "command": ["sh", "-c", "echo \$\$ > $T/min.\$RANK; sleep 60"],
+ "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"], "connect_timeout_s": 2}}
+JSON
+"$DTRAIN" run "$T/min.json" --summary-json "$T/min.sum" >"$T/min.out" 2>"$T/min.err" &
+DTRAIN_PID=$!
+wait_for "$T/min.0" "$T/min.1"
+start=$(date +%s)
+ip link set dtb-v2 down
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=; took=$(( $(date +%s) - start ))
+ip link set dtb-v2 up
+expect_eq "$rc" 1 "below min_nodes: the job fails"
+[ "$took" -le 25 ] && pass "failed after the wait (${took}s)" || fail "took ${took}s"
+expect_grep "only 1 node\(s\) left, min_nodes is 2; waited 5 s \(rendezvous.timeout_s\)" "$T/min.err" "says why"
+expect_eq "$(jq_ "$T/min.sum" "[e['kind'] for e in d['events']][:3]")" "['node_lost', 'host_excluded', 'restart']" "min: events"
+
+# 4. An elastic job starts without a host that cannot be reached (enough are left), retries
 #    it in the background, and completes; a non-elastic job would refuse to start.
 printf 'h1 slots=1\n%s slots=1\nh2 slots=1\n' "$TESTBED_DOWN_HOST" > "$T/hosts3"
 cat > "$T/down.json" <<JSON

@@ -508,6 +508,7 @@ void MultiNodeRunner::checkAllIdle() {
 }
 
 void MultiNodeRunner::stopAll(const char* how) {
+  pending_ = false;  // no restart after a stop
   for (auto& n : nodes_)
     if (n.running) send(n, how);
   if (!stopping_) {
