@@ -44,12 +44,10 @@ int runTrainCommand() {
   std::unique_ptr<comm::Communicator> comm;
   if (std::getenv("DTRAIN_STORE_ADDR")) {
     comm = comm::createFromEnvironment(co);
-  } else if (dev.cuda) {
-    // Alone on a GPU: the math runs there; a one-rank TCP communicator averages nothing, and
-    // the trainer stages its few host collectives itself.
-    comm = comm::createTcpCommunicator(std::make_shared<store::HashStore>(), 0, 1, comm::CommOptions{});
   } else {
-    comm = comm::createTcpCommunicator(std::make_shared<store::HashStore>(), 0, 1, co);  // alone
+    // Alone (run by hand): a one-rank TCP communicator on either device. With one rank there
+    // is nothing to average, so GPU gradients never leave the device.
+    comm = comm::createTcpCommunicator(std::make_shared<store::HashStore>(), 0, 1, comm::CommOptions{});
   }
   train::TrainOptions to;
   to.device = dev.cuda ? "cuda" : "cpu";

@@ -102,7 +102,8 @@ TEST(GpuTrain, DeviceSelection) {
   }
   const int n = visibleGpus();
   EXPECT_EQ(resolveDevice("auto", 0).name, "cuda:0");
-  EXPECT_EQ(resolveDevice("cuda", n + 1, n + 2).index, 1);
+  EXPECT_EQ(resolveDevice("cuda", n + 1).index, (n + 1) % n);  // LOCAL_RANK % visible GPUs
+  EXPECT_EQ(resolveDevice("cuda", n + 1).name, "cuda:" + std::to_string((n + 1) % n));
   EXPECT_TRUE(resolveDevice("auto", 0, n).cuda);
   EXPECT_FALSE(resolveDevice("auto", 0, n + 1).cuda);  // more local workers than GPUs: cpu
   EXPECT_THROW(resolveDevice("cuda", 0, n + 1), SpecError);

@@ -1,6 +1,7 @@
 #include "dtrain/train/device.h"
 
 #include <cstdlib>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -20,19 +21,30 @@ bool cudaBuild() {
 #endif
 }
 
-int visibleGpus() {
+namespace {
+
+// The visible GPU count, and why there are none (the driver's words) in *why.
+int probeGpus(std::string* why) {
 #ifdef DTRAIN_HAVE_CUDA
   int n = 0;
   // No driver, no device, or CUDA_VISIBLE_DEVICES hiding all: an error code, not an exception.
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky-less error so later calls start clean
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the (non-sticky) error so later calls start clean
+    if (why) *why = cudaGetErrorString(e);
     return 0;
   }
+  if (n == 0 && why) *why = "0 devices";
   return n;
 #else
+  if (why) *why = "a CPU build";
   return 0;
 #endif
 }
+
+}  // namespace
+
+int visibleGpus() { return probeGpus(nullptr); }
 
 namespace {
 
@@ -61,11 +73,13 @@ DeviceChoice resolveDevice(const std::string& device, int localRank, int localWo
                       "\"auto\" or \"cpu\"");
     return c;
   }
-  const int gpus = visibleGpus();
+  std::string why;
+  const int gpus = probeGpus(&why);
   if (gpus == 0) {
     if (device == "cuda")
-      throw SpecError("trainer.device is \"cuda\" but no GPU is visible to this worker (check the driver and "
-                      "CUDA_VISIBLE_DEVICES / nodes[].gpus); use \"auto\" or \"cpu\"");
+      throw SpecError(fmt::format("trainer.device is \"cuda\" but no GPU is visible to this worker ({}; check the "
+                                  "driver and CUDA_VISIBLE_DEVICES / nodes[].gpus); use \"auto\" or \"cpu\"",
+                                  why));
     return c;
   }
   if (localWorldSize > gpus) {

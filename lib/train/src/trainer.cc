@@ -129,8 +129,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   // Host copies of the weights and optimizer state: checkpoints, the hash and staging.
   std::vector<float> params(P), momentum(be->stateSize());
   const uint64_t hash = configHash(ts);
-  if (rank == 0 && opts.log) opts.log(fmt::format("trainer: {} workers, math on {}, {} communicator", world,
-                                                  be->describe(), comm.backend()));
+  if (rank == 0 && opts.log)
+    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator", world, world == 1 ? "" : "s",
+                         be->describe(), comm.backend()));
   // A whole backend buffer broadcast from rank 0, staged through the host when needed.
   auto broadcastBuffer = [&](float* buf, std::vector<float>& host, void (detail::MathBackend::*store)(float*),
                              void (detail::MathBackend::*load)(const float*)) {
