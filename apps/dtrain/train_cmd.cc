@@ -13,6 +13,7 @@
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
 #include "dtrain/store/hash_store.h"
+#include "dtrain/train/device.h"
 #include "dtrain/train/trainer.h"
 
 namespace dtrain::app {
@@ -32,14 +33,24 @@ int runTrainCommand() {
   if (!gTrain || !gTrain->parsed()) return -1;
   spec::JobSpec s = spec::loadJobSpec(gSpec);
   if (!s.trainer) throw SpecError(fmt::format("{}: /trainer: missing; dtrain train needs a \"trainer\" section", gSpec));
+  // The device decides the communicator: NCCL all-reduces device memory in place, TCP host
+  // memory. Resolved before the communicator exists, with the rule NCCL uses to pick its
+  // GPU (LOCAL_RANK % visible GPUs), so both land on the same device.
+  const int rankHint = std::getenv("RANK") ? std::atoi(std::getenv("RANK")) : 0;
+  train::DeviceChoice dev = train::resolveDevice(s.trainer->device, train::localRankFromEnv(rankHint),
+                                                   train::localWorldSizeFromEnv(0));
   comm::CommOptions co;
+  co.backend = dev.cuda ? "nccl" : "tcp";
   std::unique_ptr<comm::Communicator> comm;
   if (std::getenv("DTRAIN_STORE_ADDR")) {
     comm = comm::createFromEnvironment(co);
   } else {
-    comm = comm::createTcpCommunicator(std::make_shared<store::HashStore>(), 0, 1, co);  // alone
+    // Alone (run by hand): a one-rank TCP communicator on either device. With one rank there
+    // is nothing to average, so GPU gradients never leave the device.
+    comm = comm::createTcpCommunicator(std::make_shared<store::HashStore>(), 0, 1, comm::CommOptions{});
   }
   train::TrainOptions to;
+  to.device = dev.cuda ? "cuda" : "cpu";
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
   if (const char* d = std::getenv("DTRAIN_LOG_DIR"); d && *d) to.metrics_dir = d;
   // A live progress bar: drawn by the launcher when its console is a terminal, or in place

@@ -13,6 +13,7 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
+#include "dtrain/train/device.h"
 #include "dtrain/train/mlp.h"
 #include "dtrain/train/trainer.h"
 
@@ -97,6 +98,7 @@ TEST(Data, SamplesAreAFunctionOfTheIndexAndEpochsArePermutations) {
 
 spec::TrainerSpec small(int batch) {
   spec::TrainerSpec t;
+  t.device = "cpu";  // the CPU path even on GPU machines (gpu_train_test.cc covers the GPU)
   t.model.layers = {20, 16, 4};
   t.data.train_samples = 4096;
   t.data.eval_samples = 512;
@@ -331,6 +333,23 @@ TEST(Optimizer, GradientClippingBoundsTheStep) {
   for (size_t i = 0; i < after[0].size(); ++i) sq += std::pow(after[0][i] - m.params()[i], 2);
   EXPECT_LE(std::sqrt(sq), 0.1 * 1e-3 * 1.001);
   EXPECT_GT(std::sqrt(sq), 0.1 * 1e-3 * 0.9);
+}
+
+TEST(Device, ResolvesCpuAutoAndCuda) {
+  EXPECT_FALSE(resolveDevice("cpu", 0).cuda);
+  EXPECT_EQ(resolveDevice("cpu", 3).name, "cpu");
+  EXPECT_THROW(resolveDevice("tpu", 0), SpecError);
+  if (!cudaBuild()) {
+    EXPECT_EQ(resolveDevice("auto", 0).name, "cpu");
+    try {
+      resolveDevice("cuda", 0);
+      FAIL() << "cuda in a CPU build";
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find("trainer.device is \"cuda\" but this is a CPU build"), std::string::npos)
+          << e.what();
+    }
+  }
+  if (visibleGpus() == 0) EXPECT_EQ(resolveDevice("auto", 0, 1).name, "cpu");
 }
 
 }  // namespace

@@ -9,8 +9,10 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/train/backend.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
+#include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
 #include "dtrain/train/mlp.h"
 
@@ -23,6 +25,45 @@ std::string fmtDuration(double s) {
   if (s < 60) return fmt::format("{:.0f}s", s);
   return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
 }
+
+// The trainer's small host-side collectives (resume header, statistics, weight hashes). A
+// communicator that takes device pointers (NCCL) gets them through the backend's device
+// memory; others use the host buffers directly.
+class HostCollectives {
+ public:
+  HostCollectives(comm::Communicator& c, detail::MathBackend& be)
+      : c_(c), be_(be), device_(std::string(c.backend()) == "nccl") {}
+
+  void broadcast(void* data, size_t count, comm::DataType t, int root) {
+    if (!device_) return c_.broadcast(data, count, t, root);
+    const size_t bytes = count * comm::elementSize(t);
+    void* d = be_.scratch(bytes);
+    be_.copyToBackend(d, data, bytes);
+    c_.broadcast(d, count, t, root);
+    be_.copyToHost(data, d, bytes);
+  }
+  void allreduce(void* data, size_t count, comm::DataType t, comm::ReduceOp op) {
+    if (!device_) return c_.allreduce(data, count, t, op);
+    const size_t bytes = count * comm::elementSize(t);
+    void* d = be_.scratch(bytes);
+    be_.copyToBackend(d, data, bytes);
+    c_.allreduce(d, count, t, op);
+    be_.copyToHost(data, d, bytes);
+  }
+  void allgather(const void* send, void* recv, size_t count, comm::DataType t) {
+    if (!device_) return c_.allgather(send, recv, count, t);
+    const size_t bytes = count * comm::elementSize(t);
+    char* d = static_cast<char*>(be_.scratch(bytes * (1 + static_cast<size_t>(c_.size()))));
+    be_.copyToBackend(d, send, bytes);
+    c_.allgather(d, d + bytes, count, t);
+    be_.copyToHost(recv, d + bytes, bytes * static_cast<size_t>(c_.size()));
+  }
+
+ private:
+  comm::Communicator& c_;
+  detail::MathBackend& be_;
+  bool device_;
+};
 
 }  // namespace
 
@@ -69,14 +110,36 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   cfg.layers = ts.model.layers;
   cfg.activation = ts.model.activation == "gelu" ? Activation::kGelu : Activation::kRelu;
   cfg.loss = ts.model.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
-  Mlp model(cfg);
-  model.init(ts.seed);
-  auto& params = model.params();
-  auto& grads = model.grads();
   const bool adam = ts.optimizer.type == "adamw";
-  // Optimizer state: SGD momentum buffer, or AdamW's first and second moments back to back.
-  std::vector<float> momentum(params.size() * (adam ? 2 : 1), 0.0f);
+  const DeviceChoice dev = resolveDevice(opts.device.empty() ? ts.device : opts.device, localRankFromEnv(rank),
+                                           localWorldSizeFromEnv(0));
+  // The same initial weights on either backend (Mlp::init on the host from ts.seed).
+  std::unique_ptr<detail::MathBackend> be =
+      dev.cuda ? detail::makeCudaBackend(cfg, ts.seed, adam, dev.index) : detail::makeCpuBackend(cfg, ts.seed, adam);
+  // NCCL takes device pointers; the TCP backend host pointers. A GPU backend with a host
+  // communicator stages gradients through host memory (tests, single workers); a CPU
+  // backend cannot feed NCCL.
+  const bool commOnDevice = std::string(comm.backend()) == "nccl";
+  if (commOnDevice && !be->onDevice())
+    throw SpecError(fmt::format("trainer: the \"nccl\" communicator needs trainer.device \"cuda\" or \"auto\" with a GPU, "
+                                "but this worker trains on {}", be->describe()));
+  const bool direct = commOnDevice == be->onDevice();
+  HostCollectives hostComm(comm, *be);
+  const size_t P = be->numParams();
+  // Host copies of the weights and optimizer state: checkpoints, the hash and staging.
+  std::vector<float> params(P), momentum(be->stateSize());
   const uint64_t hash = configHash(ts);
+  if (rank == 0 && opts.log)
+    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator", world, world == 1 ? "" : "s",
+                         be->describe(), comm.backend()));
+  // A whole backend buffer broadcast from rank 0, staged through the host when needed.
+  auto broadcastBuffer = [&](float* buf, std::vector<float>& host, void (detail::MathBackend::*store)(float*),
+                             void (detail::MathBackend::*load)(const float*)) {
+    if (direct) return comm.broadcast(buf, host.size(), comm::DataType::kFloat32, 0);
+    (be.get()->*store)(host.data());
+    comm.broadcast(host.data(), host.size(), comm::DataType::kFloat32, 0);
+    (be.get()->*load)(host.data());
+  };
 
   // Resume: rank 0 finds the newest intact checkpoint and broadcasts it, so ranks need no
   // shared file system. header = {status, step, epoch, cursor, world}; status -1 = config
@@ -94,20 +157,21 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       header[2] = st->epoch;
       header[3] = static_cast<int64_t>(st->cursor);
       header[4] = st->world;
-      params = st->params;
-      momentum = st->momentum;
+      be->loadParams(st->params.data());
+      be->loadState(st->momentum.data());
     } else if (st) {
       header[0] = -1;
     }
   }
-  comm.broadcast(header, 5, comm::DataType::kInt64, 0);
+  hostComm.broadcast(header, 5, comm::DataType::kInt64, 0);
   if (header[0] == -1)
     throw SpecError(fmt::format("trainer: the newest checkpoint in {} was written by a different trainer config (model, "
                                 "data, optimizer or seed changed); remove it or use another /trainer/checkpoint/dir",
                                 ts.checkpoint.dir));
   // Every replica starts from rank 0's weights (fresh or resumed).
-  comm.broadcast(params.data(), params.size(), comm::DataType::kFloat32, 0);
-  if (header[0] == 1) comm.broadcast(momentum.data(), momentum.size(), comm::DataType::kFloat32, 0);
+  broadcastBuffer(be->params(), params, &detail::MathBackend::storeParams, &detail::MathBackend::loadParams);
+  if (header[0] == 1)
+    broadcastBuffer(be->state(), momentum, &detail::MathBackend::storeState, &detail::MathBackend::loadState);
   if (header[0] == 1 && rank == 0 && opts.log)
     opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
                          ckptPath, header[1], header[2] + 1, header[3], header[4], world));
@@ -140,15 +204,15 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       ++epoch;
       cursor = 0;
     }
+    // The same file whichever backend wrote it: a GPU checkpoint resumes on the CPU and back.
+    be->storeParams(params.data());
+    be->storeState(momentum.data());
     saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum});
   };
 
   std::vector<float> x(static_cast<size_t>(B) * in), y(static_cast<size_t>(B) * (mse ? out : 1));
-  auto buckets = planBuckets([&] {
-    std::vector<size_t> off;
-    for (int l = 0; l <= model.numLayers(); ++l) off.push_back(l < model.numLayers() ? model.layerOffset(l) : params.size());
-    return off;
-  }(), std::max<size_t>(1, static_cast<size_t>(ts.bucket_mb * 1024 * 1024 / 4)), (1u << 20) / 4);
+  auto buckets = planBuckets(be->layerOffsets(), std::max<size_t>(1, static_cast<size_t>(ts.bucket_mb * 1024 * 1024 / 4)),
+                             (1u << 20) / 4);
 
   TrainResult result;
   const long long firstStep = step;
@@ -157,6 +221,10 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   Clock::time_point afterFirst, lastStatus;
   std::vector<comm::WorkPtr> works;
+  std::vector<size_t> closed;
+  // Gradients staged through the host (GPU math, host communicator).
+  std::vector<float> hostGrads(direct || world == 1 ? 0 : P);
+  float* const grads = be->grads();
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
     EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
     // The cursor counts samples of this epoch's order already used by all ranks together,
@@ -175,59 +243,57 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
                          mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
         if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
       }
-      int correct = 0;
-      double loss = model.forward(x.data(), B, y.data(), &correct);
+      be->forward(x.data(), B, y.data());
       works.clear();
+      closed.clear();
       size_t next = 0;
       auto launch = [&](const Bucket& bk) {
-        works.push_back(comm.allreduceAsync(grads.data() + bk.begin, bk.end - bk.begin, comm::DataType::kFloat32,
-                                            comm::ReduceOp::kAvg));
+        if (direct) {
+          works.push_back(comm.allreduceAsync(grads + bk.begin, bk.end - bk.begin, comm::DataType::kFloat32,
+                                              comm::ReduceOp::kAvg));
+        } else if (world > 1) {  // alone, the average is the gradient itself: nothing to move
+          be->copyToHost(hostGrads.data() + bk.begin, grads + bk.begin, (bk.end - bk.begin) * sizeof(float));
+          works.push_back(comm.allreduceAsync(hostGrads.data() + bk.begin, bk.end - bk.begin, comm::DataType::kFloat32,
+                                              comm::ReduceOp::kAvg));
+        }
       };
-      model.backward([&](int layer) {
-        if (ts.overlap && next < buckets.size() && buckets[next].closes_at == layer) launch(buckets[next++]);
+      be->backward([&](int layer) {
+        if (!ts.overlap || next >= buckets.size() || buckets[next].closes_at != layer) return;
+        // CPU: the bucket is final now. GPU: it is only enqueued; launched below.
+        if (be->asyncCompute()) closed.push_back(next++);
+        else launch(buckets[next++]);
       });
+      // GPU: all of backward is enqueued; each bucket goes to the communicator as soon as the
+      // compute stream has produced it, while the earlier layers are still being computed.
+      for (size_t i : closed) {
+        be->waitLayer(buckets[i].closes_at);
+        launch(buckets[i]);
+      }
+      if (next < buckets.size()) be->waitLayer(0);  // no overlap: after the whole backward
       for (; next < buckets.size(); ++next) launch(buckets[next]);
       for (auto& w : works) w->wait();
+      if (!direct && world > 1)
+        for (const auto& bk : buckets)
+          be->copyToBackend(grads + bk.begin, hostGrads.data() + bk.begin, (bk.end - bk.begin) * sizeof(float));
 
       // Gradients are identical on every rank here, so clipping agrees everywhere.
-      if (ts.grad_clip_norm > 0) {
-        double sq = 0;
-        for (float g : grads) sq += static_cast<double>(g) * g;
-        double norm = std::sqrt(sq);
-        if (norm > ts.grad_clip_norm) {
-          float scale = static_cast<float>(ts.grad_clip_norm / (norm + 1e-6));
-          for (float& g : grads) g *= scale;
-        }
-      }
+      if (ts.grad_clip_norm > 0) be->clipGradNorm(ts.grad_clip_norm);
       const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);
       if (!adam) {
         // SGD with momentum / Nesterov / weight decay, PyTorch semantics.
-        const float mu = static_cast<float>(ts.optimizer.momentum);
-        for (size_t i = 0; i < params.size(); ++i) {
-          float g = grads[i] + wd * params[i];
-          if (mu > 0) {
-            momentum[i] = mu * momentum[i] + g;
-            g = ts.optimizer.nesterov ? g + mu * momentum[i] : momentum[i];
-          }
-          params[i] -= lr * g;
-        }
+        be->sgdStep({lr, wd, static_cast<float>(ts.optimizer.momentum), ts.optimizer.nesterov});
       } else {
         // AdamW (decoupled weight decay), PyTorch semantics.
-        const float b1 = static_cast<float>(ts.optimizer.beta1), b2 = static_cast<float>(ts.optimizer.beta2);
-        const float eps = static_cast<float>(ts.optimizer.eps);
         const double t = static_cast<double>(step + 1);
-        const float c1 = static_cast<float>(1.0 - std::pow(ts.optimizer.beta1, t));
-        const float c2 = static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)));
-        float* m = momentum.data();
-        float* v = momentum.data() + params.size();
-        for (size_t i = 0; i < params.size(); ++i) {
-          params[i] -= lr * wd * params[i];
-          m[i] = b1 * m[i] + (1 - b1) * grads[i];
-          v[i] = b2 * v[i] + (1 - b2) * grads[i] * grads[i];
-          params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i]) / c2 + eps);
-        }
+        be->adamwStep({lr, wd, static_cast<float>(ts.optimizer.beta1), static_cast<float>(ts.optimizer.beta2),
+                       static_cast<float>(ts.optimizer.eps),
+                       static_cast<float>(1.0 - std::pow(ts.optimizer.beta1, t)),
+                       static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)))});
       }
+      // The GPU computed the loss long ago; reading it here keeps the step free of stalls.
+      int correct = 0;
+      const double loss = be->result(&correct);
       ++step;
       if (step == firstStep + 1) afterFirst = Clock::now();
       if (rank == 0 && opts.status && (Clock::now() - lastStatus > std::chrono::milliseconds(200) || step == totalSteps)) {
@@ -250,7 +316,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       windowSamples += B;
       if (step % ts.log_every_steps == 0 || step == totalSteps) {
         double stats[3] = {windowLoss, windowCorrect, windowSamples};
-        comm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        hostComm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         result.final_loss = stats[0] / stats[2];
         double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
         double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
@@ -283,21 +349,23 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
     }
     int correct = 0;
-    ev[0] += model.forward(x.data(), n, y.data(), &correct) * n;
+    be->forward(x.data(), n, y.data());
+    ev[0] += be->result(&correct) * n;
     ev[1] += correct;
     ev[2] += n;
   }
-  comm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+  hostComm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
   result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
   result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
   if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, result.eval_accuracy);
   metrics.finish();
 
+  be->storeParams(params.data());
   if (opts.final_params) *opts.final_params = params;
   // All replicas must hold bit-identical weights.
   result.weights_sha256 = sha256Hex(params.data(), params.size() * sizeof(float));
   std::vector<char> all(64 * static_cast<size_t>(world));
-  comm.allgather(result.weights_sha256.data(), all.data(), 64 / 4, comm::DataType::kInt32);  // 64 hex chars
+  hostComm.allgather(result.weights_sha256.data(), all.data(), 64 / 4, comm::DataType::kInt32);  // 64 hex chars
   for (int r = 0; r < world; ++r)
     if (std::memcmp(all.data() + 64 * static_cast<size_t>(r), result.weights_sha256.data(), 64) != 0)
       throw InternalError(fmt::format("trainer: rank {}'s weights differ from rank {}'s after training (sha256 {} vs {})",

@@ -1,7 +1,9 @@
 #pragma once
 // The built-in data-parallel trainer: one instance per worker, all ranks in lock step.
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/spec/job_spec.h"
@@ -28,10 +30,15 @@ struct TrainOptions {
   std::string metrics_dir;
   // When set, sees every batch this rank trains on: (epoch, sample indices, count).
   std::function<void(int, const uint64_t*, int)> on_batch;
+  // Overrides spec.device ("auto", "cpu" or "cuda"); "" = the spec's. The GPU is always
+  // LOCAL_RANK (else the rank) modulo the visible GPUs, as in the NCCL communicator.
+  std::string device;
 };
 
-// Trains per spec. Collective: every rank calls it. Throws PeerLostError when a peer fails
-// and InternalError when replicas end with different weights.
+// Trains per spec. Collective: every rank calls it. The math runs on the device of
+// resolveDevice() (device.h); an "nccl" communicator needs that to be a GPU (it takes device
+// pointers), a "tcp" one works with either. Throws PeerLostError when a peer fails,
+// InternalError when replicas end with different weights, SpecError for an unusable device.
 TrainResult train(const spec::TrainerSpec& spec, comm::Communicator& comm, const TrainOptions& opts = {});
 
 // Buckets of the flat gradient buffer, in the order backward completes them (last layer

@@ -1,0 +1,33 @@
+#pragma once
+// Where a worker's trainer runs: the CPU, or one CUDA device.
+#include <string>
+
+namespace dtrain::train {
+
+struct DeviceChoice {
+  bool cuda = false;
+  int index = 0;       // CUDA device ordinal (cuda only)
+  std::string name;    // "cpu" or "cuda:N"
+};
+
+// True in CUDA builds (the GPU trainer and the NCCL backend are compiled in).
+bool cudaBuild();
+
+// CUDA devices visible to this process (CUDA_VISIBLE_DEVICES honoured); 0 in CPU builds or
+// when the driver reports none or fails.
+int visibleGpus();
+
+// Resolves trainer.device ("auto", "cpu" or "cuda") for the worker with local rank
+// `localRank` among `localWorldSize` workers on its node (0 = unknown): cuda uses device
+// localRank % visibleGpus(), the rule the NCCL communicator follows too, so both land on the
+// same GPU. NCCL needs a GPU per worker, so "auto" is cuda only in a CUDA build with at least
+// one visible GPU per local worker, else cpu. Every worker of a node decides alike.
+// Throws SpecError for "cuda" in a CPU build, without a visible GPU, or with more local
+// workers than GPUs.
+DeviceChoice resolveDevice(const std::string& device, int localRank, int localWorldSize = 0);
+
+// LOCAL_RANK / LOCAL_WORLD_SIZE from the environment (set by dtrain run), else `fallback`.
+int localRankFromEnv(int fallback);
+int localWorldSizeFromEnv(int fallback);
+
+}  // namespace dtrain::train

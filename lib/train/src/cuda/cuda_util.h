@@ -1,0 +1,127 @@
+#pragma once
+// RAII owners for the CUDA and cuBLAS handles of the GPU trainer, and the checks that turn
+// their return codes into dtrain exceptions at the boundary (IoError naming the call and
+// the error string: a device failure is an environment problem, not a bug in dtrain).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+namespace dtrain::train::detail {
+
+// Throws IoError("<call>: CUDA error: <string>") unless e == cudaSuccess.
+void cudaCheck(cudaError_t e, const char* call);
+// Throws IoError("<call>: cuBLAS error: <status>") unless s == CUBLAS_STATUS_SUCCESS.
+void cublasCheck(cublasStatus_t s, const char* call);
+// After kernel launches: a launch error (bad configuration) as cudaCheck.
+void checkLaunch(const char* kernel);
+
+// Device memory of `count` T. Move-only.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) { reset(count); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  // Reallocates (contents lost) to hold `count` elements.
+  void reset(size_t count) {
+    release();
+    if (count > 0) cudaCheck(cudaMalloc(reinterpret_cast<void**>(&p_), count * sizeof(T)), "cudaMalloc");
+    n_ = count;
+  }
+  // Grows (contents lost) when smaller than `count`.
+  void ensure(size_t count) {
+    if (n_ < count) reset(count);
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Page-locked host memory (fast, truly asynchronous copies). Move-only.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { release(); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void ensure(size_t count) {
+    if (n_ >= count) return;
+    release();
+    cudaCheck(cudaMallocHost(reinterpret_cast<void**>(&p_), count * sizeof(T)), "cudaMallocHost");
+    n_ = count;
+  }
+  T* get() const { return p_; }
+
+ private:
+  void release() {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() { cudaCheck(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { cudaCheck(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+  ~Event() {
+    if (e_) cudaEventDestroy(e_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  Event& operator=(Event&&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class CublasHandle {
+ public:
+  CublasHandle() { cublasCheck(cublasCreate(&h_), "cublasCreate"); }
+  ~CublasHandle() { cublasDestroy(h_); }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return h_; }
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
+
+}  // namespace dtrain::train::detail

@@ -1,0 +1,98 @@
+#include "dtrain/train/device.h"
+
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+
+#ifdef DTRAIN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain::train {
+
+bool cudaBuild() {
+#ifdef DTRAIN_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// The visible GPU count, and why there are none (the driver's words) in *why.
+int probeGpus(std::string* why) {
+#ifdef DTRAIN_HAVE_CUDA
+  int n = 0;
+  // No driver, no device, or CUDA_VISIBLE_DEVICES hiding all: an error code, not an exception.
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the (non-sticky) error so later calls start clean
+    if (why) *why = cudaGetErrorString(e);
+    return 0;
+  }
+  if (n == 0 && why) *why = "0 devices";
+  return n;
+#else
+  if (why) *why = "a CPU build";
+  return 0;
+#endif
+}
+
+}  // namespace
+
+int visibleGpus() { return probeGpus(nullptr); }
+
+namespace {
+
+int envInt(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  return end && *end == '\0' && v >= 0 && v <= (1 << 30) ? static_cast<int>(v) : fallback;
+}
+
+}  // namespace
+
+int localRankFromEnv(int fallback) { return envInt("LOCAL_RANK", fallback); }
+int localWorldSizeFromEnv(int fallback) { return envInt("LOCAL_WORLD_SIZE", fallback); }
+
+DeviceChoice resolveDevice(const std::string& device, int localRank, int localWorldSize) {
+  DeviceChoice c;
+  c.name = "cpu";
+  if (device == "cpu") return c;
+  if (device != "auto" && device != "cuda")
+    throw SpecError(fmt::format("trainer.device \"{}\" is not one of auto, cpu, cuda", device));
+  if (!cudaBuild()) {
+    if (device == "cuda")
+      throw SpecError("trainer.device is \"cuda\" but this is a CPU build; rebuild with -DDTRAIN_WITH_CUDA=ON or use "
+                      "\"auto\" or \"cpu\"");
+    return c;
+  }
+  std::string why;
+  const int gpus = probeGpus(&why);
+  if (gpus == 0) {
+    if (device == "cuda")
+      throw SpecError(fmt::format("trainer.device is \"cuda\" but no GPU is visible to this worker ({}; check the "
+                                  "driver and CUDA_VISIBLE_DEVICES / nodes[].gpus); use \"auto\" or \"cpu\"",
+                                  why));
+    return c;
+  }
+  if (localWorldSize > gpus) {
+    if (device == "cuda")
+      throw SpecError(fmt::format("trainer.device is \"cuda\" but {} workers on this node share {} visible GPU(s), and "
+                                  "NCCL needs a GPU per worker; set nproc_per_node to at most {} or use \"cpu\"",
+                                  localWorldSize, gpus, gpus));
+    return c;
+  }
+  c.cuda = true;
+  c.index = (localRank < 0 ? 0 : localRank) % gpus;
+  c.name = fmt::format("cuda:{}", c.index);
+  return c;
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,307 @@
+// The GPU trainer against the CPU path (CUDA builds only; skipped without a visible GPU):
+// the same model, data and seed give the same numbers within float rounding. The CPU path
+// is the reference: its gradients are checked against finite differences in train_test.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include <unistd.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/store/hash_store.h"
+#include "dtrain/train/backend.h"
+#include "dtrain/train/data.h"
+#include "dtrain/train/device.h"
+#include "dtrain/train/trainer.h"
+
+namespace dtrain::comm {
+std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size,
+                                                     const CommOptions& opts);
+}
+
+namespace dtrain::train {
+namespace {
+
+#define REQUIRE_GPUS(n)                                                                   \
+  do {                                                                                    \
+    if (visibleGpus() < (n)) GTEST_SKIP() << "needs " << (n) << " visible GPU(s), found " \
+                                          << visibleGpus();                               \
+  } while (0)
+
+// max |a - b| / (atol + rtol * |b|) <= 1, reported with the worst index.
+void expectClose(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double r = std::fabs(static_cast<double>(a[i]) - b[i]) / (atol + rtol * std::fabs(static_cast<double>(b[i])));
+    if (!(r <= worst)) {
+      worst = r;
+      at = i;
+    }
+  }
+  EXPECT_LE(worst, 1.0) << what << ": element " << at << " gpu " << a[at] << " cpu " << b[at];
+}
+
+struct Batch {
+  std::vector<float> x, y;
+};
+
+Batch makeBatch(const MlpConfig& cfg, int n, uint64_t first) {
+  const int in = cfg.layers.front(), out = cfg.layers.back();
+  const bool mse = cfg.loss == Loss::kMse;
+  Batch b;
+  b.x.resize(static_cast<size_t>(n) * in);
+  b.y.resize(static_cast<size_t>(n) * (mse ? out : 1));
+  SyntheticData d(in, out, 11);
+  for (int i = 0; i < n; ++i) {
+    int label = 0;
+    d.sample(first + static_cast<uint64_t>(i), false, b.x.data() + static_cast<size_t>(i) * in, &label,
+             mse ? b.y.data() + static_cast<size_t>(i) * out : nullptr);
+    if (!mse) b.y[static_cast<size_t>(i)] = static_cast<float>(label);
+  }
+  return b;
+}
+
+std::vector<float> paramsOf(detail::MathBackend& be) {
+  std::vector<float> p(be.numParams());
+  be.storeParams(p.data());
+  return p;
+}
+std::vector<float> gradsOf(detail::MathBackend& be) {
+  std::vector<float> g(be.numParams());
+  be.storeGrads(g.data());
+  return g;
+}
+std::vector<float> stateOf(detail::MathBackend& be) {
+  std::vector<float> s(be.stateSize());
+  be.storeState(s.data());
+  return s;
+}
+
+TEST(GpuTrain, DeviceSelection) {
+  if (visibleGpus() == 0) {
+    EXPECT_EQ(resolveDevice("auto", 0).name, "cpu");
+    try {
+      resolveDevice("cuda", 0);
+      FAIL() << "cuda without a GPU";
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find("trainer.device is \"cuda\" but no GPU is visible"), std::string::npos)
+          << e.what();
+    }
+    try {
+      detail::makeCudaBackend({{4, 3}, Activation::kRelu, Loss::kCrossEntropy}, 0, false, 0);
+      FAIL() << "a CUDA backend without a GPU";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("CUDA error"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const int n = visibleGpus();
+  EXPECT_EQ(resolveDevice("auto", 0).name, "cuda:0");
+  EXPECT_EQ(resolveDevice("cuda", n + 1).index, (n + 1) % n);  // LOCAL_RANK % visible GPUs
+  EXPECT_EQ(resolveDevice("cuda", n + 1).name, "cuda:" + std::to_string((n + 1) % n));
+  EXPECT_TRUE(resolveDevice("auto", 0, n).cuda);
+  EXPECT_FALSE(resolveDevice("auto", 0, n + 1).cuda);  // more local workers than GPUs: cpu
+  EXPECT_THROW(resolveDevice("cuda", 0, n + 1), SpecError);
+  EXPECT_FALSE(resolveDevice("cpu", 0).cuda);
+}
+
+// Forward (loss, accuracy) and backward (all gradients, layer order) on a small MLP.
+void compareForwardBackward(Activation act, Loss loss) {
+  MlpConfig cfg{{24, 33, 17, 5}, act, loss};
+  auto cpu = detail::makeCpuBackend(cfg, 5, false);
+  auto gpu = detail::makeCudaBackend(cfg, 5, false, 0);
+  ASSERT_EQ(paramsOf(*cpu), paramsOf(*gpu)) << "the same initial weights";
+  EXPECT_EQ(cpu->layerOffsets(), gpu->layerOffsets());
+  for (int n : {13, 64}) {
+    Batch b = makeBatch(cfg, n, 100);
+    cpu->forward(b.x.data(), n, b.y.data());
+    gpu->forward(b.x.data(), n, b.y.data());
+    int cc = -1, gc = -1;
+    double cl = cpu->result(&cc), gl = gpu->result(&gc);
+    EXPECT_NEAR(gl, cl, 1e-5 + 1e-5 * std::fabs(cl)) << "n " << n;
+    EXPECT_NEAR(gc, cc, 1) << "n " << n;  // a near tie may flip one argmax
+    std::vector<int> order;
+    cpu->backward({});
+    gpu->backward([&](int l) { order.push_back(l); });
+    EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+    for (int l = 2; l >= 0; --l) gpu->waitLayer(l);
+    expectClose(gradsOf(*gpu), gradsOf(*cpu), 1e-6, 1e-4, "gradients");
+  }
+}
+
+TEST(GpuTrain, ForwardBackwardMatchCpu) {
+  REQUIRE_GPUS(1);
+  compareForwardBackward(Activation::kRelu, Loss::kCrossEntropy);
+  compareForwardBackward(Activation::kGelu, Loss::kCrossEntropy);
+  compareForwardBackward(Activation::kRelu, Loss::kMse);
+  compareForwardBackward(Activation::kGelu, Loss::kMse);
+}
+
+// Clipping and the optimizer steps on identical inputs: each step starts the GPU from the
+// CPU's weights, state and gradients, so only the update math is compared (AdamW's first
+// steps move every weight by about lr whatever the gradient's size, so a gradient that is
+// rounding noise would otherwise decide a sign).
+void compareSteps(bool adam, double clip) {
+  MlpConfig cfg{{24, 40, 6}, Activation::kGelu, Loss::kCrossEntropy};
+  auto cpu = detail::makeCpuBackend(cfg, 8, adam);
+  auto gpu = detail::makeCudaBackend(cfg, 8, adam, 0);
+  const char* what = adam ? "adamw" : clip > 0 ? "sgd + clip" : "sgd";
+  for (int step = 0; step < 3; ++step) {
+    Batch b = makeBatch(cfg, 32, static_cast<uint64_t>(step) * 32);
+    cpu->forward(b.x.data(), 32, b.y.data());
+    cpu->backward({});
+    gpu->loadParams(paramsOf(*cpu).data());
+    gpu->loadState(stateOf(*cpu).data());
+    auto g = gradsOf(*cpu);
+    gpu->copyToBackend(gpu->grads(), g.data(), g.size() * sizeof(float));
+    for (auto* be : {cpu.get(), gpu.get()}) {
+      if (clip > 0) be->clipGradNorm(clip);
+      if (adam) {
+        const double t = step + 1;
+        be->adamwStep({1e-2f, 0.01f, 0.9f, 0.999f, 1e-8f, static_cast<float>(1 - std::pow(0.9, t)),
+                       static_cast<float>(std::sqrt(1 - std::pow(0.999, t)))});
+      } else {
+        be->sgdStep({0.05f, 1e-3f, 0.9f, step % 2 == 1});
+      }
+      be->synchronize();
+    }
+    expectClose(gradsOf(*gpu), gradsOf(*cpu), 1e-7, 1e-5, what);
+    expectClose(paramsOf(*gpu), paramsOf(*cpu), 1e-6, 1e-5, what);
+    expectClose(stateOf(*gpu), stateOf(*cpu), 1e-7, 1e-5, what);
+  }
+}
+
+TEST(GpuTrain, SgdAndAdamWStepsMatchCpu) {
+  REQUIRE_GPUS(1);
+  compareSteps(false, 0);
+  compareSteps(true, 0);
+  compareSteps(false, 0.05);  // small enough to clip every step
+}
+
+spec::TrainerSpec small(const std::string& device) {
+  spec::TrainerSpec t;
+  t.device = device;
+  t.model.layers = {20, 32, 16, 4};
+  t.model.activation = "gelu";
+  t.data.train_samples = 4096;
+  t.data.eval_samples = 512;
+  t.batch_size = 64;
+  t.epochs = 1;
+  t.max_steps = 30;
+  t.optimizer.lr = 0.05;
+  t.optimizer.momentum = 0.9;
+  t.grad_clip_norm = 5;
+  t.bucket_mb = 0.001;  // several buckets
+  return t;
+}
+
+TrainResult runAlone(const spec::TrainerSpec& t, std::vector<float>* params, bool nccl = false) {
+  auto store = std::make_shared<store::HashStore>();
+  auto c = nccl ? comm::createNcclCommunicator(store, 0, 1, {}) : comm::createTcpCommunicator(store, 0, 1, {});
+  TrainOptions o;
+  o.final_params = params;
+  return train(t, *c, o);
+}
+
+TEST(GpuTrain, OneRankTrainingMatchesCpu) {
+  REQUIRE_GPUS(1);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  for (const char* opt : {"sgd", "adamw"}) {
+    auto t = small("cpu");
+    t.optimizer.type = opt;
+    if (std::string(opt) == "adamw") t.optimizer.lr = 3e-3;
+    std::vector<float> cpuP, gpuP, ncclP;
+    TrainResult c = runAlone(t, &cpuP);
+    t.device = "cuda";
+    TrainResult g = runAlone(t, &gpuP);                 // host communicator
+    TrainResult n = runAlone(t, &ncclP, /*nccl=*/true);  // device communicator, staged host collectives
+    // AdamW amplifies rounding where a gradient is noise (its update is about lr whatever
+    // the gradient's size): a looser bound there.
+    const bool adam = std::string(opt) == "adamw";
+    EXPECT_EQ(g.steps, c.steps);
+    EXPECT_NEAR(g.final_loss, c.final_loss, 1e-3 + (adam ? 1e-2 : 1e-3) * c.final_loss) << opt;
+    EXPECT_NEAR(g.eval_accuracy, c.eval_accuracy, 0.02) << opt;
+    expectClose(gpuP, cpuP, adam ? 1e-2 : 5e-4, adam ? 1e-2 : 5e-3, opt);
+    EXPECT_EQ(ncclP, gpuP) << opt << ": the GPU is deterministic whatever the communicator";
+    EXPECT_EQ(n.weights_sha256, g.weights_sha256);
+  }
+}
+
+std::string tempDir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/dtrain_gpu_ckpt_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+// A checkpoint is one file format: written on the GPU it resumes on the CPU, and back.
+TEST(GpuTrain, CheckpointsMoveBetweenGpuAndCpu) {
+  REQUIRE_GPUS(1);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  auto t = small("cpu");  // SGD with momentum: the state travels too
+  t.max_steps = 40;
+  std::vector<float> straight;
+  runAlone(t, &straight);  // the CPU reference, no checkpoints
+
+  for (bool gpuFirst : {true, false}) {
+    auto r = t;
+    r.checkpoint.dir = tempDir(gpuFirst ? "g2c" : "c2g");
+    r.max_steps = 15;
+    r.device = gpuFirst ? "cuda" : "cpu";
+    runAlone(r, nullptr);
+    r.max_steps = 40;
+    r.device = gpuFirst ? "cpu" : "cuda";
+    std::vector<float> resumed;
+    TrainResult res = runAlone(r, &resumed);
+    EXPECT_EQ(res.steps, 40);
+    expectClose(resumed, straight, 5e-4, 5e-3, gpuFirst ? "gpu -> cpu" : "cpu -> gpu");
+    std::filesystem::remove_all(r.checkpoint.dir);
+  }
+}
+
+// Two ranks over NCCL, one GPU each (NCCL refuses two ranks of one communicator on one
+// device), against two CPU ranks over TCP.
+TEST(GpuTrain, TwoRanksOverNcclMatchCpu) {
+  REQUIRE_GPUS(2);
+  ::unsetenv("LOCAL_RANK");  // then rank r uses GPU r, in the trainer and in NCCL alike
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  for (bool overlap : {true, false}) {
+    auto t = small("cuda");
+    t.overlap = overlap;
+    auto run = [&](bool nccl) {
+      auto store = std::make_shared<store::HashStore>();
+      std::vector<std::vector<float>> params(2);
+      std::vector<TrainResult> res(2);
+      std::vector<std::string> errors(2);
+      std::vector<std::thread> ts;
+      for (int r = 0; r < 2; ++r)
+        ts.emplace_back([&, r] {
+          try {
+            auto c = nccl ? comm::createNcclCommunicator(store, r, 2, {}) : comm::createTcpCommunicator(store, r, 2, {});
+            TrainOptions o;
+            o.device = nccl ? "cuda" : "cpu";
+            o.final_params = &params[static_cast<size_t>(r)];
+            res[static_cast<size_t>(r)] = train(t, *c, o);
+          } catch (const std::exception& e) {
+            errors[static_cast<size_t>(r)] = e.what();
+          }
+        });
+      for (auto& th : ts) th.join();
+      for (const auto& e : errors) EXPECT_EQ(e, "");
+      EXPECT_EQ(res[0].weights_sha256, res[1].weights_sha256);
+      return params[0];
+    };
+    auto gpu = run(true);
+    auto cpu = run(false);
+    expectClose(gpu, cpu, 5e-4, 5e-3, overlap ? "2 ranks, overlap" : "2 ranks, no overlap");
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::train
