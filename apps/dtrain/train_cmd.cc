@@ -5,7 +5,13 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <fstream>
+#include <memory>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/launch/output.h"
@@ -21,6 +27,58 @@ namespace {
 
 CLI::App* gTrain = nullptr;
 std::string gSpec;
+
+const char* envOr(const char* name, const char* dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : dflt;
+}
+
+// Per-step hooks from the environment:
+// - DTRAIN_WATCHDOG_FILE (set by dtrain when worker_timeout_s > 0): touched every step, so
+//   a hung trainer is found and restarted.
+// - DTRAIN_DEBUG_KILL_AT=RANK:STEP (fault injection, for tests): on the first attempt
+//   (TORCHELASTIC_RESTART_COUNT 0), rank RANK SIGKILLs itself as step STEP begins.
+// - DTRAIN_DEBUG_SAMPLE_LOG=PREFIX (for tests): every batch appended to
+//   PREFIX.<rank>.<restart> as "step epoch sample...".
+void installStepHooks(train::TrainOptions& to, int rank) {
+  std::string watchdog = envOr("DTRAIN_WATCHDOG_FILE", "");
+  std::string killAt = envOr("DTRAIN_DEBUG_KILL_AT", "");
+  std::string restart = envOr("TORCHELASTIC_RESTART_COUNT", "0");
+  long long killStep = -1;
+  if (!killAt.empty() && restart == "0") {
+    auto colon = killAt.find(':');
+    if (colon == std::string::npos) throw SpecError("DTRAIN_DEBUG_KILL_AT: expected RANK:STEP, got \"" + killAt + "\"");
+    try {
+      if (std::stoi(killAt.substr(0, colon)) == rank) killStep = std::stoll(killAt.substr(colon + 1));
+    } catch (...) {
+      throw SpecError("DTRAIN_DEBUG_KILL_AT: expected RANK:STEP, got \"" + killAt + "\"");
+    }
+  }
+  auto step = std::make_shared<long long>(0);
+  if (!watchdog.empty() || killStep >= 0) {
+    to.on_step = [watchdog, killStep, step](long long s) {
+      *step = s;
+      if (!watchdog.empty()) {
+        int fd = ::open(watchdog.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+          ::futimens(fd, nullptr);
+          ::close(fd);
+        }
+      }
+      if (s == killStep) ::raise(SIGKILL);
+    };
+  }
+  if (const char* prefix = std::getenv("DTRAIN_DEBUG_SAMPLE_LOG"); prefix && *prefix) {
+    if (!to.on_step) to.on_step = [step](long long s) { *step = s; };
+    auto out = std::make_shared<std::ofstream>(fmt::format("{}.{}.{}", prefix, rank, restart), std::ios::app);
+    to.on_batch = [out, step](int epoch, const uint64_t* idx, int n) {
+      *out << *step << ' ' << epoch;
+      for (int i = 0; i < n; ++i) *out << ' ' << idx[i];
+      *out << '\n';
+      out->flush();
+    };
+  }
+}
 
 }  // namespace
 
@@ -53,6 +111,7 @@ int runTrainCommand() {
   to.device = dev.cuda ? "cuda" : "cpu";
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
   if (const char* d = std::getenv("DTRAIN_LOG_DIR"); d && *d) to.metrics_dir = d;
+  installStepHooks(to, comm->rank());
   // A live progress bar: drawn by the launcher when its console is a terminal, or in place
   // here when run by hand on one. Plain periodic lines otherwise.
   if (const char* tty = std::getenv("DTRAIN_CONSOLE_TTY"); tty && std::string(tty) == "1") {

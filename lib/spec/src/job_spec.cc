@@ -285,7 +285,7 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     if (ty == "step" && ts.lr_schedule.step_size == 0) c.fail(LP + "/step_size", "missing; the step schedule needs step_size");
   }
   if (t.contains("grad_clip_norm")) ts.grad_clip_norm = c.number(t["grad_clip_norm"], P + "/grad_clip_norm", 0, 1e12, "a norm >= 0 (0 = off)");
-  if (t.contains("device")) ts.device = oneOf(c, t["device"], P + "/device", {"auto", "cpu"});
+  if (t.contains("device")) ts.device = oneOf(c, t["device"], P + "/device", {"auto", "cpu", "cuda"});
   if (t.contains("seed")) ts.seed = static_cast<unsigned long long>(c.integer(t["seed"], P + "/seed", 0, INT64_MAX, "an integer >= 0"));
   if (t.contains("bucket_mb")) ts.bucket_mb = c.number(t["bucket_mb"], P + "/bucket_mb", 0.001, 4096, "megabytes between 0.001 and 4096");
   if (t.contains("overlap")) ts.overlap = c.boolean(t["overlap"], P + "/overlap");

@@ -232,6 +232,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
          cursor += globalBatch) {
       const uint64_t base = cursor + static_cast<uint64_t>(rank) * B;
+      if (opts.on_step) opts.on_step(step);
       if (opts.on_batch) {
         std::vector<uint64_t> idx(static_cast<size_t>(B));
         for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];

@@ -28,6 +28,8 @@ struct TrainOptions {
   std::function<void(const std::string&)> status;
   // Rank 0 writes metrics.jsonl and metrics.svg here; "" = none.
   std::string metrics_dir;
+  // When set, called as each step begins, with the global step (0-based): a heartbeat.
+  std::function<void(long long)> on_step;
   // When set, sees every batch this rank trains on: (epoch, sample indices, count).
   std::function<void(int, const uint64_t*, int)> on_batch;
   // Overrides spec.device ("auto", "cpu" or "cuda"); "" = the spec's. The GPU is always
