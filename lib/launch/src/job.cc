@@ -1,5 +1,6 @@
 #include "dtrain/launch/job.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -66,7 +67,23 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
     // Back off (1 s, 2 s, 4 s, ... at most 60 s) and start the next attempt on a fresh
     // MASTER_PORT: the old one may still be held by the previous attempt's sockets.
     double pause = std::min(60.0, spec.restart_backoff_s * std::pow(2.0, attempt));
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<long>(pause * 1000)));
+    {
+      // A signal during the pause ends the job as it would have during the run.
+      detail::SignalScope signals;
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long>(pause * 1000));
+      while (true) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+        if (left <= 0) break;
+        pollfd p{signals.fd(), POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+        unsigned char sig = 0;
+        if (::read(signals.fd(), &sig, 1) == 1 && sig != SIGCHLD) {
+          r.received_signal = sig;
+          r.exit_code = 128 + sig;
+          return r;
+        }
+      }
+    }
     plan.master_port = pickFreePort(spec.rendezvous.port);
   }
 }
