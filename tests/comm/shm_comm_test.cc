@@ -158,13 +158,13 @@ TEST(ShmComm, AllreduceBitIdenticalToTcpAllTypesAndOps) {
   EXPECT_EQ(shmEntries(), before) << "segments left in /dev/shm";
 }
 
-// Larger than the whole segment (<= 32 MiB; 1 MiB chunks x 4 per rank): the pipeline wraps
+// Larger than the whole segment (n ranks x 8 staging buffers x 256 KiB): the pipeline wraps
 // around the staging buffers many times.
 TEST(ShmComm, MessagesLargerThanTheSegment) {
-  expectSameAsTcp(2, {allreduceCase((40u << 20) / 4 + 3, DataType::kFloat32, ReduceOp::kSum)});
-  expectSameAsTcp(3, {allreduceCase((12u << 20) / 8 + 1, DataType::kFloat64, ReduceOp::kAvg)});
-  expectSameAsTcp(5, {allreduceCase((9u << 20) / 2 + 7, DataType::kBFloat16, ReduceOp::kSum)});
-  expectSameAsTcp(4, {allreduceCase((20u << 20) / 4, DataType::kInt32, ReduceOp::kMax)}, 64u << 20);  // tree, many chunks
+  expectSameAsTcp(2, {allreduceCase((6u << 20) / 4 + 3, DataType::kFloat32, ReduceOp::kSum)});
+  expectSameAsTcp(3, {allreduceCase((8u << 20) / 8 + 1, DataType::kFloat64, ReduceOp::kAvg)});
+  expectSameAsTcp(5, {allreduceCase((12u << 20) / 2 + 7, DataType::kBFloat16, ReduceOp::kSum)});
+  expectSameAsTcp(4, {allreduceCase((10u << 20) / 4, DataType::kInt32, ReduceOp::kMax)}, 64u << 20);  // tree, many chunks
 }
 
 TEST(ShmComm, ReduceScatterAllgatherBroadcastBarrierBitIdenticalToTcp) {

@@ -2,7 +2,7 @@
 // Same-host shared-memory data path of the "tcp" backend (see docs/collectives.md).
 //
 // One POSIX shared-memory segment per communicator holds, per rank, a control block of
-// sequence counters and a ring of `depth` staging buffers of `chunk` bytes. Collectives are
+// sequence counters and a ring of `depth` staging buffers of `chunk` bytes (8 x 256 KiB). Collectives are
 // cut into chunks; chunk g of the communicator's life uses buffer g % depth of every slot, and
 // its steps are published through monotonic 32-bit counters (posted / reduced / consumed),
 // so copies, reductions and copy-outs of different chunks overlap and the segment stays a
@@ -112,6 +112,7 @@ class ShmTransport {
 
   void ringReduce(char* data, const char* send, char* recv, size_t count, DataType t, ReduceOp op, int shift,
                   bool gather, Clock::time_point dl);
+  void replicatedRing(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
   void treeReduce(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
 
   int rank_, size_;
