@@ -244,7 +244,7 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
 
   // 2. Rank 0 creates the segment and publishes its name ("" when it could not).
   std::string name = fmt::format("/dtrain-{}-{}", sanitize(s.prefix), hex(s.nonce));
-  std::string why;
+  std::string why = "rank 0 could not create the segment";
   ShmMapping map;
   if (s.rank == 0) {
     map = createSegment(name, s.size, why);
@@ -263,7 +263,8 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
   // 3. Everyone reports; shm is used only if every rank mapped it. Once all have reported,
   // every mapping exists, so the name can go: nothing stays in /dev/shm even if a rank is
   // SIGKILLed later (every rank unlinks, in case rank 0 dies first; ENOENT is fine).
-  s.store->set(s.prefix + "shm/mapped/" + std::to_string(s.rank), map ? "1" : "0");
+  // "0: why" stays in the store for diagnosis (`dtrain store get`) when a rank falls back.
+  s.store->set(s.prefix + "shm/mapped/" + std::to_string(s.rank), map ? std::string("1") : "0: " + why);
   std::vector<std::string> oks;
   try {
     oks = gather("shm/mapped/");
