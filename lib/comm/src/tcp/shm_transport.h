@@ -126,6 +126,7 @@ class ShmTransport {
   const char* waitWhat_ = "";
   bool oversubscribed_ = false;  // more ranks than CPUs: do not spin
   std::vector<char> scratch_;
+  volatile unsigned touched_ = 0;  // keeps the pre-touch reads from being optimised away
 };
 
 }  // namespace dtrain::comm::detail
