@@ -1,5 +1,5 @@
 // Test helper: one rank that runs allreduces in a loop until told to stop (file), printing
-// "ready" after the first one and the error when a collective fails (exit 3).
+// "ready <transport>" after the first one and the error when a collective fails (exit 3).
 // Usage: comm_worker SECONDS_TIMEOUT STOP_FILE   (environment as under dtrain run)
 #include <unistd.h>
 
@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
         return 4;
       }
       if (!ready) {
-        std::printf("ready\n");
+        std::printf("ready %s\n", c->transport());
         std::fflush(stdout);
         ready = true;
       }

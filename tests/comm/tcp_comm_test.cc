@@ -16,8 +16,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// These tests pin the TCP data path (shm off); shm_comm_test.cc checks that the shared-memory
+// path gives the same bits.
+CommOptions tcpOnly() {
+  CommOptions o;
+  o.shm = false;
+  return o;
+}
+
 // Runs fn(comm) on n ranks, each in its own thread with its own communicator.
-void onRanks(int n, const std::function<void(Communicator&)>& fn, CommOptions o = {}) {
+void onRanks(int n, const std::function<void(Communicator&)>& fn, CommOptions o = tcpOnly()) {
   auto store = std::make_shared<store::HashStore>();
   std::vector<std::thread> ts;
   std::vector<std::string> errors(static_cast<size_t>(n));
@@ -42,7 +50,7 @@ T value(int rank, size_t i) {
 template <typename T>
 void checkAllreduce(int n, size_t count, DataType t, ReduceOp op, size_t smallBytes = 64 * 1024) {
   std::vector<std::vector<T>> results(static_cast<size_t>(n));
-  CommOptions o;
+  CommOptions o = tcpOnly();
   o.small_message_bytes = smallBytes;
   onRanks(n, [&](Communicator& c) {
     std::vector<T> v(count);
@@ -157,7 +165,7 @@ TEST(TcpComm, SendRecvAndAsyncOrder) {
 
 TEST(TcpComm, LostPeerFailsFastAndNamesIt) {
   auto store = std::make_shared<store::HashStore>();
-  CommOptions o;
+  CommOptions o = tcpOnly();
   o.timeout = 5s;
   std::string error;
   std::chrono::steady_clock::duration took{};
@@ -187,7 +195,7 @@ TEST(TcpComm, LostPeerFailsFastAndNamesIt) {
 
 TEST(TcpComm, SilentPeerTimesOutWithinTheTimeout) {
   auto store = std::make_shared<store::HashStore>();
-  CommOptions o;
+  CommOptions o = tcpOnly();
   o.timeout = 500ms;
   std::string error;
   std::promise<void> release;

@@ -1,5 +1,7 @@
 # Collectives through real processes: dtrain bench (verified results, table, JSON, flags),
-# and ranks that lose a peer to SIGKILL or SIGSTOP fail within the timeout naming it.
+# and ranks that lose a peer to SIGKILL or SIGSTOP fail within the timeout naming it, over
+# the same-host shared-memory transport (the default here) and over TCP (DTRAIN_COMM_SHM=0);
+# no shared-memory segment is left in /dev/shm, even after a SIGKILL.
 source "$(dirname "$0")/lib.sh"
 WORKER="$(dirname "$DTRAIN")/comm_worker"
 
@@ -8,6 +10,7 @@ expect_eq "$?" 0 "bench allreduce exits 0"
 expect_grep "^# +size +count +type +redop +time +algbw +busbw +#wrong$" "$T/out" "nccl-tests header"
 expect_grep "^ +1048576 +262144 +float +sum +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "1 MiB row verified"
 expect_grep "^# Out of bounds values : 0 OK$" "$T/out" "footer"
+expect_grep "^# transport: shm$" "$T/out" "same host: shared-memory transport"
 python3 - "$T/ar.json" >"$T/check" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -16,6 +19,12 @@ ok = all(abs(r["busbw_gbps"] - r["algbw_gbps"] * 2 * (n - 1) / n) < 1e-5 + 1e-4 
 print(len(d["rows"]), n, ok, sum(r["wrong"] for r in d["rows"]))
 PY
 expect_eq "$(cat "$T/check")" "6 3 True 0" "JSON rows, busbw = algbw*2(n-1)/n, no wrong values"
+expect_grep '"transport": "shm"' "$T/ar.json" "JSON names the transport"
+DTRAIN_COMM_SHM=0 "$DTRAIN" bench allreduce --nproc-per-node 2 -b 1K -e 256K -f 16 -n 2 -w 0 >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "bench with DTRAIN_COMM_SHM=0 exits 0"
+expect_grep "^# transport: tcp$" "$T/out" "DTRAIN_COMM_SHM=0: TCP transport"
+DTRAIN_COMM_SHM=maybe "$DTRAIN" bench allreduce --nproc-per-node 2 -b 1K -e 1K -n 1 -w 0 >"$T/out" 2>"$T/err"
+[ "$?" -ne 0 ] && pass "bad DTRAIN_COMM_SHM fails" || fail "DTRAIN_COMM_SHM=maybe accepted"
 for spec in "broadcast -d int64" "allgather -d half" "allreduce -d bfloat16 -o max" "allreduce -d int32 -o avg"; do
   "$DTRAIN" bench $spec --nproc-per-node 3 -b 2K -e 64K -f 8 -n 2 -w 0 >"$T/out" 2>"$T/err"
   expect_eq "$?" 0 "bench $spec verified"
@@ -34,15 +43,19 @@ trap 'kill $SERVE 2>/dev/null; pkill -CONT -f "$WORKER" 2>/dev/null; pkill -9 -f
 for _ in $(seq 50); do grep -q "serving on" "$T/serve.out" && break; sleep 0.1; done
 EP=$(sed -n 's/^dtrain store: serving on //p' "$T/serve.out")
 export DTRAIN_STORE_ADDR=${EP%:*} DTRAIN_STORE_PORT=${EP##*:} DTRAIN_STORE_TOKEN=$(cat "$T/tok") WORLD_SIZE=3
-lost_case() {  # signal victim
-  local sig=$1 victim=$2 pids=()
-  export DTRAIN_RUN_ID="lost-$sig"
+shm_segments() { ls /dev/shm 2>/dev/null | grep '^dtrain-' | sort; }
+lost_case() {  # signal victim transport
+  local sig=$1 victim=$2 transport=$3 pids=()
+  export DTRAIN_RUN_ID="lost-$sig-$transport"
+  [ "$transport" = shm ] && export DTRAIN_COMM_SHM=1 || export DTRAIN_COMM_SHM=0
+  shm_segments >"$T/shm.before"
   for r in 0 1 2; do
     RANK=$r "$WORKER" 3 "$T/stop" >"$T/w$r.out" 2>"$T/w$r.err" &
     pids+=($!)
   done
   for r in 0 1 2; do
     for _ in $(seq 100); do grep -q ready "$T/w$r.out" 2>/dev/null && break; sleep 0.1; done
+    expect_grep "^ready $transport$" "$T/w$r.out" "$transport: rank $r runs over $transport"
   done
   start=$(date +%s%N)
   kill -"$sig" "${pids[$victim]}"
@@ -50,15 +63,20 @@ lost_case() {  # signal victim
     [ "$r" = "$victim" ] && continue
     wait "${pids[$r]}"; rc=$?
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
-    expect_eq "$rc" 3 "SIG$sig: rank $r fails its collective"
-    [ "$ms" -lt 8000 ] && pass "SIG$sig: rank $r failed within the timeout (${ms} ms)" || fail "SIG$sig: rank $r took ${ms} ms"
-    expect_grep "lost rank [0-9]" "$T/w$r.err" "SIG$sig: rank $r names a lost rank"
+    expect_eq "$rc" 3 "SIG$sig/$transport: rank $r fails its collective"
+    [ "$ms" -lt 8000 ] && pass "SIG$sig/$transport: rank $r failed within the timeout (${ms} ms)" || fail "SIG$sig/$transport: rank $r took ${ms} ms"
+    expect_grep "lost rank [0-9]" "$T/w$r.err" "SIG$sig/$transport: rank $r names a lost rank"
   done
   # The rank next to the victim names the victim itself.
   local neighbour=$(( (victim + 1) % 3 ))
-  expect_grep "lost rank $victim" "$T/w$neighbour.err" "SIG$sig: rank $neighbour names rank $victim"
+  expect_grep "lost rank $victim" "$T/w$neighbour.err" "SIG$sig/$transport: rank $neighbour names rank $victim"
   kill -CONT "${pids[$victim]}" 2>/dev/null; kill -9 "${pids[$victim]}" 2>/dev/null; wait "${pids[$victim]}" 2>/dev/null
+  shm_segments >"$T/shm.after"
+  expect_eq "$(comm -13 "$T/shm.before" "$T/shm.after" | tr '\n' ' ')" "" "SIG$sig/$transport: nothing left in /dev/shm"
 }
-lost_case KILL 1
-lost_case STOP 2
+lost_case KILL 1 shm
+lost_case STOP 2 shm
+lost_case KILL 1 tcp
+lost_case STOP 2 tcp
+unset DTRAIN_COMM_SHM
 finish

@@ -115,6 +115,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
                                                              : 1.0;
     r.busbw = r.algbw * factor;
     r.wrong = wrong;
+    r.transport = comm.transport();
     rows.push_back(r);
     if (o.factor < 2) break;
   }
@@ -122,8 +123,10 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
 }
 
 std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
-  std::string out = fmt::format("# dtrain bench {}: {} ranks, backend {}, {} iterations after {} warm-up\n#\n",
+  std::string transport = rows.empty() || rows[0].transport.empty() ? backend : rows[0].transport;
+  std::string out = fmt::format("# dtrain bench {}: {} ranks, backend {}, {} iterations after {} warm-up\n",
                                 name(o.collective), worldSize, backend, o.iters, o.warmup);
+  out += fmt::format("# transport: {}\n#\n", transport);
   out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "size", "count", "type", "redop", "time",
                      "algbw", "busbw", "#wrong");
   out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "(B)", "(elements)", "", "", "(us)",
@@ -143,8 +146,9 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
 }
 
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
-  std::string out = fmt::format("{{\"collective\": \"{}\", \"ranks\": {}, \"backend\": \"{}\", \"type\": \"{}\", \"redop\": \"{}\", \"rows\": [",
-                                name(o.collective), worldSize, backend, name(o.dtype), name(o.op));
+  std::string transport = rows.empty() || rows[0].transport.empty() ? backend : rows[0].transport;
+  std::string out = fmt::format("{{\"collective\": \"{}\", \"ranks\": {}, \"backend\": \"{}\", \"transport\": \"{}\", \"type\": \"{}\", \"redop\": \"{}\", \"rows\": [",
+                                name(o.collective), worldSize, backend, transport, name(o.dtype), name(o.op));
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     out += fmt::format("{}{{\"bytes\": {}, \"count\": {}, \"time_us\": {:.3f}, \"algbw_gbps\": {:.6f}, \"busbw_gbps\": {:.6f}, \"wrong\": {}}}",

@@ -49,6 +49,12 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
   so.timeout = opts.timeout;
   auto tcp = std::make_shared<store::TcpStore>(so);
   CommOptions o = opts;
+  if (const char* shm = std::getenv("DTRAIN_COMM_SHM")) {
+    std::string v = shm;
+    if (v == "0" || v == "false" || v == "off" || v == "no") o.shm = false;
+    else if (v == "1" || v == "true" || v == "on" || v == "yes" || v.empty()) o.shm = opts.shm;
+    else throw SpecError(fmt::format("DTRAIN_COMM_SHM=\"{}\": expected 0 or 1", v));
+  }
   if (o.advertise_addr.empty()) o.advertise_addr = tcp->localAddress();
   const char* run = std::getenv("DTRAIN_RUN_ID");
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "detail/reduce.h"
 
 namespace dtrain::comm {
 
@@ -143,6 +144,39 @@ void reduceT(T* d, const T* s, size_t n, ReduceOp op) {
   }
 }
 
+// dst = a (op) b; the three loops are separate so that the compiler's aliasing checks see at
+// most two distinct pointers and the common in-place cases stay vectorised.
+template <typename T, typename F>
+void combine(T* dst, const T* a, const T* b, size_t n, F f) {
+  if (dst == a) {
+    for (size_t i = 0; i < n; ++i) dst[i] = f(dst[i], b[i]);
+  } else if (dst == b) {
+    for (size_t i = 0; i < n; ++i) dst[i] = f(a[i], dst[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);
+  }
+}
+
+// Same expressions as reduceT, so reduceTo(d, a, b) == (copy a to d; reduceInto(d, b)).
+template <typename T>
+void reduceToT(T* d, const T* a, const T* b, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return combine(d, a, b, n, [](T x, T y) { return static_cast<T>(x + y); });
+    case ReduceOp::kMin: return combine(d, a, b, n, [](T x, T y) { return std::min(x, y); });
+    case ReduceOp::kMax: return combine(d, a, b, n, [](T x, T y) { return std::max(x, y); });
+  }
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void reduceTo16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = ToF(a[i]), y = ToF(b[i]);
+    float r = op == ReduceOp::kMin ? std::min(x, y) : op == ReduceOp::kMax ? std::max(x, y) : x + y;
+    d[i] = FromF(r);
+  }
+}
+
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void reduce16(uint16_t* d, const uint16_t* s, size_t n, ReduceOp op) {
   for (size_t i = 0; i < n; ++i) {
@@ -166,6 +200,29 @@ void reduceInto(void* dst, const void* src, size_t n, DataType t, ReduceOp op) {
       return reduce16<halfToFloat, floatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
   }
 }
+
+namespace detail {
+
+void reduceTo(void* dst, const void* a, const void* b, size_t n, DataType t, ReduceOp op) {
+  switch (t) {
+    case DataType::kFloat32:
+      return reduceToT(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n, op);
+    case DataType::kFloat64:
+      return reduceToT(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b), n, op);
+    case DataType::kInt32:
+      return reduceToT(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), n, op);
+    case DataType::kInt64:
+      return reduceToT(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), n, op);
+    case DataType::kBFloat16:
+      return reduceTo16<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                                                  static_cast<const uint16_t*>(b), n, op);
+    case DataType::kFloat16:
+      return reduceTo16<halfToFloat, floatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                                                  static_cast<const uint16_t*>(b), n, op);
+  }
+}
+
+}  // namespace detail
 
 void finishAvg(void* data, size_t n, DataType t, int worldSize) {
   switch (t) {

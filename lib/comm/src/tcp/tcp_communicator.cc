@@ -30,6 +30,7 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/store/tcp_store.h"
+#include "tcp/shm_transport.h"
 
 namespace dtrain::comm {
 namespace {
@@ -73,26 +74,36 @@ class TcpCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "tcp"; }
+  const char* transport() const override { return shm_ ? "shm" : "tcp"; }
 
   WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) override {
-    return enqueue("allreduce", [=, this](Clock::time_point dl) { allreduce(static_cast<char*>(data), count, t, op, dl); });
+    return enqueue("allreduce", [=, this](Clock::time_point dl) {
+      if (shm_) return shm_->allreduce(static_cast<char*>(data), count, t, op, opts_.small_message_bytes, dl);
+      allreduce(static_cast<char*>(data), count, t, op, dl);
+    });
   }
   WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
     checkPeer(root, "broadcast root", /*allowSelf=*/true);
-    return enqueue("broadcast", [=, this](Clock::time_point dl) { broadcast(static_cast<char*>(data), count * elementSize(t), root, dl); });
+    return enqueue("broadcast", [=, this](Clock::time_point dl) {
+      if (shm_) return shm_->broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
+      broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
+    });
   }
   WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
     return enqueue("allgather", [=, this](Clock::time_point dl) {
+      if (shm_) return shm_->allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
       allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
     });
   }
   WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
     return enqueue("reduce_scatter", [=, this](Clock::time_point dl) {
+      if (shm_) return shm_->reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
       reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
     });
   }
   WorkPtr barrierAsync() override {
     return enqueue("barrier", [this](Clock::time_point dl) {
+      if (shm_) return shm_->barrier(dl);
       int32_t v = 0;
       recursiveDoubling(reinterpret_cast<char*>(&v), 1, DataType::kInt32, ReduceOp::kSum, dl);
     });
@@ -175,6 +186,7 @@ class TcpCommunicator final : public Communicator {
   WorkPtr enqueue(const char* name, std::function<void(Clock::time_point)> fn);
   void loop();
   void connectMesh();
+  void setupShm();
   [[noreturn]] void lost(int peer, const std::string& why);
 
   void allreduce(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
@@ -194,6 +206,9 @@ class TcpCommunicator final : public Communicator {
   CommOptions opts_;
   std::vector<int> fds_;
   std::vector<char> scratch_;
+  // Same-host data path for collectives; null when TCP carries them. Used by the executor
+  // thread only; the sockets above stay connected as its liveness channel.
+  std::unique_ptr<detail::ShmTransport> shm_;
   const char* currentOp_ = "";
 
   std::mutex mu_;
@@ -210,6 +225,7 @@ TcpCommunicator::TcpCommunicator(std::shared_ptr<store::Store> store, int rank, 
     throw SpecError(fmt::format("communicator: rank {} is not within world size {}", rank, size));
   try {
     connectMesh();
+    setupShm();
   } catch (...) {
     for (int& fd : fds_)
       if (fd >= 0) ::close(fd);
@@ -338,6 +354,23 @@ void TcpCommunicator::connectMesh() {
     fds_[rk] = fd;
     ++accepted;
   }
+}
+
+void TcpCommunicator::setupShm() {
+  if (size_ == 1) return;
+  std::string prefix = "comm/" + opts_.name + "/";
+  detail::ShmTransport::Setup s;
+  s.store = store_.get();
+  s.prefix = prefix;
+  s.nonce = store_->get(prefix + "nonce");
+  s.enabled = opts_.shm;
+  s.rank = rank_;
+  s.size = size_;
+  s.deadline = Clock::now() + opts_.timeout;
+  s.fds = &fds_;
+  s.lost = [this](int peer, const std::string& why) { lost(peer, why); };
+  s.timeoutText = secondsText(opts_.timeout);
+  shm_ = detail::ShmTransport::create(s);
 }
 
 WorkPtr TcpCommunicator::enqueue(const char* name, std::function<void(Clock::time_point)> fn) {

@@ -27,6 +27,9 @@ struct BenchRow {
   double algbw = 0;    // GB/s
   double busbw = 0;    // GB/s
   long long wrong = 0; // values that differ from the expected result, summed over ranks
+  // Communicator::transport() the row ran on ("shm" or "tcp" for the tcp backend); carried
+  // in the rows so formatBench/benchJson can report it without another parameter.
+  std::string transport;
 };
 
 // Collective: every rank calls it with the same options. Results are the same on all ranks.

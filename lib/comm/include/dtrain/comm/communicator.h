@@ -34,6 +34,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* backend() const = 0;
+  // How collective data moves: "shm" (same-host shared memory) or "tcp" for the tcp backend,
+  // the backend's name otherwise.
+  virtual const char* transport() const { return backend(); }
 
   // In place: data holds count elements on every rank.
   virtual WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) = 0;
@@ -69,6 +72,11 @@ struct CommOptions {
   // Address peers should connect to; "" = the address this host uses to reach the store.
   std::string advertise_addr;
   std::string name = "default";  // distinguishes several communicators of one job
+  // tcp backend: when every rank is on the same host (same boot id, host name and network
+  // namespace), collectives move data through a shared-memory segment instead of loopback
+  // TCP; send/recv and liveness stay on the sockets. Every rank must allow it, otherwise
+  // all use TCP. createFromEnvironment: DTRAIN_COMM_SHM=0 turns it off.
+  bool shm = true;
 };
 
 // TCP backend over an existing store (peers meet through it).
@@ -76,7 +84,8 @@ std::unique_ptr<Communicator> createTcpCommunicator(std::shared_ptr<store::Store
                                                     const CommOptions& opts);
 
 // From the environment `dtrain run` gives a worker: RANK, WORLD_SIZE, DTRAIN_STORE_ADDR/PORT/
-// TOKEN, DTRAIN_RUN_ID, TORCHELASTIC_RESTART_COUNT. Throws SpecError naming a missing variable.
+// TOKEN, DTRAIN_RUN_ID, TORCHELASTIC_RESTART_COUNT, and DTRAIN_COMM_SHM (0: no shared memory,
+// see CommOptions::shm). Throws SpecError naming a missing variable.
 std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts);
 
 // True when this build has the NCCL backend.

@@ -1,0 +1,575 @@
+#include "tcp/shm_transport.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "detail/reduce.h"
+#include "dtrain/common/errors.h"
+
+namespace dtrain::comm::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kMagic = 0x4d48534e41525444ULL;  // "DTRANSHM"
+// Staging buffers per rank. Chunk g uses buffer g % kDepth, so a rank may run up to
+// kDepth - 1 chunks ahead of the slowest reader before it has to wait (absorbs scheduling
+// jitter on a loaded machine).
+constexpr size_t kDepth = 8;
+// Chunk (staging buffer) size: big enough that the per-chunk synchronisation (a few atomic
+// loads/stores) is noise, small enough that staged data is still in cache when the peer
+// reads it and that a 1 MiB message is already a 4-stage pipeline. Measured on the 2-core
+// dev machine (2 ranks, 256 KiB - 64 MiB): 128-256 KiB beat 512 KiB - 4 MiB, most clearly
+// at 1 MiB (~0.25 vs ~1 ms). All slots together stay within kBudget.
+constexpr size_t kMaxChunk = 256u << 10;
+constexpr size_t kMinChunk = 64u << 10;
+constexpr size_t kBudget = 32u << 20;
+// Busy-wait this long before yielding/sleeping, only when every rank can have a CPU: a
+// peer that is a few microseconds behind is then met without a syscall.
+constexpr auto kSpin = std::chrono::microseconds(20);
+constexpr size_t kHeaderBytes = 64;
+
+enum : int { kPosted = 0, kReduced = 1, kConsumed = 2, kNumFlags = 3 };
+
+// Wrap-around compare: counters are 32-bit (futex words) and only ever move forward, by far
+// less than 2^31 between two looks.
+bool reached(uint32_t v, uint32_t target) { return static_cast<int32_t>(v - target) >= 0; }
+
+void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWake(std::atomic<uint32_t>* addr) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string hex(const std::string& bytes) {
+  std::string out;
+  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+std::string sanitize(const std::string& s) {
+  std::string out;
+  for (char c : s.substr(0, 40)) out += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_';
+  return out;
+}
+
+int cpuCount() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+const char* verb(int which) {
+  switch (which) {
+    case kPosted: return "post";
+    case kReduced: return "reduce";
+    default: return "finish reading";
+  }
+}
+
+}  // namespace
+
+// A flag is written by its owning rank only; `waiters` counts ranks asleep (or about to
+// sleep) on it, so the owner makes the futex_wake syscall only when somebody sleeps.
+// Each flag has its own cache line: no false sharing between writers.
+struct alignas(64) ShmTransport::Flag {
+  std::atomic<uint32_t> value;
+  std::atomic<uint32_t> waiters;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free atomics");
+
+// At offset 0 of the segment; written by rank 0 before it publishes the name, read-only after.
+struct ShmTransport::Layout {
+  uint64_t magic;
+  uint32_t size;
+  uint32_t depth;
+  uint64_t chunk;
+  uint64_t dataOffset;
+  uint64_t totalBytes;
+};
+static_assert(sizeof(ShmTransport::Layout) <= kHeaderBytes);
+
+std::string hostIdentity() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  struct stat st {};
+  unsigned long long netns = 0, netdev = 0;
+  if (::stat("/proc/self/ns/net", &st) == 0) {
+    netns = st.st_ino;
+    netdev = st.st_dev;
+  }
+  return fmt::format("{}|{}|netns {}:{}", boot, host, netdev, netns);
+}
+
+ShmMapping::~ShmMapping() {
+  if (base_) ::munmap(base_, bytes_);
+}
+
+ShmMapping& ShmMapping::operator=(ShmMapping&& o) noexcept {
+  if (this != &o) {
+    if (base_) ::munmap(base_, bytes_);
+    base_ = o.base_;
+    bytes_ = o.bytes_;
+    o.base_ = nullptr;
+  }
+  return *this;
+}
+
+namespace {
+
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Rank 0: creates, sizes (reserving the pages, so a full /dev/shm fails here rather than
+// with SIGBUS later) and initialises the segment. Empty mapping on any failure.
+ShmMapping createSegment(const std::string& name, int size, std::string& why) {
+  size_t chunk = std::clamp(kBudget / (static_cast<size_t>(size) * kDepth), kMinChunk, kMaxChunk) & ~size_t{4095};
+  size_t flagsBytes = sizeof(ShmTransport::Flag) * static_cast<size_t>(size) * kNumFlags;
+  size_t dataOffset = (kHeaderBytes + flagsBytes + 4095) & ~size_t{4095};
+  size_t total = dataOffset + static_cast<size_t>(size) * kDepth * chunk;
+  Fd fd{::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600)};
+  if (fd.fd < 0) {
+    why = fmt::format("shm_open({}): {}", name, std::strerror(errno));
+    return {};
+  }
+  int err = ::ftruncate(fd.fd, static_cast<off_t>(total)) == 0 ? 0 : errno;
+  if (!err) err = ::posix_fallocate(fd.fd, 0, static_cast<off_t>(total));
+  void* p = err ? MAP_FAILED : ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
+  if (!err && p == MAP_FAILED) err = errno;
+  if (err) {
+    ::shm_unlink(name.c_str());
+    why = fmt::format("cannot size or map {} ({} bytes): {}", name, total, std::strerror(err));
+    return {};
+  }
+  ShmMapping map(p, total);
+  auto* layout = new (map.data()) ShmTransport::Layout{kMagic, static_cast<uint32_t>(size), static_cast<uint32_t>(kDepth),
+                                                       chunk, dataOffset, total};
+  (void)layout;
+  auto* flags = reinterpret_cast<ShmTransport::Flag*>(map.data() + kHeaderBytes);
+  for (size_t i = 0; i < static_cast<size_t>(size) * kNumFlags; ++i) {
+    new (&flags[i].value) std::atomic<uint32_t>(0);
+    new (&flags[i].waiters) std::atomic<uint32_t>(0);
+  }
+  return map;
+}
+
+// Both map with MAP_POPULATE: the page tables are filled at set-up, so the first passes
+// through the staging ring do not pay a page fault per 4 KiB in every process.
+ShmMapping openSegment(const std::string& name, int size, std::string& why) {
+  Fd fd{::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0)};
+  struct stat st {};
+  if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0 || static_cast<size_t>(st.st_size) < kHeaderBytes) {
+    why = fmt::format("cannot open {}: {}", name, std::strerror(errno));
+    return {};
+  }
+  size_t total = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
+  if (p == MAP_FAILED) {
+    why = fmt::format("cannot map {}: {}", name, std::strerror(errno));
+    return {};
+  }
+  ShmMapping map(p, total);
+  auto* l = reinterpret_cast<const ShmTransport::Layout*>(map.data());
+  if (l->magic != kMagic || l->size != static_cast<uint32_t>(size) || l->totalBytes != total) {
+    why = fmt::format("{} is not this communicator's segment", name);
+    return {};
+  }
+  return map;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
+  if (s.size < 2) return nullptr;
+  using Ms = std::chrono::milliseconds;
+  auto left = [&] { return std::max(Ms(1), std::chrono::duration_cast<Ms>(s.deadline - Clock::now())); };
+  auto keys = [&](const std::string& what) {
+    std::vector<std::string> k;
+    for (int r = 0; r < s.size; ++r) k.push_back(s.prefix + what + std::to_string(r));
+    return k;
+  };
+  auto gather = [&](const std::string& what) {
+    auto k = keys(what);
+    try {
+      s.store->wait(k, left());
+    } catch (const TimeoutError& e) {
+      throw PeerLostError(fmt::format("communicator: shared-memory set-up: {}", e.what()));
+    }
+    return s.store->multiGet(k);
+  };
+
+  // 1. Same host? A rank that opted out publishes an identity nobody else has.
+  std::string id = s.enabled ? hostIdentity() : fmt::format("shm disabled on rank {}", s.rank);
+  s.store->set(s.prefix + "shm/host/" + std::to_string(s.rank), id);
+  auto ids = gather("shm/host/");
+  if (!std::all_of(ids.begin(), ids.end(), [&](const std::string& v) { return v == ids[0]; })) return nullptr;
+
+  // 2. Rank 0 creates the segment and publishes its name ("" when it could not).
+  std::string name = fmt::format("/dtrain-{}-{}", sanitize(s.prefix), hex(s.nonce));
+  std::string why = "rank 0 could not create the segment";
+  ShmMapping map;
+  if (s.rank == 0) {
+    map = createSegment(name, s.size, why);
+    s.store->set(s.prefix + "shm/name", map ? name : std::string());
+  } else {
+    std::string published;
+    try {
+      s.store->wait({s.prefix + "shm/name"}, left());
+      published = s.store->get(s.prefix + "shm/name");
+    } catch (const TimeoutError& e) {
+      throw PeerLostError(fmt::format("communicator: shared-memory set-up: {}", e.what()));
+    }
+    if (!published.empty()) map = openSegment(published, s.size, why);
+  }
+
+  // 3. Everyone reports; shm is used only if every rank mapped it. Once all have reported,
+  // every mapping exists, so the name can go: nothing stays in /dev/shm even if a rank is
+  // SIGKILLed later (every rank unlinks, in case rank 0 dies first; ENOENT is fine).
+  // "0: why" stays in the store for diagnosis (`dtrain store get`) when a rank falls back.
+  s.store->set(s.prefix + "shm/mapped/" + std::to_string(s.rank), map ? std::string("1") : "0: " + why);
+  std::vector<std::string> oks;
+  try {
+    oks = gather("shm/mapped/");
+  } catch (...) {
+    ::shm_unlink(name.c_str());
+    throw;
+  }
+  ::shm_unlink(name.c_str());
+  if (!map || !std::all_of(oks.begin(), oks.end(), [](const std::string& v) { return v == "1"; })) return nullptr;
+  return std::unique_ptr<ShmTransport>(new ShmTransport(s, std::move(map)));
+}
+
+ShmTransport::ShmTransport(const Setup& s, ShmMapping map)
+    : rank_(s.rank),
+      size_(s.size),
+      map_(std::move(map)),
+      fds_(s.fds),
+      lost_(s.lost),
+      timeoutText_(s.timeoutText),
+      oversubscribed_(s.size > cpuCount()) {
+  layout_ = reinterpret_cast<Layout*>(map_.data());
+  chunk_ = layout_->chunk;
+  depth_ = layout_->depth;
+  // Touch now every page this rank will write (its own slot) and read (the others'), even
+  // with MAP_POPULATE: on the dev VM the first write/read of each staging page still cost
+  // ~0.3 ms per 256 KiB op for the first pass through the ring (seen as a transient of the
+  // first ~8 all-reduces at each new size). Safe without synchronisation: nobody reads this
+  // rank's slot before it posts its first chunk, and reading a peer's slot early is harmless.
+  const size_t slot = depth_ * chunk_;
+  std::memset(buffer(rank_, 0), 0, slot);
+  unsigned sink = 0;
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_)
+      for (size_t off = 0; off < slot; off += 4096) sink += static_cast<unsigned char>(buffer(q, 0)[off]);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  touched_ = sink;
+}
+
+ShmTransport::~ShmTransport() = default;
+
+char* ShmTransport::buffer(int rank, uint32_t seq) const {
+  size_t index = static_cast<size_t>(rank) * depth_ + seq % depth_;
+  return map_.data() + layout_->dataOffset + index * chunk_;
+}
+
+ShmTransport::Flag& ShmTransport::flag(int rank, int which) const {
+  return reinterpret_cast<Flag*>(map_.data() + kHeaderBytes)[static_cast<size_t>(rank) * kNumFlags + which];
+}
+
+// Release side of the protocol: everything this rank wrote to (or finished reading from)
+// shared memory before is visible to a rank that sees the new value. seq_cst store + load of
+// `waiters` pairs with the waiter's seq_cst increment + load (Dekker): either the waiter
+// sees the value, or we see the waiter and wake it.
+void ShmTransport::publish(int which, uint32_t value) {
+  Flag& f = flag(rank_, which);
+  f.value.store(value, std::memory_order_seq_cst);
+  if (f.waiters.load(std::memory_order_seq_cst) != 0) futexWake(&f.value);
+}
+
+// Spin briefly (only when every rank can have its own CPU), then yield, then sleep on the
+// futex in short slices; between slices check that the peer is still connected and the
+// deadline. A peer that hangs up its TCP mesh sockets (exit, SIGKILL, or its own failure,
+// which shuts them down) is lost at once; a silent one (SIGSTOP) when the deadline passes.
+// Only the awaited peer's socket matters: a peer that finished and left has published every
+// counter anyone can still wait for.
+void ShmTransport::waitFor(int peer, int which, uint32_t target, Clock::time_point dl) {
+  Flag& f = flag(peer, which);
+  if (reached(f.value.load(std::memory_order_acquire), target)) return;
+  auto start = Clock::now();
+  if (!oversubscribed_) {
+    for (unsigned i = 1;; ++i) {
+      cpuRelax();
+      if (reached(f.value.load(std::memory_order_acquire), target)) return;
+      if ((i & 63) == 0 && Clock::now() - start > kSpin) break;
+    }
+  }
+  for (int i = 0; i < 16; ++i) {
+    ::sched_yield();
+    if (reached(f.value.load(std::memory_order_acquire), target)) return;
+  }
+  while (true) {
+    f.waiters.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t v = f.value.load(std::memory_order_seq_cst);
+    if (!reached(v, target)) {
+      auto now = Clock::now();
+      if (now >= dl) {
+        f.waiters.fetch_sub(1, std::memory_order_seq_cst);
+        lost_(peer, fmt::format("no progress within the {} timeout (waiting for it to {} chunk {} over shared "
+                                "memory); is it stopped or overloaded?",
+                                timeoutText_, verb(which), target - 1));
+      }
+      futexWait(&f.value, v, std::min<std::chrono::nanoseconds>(dl - now, 2ms));
+    }
+    f.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(f.value.load(std::memory_order_acquire), target)) return;
+    int fd = (*fds_)[static_cast<size_t>(peer)];
+    pollfd p{fd, POLLRDHUP, 0};
+    if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+      lost_(peer, "connection closed (the process exited or was killed)");
+  }
+}
+
+void ShmTransport::waitAll(int which, uint32_t target, Clock::time_point dl, bool includeSelf) {
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_ || includeSelf) waitFor(q, which, target, dl);
+}
+
+void ShmTransport::waitBufferFree(uint32_t seq, Clock::time_point dl) {
+  waitAll(kConsumed, seq - static_cast<uint32_t>(depth_) + 1, dl);
+}
+
+void ShmTransport::barrier(Clock::time_point dl) {
+  uint32_t seq = seq_++;
+  publish(kPosted, seq + 1);
+  waitAll(kPosted, seq + 1, dl);
+  publish(kReduced, seq + 1);
+  publish(kConsumed, seq + 1);
+}
+
+void ShmTransport::allreduce(char* data, size_t count, DataType t, ReduceOp op, size_t smallBytes, Clock::time_point dl) {
+  if (count == 0) return;
+  // The same choice as the TCP path, because it decides the operand order.
+  if (count * elementSize(t) <= smallBytes || count < static_cast<size_t>(size_)) return treeReduce(data, count, t, op, dl);
+  // Two ranks: every rank reduces every chunk itself (one synchronisation per chunk instead of
+  // two; per rank 5 instead of 4 bytes of memory traffic per byte). More ranks: partitioned,
+  // so that nobody reads n buffers per byte.
+  if (size_ == 2) return replicatedRing(data, count, t, op, dl);
+  ringReduce(data, data, data, count, t, op, 0, true, dl);
+}
+
+// All-reduce with the ring's operand order, every rank computing every element: chunk k of
+// the message is staged by every rank, then (after one synchronisation) each rank reduces the
+// whole chunk from the staging buffers straight into its output, segment piece by segment
+// piece, each piece in its ring segment's order.
+void ShmTransport::replicatedRing(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl) {
+  const size_t n = static_cast<size_t>(size_), es = elementSize(t), chunkElems = chunk_ / es;
+  auto segBegin = [&](size_t s) { return count * s / n; };
+  size_t s = 0;  // segment of the current element; only moves forward
+  for (size_t off = 0; off < count; off += chunkElems) {
+    const size_t len = std::min(chunkElems, count - off);
+    const uint32_t seq = seq_++;
+    waitBufferFree(seq, dl);
+    std::memcpy(buffer(rank_, seq), data + off * es, len * es);
+    publish(kPosted, seq + 1);
+    waitAll(kPosted, seq + 1, dl);
+    for (size_t i = off; i < off + len; ++s) {
+      const size_t end = std::min(off + len, segBegin(s + 1));
+      if (end <= i) continue;
+      auto src = [&](size_t q) -> const char* { return buffer(static_cast<int>(q % n), seq) + (i - off) * es; };
+      char* out = data + i * es;
+      reduceTo(out, src(s + 1), src(s), end - i, t, op);
+      for (size_t j = 2; j < n; ++j) reduceTo(out, src(s + j), out, end - i, t, op);
+      if (op == ReduceOp::kAvg) finishAvg(out, end - i, t, size_);
+      i = end;
+      if (end < segBegin(s + 1)) break;  // the segment goes on in the next chunk
+    }
+    publish(kReduced, seq + 1);
+    publish(kConsumed, seq + 1);
+  }
+}
+
+void ShmTransport::reduceScatter(const char* send, char* recv, size_t count, DataType t, ReduceOp op, Clock::time_point dl) {
+  if (count == 0) return;
+  ringReduce(nullptr, send, recv, count * static_cast<size_t>(size_), t, op, 1, false, dl);
+}
+
+// Small messages (latency): every rank stages its whole chunk, and after ONE synchronisation
+// every rank reduces all of it itself, in recursive doubling's tree order:
+// leaves v_i = x_i (op x_{i+p2} for the ranks beyond the largest power of two p2), then
+// pairwise lower (op) higher, level by level. Same operations on every rank: same bits.
+void ShmTransport::treeReduce(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl) {
+  const size_t es = elementSize(t);
+  const size_t chunkElems = chunk_ / es;
+  int p2 = 1;
+  while (p2 * 2 <= size_) p2 *= 2;
+  const int extra = size_ - p2;
+  std::vector<const char*> v(static_cast<size_t>(p2));
+  for (size_t off = 0; off < count; off += chunkElems) {
+    const size_t n = std::min(chunkElems, count - off), nb = n * es;
+    if (scratch_.size() < static_cast<size_t>(p2) * nb) scratch_.resize(static_cast<size_t>(p2) * nb);
+    const uint32_t seq = seq_++;
+    char* out = data + off * es;
+    waitBufferFree(seq, dl);
+    std::memcpy(buffer(rank_, seq), out, nb);
+    publish(kPosted, seq + 1);
+    waitAll(kPosted, seq + 1, dl);
+    auto tmp = [&](int i) { return scratch_.data() + static_cast<size_t>(i) * nb; };
+    for (int i = 0; i < p2; ++i) {
+      if (i < extra) {
+        reduceTo(tmp(i), buffer(i, seq), buffer(i + p2, seq), n, t, op);
+        v[static_cast<size_t>(i)] = tmp(i);
+      } else {
+        v[static_cast<size_t>(i)] = buffer(i, seq);
+      }
+    }
+    for (int mask = 1; mask < p2; mask <<= 1) {
+      for (int i = 0; i < p2; i += 2 * mask) {
+        char* d = 2 * mask == p2 ? out : tmp(i);
+        reduceTo(d, v[static_cast<size_t>(i)], v[static_cast<size_t>(i + mask)], n, t, op);
+        v[static_cast<size_t>(i)] = d;
+      }
+    }
+    // Done reading every slot of this chunk.
+    publish(kReduced, seq + 1);
+    publish(kConsumed, seq + 1);
+    if (op == ReduceOp::kAvg) finishAvg(out, n, t, size_);
+  }
+}
+
+// Large messages (bandwidth): reduce-scatter + all-gather, pipelined by chunk. The message is
+// cut into n segments exactly as the TCP ring cuts it (segment s = [count*s/n,
+// count*(s+1)/n)); rank s reduces segment s. Chunk k carries piece k of every segment:
+//   1. each rank copies its pieces of the OTHER ranks' segments into its staging buffer
+//      (part s at offset s * partBytes) and publishes `posted`;
+//   2. rank s reduces its piece from its own input and the others' staging buffers, in the
+//      ring's operand order for segment s (start at rank s + shift, then
+//      acc = x_next (op) acc around the ring), into its own buffer's part s, and publishes
+//      `reduced`;
+//   3. (all-reduce) each rank copies the other pieces out of their reducers' buffers, then
+//      publishes `consumed`, which frees the chunk's buffers for chunk k + depth.
+// in/out may be the same buffer (all-reduce in place): a rank overwrites its output only
+// with pieces it has already staged or reduced.
+void ShmTransport::ringReduce(char* out, const char* in, char* recv, size_t count, DataType t, ReduceOp op, int shift,
+                              bool gather, Clock::time_point dl) {
+  const size_t n = static_cast<size_t>(size_), es = elementSize(t), me = static_cast<size_t>(rank_);
+  auto segBegin = [&](size_t s) { return count * s / n; };
+  const size_t partElems = chunk_ / (n * es), partBytes = partElems * es;
+  const size_t maxSeg = (count + n - 1) / n;
+  const size_t chunks = (maxSeg + partElems - 1) / partElems;
+  for (size_t k = 0; k < chunks; ++k) {
+    const uint32_t seq = seq_++;
+    char* mine = buffer(rank_, seq);
+    auto piece = [&](size_t s, size_t& begin) {  // element range of segment s's piece k
+      size_t end = segBegin(s + 1);
+      begin = segBegin(s) + k * partElems;
+      return begin < end ? std::min(partElems, end - begin) : 0;
+    };
+    size_t b;
+    waitBufferFree(seq, dl);
+    for (size_t s = 0; s < n; ++s)
+      if (s != me)
+        if (size_t len = piece(s, b)) std::memcpy(mine + s * partBytes, in + b * es, len * es);
+    publish(kPosted, seq + 1);
+
+    if (size_t len = piece(me, b)) {
+      waitAll(kPosted, seq + 1, dl);
+      auto src = [&](size_t q) -> const char* { return q == me ? in + b * es : buffer(static_cast<int>(q), seq) + me * partBytes; };
+      char* acc = mine + me * partBytes;
+      size_t first = (me + static_cast<size_t>(shift)) % n;
+      reduceTo(acc, src((first + 1) % n), src(first), len, t, op);
+      for (size_t j = 2; j < n; ++j) reduceTo(acc, src((first + j) % n), acc, len, t, op);
+      if (op == ReduceOp::kAvg) finishAvg(acc, len, t, size_);
+      std::memcpy(gather ? out + b * es : recv + (b - segBegin(me)) * es, acc, len * es);
+    }
+    publish(kReduced, seq + 1);
+
+    if (gather) {
+      for (size_t q = 0; q < n; ++q) {
+        if (q == me) continue;
+        if (size_t len = piece(q, b)) {
+          waitFor(static_cast<int>(q), kReduced, seq + 1, dl);
+          std::memcpy(out + b * es, buffer(static_cast<int>(q), seq) + q * partBytes, len * es);
+        }
+      }
+    }
+    publish(kConsumed, seq + 1);
+  }
+}
+
+// Root stages chunk by chunk; the others copy each chunk out as soon as it is posted.
+void ShmTransport::broadcast(char* data, size_t bytes, int root, Clock::time_point dl) {
+  for (size_t off = 0; off < bytes; off += chunk_) {
+    const size_t len = std::min(chunk_, bytes - off);
+    const uint32_t seq = seq_++;
+    if (rank_ == root) {
+      waitBufferFree(seq, dl);
+      std::memcpy(buffer(root, seq), data + off, len);
+      publish(kPosted, seq + 1);
+    } else {
+      waitFor(root, kPosted, seq + 1, dl);
+      std::memcpy(data + off, buffer(root, seq), len);
+      publish(kPosted, seq + 1);
+    }
+    publish(kReduced, seq + 1);
+    publish(kConsumed, seq + 1);
+  }
+}
+
+void ShmTransport::allgather(const char* send, char* recv, size_t block, Clock::time_point dl) {
+  char* own = recv + static_cast<size_t>(rank_) * block;
+  if (own != send) std::memmove(own, send, block);
+  for (size_t off = 0; off < block; off += chunk_) {
+    const size_t len = std::min(chunk_, block - off);
+    const uint32_t seq = seq_++;
+    waitBufferFree(seq, dl);
+    std::memcpy(buffer(rank_, seq), own + off, len);
+    publish(kPosted, seq + 1);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      waitFor(q, kPosted, seq + 1, dl);
+      std::memcpy(recv + static_cast<size_t>(q) * block + off, buffer(q, seq), len);
+    }
+    publish(kReduced, seq + 1);
+    publish(kConsumed, seq + 1);
+  }
+}
+
+}  // namespace dtrain::comm::detail

@@ -1,0 +1,132 @@
+#pragma once
+// Same-host shared-memory data path of the "tcp" backend (see docs/collectives.md).
+//
+// One POSIX shared-memory segment per communicator holds, per rank, a control block of
+// sequence counters and a ring of `depth` staging buffers of `chunk` bytes (8 x 256 KiB). Collectives are
+// cut into chunks; chunk g of the communicator's life uses buffer g % depth of every slot, and
+// its steps are published through monotonic 32-bit counters (posted / reduced / consumed),
+// so copies, reductions and copy-outs of different chunks overlap and the segment stays a
+// few MiB whatever the message size.
+//
+// Reductions reproduce the TCP path's operand order exactly (ring order per ring segment
+// for large messages, recursive-doubling tree order for small ones, the same segment
+// boundaries and the same Avg division), so results are bit-identical on every rank AND
+// bit-identical to DTRAIN_COMM_SHM=0.
+//
+// Thread-safety: not thread-safe; the owning communicator calls it from its executor thread
+// only. Liveness: the TCP mesh stays connected; while sleeping, waits poll the peer sockets
+// for hang-ups and every wait is bounded by the operation's deadline.
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm/types.h"
+#include "dtrain/store/store.h"
+
+namespace dtrain::comm::detail {
+
+// The identity ranks compare to decide whether they share a host: boot id, host name and the
+// network namespace (so netns-simulated "hosts" on one machine count as different hosts).
+std::string hostIdentity();
+
+// Owns one mapping of a shared-memory object (and nothing in /dev/shm: names are unlinked
+// as soon as every rank has mapped them). Move-only.
+class ShmMapping {
+ public:
+  ShmMapping() = default;
+  ShmMapping(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  ~ShmMapping();
+  ShmMapping(const ShmMapping&) = delete;
+  ShmMapping& operator=(const ShmMapping&) = delete;
+  ShmMapping(ShmMapping&& o) noexcept : base_(o.base_), bytes_(o.bytes_) { o.base_ = nullptr; }
+  ShmMapping& operator=(ShmMapping&& o) noexcept;
+  char* data() const { return static_cast<char*>(base_); }
+  size_t size() const { return bytes_; }
+  explicit operator bool() const { return base_ != nullptr; }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class ShmTransport {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Must throw (PeerLostError naming `peer`); called when a wait cannot complete.
+  using LostFn = std::function<void(int peer, const std::string& why)>;
+
+  struct Setup {
+    store::Store* store = nullptr;
+    std::string prefix;    // store key prefix of this communicator ("comm/<name>/")
+    std::string nonce;     // the communicator's random nonce (goes into the segment name)
+    bool enabled = true;   // CommOptions::shm; a rank that opts out makes every rank use TCP
+    int rank = 0, size = 1;
+    Clock::time_point deadline;
+    const std::vector<int>* fds = nullptr;  // peer sockets (liveness), index = rank, -1 = self
+    LostFn lost;
+    std::string timeoutText;  // e.g. "300 s", for messages
+  };
+
+  // Collective over the store: returns a transport when every rank is on the same host (same
+  // hostIdentity()), has shm enabled and could map the segment; nullptr otherwise (TCP then
+  // carries the data). Every rank reaches the same decision. Throws when a peer does not
+  // show up before the deadline, like the mesh set-up.
+  static std::unique_ptr<ShmTransport> create(const Setup& s);
+
+  ~ShmTransport();
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  // Same contracts as the Communicator methods. smallBytes: the TCP path's
+  // small_message_bytes, which picks the operand order to reproduce.
+  void allreduce(char* data, size_t count, DataType t, ReduceOp op, size_t smallBytes, Clock::time_point dl);
+  void reduceScatter(const char* send, char* recv, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
+  void broadcast(char* data, size_t bytes, int root, Clock::time_point dl);
+  void allgather(const char* send, char* recv, size_t block, Clock::time_point dl);
+  void barrier(Clock::time_point dl);
+
+  size_t chunkBytes() const { return chunk_; }
+  size_t depth() const { return depth_; }
+
+  struct Layout;  // shared-memory layout, defined in the .cc
+  struct Flag;
+
+ private:
+  ShmTransport(const Setup& s, ShmMapping map);
+
+  char* buffer(int rank, uint32_t seq) const;
+  Flag& flag(int rank, int which) const;
+  void publish(int which, uint32_t value);
+  // Blocks until rank `peer`'s counter `which` reaches `target` (wrap-around compare).
+  void waitFor(int peer, int which, uint32_t target, Clock::time_point dl);
+  void waitAll(int which, uint32_t target, Clock::time_point dl, bool includeSelf = false);
+  // Before writing this rank's buffer for chunk `seq`: every rank is done with chunk seq - depth.
+  void waitBufferFree(uint32_t seq, Clock::time_point dl);
+  void checkPeers();
+
+  void ringReduce(char* data, const char* send, char* recv, size_t count, DataType t, ReduceOp op, int shift,
+                  bool gather, Clock::time_point dl);
+  void replicatedRing(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
+  void treeReduce(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
+
+  int rank_, size_;
+  ShmMapping map_;
+  Layout* layout_ = nullptr;
+  size_t chunk_ = 0, depth_ = 0;
+  uint32_t seq_ = 0;  // next chunk number; identical on every rank (same op sequence)
+  const std::vector<int>* fds_;
+  LostFn lost_;
+  std::string timeoutText_;
+  const char* waitWhat_ = "";
+  bool oversubscribed_ = false;  // more ranks than CPUs: do not spin
+  std::vector<char> scratch_;
+  volatile unsigned touched_ = 0;  // keeps the pre-touch reads from being optimised away
+};
+
+}  // namespace dtrain::comm::detail

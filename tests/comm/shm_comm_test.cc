@@ -1,0 +1,304 @@
+// The same-host shared-memory path of the tcp backend: transport selection, bit-identical
+// results against the TCP path (all types, ops, collectives, odd sizes, messages larger than
+// the segment, 1..5 ranks), no /dev/shm leftovers, and peer loss while shm is active.
+#include <dirent.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/store/hash_store.h"
+
+namespace dtrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using Bufs = std::vector<std::vector<char>>;  // one per rank
+
+std::set<std::string> shmEntries() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::strncmp(e->d_name, "dtrain-", 7) == 0) out.insert(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+// Runs fn on n thread-ranks; opts(r) gives rank r's options. Returns each rank's transport.
+std::vector<std::string> onRanks(int n, const std::function<void(Communicator&)>& fn,
+                                 const std::function<CommOptions(int)>& opts) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(static_cast<size_t>(n)), transports(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto c = createTcpCommunicator(store, r, n, opts(r));
+        transports[static_cast<size_t>(r)] = c->transport();
+        fn(*c);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  return transports;
+}
+
+CommOptions withShm(bool shm, size_t smallBytes = 64 * 1024) {
+  CommOptions o;
+  o.shm = shm;
+  o.small_message_bytes = smallBytes;
+  return o;
+}
+
+// Random inputs with full mantissas, so any change of operand order shows in the bits.
+std::vector<char> randomInput(DataType t, size_t count, int rank, unsigned salt) {
+  std::mt19937_64 gen(static_cast<uint64_t>(rank) * 7919 + salt);
+  std::normal_distribution<double> nd(0, 100);
+  std::vector<char> b(count * elementSize(t));
+  for (size_t i = 0; i < count; ++i) {
+    double v = nd(gen);
+    switch (t) {
+      case DataType::kFloat32: reinterpret_cast<float*>(b.data())[i] = static_cast<float>(v); break;
+      case DataType::kFloat64: reinterpret_cast<double*>(b.data())[i] = v; break;
+      case DataType::kInt32: reinterpret_cast<int32_t*>(b.data())[i] = static_cast<int32_t>(v * 1000); break;
+      case DataType::kInt64: reinterpret_cast<int64_t*>(b.data())[i] = static_cast<int64_t>(v * 1e6); break;
+      case DataType::kBFloat16: reinterpret_cast<uint16_t*>(b.data())[i] = floatToBf16(static_cast<float>(v)); break;
+      case DataType::kFloat16: reinterpret_cast<uint16_t*>(b.data())[i] = floatToHalf(static_cast<float>(v)); break;
+    }
+  }
+  return b;
+}
+
+// One collective call to compare: rank r's buffer starts as input(r); run() leaves the
+// output in it. sameOnAllRanks: the collective leaves identical buffers everywhere.
+struct Case {
+  std::string what;
+  std::function<std::vector<char>(int rank)> input;
+  std::function<void(Communicator&, std::vector<char>&)> run;
+  bool sameOnAllRanks = true;
+};
+
+// Runs every case in order on one set of n ranks with shm off, then again with shm on (one
+// communicator each: set-up is the slow part); the outputs must match byte for byte on every
+// rank, and shm must actually have been used.
+void expectSameAsTcp(int n, const std::vector<Case>& cases, size_t smallBytes = 64 * 1024) {
+  std::vector<Bufs> out[2];
+  for (int shm = 0; shm < 2; ++shm) {
+    out[shm].assign(cases.size(), Bufs(static_cast<size_t>(n)));
+    auto tr = onRanks(n, [&](Communicator& c) {
+      for (size_t i = 0; i < cases.size(); ++i) {
+        auto buf = cases[i].input(c.rank());
+        cases[i].run(c, buf);
+        out[shm][i][static_cast<size_t>(c.rank())] = std::move(buf);
+      }
+    }, [&](int) { return withShm(shm, smallBytes); });
+    if (n > 1) ASSERT_EQ(tr[0], shm ? "shm" : "tcp");
+  }
+  for (size_t i = 0; i < cases.size(); ++i)
+    for (int r = 0; r < n; ++r) {
+      const auto& got = out[1][i][static_cast<size_t>(r)];
+      ASSERT_TRUE(out[0][i][static_cast<size_t>(r)] == got)
+          << cases[i].what << " n=" << n << ": rank " << r << " differs between tcp and shm";
+      if (cases[i].sameOnAllRanks) ASSERT_TRUE(out[1][i][0] == got) << cases[i].what << ": rank " << r << " differs from rank 0";
+    }
+}
+
+std::string describe(const char* coll, size_t count, DataType t, ReduceOp op) {
+  return std::string(coll) + " count=" + std::to_string(count) + " type=" + name(t) + " op=" + name(op);
+}
+
+Case allreduceCase(size_t count, DataType t, ReduceOp op) {
+  return {describe("allreduce", count, t, op),
+          [=](int r) { return randomInput(t, count, r, static_cast<unsigned>(count)); },
+          [=](Communicator& c, std::vector<char>& b) { c.allreduce(b.data(), count, t, op); }, true};
+}
+
+const DataType kTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kInt32,
+                           DataType::kInt64,   DataType::kBFloat16, DataType::kFloat16};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax};
+
+TEST(ShmComm, TransportIsShmOnOneHostAndEveryRankMustAllowIt) {
+  auto before = shmEntries();
+  auto tr = onRanks(3, [](Communicator& c) { c.barrier(); }, [](int) { return CommOptions{}; });
+  EXPECT_EQ(tr, (std::vector<std::string>{"shm", "shm", "shm"}));
+  tr = onRanks(3, [](Communicator& c) { c.barrier(); }, [](int) { return withShm(false); });
+  EXPECT_EQ(tr, (std::vector<std::string>{"tcp", "tcp", "tcp"}));
+  // One rank opting out: nobody uses shm (mixed transports are not supported).
+  tr = onRanks(3, [](Communicator& c) { c.barrier(); }, [](int r) { return withShm(r != 1); });
+  EXPECT_EQ(tr, (std::vector<std::string>{"tcp", "tcp", "tcp"}));
+  tr = onRanks(1, [](Communicator& c) { c.barrier(); }, [](int) { return CommOptions{}; });
+  EXPECT_EQ(tr[0], "tcp");  // a single rank moves nothing
+  EXPECT_EQ(shmEntries(), before) << "segments left in /dev/shm";
+}
+
+// Every dtype x op, ring and tree orders, odd counts, 0/1 element, 1..5 ranks: bit-identical
+// to the TCP path (random full-precision inputs: a different operand order would show).
+TEST(ShmComm, AllreduceBitIdenticalToTcpAllTypesAndOps) {
+  auto before = shmEntries();
+  std::vector<Case> cases;
+  for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{1001}, size_t{40013}})
+    for (DataType t : kTypes)
+      for (ReduceOp op : kOps) cases.push_back(allreduceCase(count, t, op));
+  for (int n : {1, 2, 3, 4, 5}) {
+    expectSameAsTcp(n, cases);     // recursive doubling's order <= 64 KiB, the ring's above
+    expectSameAsTcp(n, cases, 0);  // the ring's order at every size
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(shmEntries(), before) << "segments left in /dev/shm";
+}
+
+// Larger than the whole segment (n ranks x 8 staging buffers x 256 KiB): the pipeline wraps
+// around the staging buffers many times.
+TEST(ShmComm, MessagesLargerThanTheSegment) {
+  expectSameAsTcp(2, {allreduceCase((6u << 20) / 4 + 3, DataType::kFloat32, ReduceOp::kSum)});
+  expectSameAsTcp(3, {allreduceCase((8u << 20) / 8 + 1, DataType::kFloat64, ReduceOp::kAvg)});
+  expectSameAsTcp(5, {allreduceCase((12u << 20) / 2 + 7, DataType::kBFloat16, ReduceOp::kSum)});
+  expectSameAsTcp(4, {allreduceCase((10u << 20) / 4, DataType::kInt32, ReduceOp::kMax)}, 64u << 20);  // tree, many chunks
+}
+
+TEST(ShmComm, ReduceScatterAllgatherBroadcastBarrierBitIdenticalToTcp) {
+  for (int n : {1, 2, 3, 5}) {
+    const size_t nn = static_cast<size_t>(n);
+    std::vector<Case> cases;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{333}, size_t{70001}}) {
+      for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kInt64})
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin}) {
+          const size_t es = elementSize(t);
+          // [send (n*count) | recv (count)], recv pre-filled to see what is written.
+          cases.push_back({describe("reduce_scatter", count, t, op),
+                           [=](int r) {
+                             auto in = randomInput(t, count * nn, r, 7);
+                             in.resize((nn + 1) * count * es, '\x5a');
+                             return in;
+                           },
+                           [=](Communicator& c, std::vector<char>& b) {
+                             c.reduceScatter(b.data(), b.data() + nn * count * es, count, t, op);
+                           },
+                           false});
+        }
+      // [send (count) | recv (n*count)]
+      cases.push_back({describe("allgather", count, DataType::kInt32, ReduceOp::kSum),
+                       [=](int r) {
+                         auto in = randomInput(DataType::kInt32, count, r, 9);
+                         in.resize(in.size() * (nn + 1), '\0');
+                         return in;
+                       },
+                       [=](Communicator& c, std::vector<char>& b) {
+                         c.allgather(b.data(), b.data() + count * 4, count, DataType::kInt32);
+                       },
+                       false});
+      for (int root : {0, n - 1})
+        cases.push_back({describe("broadcast", count, DataType::kFloat64, ReduceOp::kSum) + " root=" + std::to_string(root),
+                         [=](int r) { return randomInput(DataType::kFloat64, count, r, 11); },
+                         [=](Communicator& c, std::vector<char>& b) {
+                           c.broadcast(b.data(), count, DataType::kFloat64, root);
+                           c.barrier();
+                         },
+                         true});
+    }
+    expectSameAsTcp(n, cases);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The bit-identity checks above have teeth: with these inputs, a reduction in a different
+// (but mathematically equal) order - e.g. a naive rank-0-first sum - changes the bits, so an
+// shm path that did not reproduce the ring's operand order would fail them.
+TEST(ShmComm, MutationADifferentReductionOrderIsDetected) {
+  const int n = 3;
+  const size_t count = 40013;
+  std::vector<std::vector<char>> in;
+  for (int r = 0; r < n; ++r) in.push_back(randomInput(DataType::kFloat32, count, r, static_cast<unsigned>(count)));
+  std::vector<char> got = in[0];
+  onRanks(n, [&](Communicator& c) {
+    auto b = in[static_cast<size_t>(c.rank())];
+    c.allreduce(b.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    if (c.rank() == 0) got = b;
+  }, [](int) { return CommOptions{}; });
+  std::vector<char> naive = in[0];
+  for (int r = 1; r < n; ++r) reduceInto(naive.data(), in[static_cast<size_t>(r)].data(), count, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_FALSE(naive == got) << "inputs too tame: a wrong operand order would go unnoticed";
+}
+
+TEST(ShmComm, LostPeerFailsFastAndNamesItWhileShmIsActive) {
+  auto before = shmEntries();
+  auto store = std::make_shared<store::HashStore>();
+  CommOptions o;
+  o.timeout = 5s;
+  std::string error, transport;
+  std::chrono::steady_clock::duration took{};
+  std::thread r1([&] {
+    auto c = createTcpCommunicator(store, 1, 2, o);
+    std::vector<float> v(1 << 20, 1.0f);
+    c->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    // Leaves in the middle of the job: its sockets close.
+  });
+  {
+    auto c = createTcpCommunicator(store, 0, 2, o);
+    transport = c->transport();
+    std::vector<float> v(1 << 20, 1.0f);
+    c->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    r1.join();
+    auto start = std::chrono::steady_clock::now();
+    try {
+      c->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    } catch (const PeerLostError& e) {
+      error = e.what();
+    }
+    took = std::chrono::steady_clock::now() - start;
+    EXPECT_THROW(c->barrier(), PeerLostError);  // stays failed
+  }
+  EXPECT_EQ(transport, "shm");
+  EXPECT_NE(error.find("allreduce on rank 0: lost rank 1: connection closed"), std::string::npos) << error;
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(shmEntries(), before);
+}
+
+TEST(ShmComm, SilentPeerTimesOutWithinTheTimeoutWhileShmIsActive) {
+  for (int n : {2, 5}) {  // 5 ranks on fewer cores: sleeping waits must still time out in time
+    auto store = std::make_shared<store::HashStore>();
+    CommOptions o;
+    o.timeout = 500ms;
+    std::vector<std::string> errors(static_cast<size_t>(n));
+    std::vector<std::chrono::steady_clock::duration> took(static_cast<size_t>(n));
+    std::promise<void> release;
+    auto released = release.get_future().share();
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        auto c = createTcpCommunicator(store, r, n, o);
+        EXPECT_EQ(std::string(c->transport()), "shm");
+        if (r == n - 1) return released.wait();  // connected, but never joins (as if SIGSTOPped)
+        std::vector<float> v(300000, 1.0f);
+        auto start = std::chrono::steady_clock::now();
+        try {
+          c->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+        } catch (const PeerLostError& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+        took[static_cast<size_t>(r)] = std::chrono::steady_clock::now() - start;
+        if (r == 0) release.set_value();
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n - 1; ++r) {
+      EXPECT_NE(errors[static_cast<size_t>(r)].find("lost rank"), std::string::npos) << errors[static_cast<size_t>(r)];
+      EXPECT_LT(took[static_cast<size_t>(r)], 1500ms) << "rank " << r;
+    }
+    // Whoever waited on the silent rank itself names it and the timeout.
+    EXPECT_NE(errors[0].find("lost rank " + std::to_string(n - 1)), std::string::npos) << errors[0];
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::comm
