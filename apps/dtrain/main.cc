@@ -113,18 +113,6 @@ spec::JobSpec buildSpec(RunArgs& a) {
   spec::resolve(s);
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
-  // Asking for GPUs on a machine without them is bad input, said before anything starts
-  // (multi-node: each node checks its own).
-  if (s.trainer && s.trainer->device == "cuda" && s.nodes.empty()) {
-#ifndef DTRAIN_HAVE_CUDA
-    throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but this dtrain is a CPU build; use \"auto\" or \"cpu\", "
-                                "or a CUDA build", s.source));
-#else
-    if (spec::visibleGpuCount() == 0)
-      throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but no GPU is visible here (check the driver and "
-                                  "CUDA_VISIBLE_DEVICES); use \"auto\" or \"cpu\"", s.source));
-#endif
-  }
   if (s.trainer && s.trainer->data.type != "synthetic") {
     train::openDataset(*s.trainer, false);
     train::openDataset(*s.trainer, true);
@@ -140,6 +128,19 @@ int cmdRun(RunArgs& a) {
     std::cout << launch::formatPlan(multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId), s);
     return kExitOk;
   }
+  // Asking for GPUs on a machine without them is bad input, said before anything starts
+  // (multi-node: each node checks its own).
+  if (s.trainer && s.trainer->device == "cuda" && s.nodes.empty()) {
+#ifndef DTRAIN_HAVE_CUDA
+    throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but this dtrain is a CPU build; use \"auto\" or \"cpu\", "
+                                "or a CUDA build", s.source));
+#else
+    if (spec::visibleGpuCount() == 0)
+      throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but no GPU is visible here (check the driver and "
+                                  "CUDA_VISIBLE_DEVICES); use \"auto\" or \"cpu\"", s.source));
+#endif
+  }
+
   // The trainer's rank 0 leaves its outcome here for the summary.
   std::string resultFile;
   if (s.trainer) {

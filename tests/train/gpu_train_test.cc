@@ -82,6 +82,18 @@ std::vector<float> stateOf(detail::MathBackend& be) {
   return s;
 }
 
+// The GPU math is a plugin loaded on first use (lib/train/CMakeLists.txt): it must load and
+// reach CUDA here, GPU or not. Without a device the plugin's CUDA calls fail, but with a CUDA
+// error, not a loader error.
+TEST(GpuTrain, PluginLoadsOnDemand) {
+  try {
+    auto be = detail::makeCudaBackend({{4, 3}, Activation::kRelu, Loss::kCrossEntropy}, 0, false, 0);
+    EXPECT_NE(be, nullptr);
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()).find("cannot load the GPU trainer"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GpuTrain, DeviceSelection) {
   if (visibleGpus() == 0) {
     EXPECT_EQ(resolveDevice("auto", 0).name, "cpu");

@@ -1,5 +1,8 @@
 // The CPU backend: Mlp (OpenBLAS) plus the optimizer loops. Everything completes before a
 // call returns, so waitLayer() and synchronize() have nothing to wait for.
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -118,6 +121,28 @@ std::unique_ptr<MathBackend> makeCpuBackend(const MlpConfig& cfg, uint64_t seed,
 #ifndef DTRAIN_HAVE_CUDA
 std::unique_ptr<MathBackend> makeCudaBackend(const MlpConfig&, uint64_t, bool, int) {
   throw SpecError("trainer.device is \"cuda\" but this is a CPU build; rebuild with -DDTRAIN_WITH_CUDA=ON");
+}
+#elif defined(DTRAIN_CUDA_PLUGIN_LOADER)
+// The GPU math lives in libdtrain_train_cuda.so next to the executable, loaded on first use
+// (see cuda_backend.cu for why). Thread-safe: a function-local static.
+std::unique_ptr<MathBackend> makeCudaBackend(const MlpConfig& cfg, uint64_t seed, bool adam, int device) {
+  using Factory = MathBackend* (*)(const MlpConfig*, uint64_t, bool, int);
+  static Factory factory = [] {
+    char exe[4096];
+    ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
+    dir = dir.substr(0, dir.rfind('/') + 1);
+    std::string tried;
+    for (const std::string& path : {dir + "libdtrain_train_cuda.so", dir + "../lib/libdtrain_train_cuda.so",
+                                    std::string("libdtrain_train_cuda.so")}) {
+      if (void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+        if (auto f = reinterpret_cast<Factory>(::dlsym(h, "dtrain_make_cuda_backend"))) return f;
+      }
+      tried += fmt::format("; {}: {}", path, ::dlerror());
+    }
+    throw IoError("cannot load the GPU trainer (libdtrain_train_cuda.so, built with dtrain in CUDA builds)" + tried);
+  }();
+  return std::unique_ptr<MathBackend>(factory(&cfg, seed, adam, device));
 }
 #endif
 

@@ -291,8 +291,19 @@ class CudaBackend final : public MathBackend {
 
 }  // namespace
 
+#ifdef DTRAIN_CUDA_PLUGIN
+// Built into libdtrain_train_cuda.so, which dtrain loads only when a worker trains on a GPU:
+// cuBLAS costs about half a second of start-up per process, which every other dtrain
+// process (launcher, agents, CPU workers, store and bench commands) must not pay. A
+// distinct name: the executable's makeCudaBackend (the loader) must not interpose it.
+extern "C" __attribute__((visibility("default"))) MathBackend* dtrain_make_cuda_backend(const MlpConfig* cfg, uint64_t seed,
+                                                                                       bool adam, int device) {
+  return new CudaBackend(*cfg, seed, adam, device);
+}
+#else
 std::unique_ptr<MathBackend> makeCudaBackend(const MlpConfig& cfg, uint64_t seed, bool adam, int device) {
   return std::make_unique<CudaBackend>(cfg, seed, adam, device);
 }
+#endif
 
 }  // namespace dtrain::train::detail
