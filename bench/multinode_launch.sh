@@ -37,14 +37,5 @@ for i in $(seq "$RUNS"); do
   s=$(now); "$DTRAIN" run "$T/job.json" >/dev/null 2>&1; d+=($(( $(now) - s )))
   s=$(now); torchrun_all; t+=($(( $(now) - s )))
 done
-python3 - "${d[*]}" "${t[*]}" <<'PY'
-import statistics, sys
-d = [int(x) / 1e6 for x in sys.argv[1].split()]
-t = [int(x) / 1e6 for x in sys.argv[2].split()]
-md, mt = statistics.median(d), statistics.median(t)
-print(f"{'launcher':<10} {'runs':>5} {'median_ms':>10} {'min_ms':>8} {'max_ms':>8}")
-print(f"{'dtrain':<10} {len(d):>5} {md:>10.1f} {min(d):>8.1f} {max(d):>8.1f}")
-print(f"{'torchrun':<10} {len(t):>5} {mt:>10.1f} {min(t):>8.1f} {max(t):>8.1f}")
-print(f"ratio (torchrun / dtrain median): {mt / md:.1f}x")
-PY
+python3 bench/compare_medians.py "${d[*]}" "${t[*]}"
 rm -rf "$T"

@@ -19,25 +19,37 @@
 
 namespace dtrain::launch {
 
-RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
+JobStore::JobStore() = default;
+JobStore::JobStore(JobStore&&) noexcept = default;
+JobStore& JobStore::operator=(JobStore&&) noexcept = default;
+JobStore::~JobStore() = default;
+
+JobStore startJobStore(spec::JobSpec& spec, const std::string& bind) {
   store::TcpStoreServerOptions so;
-  so.bind = "127.0.0.1";  // every worker is local
+  so.bind = bind;
   so.port = spec.rendezvous.port;
   so.token = store::newToken();
-  std::unique_ptr<store::TcpStoreServer> owned;
+  JobStore js;
   try {
-    owned = std::make_unique<store::TcpStoreServer>(so);
+    js.server = std::make_unique<store::TcpStoreServer>(so);
   } catch (const IoError& e) {
     if (so.port == 0) throw;
-    throw SpecError(fmt::format("{}: /rendezvous/port: {}; choose a free port, or 0 for any", spec.source.empty() ? "job" : spec.source, e.what()));
+    throw SpecError(fmt::format("{}: /rendezvous/port: {}; choose a free port, or 0 for any",
+                                spec.source.empty() ? "job" : spec.source, e.what()));
   }
-  store::TcpStoreServer& server = *owned;
-  server.start();
-  spec.rendezvous.port = server.port();
+  js.server->start();
+  spec.rendezvous.port = js.server->port();
+  js.bind = bind;
+  js.token = so.token;
+  return js;
+}
+
+RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
+  JobStore js = startJobStore(spec, "127.0.0.1");  // every worker is local
   Plan plan = makeLocalPlan(spec, run_id);
-  plan.store_addr = so.bind;
-  plan.store_port = server.port();
-  plan.store_token = so.token;
+  plan.store_addr = js.bind;
+  plan.store_port = spec.rendezvous.port;
+  plan.store_token = js.token;
   std::vector<spec::JobEvent> events;
   for (int attempt = 0;; ++attempt) {
     LocalRunOptions lo;

@@ -324,21 +324,15 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     }
     if (n <= 0) continue;
     if (fds[0].revents & POLLIN) {
-      unsigned char sigs[64];
-      ssize_t got;
-      while ((got = ::read(signals.fd(), sigs, sizeof(sigs))) > 0) {
-        for (ssize_t i = 0; i < got; ++i) {
-          int sig = sigs[i];
-          if (sig == SIGCHLD) continue;
-          if (!result_.received_signal) result_.received_signal = sig;
-          if (stopping_ && sig == SIGINT && !killed_) {
-            // A second Ctrl-C means "now".
-            killed_ = true;
-            signalAll(SIGKILL);
-          }
-          startShutdown(sig, spec_->shutdown_timeout_s);
+      signals.drain([&](int sig) {
+        if (!result_.received_signal) result_.received_signal = sig;
+        if (stopping_ && sig == SIGINT && !killed_) {
+          // A second Ctrl-C means "now".
+          killed_ = true;
+          signalAll(SIGKILL);
         }
-      }
+        startShutdown(sig, spec_->shutdown_timeout_s);
+      });
       reap();
     }
     if (opts_.control_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {

@@ -22,6 +22,7 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/agent_protocol.h"
 #include "dtrain/launch/env.h"
+#include "dtrain/launch/job.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/process.h"
 #include "dtrain/rendezvous/rendezvous.h"
@@ -638,17 +639,11 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
         if (node.running) ::kill(-node.pid, SIGKILL);
     }
     if (n > 0 && (fds[0].revents & POLLIN)) {
-      unsigned char sigs[64];
-      ssize_t got;
-      while ((got = ::read(signals.fd(), sigs, sizeof(sigs))) > 0) {
-        for (ssize_t i = 0; i < got; ++i) {
-          int sig = sigs[i];
-          if (sig == SIGCHLD) continue;
-          if (!result_.received_signal) result_.received_signal = sig;
-          bool again = stopping_ && sig == SIGINT;
-          stopAll(again ? "kill" : "stop");  // a second Ctrl-C means "now"
-        }
-      }
+      signals.drain([&](int sig) {
+        if (!result_.received_signal) result_.received_signal = sig;
+        bool again = stopping_ && sig == SIGINT;
+        stopAll(again ? "kill" : "stop");  // a second Ctrl-C means "now"
+      });
     }
     for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -771,20 +766,7 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
     for (const auto& p : problems) excluded.push_back(p.node);
   }
 
-  store::TcpStoreServerOptions so;
-  so.bind = remotes.empty() ? "127.0.0.1" : "0.0.0.0";
-  so.port = spec.rendezvous.port;
-  so.token = store::newToken();
-  std::unique_ptr<store::TcpStoreServer> server;
-  try {
-    server = std::make_unique<store::TcpStoreServer>(so);
-  } catch (const IoError& e) {
-    if (so.port == 0) throw;
-    throw SpecError(fmt::format("{}: /rendezvous/port: {}; choose a free port, or 0 for any",
-                                spec.source.empty() ? "job" : spec.source, e.what()));
-  }
-  server->start();
-  spec.rendezvous.port = server->port();
+  JobStore js = startJobStore(spec, remotes.empty() ? "127.0.0.1" : "0.0.0.0");
 
   // What every node runs: the resolved spec with the forwarded part of our environment
   // (the spec's own env wins), the working directory made explicit.
@@ -802,13 +784,13 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   {
     store::TcpStoreOptions co;
     co.host = "127.0.0.1";
-    co.port = server->port();
-    co.token = so.token;
+    co.port = spec.rendezvous.port;
+    co.token = js.token;
     store::TcpStore client(co);
     client.set("job/spec", spec::serializeForNode(shipped));
     client.set("job/source", spec.source.empty() ? "command line" : spec.source);
   }
-  MultiNodeRunner runner(spec, opts, run_id, server->port(), so.token);
+  MultiNodeRunner runner(spec, opts, run_id, spec.rendezvous.port, js.token);
   return runner.run(excluded);
 }
 

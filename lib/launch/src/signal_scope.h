@@ -52,6 +52,16 @@ class SignalScope {
   SignalScope(const SignalScope&) = delete;
   SignalScope& operator=(const SignalScope&) = delete;
   int fd() const { return gSignalPipe[0]; }
+  // Reads every pending signal and calls onSignal(sig) for each but SIGCHLD (which only
+  // wakes the loop so that it reaps).
+  template <typename F>
+  void drain(F&& onSignal) {
+    unsigned char sigs[64];
+    ssize_t got;
+    while ((got = ::read(fd(), sigs, sizeof(sigs))) > 0)
+      for (ssize_t i = 0; i < got; ++i)
+        if (sigs[i] != SIGCHLD) onSignal(static_cast<int>(sigs[i]));
+  }
 
  private:
   struct sigaction old_[std::size(kSignals)] {};
