@@ -11,6 +11,8 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/job.h"
+#include "dtrain/launch/multi_node.h"
+#include "version.h"
 #include "dtrain/launch/plan.h"
 
 namespace dtrain::app {
@@ -27,6 +29,8 @@ struct BenchArgs {
   std::string json;
   double timeout_s = 120;
   bool worker = false;
+  std::string hostfile, hosts;
+  std::vector<std::string> ssh_options;
 };
 
 BenchArgs gArgs;
@@ -84,14 +88,26 @@ int launch(comm::Collective c, CLI::App* sub) {
   }
   spec::Overrides ov;
   ov.nproc_per_node = a.nproc;
+  if (!a.hostfile.empty()) ov.hostfile = a.hostfile;
+  if (!a.hosts.empty()) ov.hosts = a.hosts;
   spec::applyOverrides(s, ov);
+  s.ssh.options = a.ssh_options;
   s.prefix_output = false;
   s.console_ranks = {0};
   s.shutdown_timeout_s = 5;
   s.env["OMP_NUM_THREADS"] = "1";
   spec::resolve(s);
-  auto r = launch::runLocalJob(s, launch::newRunId());
-  if (r.first_failure >= 0) std::cerr << launch::formatFailure(r, s);
+  launch::RunResult r;
+  if (!s.nodes.empty()) {
+    // Across hosts: one agent per host over ssh, as dtrain run does; rank 0 (node 0)
+    // prints the table (and writes --json on its host).
+    launch::MultiNodeOptions mo;
+    mo.version = versionString();
+    r = launch::runMultiNodeJob(s, launch::newRunId(), mo);
+  } else {
+    r = launch::runLocalJob(s, launch::newRunId());
+  }
+  if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s);
   return r.exit_code;
 }
 
@@ -114,6 +130,10 @@ void addBenchCommands(CLI::App& app) {
     sub->add_option("-o,--op", a.op, "sum, avg, min, max (default sum)");
     sub->add_option("--json", a.json, "Also write the results as JSON to this file");
     sub->add_option("--timeout", a.timeout_s, "Seconds before a stuck collective fails (default 120)");
+    sub->add_option("--hostfile", a.hostfile, "Run the ranks across the hosts of this file (slots = ranks per host)");
+    sub->add_option("--hosts", a.hosts, "Run the ranks across these hosts: h1:1,h2:1");
+    sub->add_option("--ssh-option", a.ssh_options, "Extra ssh argument for --hostfile/--hosts, repeatable (e.g. --ssh-option=-F --ssh-option=cfg)")
+        ->allow_extra_args(false);
     sub->add_flag("--worker", a.worker, "(internal) run as one rank under dtrain run")->group("");
     a.subs.emplace_back(sub, c);
   }

@@ -25,6 +25,7 @@
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
 #include "agent_cmd.h"
+#include "version.h"
 #include "bench_cmd.h"
 #include "train_cmd.h"
 #include "store_cmd.h"
@@ -42,14 +43,7 @@ struct RunArgs {
   std::string nproc, max_restarts, shutdown, hostfile, hosts, nnodes;
 };
 
-std::string versionString() {
-  return std::string("dtrain ") + DTRAIN_VERSION
-#ifdef DTRAIN_HAVE_CUDA
-         + " (CUDA/NCCL build)";
-#else
-         + " (CPU build)";
-#endif
-}
+
 
 void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Workers on this node: a positive integer or \"auto\"");
@@ -151,7 +145,7 @@ int cmdRun(RunArgs& a) {
   launch::RunResult r;
   if (multiNode) {
     launch::MultiNodeOptions mo;
-    mo.version = versionString();
+    mo.version = app::versionString();
     mo.result_file = resultFile;
     s.env.erase("DTRAIN_RESULT_FILE");  // each node's agent picks its own; rank 0's comes back
     r = launch::runMultiNodeJob(s, runId, mo);
@@ -203,7 +197,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"dtrain: launcher and job runner for distributed training"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", versionString());
+  app.set_version_flag("--version", app::versionString());
 
   RunArgs runArgs;
   runArgs.command = command;

@@ -123,7 +123,14 @@ else
   fail "python3-torch is not installed (scripts/setup.sh installs it)"
 fi
 
-# 7. Pre-flight: an unreachable host fails the job before anything starts, within the timeout.
+# 7. dtrain bench across hosts: verified all-reduce between h1 and h2 over TCP.
+timeout 60 "$DTRAIN" bench allreduce --hosts h1:1,h2:1 --ssh-option=-F --ssh-option="$TESTBED_SSH_CONFIG" -b 4K -e 1M -f 16 -n 3 -w 1 >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "bench allreduce across 2 hosts"
+expect_grep "^# transport: tcp$" "$T/out" "across hosts the transport is TCP"
+expect_grep "^ +1048576 +262144 +float +sum .* 0$" "$T/out" "1 MiB row verified"
+expect_grep "Out of bounds values : 0 OK" "$T/out" "no wrong values"
+
+# 8. Pre-flight: an unreachable host fails the job before anything starts, within the timeout.
 printf 'h1 slots=1\n%s slots=1\n' "$TESTBED_DOWN_HOST" > "$T/hosts"
 job pre '["sh", "-c", "touch '"$T"'/started.$RANK"]'
 sed -i 's/"connect_timeout_s": 5/"connect_timeout_s": 2/' "$T/pre.json"
@@ -136,7 +143,7 @@ expect_grep "pre-flight failed for 1 of 2 remote host\(s\)" "$T/err" "pre-flight
 expect_grep "^  $TESTBED_DOWN_HOST \($T/hosts:2\): " "$T/err" "the unreachable host is named with its hostfile line"
 ls "$T"/started.* >/dev/null 2>&1 && fail "workers started despite a failed pre-flight" || pass "nothing started"
 
-# 8. Pre-flight: a different dtrain on a host is refused.
+# 9. Pre-flight: a different dtrain on a host is refused.
 printf '#!/bin/sh\necho "dtrain 0.0.1 (CPU build)"\n' > "$T/old-dtrain"; chmod +x "$T/old-dtrain"
 printf 'h1 slots=1\nh2 slots=1\n' > "$T/hosts"
 job ver '["true"]' ''
