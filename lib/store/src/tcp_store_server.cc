@@ -37,7 +37,7 @@ struct State {
 }  // namespace
 
 struct TcpStoreServer::Impl {
-  explicit Impl(TcpStoreServerOptions o) : opts(std::move(o)), acceptor(io), sweep(io) {}
+  explicit Impl(TcpStoreServerOptions o) : opts(std::move(o)), acceptor(io), sweep(io), acceptRetry(io) {}
   void accept();
   void scheduleSweep();
   void notifyKey(const std::string& key);
@@ -46,6 +46,8 @@ struct TcpStoreServer::Impl {
   asio::io_context io;
   tcp::acceptor acceptor;
   asio::steady_timer sweep;
+  asio::steady_timer acceptRetry;  // after a failed accept (EMFILE, ...): no busy retry loop
+  bool stopping = false;           // io thread only
   State state;
   std::list<std::weak_ptr<Session>> sessions;
   std::atomic<size_t> connections{0};
@@ -374,8 +376,17 @@ void TcpStoreServer::Impl::notifyKey(const std::string& key) {
 
 void TcpStoreServer::Impl::accept() {
   acceptor.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
+    // A completion queued before stop() closed the acceptor must not re-arm it.
+    if (ec == asio::error::operation_aborted || stopping || !acceptor.is_open()) return;
+    if (ec) {
+      // Out of fds or a transient error: try again shortly instead of spinning.
+      acceptRetry.expires_after(std::chrono::milliseconds(20));
+      acceptRetry.async_wait([this](boost::system::error_code e) {
+        if (!e && !stopping) accept();
+      });
+      return;
+    }
+    {
       if (connections.load() >= opts.max_connections) {
         boost::system::error_code ignored;
         sock.close(ignored);
@@ -394,7 +405,7 @@ void TcpStoreServer::Impl::accept() {
 void TcpStoreServer::Impl::scheduleSweep() {
   sweep.expires_after(std::chrono::milliseconds(250));
   sweep.async_wait([this](boost::system::error_code ec) {
-    if (ec) return;
+    if (ec || stopping) return;  // a completion queued before stop() must not re-arm
     auto now = Clock::now();
     for (auto it = sessions.begin(); it != sessions.end();) {
       if (auto s = it->lock()) {
@@ -444,11 +455,16 @@ void TcpStoreServer::run() { impl_->io.run(); }
 
 void TcpStoreServer::stop() {
   asio::post(impl_->io, [this] {
+    impl_->stopping = true;
     boost::system::error_code ec;
     impl_->acceptor.close(ec);
     impl_->sweep.cancel();
+    impl_->acceptRetry.cancel();
     for (auto& w : impl_->sessions)
       if (auto s = w.lock()) s->close();
+    // Handlers already queued (a timer that had fired, an accept that had completed) must
+    // not keep run() going: stop it here, they are dropped with the io_context.
+    impl_->io.stop();
   });
   if (impl_->thread.joinable()) {
     impl_->thread.join();
