@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on the CPU: samples/s and the measured bubble fraction for P = 1 and
 # P = 2 stages x M = 1, 2, 4, 8 micro-batches (schedule 1f1b; gpipe with BENCH_SCHEDULE=gpipe),
-# one replica, MLP 512-512-512-512-512-10 (two balanced stages), batch 64, 1 BLAS thread per
+# one replica, MLP W-W-W-W-W-10 (two balanced stages; W = BENCH_WIDTH, 512), batch BENCH_BATCH (64), 1 BLAS thread per
 # worker. P = 1 is the data-parallel trainer with one worker (no micro-batches: M does not
 # apply). Each configuration REPEATS times; prints medians and the ideal (P-1)/(M+P-1).
 # Usage: bench/pipeline.sh [steps] [repeats]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${1:-60}"; REPEATS="${2:-3}"; SCHEDULE="${BENCH_SCHEDULE:-1f1b}"
+W="${BENCH_WIDTH:-512}"; BATCH="${BENCH_BATCH:-64}"
 [ -x build/bin/dtrain ] || { echo "build first: scripts/build.sh" >&2; exit 2; }
 T="$(mktemp -d)"; trap 'rm -rf "$T"' EXIT
 run() {  # stages micro -> "samples/s bubble"
   cat > "$T/s.json" <<JSON
 {"nproc_per_node": $1, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
- "trainer": {"model": {"layers": [512, 512, 512, 512, 512, 10]}, "data": {"train_samples": 1000000, "eval_samples": 0},
-  "batch_size": 64, "max_steps": $STEPS, "optimizer": {"lr": 0.005, "momentum": 0.9}, "device": "cpu",
+ "trainer": {"model": {"layers": [$W, $W, $W, $W, $W, 10]}, "data": {"train_samples": 1000000, "eval_samples": 0},
+  "batch_size": $BATCH, "max_steps": $STEPS, "optimizer": {"lr": 0.005, "momentum": 0.9}, "device": "cpu",
   "log_every_steps": 1000000, "parallel": {"pipeline_stages": $1, "micro_batches": $2, "schedule": "$SCHEDULE"}}}
 JSON
   build/bin/dtrain run "$T/s.json" 2>/dev/null > "$T/out"
