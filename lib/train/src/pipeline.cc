@@ -557,8 +557,12 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       const double schedS = std::chrono::duration<double>(Clock::now() - schedStart).count();
       windowCompute += computeS;
       windowSchedule += schedS;
-      totalCompute += computeS;
-      totalSchedule += schedS;
+      // The run's totals leave out the first step (buffers and connections warming up), as
+      // samples/s does.
+      if (step > firstStep) {
+        totalCompute += computeS;
+        totalSchedule += schedS;
+      }
 
       // The stage group's average over the replicas: replica 0 sums in replica order and sends
       // the result back, so every replica steps with bit-identical gradients.
@@ -658,7 +662,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   {
     // Whole-run timing: each stage's compute per step (replica 0) and the mean bubble.
     std::vector<double> t(static_cast<size_t>(P) + 1, 0.0);
-    const long long steps = std::max<long long>(1, step - firstStep);
+    const long long steps = std::max<long long>(1, step - firstStep - 1);
     if (d == 0) t[static_cast<size_t>(p)] = 1e3 * totalCompute / static_cast<double>(steps);
     t[static_cast<size_t>(P)] = totalSchedule > 0 ? 1.0 - totalCompute / totalSchedule : 0;
     comm.allreduce(t.data(), t.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
