@@ -187,5 +187,33 @@ TEST(Pipeline, ResumeFromStageCheckpointsIsBitIdentical) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Pipeline, StageCheckpointsFromDifferentStepsAreRefused) {
+  // A run killed between two stages' writes: stage 1's newest is missing.
+  std::string dir = ::testing::TempDir() + "/dtrain_pipe_torn_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto t = model(2, 2, "gpipe");
+  t.checkpoint.dir = dir;
+  t.checkpoint.every_steps = 4;
+  t.max_steps = 8;
+  run(2, t);
+  ASSERT_TRUE(std::filesystem::remove(dir + "/stage-1-of-2/ckpt-0000000008.bin"));
+  t.max_steps = 12;
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::thread> ts;
+  std::atomic<int> refused{0};
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, 2, {});
+      try {
+        train(t, *c);
+      } catch (const SpecError& e) {
+        if (std::string(e.what()).find("stage 0 at step 8, stage 1 at step 4") != std::string::npos) ++refused;
+      }
+    });
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(refused.load(), 2);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dtrain::train
