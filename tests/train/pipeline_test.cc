@@ -187,17 +187,26 @@ TEST(Pipeline, ResumeFromStageCheckpointsIsBitIdentical) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(Pipeline, StageCheckpointsFromDifferentStepsAreRefused) {
-  // A run killed between two stages' writes: stage 1's newest is missing.
+TEST(Pipeline, StageCheckpointsFromDifferentStepsResumeFromTheCommonStep) {
+  // A run killed between two stages' writes: stage 1's newest is missing, so both stages go
+  // back to step 4, and the run ends as a straight one.
   std::string dir = ::testing::TempDir() + "/dtrain_pipe_torn_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   auto t = model(2, 2, "gpipe");
+  t.max_steps = 12;
+  auto straight = run(2, t);
   t.checkpoint.dir = dir;
   t.checkpoint.every_steps = 4;
   t.max_steps = 8;
   run(2, t);
   ASSERT_TRUE(std::filesystem::remove(dir + "/stage-1-of-2/ckpt-0000000008.bin"));
   t.max_steps = 12;
+  auto resumed = run(2, t);
+  EXPECT_EQ(resumed.weights, straight.weights);
+  EXPECT_EQ(resumed.results[0].steps, 12);
+
+  // A stage without any checkpoint cannot be recovered: refused.
+  std::filesystem::remove_all(dir + "/stage-1-of-2");
   auto store = std::make_shared<store::HashStore>();
   std::vector<std::thread> ts;
   std::atomic<int> refused{0};
@@ -207,7 +216,7 @@ TEST(Pipeline, StageCheckpointsFromDifferentStepsAreRefused) {
       try {
         train(t, *c);
       } catch (const SpecError& e) {
-        if (std::string(e.what()).find("stage 0 at step 8, stage 1 at step 4") != std::string::npos) ++refused;
+        if (std::string(e.what()).find("stage 0 at step 12, stage 1 at step 0") != std::string::npos) ++refused;
       }
     });
   for (auto& th : ts) th.join();

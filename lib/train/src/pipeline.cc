@@ -360,8 +360,10 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       ts.checkpoint.dir.empty() ? std::string() : fmt::format("{}/stage-{}-of-{}", ts.checkpoint.dir, p, P);
   int64_t header[5] = {0, 0, 0, 0, 0};
   std::string ckptPath;
-  if (d == 0 && !stageDir.empty()) {
-    auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); }, &ckptPath);
+  auto loadStage = [&](long long maxStep) {
+    std::fill(header, header + 5, 0);
+    auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); },
+                                   &ckptPath, maxStep);
     if (st && (st->config_hash != hash || st->params.size() != nParams || st->momentum.size() != state.size())) {
       header[0] = -1;
     } else if (st) {
@@ -373,18 +375,36 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       model.params() = st->params;
       state = st->momentum;
     }
-  }
+  };
+  if (d == 0 && !stageDir.empty()) loadStage(-1);
   std::vector<int64_t> headers(5 * static_cast<size_t>(world));
   comm.allgather(header, headers.data(), 5, comm::DataType::kInt64);
+  auto stageHeader = [&](int s) { return headers.data() + 5 * static_cast<size_t>(lay.rankOf(0, s)); };
+  // A run stopped between two stages' writes leaves some stages one checkpoint ahead: all
+  // go back to the newest step every stage has (each keeps its last 3).
+  bool allFound = true;
+  int64_t common = std::numeric_limits<int64_t>::max(), newest = 0;
   for (int s = 0; s < P; ++s) {
-    const int64_t* h = headers.data() + 5 * static_cast<size_t>(lay.rankOf(0, s));
+    allFound = allFound && stageHeader(s)[0] == 1;
+    common = std::min(common, stageHeader(s)[1]);
+    newest = std::max(newest, stageHeader(s)[1]);
+  }
+  if (allFound && common != newest) {
+    if (rank == 0 && opts.log)
+      opts.log(fmt::format("warning: the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
+                           "from step {}", ts.checkpoint.dir, common, newest, common));
+    if (d == 0 && header[1] != common) loadStage(common);
+    comm.allgather(header, headers.data(), 5, comm::DataType::kInt64);
+  }
+  for (int s = 0; s < P; ++s) {
+    const int64_t* h = stageHeader(s);
     if (h[0] == -1)
       throw SpecError(fmt::format("trainer: the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer "
                                   "config (model, data, optimizer, seed or stage partition changed); remove it or use "
                                   "another /trainer/checkpoint/dir", ts.checkpoint.dir, s, P));
     if (std::memcmp(h, headers.data(), 5 * sizeof(int64_t)) != 0)
-      throw SpecError(fmt::format("trainer: the stage checkpoints in {} disagree (stage 0 at step {}, stage {} at step {}); "
-                                  "a run stopped while writing them: remove the newest stage checkpoint",
+      throw SpecError(fmt::format("trainer: the stage checkpoints in {} disagree (stage 0 at step {}, stage {} at step {}) "
+                                  "and have no step in common; remove them or use another /trainer/checkpoint/dir",
                                   ts.checkpoint.dir, headers[1], s, h[1]));
   }
   for (int k = 0; k < 5; ++k) header[k] = headers[static_cast<size_t>(k)];
