@@ -122,8 +122,16 @@ int runTrainCommand() {
   }
   train::TrainResult r = train::train(*s.trainer, *comm, to);
   if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0)
-    spec::writeTrainerOutcome(path, {r.final_loss, r.eval_accuracy, r.samples_per_s, r.steps, r.weights_sha256});
+    spec::writeTrainerOutcome(path, {r.final_loss, r.eval_accuracy, r.samples_per_s, r.steps, r.weights_sha256,
+                                     r.pipeline_stages, r.bubble_fraction, r.stage_ms});
   if (to.status && !std::getenv("DTRAIN_STORE_ADDR")) std::cout << "\n";
+  if (comm->rank() == 0 && r.pipeline_stages > 1) {
+    std::string stages;
+    for (size_t i = 0; i < r.stage_ms.size(); ++i) stages += fmt::format("{}{:.2f}", i ? "/" : "", r.stage_ms[i]);
+    std::cout << fmt::format("pipeline: {} stages, compute ms/step per stage {}, bubble fraction {:.3f}", r.pipeline_stages,
+                             stages, r.bubble_fraction)
+              << std::endl;
+  }
   if (comm->rank() == 0)
     std::cout << fmt::format("trained: {} steps, final loss {:.4f}, eval accuracy {:.2f}%, {:.0f} samples/s, weights sha256 {}",
                              r.steps, r.final_loss, 100 * r.eval_accuracy, r.samples_per_s, r.weights_sha256)

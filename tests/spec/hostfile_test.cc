@@ -666,6 +666,22 @@ TEST(SerializeForNode, AdamwWarmupCosineRoundTrips) {
   EXPECT_DOUBLE_EQ(parseJobSpec(serializeForNode(d), "x").trainer->optimizer.weight_decay, 0.01);
 }
 
+TEST(SerializeForNode, PipelineParallelRoundTrips) {
+  JobSpec s = parseJobSpec(R"({"trainer": {"model": {"layers": [8, 6, 5, 3]}, "batch_size": 32,
+      "parallel": {"pipeline_stages": 2, "micro_batches": 8, "schedule": "gpipe", "stage_layers": [1, 2]}}})",
+                           "job.json");
+  expectRoundTrip(s);
+  auto t = *parseJobSpec(serializeForNode(s), "x").trainer;
+  EXPECT_EQ(t.parallel.pipeline_stages, 2);
+  EXPECT_EQ(t.parallel.micro_batches, 8);
+  EXPECT_EQ(t.parallel.schedule, "gpipe");
+  EXPECT_EQ(t.parallel.stage_layers, (std::vector<int>{1, 2}));
+  // Defaults: M = P, 1f1b.
+  auto d = *parseJobSpec(R"({"trainer": {"model": {"layers": [8, 6, 3]}, "parallel": {"pipeline_stages": 2}}})", "j").trainer;
+  EXPECT_EQ(d.parallel.micro_batches, 2);
+  EXPECT_EQ(d.parallel.schedule, "1f1b");
+}
+
 TEST(SerializeForNode, CsvDataRoundTrips) {
   TempFile train("a,b,label\n1,2,0\n3,4,1\n");
   TempFile eval("a,b,label\n1,2,0\n");

@@ -37,7 +37,8 @@ const std::vector<std::string> kSshKeys = {"user", "port", "identity_file", "con
                                            "options", "host_key_checking", "dtrain_path"};
 const std::vector<std::string> kTrainerKeys = {"model", "data", "batch_size", "epochs", "max_steps", "optimizer",
                                                "device", "seed", "bucket_mb", "overlap", "log_every_steps", "checkpoint",
-                                               "lr_schedule", "grad_clip_norm"};
+                                               "lr_schedule", "grad_clip_norm", "parallel"};
+const std::vector<std::string> kParallelKeys = {"pipeline_stages", "micro_batches", "schedule", "stage_layers"};
 const std::vector<std::string> kModelKeys = {"type", "layers", "activation", "loss"};
 const std::vector<std::string> kDataKeys = {"type", "train_samples", "eval_samples", "seed", "path", "labels_path",
                                             "eval_path", "eval_labels_path", "label_column", "header"};
@@ -302,6 +303,40 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
   }
   if (ts.model.loss == "cross_entropy" && ts.model.layers.back() < 2)
     c.fail(P + "/model/layers", "cross_entropy needs at least 2 output classes");
+  auto& par = ts.parallel;
+  if (t.contains("parallel")) {
+    const json& q = t["parallel"];
+    const std::string QP = P + "/parallel";
+    if (!q.is_object()) c.fail(QP, fmt::format("expected an object, got {}", typeName(q)));
+    c.checkKeys(q, QP, kParallelKeys);
+    const int weightLayers = static_cast<int>(ts.model.layers.size()) - 1;
+    if (q.contains("pipeline_stages"))
+      par.pipeline_stages = static_cast<int>(c.integer(q["pipeline_stages"], QP + "/pipeline_stages", 1, 64, "a stage count between 1 and 64"));
+    if (par.pipeline_stages > weightLayers)
+      c.fail(QP + "/pipeline_stages", fmt::format("{} stages but the model has only {} weight layer{} (/trainer/model/layers); "
+                                                  "a stage needs at least one", par.pipeline_stages, weightLayers,
+                                                  weightLayers == 1 ? "" : "s"));
+    if (q.contains("micro_batches"))
+      par.micro_batches = static_cast<int>(c.integer(q["micro_batches"], QP + "/micro_batches", 1, 4096, "a micro-batch count between 1 and 4096"));
+    if (q.contains("schedule")) par.schedule = oneOf(c, q["schedule"], QP + "/schedule", {"gpipe", "1f1b"});
+    if (q.contains("stage_layers")) {
+      const json& sl = q["stage_layers"];
+      if (!sl.is_array()) c.fail(QP + "/stage_layers", fmt::format("expected an array of layer counts per stage, got {}", typeName(sl)));
+      if (static_cast<int>(sl.size()) != par.pipeline_stages)
+        c.fail(QP + "/stage_layers", fmt::format("has {} entries; expected one per stage ({})", sl.size(), par.pipeline_stages));
+      int sum = 0;
+      for (size_t i = 0; i < sl.size(); ++i) {
+        par.stage_layers.push_back(static_cast<int>(c.integer(sl[i], fmt::format("{}/stage_layers/{}", QP, i), 1, 1 << 20, "a layer count >= 1")));
+        sum += par.stage_layers.back();
+      }
+      if (sum != weightLayers)
+        c.fail(QP + "/stage_layers", fmt::format("adds up to {} layers; the model has {} weight layers", sum, weightLayers));
+    }
+  }
+  if (par.micro_batches == 0) par.micro_batches = par.pipeline_stages;
+  if (ts.batch_size % par.micro_batches != 0)
+    c.fail(P + "/parallel/micro_batches", fmt::format("{} does not divide /trainer/batch_size {}; each micro-batch must be "
+                                                      "a whole number of samples", par.micro_batches, ts.batch_size));
   return ts;
 }
 
@@ -808,6 +843,10 @@ std::string serializeForNode(const JobSpec& spec) {
     tj["overlap"] = t.overlap;
     tj["log_every_steps"] = t.log_every_steps;
     if (!t.checkpoint.dir.empty()) tj["checkpoint"] = {{"dir", t.checkpoint.dir}, {"every_steps", t.checkpoint.every_steps}};
+    json par = {{"pipeline_stages", t.parallel.pipeline_stages}, {"micro_batches", t.parallel.micro_batches},
+                {"schedule", t.parallel.schedule}};
+    if (!t.parallel.stage_layers.empty()) par["stage_layers"] = t.parallel.stage_layers;
+    tj["parallel"] = par;
     j["trainer"] = tj;
   }
   try {

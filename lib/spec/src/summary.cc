@@ -15,11 +15,17 @@ using nlohmann::json;
 namespace {
 
 json trainerJson(const TrainerOutcome& t) {
-  return json{{"final_loss", t.final_loss},
-              {"eval_accuracy", t.eval_accuracy},
-              {"samples_per_s", t.samples_per_s},
-              {"steps", t.steps},
-              {"weights_sha256", t.weights_sha256}};
+  json j{{"final_loss", t.final_loss},
+         {"eval_accuracy", t.eval_accuracy},
+         {"samples_per_s", t.samples_per_s},
+         {"steps", t.steps},
+         {"weights_sha256", t.weights_sha256}};
+  if (t.pipeline_stages > 1) {
+    j["pipeline_stages"] = t.pipeline_stages;
+    j["bubble_fraction"] = t.bubble_fraction;
+    j["stage_ms"] = t.stage_ms;
+  }
+  return j;
 }
 
 }  // namespace
@@ -87,6 +93,11 @@ std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {
     t.samples_per_s = j.at("samples_per_s").get<double>();
     t.steps = j.at("steps").get<long long>();
     t.weights_sha256 = j.at("weights_sha256").get<std::string>();
+    if (j.contains("pipeline_stages")) {
+      t.pipeline_stages = j.at("pipeline_stages").get<int>();
+      t.bubble_fraction = j.at("bubble_fraction").get<double>();
+      t.stage_ms = j.at("stage_ms").get<std::vector<double>>();
+    }
   } catch (const json::exception&) {
     return std::nullopt;
   }

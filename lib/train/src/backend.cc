@@ -73,31 +73,11 @@ class CpuBackend final : public MathBackend {
   }
 
   void sgdStep(const SgdParams& p) override {
-    auto& params = model_.params();
-    auto& grads = model_.grads();
-    const float lr = p.lr, wd = p.weight_decay, mu = p.momentum;
-    for (size_t i = 0; i < params.size(); ++i) {
-      float g = grads[i] + wd * params[i];
-      if (mu > 0) {
-        state_[i] = mu * state_[i] + g;
-        g = p.nesterov ? g + mu * state_[i] : state_[i];
-      }
-      params[i] -= lr * g;
-    }
+    cpuSgdStep(model_.params().data(), model_.grads().data(), state_.data(), model_.params().size(), p);
   }
 
   void adamwStep(const AdamWParams& p) override {
-    auto& params = model_.params();
-    auto& grads = model_.grads();
-    const float lr = p.lr, wd = p.weight_decay, b1 = p.beta1, b2 = p.beta2, eps = p.eps, c1 = p.c1, c2 = p.c2;
-    float* m = state_.data();
-    float* v = state_.data() + params.size();
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i] -= lr * wd * params[i];
-      m[i] = b1 * m[i] + (1 - b1) * grads[i];
-      v[i] = b2 * v[i] + (1 - b2) * grads[i] * grads[i];
-      params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i]) / c2 + eps);
-    }
+    cpuAdamwStep(model_.params().data(), model_.grads().data(), state_.data(), model_.params().size(), p);
   }
 
   void synchronize() override {}
@@ -113,6 +93,30 @@ class CpuBackend final : public MathBackend {
 };
 
 }  // namespace
+
+void cpuSgdStep(float* params, const float* grads, float* state, size_t n, const SgdParams& p) {
+  const float lr = p.lr, wd = p.weight_decay, mu = p.momentum;
+  for (size_t i = 0; i < n; ++i) {
+    float g = grads[i] + wd * params[i];
+    if (mu > 0) {
+      state[i] = mu * state[i] + g;
+      g = p.nesterov ? g + mu * state[i] : state[i];
+    }
+    params[i] -= lr * g;
+  }
+}
+
+void cpuAdamwStep(float* params, const float* grads, float* state, size_t n, const AdamWParams& p) {
+  const float lr = p.lr, wd = p.weight_decay, b1 = p.beta1, b2 = p.beta2, eps = p.eps, c1 = p.c1, c2 = p.c2;
+  float* m = state;
+  float* v = state + n;
+  for (size_t i = 0; i < n; ++i) {
+    params[i] -= lr * wd * params[i];
+    m[i] = b1 * m[i] + (1 - b1) * grads[i];
+    v[i] = b2 * v[i] + (1 - b2) * grads[i] * grads[i];
+    params[i] -= lr * (m[i] / c1) / (std::sqrt(v[i]) / c2 + eps);
+  }
+}
 
 std::unique_ptr<MathBackend> makeCpuBackend(const MlpConfig& cfg, uint64_t seed, bool adam) {
   return std::make_unique<CpuBackend>(cfg, seed, adam);

@@ -119,8 +119,9 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
 }
 
 std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std::function<void(const std::string&)>& warn,
-                                               std::string* pathOut) {
+                                               std::string* pathOut, long long maxStep) {
   for (const auto& [step, path] : listCheckpoints(dir)) {
+    if (maxStep >= 0 && step > maxStep) continue;
     std::ifstream f(path, std::ios::binary);
     std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     auto bad = [&](const std::string& why) {

@@ -15,6 +15,7 @@
 #include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
 #include "dtrain/train/mlp.h"
+#include "dtrain/train/pipeline.h"
 
 namespace dtrain::train {
 namespace {
@@ -105,6 +106,7 @@ std::vector<Bucket> planBuckets(const std::vector<size_t>& offsets, size_t bucke
 }
 
 TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+  if (ts.parallel.pipeline_stages > 1) return trainPipeline(ts, comm, opts);
   const int rank = comm.rank(), world = comm.size();
   MlpConfig cfg;
   cfg.layers = ts.model.layers;

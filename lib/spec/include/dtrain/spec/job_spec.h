@@ -90,6 +90,14 @@ struct TrainerSpec {
     std::string dir;
     int every_steps = 0;
   } checkpoint;
+  // Pipeline (model) parallelism, combined with data parallelism: world = D x
+  // pipeline_stages. docs/trainer.md, "Pipeline parallelism".
+  struct Parallel {
+    int pipeline_stages = 1;
+    int micro_batches = 0;           // 0 = pipeline_stages (resolved by the parser)
+    std::string schedule = "1f1b";   // gpipe | 1f1b
+    std::vector<int> stage_layers;   // weight layers per stage; empty = balanced by parameters
+  } parallel;
 };
 
 struct JobSpec {

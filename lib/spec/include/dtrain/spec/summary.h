@@ -13,6 +13,11 @@ struct TrainerOutcome {
   double samples_per_s = 0;
   long long steps = 0;
   std::string weights_sha256;
+  // Pipeline parallelism (only written when pipeline_stages > 1): the bubble fraction and
+  // each stage's forward + backward compute per step.
+  int pipeline_stages = 1;
+  double bubble_fraction = 0;
+  std::vector<double> stage_ms;
 };
 
 struct RankOutcome {

@@ -87,6 +87,11 @@ class MathBackend {
   virtual void synchronize() = 0;
 };
 
+// The CPU optimizer loops on flat host buffers of n floats (state: SGD momentum, or AdamW's
+// m then v, 2n floats), shared by the CPU backend and the pipeline trainer's stages.
+void cpuSgdStep(float* params, const float* grads, float* state, size_t n, const SgdParams& p);
+void cpuAdamwStep(float* params, const float* grads, float* state, size_t n, const AdamWParams& p);
+
 // Mlp + OpenBLAS; initialised deterministically from seed (Mlp::init).
 std::unique_ptr<MathBackend> makeCpuBackend(const MlpConfig& cfg, uint64_t seed, bool adam);
 

@@ -34,8 +34,9 @@ uint64_t configHash(const spec::TrainerSpec& t);
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep = 3);
 
 // The newest checkpoint that reads back intact; damaged ones are reported through `warn`
-// and skipped, never loaded. nullopt when there is none.
+// and skipped, never loaded. nullopt when there is none. maxStep >= 0: the newest at or
+// before that step (the pipeline trainer's stages agree on a common step this way).
 std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std::function<void(const std::string&)>& warn,
-                                               std::string* path = nullptr);
+                                               std::string* path = nullptr, long long maxStep = -1);
 
 }  // namespace dtrain::train

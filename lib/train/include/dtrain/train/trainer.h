@@ -17,12 +17,19 @@ struct TrainResult {
   double samples_per_s = 0;    // global, over the whole run after the first step
   long long steps = 0;
   std::string weights_sha256;  // identical on every rank (checked)
+  // Pipeline parallelism (trainer.parallel.pipeline_stages > 1; pipeline.h); defaults otherwise.
+  int pipeline_stages = 1;
+  double bubble_fraction = 0;        // mean over ranks of 1 - compute / schedule time
+  std::vector<double> stage_ms;      // per stage: forward + backward compute per step (ms)
+  size_t stage_params = 0;           // parameters this rank holds (the whole model when P = 1)
+  size_t peak_activation_bytes = 0;  // this rank's peak of stashed activations (pipeline only)
 };
 
 struct TrainOptions {
   // Progress lines (rank 0 only); empty = silent.
   std::function<void(const std::string&)> log;
-  // When set, receives the final weights (flat, layer by layer).
+  // When set, receives the final weights (flat, layer by layer). Pipeline: the whole model on
+  // rank 0, this rank's stage on the others.
   std::vector<float>* final_params = nullptr;
   // Live status (a progress bar), rank 0 only, a few times a second; empty = none.
   std::function<void(const std::string&)> status;

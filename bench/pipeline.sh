@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Pipeline parallelism on the CPU: samples/s and the measured bubble fraction for P = 1 and
+# P = 2 stages x M = 1, 2, 4, 8 micro-batches (schedule 1f1b; gpipe with BENCH_SCHEDULE=gpipe),
+# one replica, MLP W-W-W-W-W-10 (two balanced stages; W = BENCH_WIDTH, 512), batch BENCH_BATCH (64), 1 BLAS thread per
+# worker. P = 1 is the data-parallel trainer with one worker (no micro-batches: M does not
+# apply). Each configuration REPEATS times; prints medians and the ideal (P-1)/(M+P-1).
+# Usage: bench/pipeline.sh [steps] [repeats]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS="${1:-60}"; REPEATS="${2:-3}"; SCHEDULE="${BENCH_SCHEDULE:-1f1b}"
+W="${BENCH_WIDTH:-512}"; BATCH="${BENCH_BATCH:-64}"
+[ -x build/bin/dtrain ] || { echo "build first: scripts/build.sh" >&2; exit 2; }
+T="$(mktemp -d)"; trap 'rm -rf "$T"' EXIT
+run() {  # stages micro -> "samples/s bubble"
+  cat > "$T/s.json" <<JSON
+{"nproc_per_node": $1, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [$W, $W, $W, $W, $W, 10]}, "data": {"train_samples": 1000000, "eval_samples": 0},
+  "batch_size": $BATCH, "max_steps": $STEPS, "optimizer": {"lr": 0.005, "momentum": 0.9}, "device": "cpu",
+  "log_every_steps": 1000000, "parallel": {"pipeline_stages": $1, "micro_batches": $2, "schedule": "$SCHEDULE"}}}
+JSON
+  build/bin/dtrain run "$T/s.json" 2>/dev/null > "$T/out"
+  sps=$(sed -n 's/.* \([0-9]*\) samples\/s, weights.*/\1/p' "$T/out" | tail -1)
+  bub=$(sed -n 's/.*bubble fraction \([0-9.]*\).*/\1/p' "$T/out" | tail -1)
+  echo "$sps ${bub:-0}"
+}
+printf "%-4s %-4s %10s %8s %8s   %s\n" P M samples/s bubble ideal runs
+for cfg in "1 1" "2 1" "2 2" "2 4" "2 8"; do
+  set -- $cfg
+  runs=""
+  for i in $(seq "$REPEATS"); do runs+="$(run "$1" "$2"),"; done
+  python3 - "$1" "$2" "$runs" <<'PY'
+import statistics, sys
+P, M = int(sys.argv[1]), int(sys.argv[2])
+rs = [r.split() for r in sys.argv[3].strip(",").split(",")]
+sps = statistics.median(float(r[0]) for r in rs)
+bub = statistics.median(float(r[1]) for r in rs)
+ideal = (P - 1) / (M + P - 1)
+print(f"{P:<4} {M:<4} {sps:>10.0f} {bub:>8.3f} {ideal:>8.3f}   " + " ".join(f"{float(r[0]):.0f}/{float(r[1]):.3f}" for r in rs))
+PY
+done

@@ -1,0 +1,755 @@
+// The pipeline trainer (pipeline.h): each rank holds one stage (a contiguous run of the MLP's
+// weight layers), micro-batches flow forward and their gradients backward between
+// neighbouring stages by send/recv, and each stage group averages its gradients over the D
+// replicas before its own optimizer step.
+//
+// Deadlock freedom: the TCP communicator runs one operation at a time and a send may block
+// until the peer reads (big activations overflow the socket buffers), so every schedule below
+// issues the operations between two neighbours in the same order on both sides (see
+// runOneFOneB). Everything is on the CPU.
+#include "dtrain/train/pipeline.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/train/backend.h"
+#include "dtrain/train/checkpoint.h"
+#include "dtrain/train/data.h"
+#include "dtrain/train/device.h"
+#include "dtrain/train/metrics.h"
+
+namespace dtrain::train {
+namespace detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+float gelu(float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))); }
+float geluGrad(float x) {
+  float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+  float t = std::tanh(u);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3 * 0.044715f * x * x);
+}
+
+// Layers [lo, hi) of the MLP with the same math as Mlp, but with an activation stash per
+// micro-batch (several are in flight) and gradients accumulated over micro-batches.
+class StageModel {
+ public:
+  StageModel(const MlpConfig& cfg, int lo, int hi) : cfg_(cfg), lo_(lo), hi_(hi) {
+    offsets_.push_back(0);
+    for (int l = lo; l < hi; ++l) offsets_.push_back(offsets_.back() + static_cast<size_t>(out(l)) * in(l) + out(l));
+    params_.assign(offsets_.back(), 0.0f);
+    grads_.assign(offsets_.back(), 0.0f);
+  }
+
+  // The weights Mlp::init(seed) gives these layers: the generator is advanced through the
+  // earlier layers' draws (same distributions), so no rank materialises the whole model.
+  void init(uint64_t seed) {
+    std::mt19937_64 gen(seed);
+    for (int l = 0; l < hi_; ++l) {
+      float bound = std::sqrt(6.0f / static_cast<float>(in(l)));
+      std::uniform_real_distribution<float> d(-bound, bound);
+      const size_t n = static_cast<size_t>(in(l)) * out(l);
+      if (l < lo_) {
+        for (size_t i = 0; i < n; ++i) (void)d(gen);
+        continue;
+      }
+      float* w = W(l);
+      for (size_t i = 0; i < n; ++i) w[i] = d(gen);
+      std::fill(b(l), b(l) + out(l), 0.0f);
+    }
+  }
+
+  bool last() const { return hi_ == static_cast<int>(cfg_.layers.size()) - 1; }
+  int inWidth() const { return in(lo_); }
+  int outWidth() const { return out(hi_ - 1); }
+  std::vector<float>& params() { return params_; }
+  std::vector<float>& grads() { return grads_; }
+
+  // Micro-batch slots: the input buffer to receive (or copy) slot's activations into.
+  float* input(int slot, int n) {
+    Stash& s = stash(slot);
+    s.n = n;
+    s.in.resize(static_cast<size_t>(n) * inWidth());
+    return s.in.data();
+  }
+
+  // Forward of slot's input; returns the output (post-activation, or logits on the last stage).
+  const float* forward(int slot) {
+    Stash& s = stash(slot);
+    const int n = s.n, L = hi_ - lo_;
+    s.pre.resize(static_cast<size_t>(L));
+    s.act.resize(static_cast<size_t>(L));
+    for (int k = 0; k < L; ++k) {
+      const int l = lo_ + k;
+      const float* a = k == 0 ? s.in.data() : s.act[static_cast<size_t>(k) - 1].data();
+      auto& z = s.pre[static_cast<size_t>(k)];
+      z.resize(static_cast<size_t>(n) * out(l));
+      for (int i = 0; i < n; ++i) std::copy(b(l), b(l) + out(l), z.data() + static_cast<size_t>(i) * out(l));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out(l), in(l), 1.0f, a, in(l), W(l), in(l), 1.0f, z.data(),
+                  out(l));
+      auto& o = s.act[static_cast<size_t>(k)];
+      o.resize(z.size());
+      if (l == static_cast<int>(cfg_.layers.size()) - 2) {
+        std::copy(z.begin(), z.end(), o.begin());
+      } else if (cfg_.activation == Activation::kRelu) {
+        for (size_t i = 0; i < z.size(); ++i) o[i] = z[i] > 0 ? z[i] : 0.0f;
+      } else {
+        for (size_t i = 0; i < z.size(); ++i) o[i] = gelu(z[i]);
+      }
+    }
+    account();
+    return s.act.back().data();
+  }
+
+  // Last stage: the mean loss of slot's micro-batch against targets, its correct argmax
+  // count, and the output gradient into the stash, divided by `denom` samples (the whole
+  // per-replica batch) so that accumulating the micro-batches gives the batch mean's gradient.
+  double loss(int slot, const float* targets, int denom, int* correct) {
+    Stash& s = stash(slot);
+    const int n = s.n, C = cfg_.layers.back();
+    const auto& logits = s.act.back();
+    s.delta.resize(logits.size());
+    double loss = 0;
+    int right = 0;
+    for (int i = 0; i < n; ++i) {
+      const float* row = logits.data() + static_cast<size_t>(i) * C;
+      float* d = s.delta.data() + static_cast<size_t>(i) * C;
+      int best = static_cast<int>(std::max_element(row, row + C) - row);
+      if (cfg_.loss == Loss::kCrossEntropy) {
+        int label = static_cast<int>(targets[i]);
+        float mx = row[best];
+        double sum = 0;
+        for (int k = 0; k < C; ++k) sum += std::exp(static_cast<double>(row[k] - mx));
+        double logSum = std::log(sum) + mx;
+        loss += logSum - row[label];
+        for (int k = 0; k < C; ++k)
+          d[k] = static_cast<float>((std::exp(static_cast<double>(row[k]) - logSum) - (k == label ? 1.0 : 0.0)) / denom);
+        right += best == label;
+      } else {
+        const float* t = targets + static_cast<size_t>(i) * C;
+        int tbest = static_cast<int>(std::max_element(t, t + C) - t);
+        right += best == tbest;
+        for (int k = 0; k < C; ++k) {
+          float e = row[k] - t[k];
+          loss += 0.5 * e * e;
+          d[k] = e / static_cast<float>(denom);
+        }
+      }
+    }
+    if (correct) *correct = right;
+    account();
+    return n > 0 ? loss / n : 0;
+  }
+
+  // Gradient slot for the output (the next stage's input gradient), to receive into.
+  float* outputGrad(int slot) {
+    Stash& s = stash(slot);
+    s.delta.resize(static_cast<size_t>(s.n) * outWidth());
+    account();
+    return s.delta.data();
+  }
+
+  // Backward of slot: accumulates into grads() and returns the gradient of the stage's input
+  // (valid until the slot is used again; nullptr on the first stage). Frees the stash.
+  const float* backward(int slot) {
+    Stash& s = stash(slot);
+    const int n = s.n, L = hi_ - lo_;
+    std::vector<float>& delta = s.delta;
+    // A middle stage received d(loss)/d(its post-activation output): through the activation.
+    if (!last()) applyActivationGrad(delta, s.pre.back());
+    for (int k = L - 1; k >= 0; --k) {
+      const int l = lo_ + k;
+      const float* aPrev = k == 0 ? s.in.data() : s.act[static_cast<size_t>(k) - 1].data();
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta.data(), out(l), aPrev, in(l),
+                  1.0f, dW(l), in(l));
+      float* dbias = db(l);
+      for (int i = 0; i < n; ++i) {
+        const float* d = delta.data() + static_cast<size_t>(i) * out(l);
+        for (int j = 0; j < out(l); ++j) dbias[j] += d[j];
+      }
+      if (k == 0 && lo_ == 0) break;
+      deltaPrev_.resize(static_cast<size_t>(n) * in(l));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta.data(), out(l), W(l), in(l),
+                  0.0f, deltaPrev_.data(), in(l));
+      if (k > 0) applyActivationGrad(deltaPrev_, s.pre[static_cast<size_t>(k) - 1]);
+      std::swap(delta, deltaPrev_);
+    }
+    // The input gradient is in `delta` now (the stash's buffer); hand it out, drop the rest.
+    inGrad_.swap(delta);
+    s = Stash{};
+    account();
+    return lo_ == 0 ? nullptr : inGrad_.data();
+  }
+
+  void zeroGrads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  size_t liveBytes() const { return live_; }
+  size_t peakBytes() const { return peak_; }
+
+ private:
+  struct Stash {
+    int n = 0;
+    std::vector<float> in, delta;
+    std::vector<std::vector<float>> pre, act;
+  };
+
+  int in(int l) const { return cfg_.layers[static_cast<size_t>(l)]; }
+  int out(int l) const { return cfg_.layers[static_cast<size_t>(l) + 1]; }
+  float* W(int l) { return params_.data() + offsets_[static_cast<size_t>(l - lo_)]; }
+  float* b(int l) { return W(l) + static_cast<size_t>(out(l)) * in(l); }
+  float* dW(int l) { return grads_.data() + offsets_[static_cast<size_t>(l - lo_)]; }
+  float* db(int l) { return dW(l) + static_cast<size_t>(out(l)) * in(l); }
+
+  Stash& stash(int slot) {
+    if (stash_.size() <= static_cast<size_t>(slot)) stash_.resize(static_cast<size_t>(slot) + 1);
+    return stash_[static_cast<size_t>(slot)];
+  }
+
+  void applyActivationGrad(std::vector<float>& g, const std::vector<float>& z) const {
+    if (cfg_.activation == Activation::kRelu) {
+      for (size_t i = 0; i < g.size(); ++i)
+        if (z[i] <= 0) g[i] = 0.0f;
+    } else {
+      for (size_t i = 0; i < g.size(); ++i) g[i] *= geluGrad(z[i]);
+    }
+  }
+
+  // Bytes held by the stashes (inputs, pre-activations, outputs, output gradients), and
+  // their peak: the activation memory the schedule costs.
+  void account() {
+    size_t bytes = 0;
+    for (const auto& s : stash_) {
+      bytes += (s.in.size() + s.delta.size()) * sizeof(float);
+      for (const auto& v : s.pre) bytes += v.size() * sizeof(float);
+      for (const auto& v : s.act) bytes += v.size() * sizeof(float);
+    }
+    live_ = bytes;
+    peak_ = std::max(peak_, bytes);
+  }
+
+  MlpConfig cfg_;
+  int lo_, hi_;
+  std::vector<size_t> offsets_;
+  std::vector<float> params_, grads_, deltaPrev_, inGrad_;
+  std::vector<Stash> stash_;
+  size_t live_ = 0, peak_ = 0;
+};
+
+std::string fmtDuration(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+}
+
+}  // namespace
+}  // namespace detail
+
+PipelineLayout pipelineLayout(int rank, int world, int stages) {
+  if (stages < 1 || world % stages != 0)
+    throw SpecError(fmt::format("trainer: /trainer/parallel/pipeline_stages {} does not divide the world size {}; run "
+                                "D x {} workers (D data-parallel replicas of the pipeline)",
+                                stages, world, stages));
+  PipelineLayout p;
+  p.stages = stages;
+  p.replicas = world / stages;
+  p.stage = rank % stages;
+  p.replica = rank / stages;
+  return p;
+}
+
+std::vector<int> partitionStages(const std::vector<int>& widths, int stages, const std::vector<int>& stageLayers) {
+  const int L = static_cast<int>(widths.size()) - 1;
+  if (stages < 1 || stages > L)
+    throw SpecError(fmt::format("trainer: {} pipeline stages for {} weight layers; a stage needs at least one", stages, L));
+  std::vector<int> first;
+  if (!stageLayers.empty()) {
+    first.push_back(0);
+    for (int c : stageLayers) first.push_back(first.back() + c);
+    if (static_cast<int>(stageLayers.size()) != stages || first.back() != L)
+      throw SpecError(fmt::format("trainer: /trainer/parallel/stage_layers must give {} counts adding up to {}", stages, L));
+    return first;
+  }
+  // Prefix sums of parameters per layer; best[s][l] = the smallest possible largest stage
+  // when the first l layers form s stages.
+  std::vector<double> pre(static_cast<size_t>(L) + 1, 0);
+  for (int l = 0; l < L; ++l)
+    pre[static_cast<size_t>(l) + 1] = pre[static_cast<size_t>(l)] +
+                                      static_cast<double>(widths[static_cast<size_t>(l)] + 1) * widths[static_cast<size_t>(l) + 1];
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(L) + 1, inf));
+  std::vector<std::vector<int>> cut(static_cast<size_t>(stages) + 1, std::vector<int>(static_cast<size_t>(L) + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s)
+    for (int l = s; l <= L; ++l)
+      for (int k = s - 1; k < l; ++k) {
+        double v = std::max(best[static_cast<size_t>(s) - 1][static_cast<size_t>(k)], pre[static_cast<size_t>(l)] - pre[static_cast<size_t>(k)]);
+        if (v < best[static_cast<size_t>(s)][static_cast<size_t>(l)]) {
+          best[static_cast<size_t>(s)][static_cast<size_t>(l)] = v;
+          cut[static_cast<size_t>(s)][static_cast<size_t>(l)] = k;
+        }
+      }
+  first.assign(static_cast<size_t>(stages) + 1, 0);
+  first[static_cast<size_t>(stages)] = L;
+  for (int s = stages, l = L; s > 0; --s) {
+    l = cut[static_cast<size_t>(s)][static_cast<size_t>(l)];
+    first[static_cast<size_t>(s) - 1] = l;
+  }
+  return first;
+}
+
+TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+  using detail::Clock;
+  const int rank = comm.rank(), world = comm.size();
+  const PipelineLayout lay = pipelineLayout(rank, world, ts.parallel.pipeline_stages);
+  const int P = lay.stages, D = lay.replicas, p = lay.stage, d = lay.replica;
+  const int M = std::max(1, ts.parallel.micro_batches);
+  const std::string devName = opts.device.empty() ? ts.device : opts.device;
+  if (devName == "cuda")
+    throw SpecError("trainer: pipeline parallelism runs on the CPU only for now; use /trainer/device \"cpu\" or \"auto\"");
+  if (std::string(comm.backend()) == "nccl")
+    throw SpecError("trainer: pipeline parallelism needs the \"tcp\" communicator (host memory)");
+  const int B = ts.batch_size;
+  if (B % M != 0)
+    throw SpecError(fmt::format("trainer: /trainer/parallel/micro_batches {} does not divide /trainer/batch_size {}", M, B));
+  const int mb = B / M;
+
+  MlpConfig cfg;
+  cfg.layers = ts.model.layers;
+  cfg.activation = ts.model.activation == "gelu" ? Activation::kGelu : Activation::kRelu;
+  cfg.loss = ts.model.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
+  const bool adam = ts.optimizer.type == "adamw";
+  const bool mse = cfg.loss == Loss::kMse;
+  const std::vector<int> first = partitionStages(cfg.layers, P, ts.parallel.stage_layers);
+  // Parameters of every stage (all ranks know the partition): for gathering the whole model.
+  std::vector<size_t> stageSize(static_cast<size_t>(P), 0);
+  for (int s = 0; s < P; ++s)
+    for (int l = first[static_cast<size_t>(s)]; l < first[static_cast<size_t>(s) + 1]; ++l)
+      stageSize[static_cast<size_t>(s)] += static_cast<size_t>(cfg.layers[static_cast<size_t>(l)] + 1) * cfg.layers[static_cast<size_t>(l) + 1];
+
+  detail::StageModel model(cfg, first[static_cast<size_t>(p)], first[static_cast<size_t>(p) + 1]);
+  model.init(ts.seed);
+  const size_t nParams = model.params().size();
+  std::vector<float> state(nParams * (adam ? 2 : 1), 0.0f);
+  const bool firstStage = p == 0, lastStage = p == P - 1;
+  const int prevRank = firstStage ? -1 : lay.rankOf(d, p - 1), nextRank = lastStage ? -1 : lay.rankOf(d, p + 1);
+  const uint64_t hash = configHash(ts);
+
+  if (rank == 0 && opts.log) {
+    std::string parts;
+    for (int s = 0; s < P; ++s)
+      parts += fmt::format("{}{}-{} ({} params)", s ? ", " : "", first[static_cast<size_t>(s)],
+                           first[static_cast<size_t>(s) + 1] - 1, stageSize[static_cast<size_t>(s)]);
+    opts.log(fmt::format("trainer: {} workers = {} replica{} x {} pipeline stages (layers {}), {} micro-batches of {}, "
+                         "schedule {}, math on cpu, {} communicator",
+                         world, D, D == 1 ? "" : "s", P, parts, M, mb, ts.parallel.schedule, comm.backend()));
+  }
+
+  // Resume: the replica-0 rank of each stage reads its stage's newest checkpoint from
+  // dir/stage-<p>-of-<P>; every rank then checks that all stages resume from the same step
+  // and copies its stage's state from its replica-0 rank.
+  const std::string stageDir =
+      ts.checkpoint.dir.empty() ? std::string() : fmt::format("{}/stage-{}-of-{}", ts.checkpoint.dir, p, P);
+  int64_t header[5] = {0, 0, 0, 0, 0};
+  std::string ckptPath;
+  auto loadStage = [&](long long maxStep) {
+    std::fill(header, header + 5, 0);
+    auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); },
+                                   &ckptPath, maxStep);
+    if (st && (st->config_hash != hash || st->params.size() != nParams || st->momentum.size() != state.size())) {
+      header[0] = -1;
+    } else if (st) {
+      header[0] = 1;
+      header[1] = st->step;
+      header[2] = st->epoch;
+      header[3] = static_cast<int64_t>(st->cursor);
+      header[4] = st->world;
+      model.params() = st->params;
+      state = st->momentum;
+    }
+  };
+  if (d == 0 && !stageDir.empty()) loadStage(-1);
+  std::vector<int64_t> headers(5 * static_cast<size_t>(world));
+  comm.allgather(header, headers.data(), 5, comm::DataType::kInt64);
+  auto stageHeader = [&](int s) { return headers.data() + 5 * static_cast<size_t>(lay.rankOf(0, s)); };
+  // A run stopped between two stages' writes leaves some stages one checkpoint ahead: all
+  // go back to the newest step every stage has (each keeps its last 3).
+  bool allFound = true;
+  int64_t common = std::numeric_limits<int64_t>::max(), newest = 0;
+  for (int s = 0; s < P; ++s) {
+    allFound = allFound && stageHeader(s)[0] == 1;
+    common = std::min(common, stageHeader(s)[1]);
+    newest = std::max(newest, stageHeader(s)[1]);
+  }
+  if (allFound && common != newest) {
+    if (rank == 0 && opts.log)
+      opts.log(fmt::format("warning: the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
+                           "from step {}", ts.checkpoint.dir, common, newest, common));
+    if (d == 0 && header[1] != common) loadStage(common);
+    comm.allgather(header, headers.data(), 5, comm::DataType::kInt64);
+  }
+  for (int s = 0; s < P; ++s) {
+    const int64_t* h = stageHeader(s);
+    if (h[0] == -1)
+      throw SpecError(fmt::format("trainer: the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer "
+                                  "config (model, data, optimizer, seed or stage partition changed); remove it or use "
+                                  "another /trainer/checkpoint/dir", ts.checkpoint.dir, s, P));
+    if (std::memcmp(h, headers.data(), 5 * sizeof(int64_t)) != 0)
+      throw SpecError(fmt::format("trainer: the stage checkpoints in {} disagree (stage 0 at step {}, stage {} at step {}) "
+                                  "and have no step in common; remove them or use another /trainer/checkpoint/dir",
+                                  ts.checkpoint.dir, headers[1], s, h[1]));
+  }
+  for (int k = 0; k < 5; ++k) header[k] = headers[static_cast<size_t>(k)];
+  if (D > 1 && header[0] == 1) {
+    if (d == 0) {
+      for (int r = 1; r < D; ++r) {
+        comm.send(model.params().data(), nParams * sizeof(float), lay.rankOf(r, p));
+        comm.send(state.data(), state.size() * sizeof(float), lay.rankOf(r, p));
+      }
+    } else {
+      comm.recv(model.params().data(), nParams * sizeof(float), lay.rankOf(0, p));
+      comm.recv(state.data(), state.size() * sizeof(float), lay.rankOf(0, p));
+    }
+  }
+  if (header[0] == 1 && rank == 0 && opts.log)
+    opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
+                         ckptPath, header[1], header[2] + 1, header[3], header[4], world));
+
+  const int in = cfg.layers.front(), out = cfg.layers.back();
+  auto trainSet = openDataset(ts, false);
+  auto evalSet = openDataset(ts, true);
+  const uint64_t N = trainSet->size();
+  const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(D);
+  const uint64_t stepsPerEpoch = N / globalBatch;
+  if (stepsPerEpoch == 0)
+    throw SpecError(fmt::format("trainer: the training set ({} samples) is smaller than one global batch ({} = "
+                                "batch_size {} x {} replicas); use more samples or a smaller batch",
+                                N, globalBatch, B, D));
+  long long step = header[1];
+  const int startEpoch = static_cast<int>(header[2]);
+  const uint64_t startCursor = static_cast<uint64_t>(header[3]);
+  long long totalSteps = step;
+  for (int e = startEpoch; e < ts.epochs; ++e)
+    totalSteps += static_cast<long long>((N - (e == startEpoch ? std::min(startCursor, N) : 0)) / globalBatch);
+  if (ts.max_steps > 0) totalSteps = std::min(totalSteps, ts.max_steps);
+  auto save = [&](long long epoch, uint64_t cursor) {
+    if (d != 0 || stageDir.empty()) return;
+    if (cursor + globalBatch > N) {
+      ++epoch;
+      cursor = 0;
+    }
+    saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, model.params(), state});
+  };
+
+  // Inputs (first stage) and targets (last stage) of the whole per-replica batch, loaded
+  // before the schedule so that data loading never counts as pipeline time.
+  std::vector<float> x(firstStage ? static_cast<size_t>(B) * in : 0);
+  std::vector<float> y(lastStage ? static_cast<size_t>(B) * (mse ? out : 1) : 0);
+  const size_t yWidth = mse ? static_cast<size_t>(out) : 1;
+  auto load = [&](const Dataset& set, uint64_t index, int i) {
+    int label = 0;
+    std::vector<float> scratchX(firstStage ? 0 : static_cast<size_t>(in));
+    std::vector<float> scratchY(lastStage ? 0 : (mse ? static_cast<size_t>(out) : 0));
+    float* xi = firstStage ? x.data() + static_cast<size_t>(i) * in : scratchX.data();
+    float* yi = mse ? (lastStage ? y.data() + static_cast<size_t>(i) * out : scratchY.data()) : nullptr;
+    set.sample(index, xi, &label, yi);
+    if (lastStage && !mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
+  };
+
+  double stepLoss = 0;
+  int stepCorrect = 0;
+  double computeS = 0;  // forward + backward on this rank, this step
+  auto timed = [&](auto&& fn) {
+    auto t0 = Clock::now();
+    fn();
+    computeS += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const int actIn = model.inWidth(), actOut = model.outWidth();
+  // One micro-batch's forward: receive (or copy) its input, compute, and on the last stage
+  // the loss. The send to the next stage is separate (the 1F1B order needs it deferred).
+  auto forward = [&](int m, int n, int denom, const float* xs, const float* ys) {
+    float* inBuf = model.input(m, n);
+    if (firstStage) std::memcpy(inBuf, xs + static_cast<size_t>(m) * mb * in, static_cast<size_t>(n) * in * sizeof(float));
+    else comm.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevRank);
+    const float* o = nullptr;
+    timed([&] {
+      o = model.forward(m);
+      if (lastStage) {
+        int c = 0;
+        stepLoss += model.loss(m, ys + static_cast<size_t>(m) * mb * yWidth, denom, &c) * n;
+        stepCorrect += c;
+      }
+    });
+    return o;
+  };
+  auto sendAct = [&](const float* o, int n) { comm.send(o, static_cast<size_t>(n) * actOut * sizeof(float), nextRank); };
+  auto recvGrad = [&](int m, int n) {
+    float* g = model.outputGrad(m);
+    comm.recv(g, static_cast<size_t>(n) * actOut * sizeof(float), nextRank);
+  };
+  auto backward = [&](int m, int n) {
+    const float* g = nullptr;
+    timed([&] { g = model.backward(m); });
+    if (!firstStage) comm.send(g, static_cast<size_t>(n) * actIn * sizeof(float), prevRank);
+  };
+
+  // GPipe: all forwards, then all backwards (in the same micro-batch order, so the gradient
+  // sums are bit-identical to 1F1B's).
+  auto runGpipe = [&] {
+    for (int m = 0; m < M; ++m) {
+      const float* o = forward(m, mb, B, x.data(), y.data());
+      if (!lastStage) sendAct(o, mb);
+    }
+    for (int m = 0; m < M; ++m) {
+      if (!lastStage) recvGrad(m, mb);
+      backward(m, mb);
+    }
+  };
+  // 1F1B (PipeDream-Flush): stage p runs w = min(P-p-1, M) warm-up forwards, then alternates
+  // one forward and one backward, then drains the remaining backwards, so at most P - p
+  // micro-batches are stashed. In the steady state the forward's output is sent after the
+  // next gradient is received: the stage above does its (one fewer) forwards, then sends that
+  // gradient before it receives the next activation, so both sides see "recv grad, send act"
+  // / "send grad, recv act" in the same order and neither blocks on a full socket.
+  auto runOneFOneB = [&] {
+    const int w = std::min(P - p - 1, M);
+    for (int m = 0; m < w; ++m) sendAct(forward(m, mb, B, x.data(), y.data()), mb);
+    for (int i = 0; i < M - w; ++i) {
+      const float* o = forward(w + i, mb, B, x.data(), y.data());
+      if (!lastStage) {
+        recvGrad(i, mb);
+        sendAct(o, mb);
+      }
+      backward(i, mb);
+    }
+    for (int i = M - w; i < M; ++i) {
+      recvGrad(i, mb);
+      backward(i, mb);
+    }
+  };
+  const bool gpipe = ts.parallel.schedule == "gpipe";
+
+  TrainResult result;
+  result.pipeline_stages = P;
+  result.stage_params = nParams;
+  const long long firstStep = step;
+  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string());
+  const auto runStart = Clock::now();
+  double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
+  double windowCompute = 0, windowSchedule = 0;  // this rank, since the last log
+  double totalCompute = 0, totalSchedule = 0;
+  long long windowSteps = 0;
+  Clock::time_point afterFirst, lastStatus;
+  std::vector<float> peer(D > 1 && d == 0 ? nParams : 0);
+  // Per log window, summed over ranks: loss, correct, samples, then each stage's compute
+  // seconds (replica 0), then the bubble fractions of all ranks.
+  std::vector<double> stats(4 + static_cast<size_t>(P));
+  std::string bubbleText = "-";
+  for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
+    EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
+    for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
+         cursor += globalBatch) {
+      // Replica d takes the samples rank d takes in the data-parallel trainer with D ranks.
+      const uint64_t base = cursor + static_cast<uint64_t>(d) * B;
+      if (opts.on_step) opts.on_step(step);
+      if (opts.on_batch && firstStage) {
+        std::vector<uint64_t> idx(static_cast<size_t>(B));
+        for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];
+        opts.on_batch(epoch, idx.data(), B);
+      }
+      if (firstStage || lastStage)
+        for (int i = 0; i < B; ++i) load(*trainSet, order[base + static_cast<uint64_t>(i)], i);
+      model.zeroGrads();
+      stepLoss = 0;
+      stepCorrect = 0;
+      computeS = 0;
+      const auto schedStart = Clock::now();
+      if (gpipe) runGpipe();
+      else runOneFOneB();
+      const double schedS = std::chrono::duration<double>(Clock::now() - schedStart).count();
+      windowCompute += computeS;
+      windowSchedule += schedS;
+      // The run's totals leave out the first step (buffers and connections warming up), as
+      // samples/s does.
+      if (step > firstStep) {
+        totalCompute += computeS;
+        totalSchedule += schedS;
+      }
+
+      // The stage group's average over the replicas: replica 0 sums in replica order and sends
+      // the result back, so every replica steps with bit-identical gradients.
+      auto& grads = model.grads();
+      if (D > 1) {
+        if (d == 0) {
+          for (int r = 1; r < D; ++r) {
+            comm.recv(peer.data(), nParams * sizeof(float), lay.rankOf(r, p));
+            for (size_t i = 0; i < nParams; ++i) grads[i] += peer[i];
+          }
+          const float inv = static_cast<float>(D);
+          for (float& g : grads) g /= inv;
+          for (int r = 1; r < D; ++r) comm.send(grads.data(), nParams * sizeof(float), lay.rankOf(r, p));
+        } else {
+          comm.send(grads.data(), nParams * sizeof(float), lay.rankOf(0, p));
+          comm.recv(grads.data(), nParams * sizeof(float), lay.rankOf(0, p));
+        }
+      }
+      if (ts.grad_clip_norm > 0) {
+        // The global norm spans all stages: replica 0's stages contribute their squares.
+        double sq = 0;
+        if (d == 0)
+          for (float g : grads) sq += static_cast<double>(g) * g;
+        comm.allreduce(&sq, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        const double norm = std::sqrt(sq);
+        if (norm > ts.grad_clip_norm) {
+          const float scale = static_cast<float>(ts.grad_clip_norm / (norm + 1e-6));
+          for (float& g : grads) g *= scale;
+        }
+      }
+      const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
+      const float wd = static_cast<float>(ts.optimizer.weight_decay);
+      if (!adam) {
+        detail::cpuSgdStep(model.params().data(), grads.data(), state.data(), nParams,
+                           {lr, wd, static_cast<float>(ts.optimizer.momentum), ts.optimizer.nesterov});
+      } else {
+        const double t = static_cast<double>(step + 1);
+        detail::cpuAdamwStep(model.params().data(), grads.data(), state.data(), nParams,
+                             {lr, wd, static_cast<float>(ts.optimizer.beta1), static_cast<float>(ts.optimizer.beta2),
+                              static_cast<float>(ts.optimizer.eps),
+                              static_cast<float>(1.0 - std::pow(ts.optimizer.beta1, t)),
+                              static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)))});
+      }
+      ++step;
+      ++windowSteps;
+      if (step == firstStep + 1) afterFirst = Clock::now();
+      if (rank == 0 && opts.status && (Clock::now() - lastStatus > std::chrono::milliseconds(200) || step == totalSteps)) {
+        lastStatus = Clock::now();
+        double elapsed = std::chrono::duration<double>(lastStatus - afterFirst).count();
+        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
+        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
+        double frac = static_cast<double>(step) / static_cast<double>(std::max<long long>(1, totalSteps));
+        int filled = static_cast<int>(frac * 30);
+        opts.status(fmt::format("epoch {}/{} [{}{}] {:3.0f}% step {}/{} loss {} {:.0f} samples/s bubble {} eta {}",
+                                epoch + 1, ts.epochs, std::string(static_cast<size_t>(filled), '#'),
+                                std::string(static_cast<size_t>(30 - filled), '.'), 100 * frac, step, totalSteps,
+                                result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"), sps,
+                                bubbleText, detail::fmtDuration(eta)));
+      }
+      if (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) save(epoch, cursor + globalBatch);
+      else if (step == totalSteps) save(epoch, cursor + globalBatch);
+      windowLoss += stepLoss;
+      windowCorrect += stepCorrect;
+      windowSamples += lastStage ? B : 0;
+      if (step % ts.log_every_steps == 0 || step == totalSteps) {
+        std::fill(stats.begin(), stats.end(), 0.0);
+        stats[0] = windowLoss;
+        stats[1] = windowCorrect;
+        stats[2] = windowSamples;
+        if (d == 0) stats[3 + static_cast<size_t>(p)] = windowCompute / static_cast<double>(windowSteps);
+        stats[3 + static_cast<size_t>(P)] = windowSchedule > 0 ? 1.0 - windowCompute / windowSchedule : 0;
+        comm.allreduce(stats.data(), stats.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        result.final_loss = stats[0] / stats[2];
+        const double bubble = stats[3 + static_cast<size_t>(P)] / world;
+        bubbleText = fmt::format("{:.1f}%", 100 * bubble);
+        std::string stageText;
+        for (int s = 0; s < P; ++s) stageText += fmt::format("{}{:.1f}", s ? "/" : "", 1e3 * stats[3 + static_cast<size_t>(s)]);
+        double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
+        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
+        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
+        metrics.record({step, epoch + 1, result.final_loss, stats[1] / stats[2], sps, learningRate(ts, step - 1, totalSteps),
+                        std::chrono::duration<double>(Clock::now() - runStart).count()});
+        if (rank == 0 && opts.log)
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s stage ms {} bubble {} eta {}",
+                               epoch + 1, ts.epochs, step, totalSteps, result.final_loss, 100.0 * stats[1] / stats[2], sps,
+                               stageText, bubbleText, detail::fmtDuration(eta)));
+        windowLoss = windowCorrect = windowSamples = 0;
+        windowCompute = windowSchedule = 0;
+        windowSteps = 0;
+      }
+    }
+  }
+  double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
+  result.steps = step;
+  result.samples_per_s =
+      step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
+  {
+    // Whole-run timing: each stage's compute per step (replica 0) and the mean bubble.
+    std::vector<double> t(static_cast<size_t>(P) + 1, 0.0);
+    const long long steps = std::max<long long>(1, step - firstStep - 1);
+    if (d == 0) t[static_cast<size_t>(p)] = 1e3 * totalCompute / static_cast<double>(steps);
+    t[static_cast<size_t>(P)] = totalSchedule > 0 ? 1.0 - totalCompute / totalSchedule : 0;
+    comm.allreduce(t.data(), t.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
+    result.stage_ms.assign(t.begin(), t.begin() + P);
+    result.bubble_fraction = t[static_cast<size_t>(P)] / world;
+  }
+  result.peak_activation_bytes = model.peakBytes();
+
+  // Held-out evaluation: chunks of up to B samples round-robin over the replicas, each
+  // through the pipeline without micro-batching.
+  const uint64_t E = evalSet->size();
+  double ev[3] = {0, 0, 0};
+  for (uint64_t start = static_cast<uint64_t>(d) * B; start < E; start += globalBatch) {
+    const int n = static_cast<int>(std::min<uint64_t>(B, E - start));
+    if (firstStage || lastStage)
+      for (int i = 0; i < n; ++i) load(*evalSet, start + static_cast<uint64_t>(i), i);
+    float* inBuf = model.input(0, n);
+    if (firstStage) std::memcpy(inBuf, x.data(), static_cast<size_t>(n) * in * sizeof(float));
+    else comm.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevRank);
+    const float* o = model.forward(0);
+    if (lastStage) {
+      int correct = 0;
+      ev[0] += model.loss(0, y.data(), n, &correct) * n;
+      ev[1] += correct;
+      ev[2] += n;
+    } else {
+      sendAct(o, n);
+    }
+  }
+  comm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+  result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
+  result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
+  if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, result.eval_accuracy);
+  metrics.finish();
+
+  // Replicas of a stage must hold bit-identical weights.
+  const std::string stageHash = sha256Hex(model.params().data(), nParams * sizeof(float));
+  std::vector<char> all(64 * static_cast<size_t>(world));
+  comm.allgather(stageHash.data(), all.data(), 64 / 4, comm::DataType::kInt32);
+  for (int r = 0; r < D; ++r) {
+    const char* h = all.data() + 64 * static_cast<size_t>(lay.rankOf(r, p));
+    if (std::memcmp(h, stageHash.data(), 64) != 0)
+      throw InternalError(fmt::format("trainer: stage {}: rank {}'s weights differ from rank {}'s after training (sha256 {} "
+                                      "vs {})", p, lay.rankOf(r, p), rank, std::string(h, 64), stageHash));
+  }
+  // The job's hash is that of the whole model laid out as with P = 1 (layer by layer), so it
+  // compares across layouts: replica 0's stages send their parts to rank 0, which hashes the
+  // concatenation and broadcasts it.
+  char jobHash[64] = {};
+  if (rank == 0) {
+    std::vector<float> whole(nParams);
+    std::copy(model.params().begin(), model.params().end(), whole.begin());
+    for (int s = 1; s < P; ++s) {
+      const size_t at = whole.size();
+      whole.resize(at + stageSize[static_cast<size_t>(s)]);
+      comm.recv(whole.data() + at, stageSize[static_cast<size_t>(s)] * sizeof(float), lay.rankOf(0, s));
+    }
+    const std::string h = sha256Hex(whole.data(), whole.size() * sizeof(float));
+    std::memcpy(jobHash, h.data(), 64);
+    if (opts.final_params) *opts.final_params = std::move(whole);
+  } else {
+    if (d == 0) comm.send(model.params().data(), nParams * sizeof(float), 0);
+    if (opts.final_params) *opts.final_params = model.params();
+  }
+  comm.broadcast(jobHash, 64 / 4, comm::DataType::kInt32, 0);
+  result.weights_sha256.assign(jobHash, 64);
+  return result;
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,228 @@
+// The pipeline trainer against the data-parallel one: ranks are threads over a HashStore.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include <unistd.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/store/hash_store.h"
+#include "dtrain/train/pipeline.h"
+#include "dtrain/train/trainer.h"
+
+namespace dtrain::train {
+namespace {
+
+spec::TrainerSpec model(int stages, int micro, const std::string& schedule) {
+  spec::TrainerSpec t;
+  t.device = "cpu";
+  t.model.layers = {20, 32, 24, 16, 4};
+  t.data.train_samples = 4096;
+  t.data.eval_samples = 300;
+  t.batch_size = 32;
+  t.max_steps = 12;
+  t.optimizer.lr = 0.05;
+  t.optimizer.momentum = 0.9;
+  t.log_every_steps = 1;
+  t.parallel.pipeline_stages = stages;
+  t.parallel.micro_batches = micro;
+  t.parallel.schedule = schedule;
+  return t;
+}
+
+struct Run {
+  std::vector<TrainResult> results;
+  std::vector<float> weights;  // the whole model (rank 0)
+  std::vector<double> losses;  // rank 0's logged loss per step
+};
+
+Run run(int world, const spec::TrainerSpec& t) {
+  auto store = std::make_shared<store::HashStore>();
+  Run out;
+  out.results.resize(static_cast<size_t>(world));
+  std::vector<std::vector<float>> params(static_cast<size_t>(world));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, world, {});
+      TrainOptions o;
+      o.final_params = &params[static_cast<size_t>(r)];
+      if (r == 0)
+        o.log = [&](const std::string& line) {
+          static const std::regex re(R"(step (\d+)/\d+ loss ([0-9.]+))");
+          std::smatch m;
+          if (std::regex_search(line, m, re)) out.losses.push_back(std::stod(m[2]));
+        };
+      out.results[static_cast<size_t>(r)] = train(t, *c, o);
+    });
+  for (auto& th : ts) th.join();
+  out.weights = params[0];
+  return out;
+}
+
+void expectClose(const Run& a, const Run& b) {
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  double maxDiff = 0, maxAbs = 0;
+  for (size_t i = 0; i < a.weights.size(); ++i) {
+    maxDiff = std::max(maxDiff, static_cast<double>(std::fabs(a.weights[i] - b.weights[i])));
+    maxAbs = std::max(maxAbs, static_cast<double>(std::fabs(a.weights[i])));
+  }
+  // Float tolerance: the micro-batch and replica sums run in another order than with P = 1.
+  std::printf("    max |w - w_ref| %.3g (max |w| %.3g, relative %.3g)\n", maxDiff, maxAbs, maxDiff / maxAbs);
+  EXPECT_LT(maxDiff, 1e-5 * std::max(1.0, maxAbs)) << "max |w| " << maxAbs;
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  ASSERT_FALSE(a.losses.empty());
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 2e-4) << "step " << i + 1;
+  EXPECT_NEAR(a.results[0].final_loss, b.results[0].final_loss, 1e-5 * std::max(1.0, b.results[0].final_loss));
+  EXPECT_NEAR(a.results[0].eval_loss, b.results[0].eval_loss, 1e-4);
+}
+
+TEST(Pipeline, PartitionBalancesParameters) {
+  // Layer parameters: 16640, 65792, 65792, 2570.
+  EXPECT_EQ(partitionStages({64, 256, 256, 256, 10}, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(partitionStages({64, 256, 256, 256, 10}, 4), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(partitionStages({64, 256, 256, 256, 10}, 2, {1, 3}), (std::vector<int>{0, 1, 4}));
+  EXPECT_THROW(partitionStages({8, 4}, 2), SpecError);
+  auto l = pipelineLayout(5, 6, 2);
+  EXPECT_EQ(l.stage, 1);
+  EXPECT_EQ(l.replica, 2);
+  EXPECT_EQ(l.replicas, 3);
+  EXPECT_THROW(pipelineLayout(0, 3, 2), SpecError);
+}
+
+TEST(Pipeline, TwoStagesMatchOneWorker) {
+  auto one = run(1, model(1, 1, "1f1b"));
+  auto onefoneb = run(2, model(2, 4, "1f1b"));
+  auto gpipe = run(2, model(2, 4, "gpipe"));
+  expectClose(onefoneb, one);
+  // Both schedules accumulate the micro-batches in the same order.
+  EXPECT_EQ(onefoneb.weights, gpipe.weights);
+  EXPECT_EQ(onefoneb.results[0].weights_sha256, gpipe.results[0].weights_sha256);
+  EXPECT_EQ(onefoneb.results[0].weights_sha256, onefoneb.results[1].weights_sha256);
+  EXPECT_EQ(onefoneb.results[0].steps, 12);
+}
+
+TEST(Pipeline, TwoStagesTimesTwoReplicasMatchTwoDataParallelWorkers) {
+  auto dp = run(2, model(1, 1, "1f1b"));
+  auto pp = run(4, model(2, 2, "1f1b"));
+  expectClose(pp, dp);
+  for (const auto& r : pp.results) EXPECT_EQ(r.weights_sha256, pp.results[0].weights_sha256);
+}
+
+TEST(Pipeline, FourStagesAdamWClippingMatchOneWorker) {
+  auto t1 = model(1, 1, "1f1b");
+  t1.optimizer.type = "adamw";
+  t1.optimizer.lr = 0.01;
+  t1.optimizer.weight_decay = 0.01;
+  t1.grad_clip_norm = 0.5;
+  auto t4 = t1;
+  t4.parallel = model(4, 8, "1f1b").parallel;
+  expectClose(run(4, t4), run(1, t1));
+}
+
+TEST(Pipeline, StagesHoldTheirShareAndOneFOneBStashesLess) {
+  auto t = model(2, 8, "gpipe");
+  t.model.layers = {64, 256, 256, 256, 10};
+  t.max_steps = 3;
+  auto g = run(2, t);
+  t.parallel.schedule = "1f1b";
+  auto f = run(2, t);
+  const size_t total = 16640 + 65792 + 65792 + 2570;
+  EXPECT_EQ(g.results[0].stage_params + g.results[1].stage_params, total);
+  for (const auto& r : g.results) EXPECT_LT(r.stage_params, total * 6 / 10);  // ~1/2 each
+  for (int r = 0; r < 2; ++r) {
+    // GPipe stashes all 8 micro-batches; 1F1B at most P - stage = 2 (stage 0) or 1 (stage 1).
+    EXPECT_LT(f.results[static_cast<size_t>(r)].peak_activation_bytes * 3, g.results[static_cast<size_t>(r)].peak_activation_bytes)
+        << "rank " << r;
+  }
+  for (int r = 0; r < 2; ++r)
+    std::printf("    rank %d: %zu of %zu params; peak stashed activations gpipe %zu B, 1f1b %zu B\n", r,
+                g.results[static_cast<size_t>(r)].stage_params, total, g.results[static_cast<size_t>(r)].peak_activation_bytes,
+                f.results[static_cast<size_t>(r)].peak_activation_bytes);
+  EXPECT_EQ(f.weights, g.weights);
+  EXPECT_GE(f.results[0].bubble_fraction, 0.0);
+  EXPECT_LT(f.results[0].bubble_fraction, 1.0);
+  EXPECT_EQ(f.results[0].stage_ms.size(), 2u);
+}
+
+TEST(Pipeline, WorldNotAMultipleOfTheStagesIsRefused) {
+  auto t = model(2, 2, "1f1b");
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::thread> ts;
+  std::atomic<int> refused{0};
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, 3, {});
+      try {
+        train(t, *c);
+      } catch (const SpecError& e) {
+        if (std::string(e.what()).find("does not divide the world size 3") != std::string::npos) ++refused;
+      }
+    });
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(refused.load(), 3);
+}
+
+TEST(Pipeline, ResumeFromStageCheckpointsIsBitIdentical) {
+  std::string dir = ::testing::TempDir() + "/dtrain_pipe_ckpt_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto t = model(2, 2, "1f1b");
+  t.max_steps = 16;
+  auto straight = run(4, t);
+  t.checkpoint.dir = dir;
+  t.max_steps = 8;
+  run(4, t);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/stage-0-of-2"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/stage-1-of-2"));
+  t.max_steps = 16;
+  auto resumed = run(4, t);
+  EXPECT_EQ(resumed.weights, straight.weights);
+  EXPECT_EQ(resumed.results[0].steps, 16);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Pipeline, StageCheckpointsFromDifferentStepsResumeFromTheCommonStep) {
+  // A run killed between two stages' writes: stage 1's newest is missing, so both stages go
+  // back to step 4, and the run ends as a straight one.
+  std::string dir = ::testing::TempDir() + "/dtrain_pipe_torn_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto t = model(2, 2, "gpipe");
+  t.max_steps = 12;
+  auto straight = run(2, t);
+  t.checkpoint.dir = dir;
+  t.checkpoint.every_steps = 4;
+  t.max_steps = 8;
+  run(2, t);
+  ASSERT_TRUE(std::filesystem::remove(dir + "/stage-1-of-2/ckpt-0000000008.bin"));
+  t.max_steps = 12;
+  auto resumed = run(2, t);
+  EXPECT_EQ(resumed.weights, straight.weights);
+  EXPECT_EQ(resumed.results[0].steps, 12);
+
+  // A stage without any checkpoint cannot be recovered: refused.
+  std::filesystem::remove_all(dir + "/stage-1-of-2");
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::thread> ts;
+  std::atomic<int> refused{0};
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, 2, {});
+      try {
+        train(t, *c);
+      } catch (const SpecError& e) {
+        if (std::string(e.what()).find("stage 0 at step 12, stage 1 at step 0") != std::string::npos) ++refused;
+      }
+    });
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(refused.load(), 2);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dtrain::train
