@@ -22,6 +22,39 @@ float geluGrad(float x) {
 
 }  // namespace
 
+double lossAndGrad(Loss lossType, const float* logits, int n, int C, const float* targets, int denom, float* delta,
+                   int* correct) {
+  double loss = 0;
+  int right = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* row = logits + static_cast<size_t>(i) * C;
+    float* d = delta + static_cast<size_t>(i) * C;
+    int best = static_cast<int>(std::max_element(row, row + C) - row);
+    if (lossType == Loss::kCrossEntropy) {
+      int label = static_cast<int>(targets[i]);
+      float mx = row[best];
+      double sum = 0;
+      for (int k = 0; k < C; ++k) sum += std::exp(static_cast<double>(row[k] - mx));
+      double logSum = std::log(sum) + mx;
+      loss += logSum - row[label];
+      for (int k = 0; k < C; ++k)
+        d[k] = static_cast<float>((std::exp(static_cast<double>(row[k]) - logSum) - (k == label ? 1.0 : 0.0)) / denom);
+      right += best == label;
+    } else {
+      const float* t = targets + static_cast<size_t>(i) * C;
+      int tbest = static_cast<int>(std::max_element(t, t + C) - t);
+      right += best == tbest;
+      for (int k = 0; k < C; ++k) {
+        float e = row[k] - t[k];
+        loss += 0.5 * e * e;
+        d[k] = e / static_cast<float>(denom);
+      }
+    }
+  }
+  if (correct) *correct = right;
+  return n > 0 ? loss / n : 0;
+}
+
 Mlp::Mlp(MlpConfig cfg) : cfg_(std::move(cfg)) {
   DTRAIN_CHECK(cfg_.layers.size() >= 2);
   offsets_.push_back(0);
@@ -72,35 +105,7 @@ double Mlp::forward(const float* x, int n, const float* targets, int* correct) {
   const int C = cfg_.layers.back();
   const auto& logits = acts_[static_cast<size_t>(L)];
   delta_.resize(logits.size());
-  double loss = 0;
-  int right = 0;
-  for (int i = 0; i < n; ++i) {
-    const float* row = logits.data() + static_cast<size_t>(i) * C;
-    float* d = delta_.data() + static_cast<size_t>(i) * C;
-    int best = static_cast<int>(std::max_element(row, row + C) - row);
-    if (cfg_.loss == Loss::kCrossEntropy) {
-      int label = static_cast<int>(targets[i]);
-      float mx = row[best];
-      double sum = 0;
-      for (int k = 0; k < C; ++k) sum += std::exp(static_cast<double>(row[k] - mx));
-      double logSum = std::log(sum) + mx;
-      loss += logSum - row[label];
-      for (int k = 0; k < C; ++k)
-        d[k] = static_cast<float>((std::exp(static_cast<double>(row[k]) - logSum) - (k == label ? 1.0 : 0.0)) / n);
-      right += best == label;
-    } else {
-      const float* t = targets + static_cast<size_t>(i) * C;
-      int tbest = static_cast<int>(std::max_element(t, t + C) - t);
-      right += best == tbest;
-      for (int k = 0; k < C; ++k) {
-        float e = row[k] - t[k];
-        loss += 0.5 * e * e;
-        d[k] = e / static_cast<float>(n);
-      }
-    }
-  }
-  if (correct) *correct = right;
-  return loss / n;
+  return lossAndGrad(cfg_.loss, logits.data(), n, C, targets, n, delta_.data(), correct);
 }
 
 void Mlp::backward(const std::function<void(int)>& onLayerDone) {

@@ -120,36 +120,9 @@ class StageModel {
     const int n = s.n, C = cfg_.layers.back();
     const auto& logits = s.act.back();
     s.delta.resize(logits.size());
-    double loss = 0;
-    int right = 0;
-    for (int i = 0; i < n; ++i) {
-      const float* row = logits.data() + static_cast<size_t>(i) * C;
-      float* d = s.delta.data() + static_cast<size_t>(i) * C;
-      int best = static_cast<int>(std::max_element(row, row + C) - row);
-      if (cfg_.loss == Loss::kCrossEntropy) {
-        int label = static_cast<int>(targets[i]);
-        float mx = row[best];
-        double sum = 0;
-        for (int k = 0; k < C; ++k) sum += std::exp(static_cast<double>(row[k] - mx));
-        double logSum = std::log(sum) + mx;
-        loss += logSum - row[label];
-        for (int k = 0; k < C; ++k)
-          d[k] = static_cast<float>((std::exp(static_cast<double>(row[k]) - logSum) - (k == label ? 1.0 : 0.0)) / denom);
-        right += best == label;
-      } else {
-        const float* t = targets + static_cast<size_t>(i) * C;
-        int tbest = static_cast<int>(std::max_element(t, t + C) - t);
-        right += best == tbest;
-        for (int k = 0; k < C; ++k) {
-          float e = row[k] - t[k];
-          loss += 0.5 * e * e;
-          d[k] = e / static_cast<float>(denom);
-        }
-      }
-    }
-    if (correct) *correct = right;
+    double loss = lossAndGrad(cfg_.loss, logits.data(), n, C, targets, denom, s.delta.data(), correct);
     account();
-    return n > 0 ? loss / n : 0;
+    return loss;
   }
 
   // Gradient slot for the output (the next stage's input gradient), to receive into.

@@ -20,6 +20,12 @@ struct MlpConfig {
   Loss loss = Loss::kCrossEntropy;
 };
 
+// The mean loss of n rows of logits [n x C] against targets (class indices as floats, or
+// [n x C] for MSE), the number of correct argmaxes, and dLoss/dlogits into delta, divided by
+// `denom` samples (n for a whole batch; the batch size for one micro-batch of it).
+double lossAndGrad(Loss loss, const float* logits, int n, int C, const float* targets, int denom, float* delta,
+                   int* correct);
+
 class Mlp {
  public:
   explicit Mlp(MlpConfig cfg);
