@@ -13,14 +13,14 @@ namespace {
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
+}  // namespace
+
 float gelu(float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))); }
 float geluGrad(float x) {
   float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
   float t = std::tanh(u);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3 * 0.044715f * x * x);
 }
-
-}  // namespace
 
 double lossAndGrad(Loss lossType, const float* logits, int n, int C, const float* targets, int denom, float* delta,
                    int* correct) {

@@ -33,13 +33,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-float gelu(float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))); }
-float geluGrad(float x) {
-  float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
-  float t = std::tanh(u);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3 * 0.044715f * x * x);
-}
 
 // Layers [lo, hi) of the MLP with the same math as Mlp, but with an activation stash per
 // micro-batch (several are in flight) and gradients accumulated over micro-batches.
@@ -409,10 +402,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   long long step = header[1];
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
-  long long totalSteps = step;
-  for (int e = startEpoch; e < ts.epochs; ++e)
-    totalSteps += static_cast<long long>((N - (e == startEpoch ? std::min(startCursor, N) : 0)) / globalBatch);
-  if (ts.max_steps > 0) totalSteps = std::min(totalSteps, ts.max_steps);
+  const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
   auto save = [&](long long epoch, uint64_t cursor) {
     if (d != 0 || stageDir.empty()) return;
     if (cursor + globalBatch > N) {

@@ -68,6 +68,14 @@ class HostCollectives {
 
 }  // namespace
 
+long long plannedSteps(const spec::TrainerSpec& ts, long long step, int startEpoch, uint64_t startCursor, uint64_t samples,
+                       uint64_t globalBatch) {
+  long long total = step;
+  for (int e = startEpoch; e < ts.epochs; ++e)
+    total += static_cast<long long>((samples - (e == startEpoch ? std::min(startCursor, samples) : 0)) / globalBatch);
+  return ts.max_steps > 0 ? std::min(total, ts.max_steps) : total;
+}
+
 double learningRate(const spec::TrainerSpec& ts, long long step, long long totalSteps) {
   const auto& s = ts.lr_schedule;
   const double base = ts.optimizer.lr;
@@ -195,10 +203,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   long long step = header[1];
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
-  long long totalSteps = step;
-  for (int e = startEpoch; e < ts.epochs; ++e)
-    totalSteps += static_cast<long long>((N - (e == startEpoch ? std::min(startCursor, N) : 0)) / globalBatch);
-  if (ts.max_steps > 0) totalSteps = std::min(totalSteps, ts.max_steps);
+  const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
   auto save = [&](long long epoch, uint64_t cursor) {
     if (rank != 0 || ts.checkpoint.dir.empty()) return;
     // Past the last full global batch the epoch is over: resume at the next one.

@@ -20,6 +20,11 @@ struct MlpConfig {
   Loss loss = Loss::kCrossEntropy;
 };
 
+// GELU (tanh approximation, as PyTorch's approximate="tanh") and its derivative: one
+// definition for every path (MLP, pipeline stages; the CUDA kernels mirror it).
+float gelu(float x);
+float geluGrad(float x);
+
 // The mean loss of n rows of logits [n x C] against targets (class indices as floats, or
 // [n x C] for MSE), the number of correct argmaxes, and dLoss/dlogits into delta, divided by
 // `denom` samples (n for a whole batch; the batch size for one micro-batch of it).

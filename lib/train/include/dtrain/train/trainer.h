@@ -65,4 +65,9 @@ std::string sha256Hex(const void* data, size_t bytes);
 // The learning rate for 0-based `step` of `totalSteps` under the spec's schedule.
 double learningRate(const spec::TrainerSpec& ts, long long step, long long totalSteps);
 
+// The global step training ends at, resuming at `step` from (startEpoch, startCursor):
+// full global batches of the rest of the epochs (drop_last), capped by max_steps.
+long long plannedSteps(const spec::TrainerSpec& ts, long long step, int startEpoch, uint64_t startCursor, uint64_t samples,
+                       uint64_t globalBatch);
+
 }  // namespace dtrain::train
