@@ -207,7 +207,10 @@ class MultiNodeRunner {
   void send(Node& n, const std::string& cmd);
   void workerFailed(Node& n, const WorkerExit& w);
   void nodeLost(Node& n, const std::string& why);
-  void scheduleRestart(bool spendsBudget, double delayS);
+  // Pauses the members' workers now and starts the next round after delayS. The caller has
+  // already counted the restart when it spends the budget (a join does not).
+  void scheduleRestart(double delayS);
+  double backoff() const;  // before restart number result_.restarts
   void tryRestart();
   void finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker = std::nullopt);
   void stopAll(const char* how);
@@ -352,7 +355,7 @@ void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   event("restart", openRound_ + 1,
         fmt::format("rank {} on {} {}; restart {} of {}", w.global_rank, n.name, what, result_.restarts, spec_.max_restarts),
         n.name, w.global_rank);
-  scheduleRestart(true, std::min(60.0, spec_.restart_backoff_s * std::pow(2.0, result_.restarts - 1)));
+  scheduleRestart(backoff());
 }
 
 void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
@@ -386,11 +389,14 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
   event("restart", openRound_ + 1,
         fmt::format("{} node(s) left (min_nodes {}); restart {} of {}", left, spec_.min_nodes, result_.restarts,
                     spec_.max_restarts));
-  scheduleRestart(true, std::min(60.0, spec_.restart_backoff_s * std::pow(2.0, result_.restarts - 1)));
+  scheduleRestart(backoff());
 }
 
-void MultiNodeRunner::scheduleRestart(bool spendsBudget, double delayS) {
-  (void)spendsBudget;
+double MultiNodeRunner::backoff() const {
+  return std::min(60.0, spec_.restart_backoff_s * std::pow(2.0, result_.restarts - 1));
+}
+
+void MultiNodeRunner::scheduleRestart(double delayS) {
   // Workers stop now; the next round starts after the back-off.
   for (auto& n : nodes_)
     if (connected(n) && (n.state == NodeState::kRunning || n.state == NodeState::kJoining)) send(n, "pause");
@@ -567,7 +573,7 @@ void MultiNodeRunner::timers() {
   }
   // A waiting host is admitted at once (a membership change spends no restart).
   bool waiting = std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kWaiting; });
-  if (waiting && !pending_ && !restarting_ && memberCount() < spec_.max_nodes) scheduleRestart(false, 0);
+  if (waiting && !pending_ && !restarting_ && memberCount() < spec_.max_nodes) scheduleRestart(0);
 }
 
 RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& excluded) {
