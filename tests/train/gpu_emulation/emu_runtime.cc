@@ -72,6 +72,12 @@ class FakeNccl final : public Communicator {
   WorkPtr barrierAsync() override { return c_->barrierAsync(); }
   WorkPtr sendAsync(const void* d, size_t b, int p) override { return c_->sendAsync(d, b, p); }
   WorkPtr recvAsync(void* d, size_t b, int p) override { return c_->recvAsync(d, b, p); }
+  WorkPtr sendRecvAsync(const void* sd, size_t sb, int sp, void* rd, size_t rb, int rp) override {
+    return c_->sendRecvAsync(sd, sb, sp, rd, rb, rp);
+  }
+  std::unique_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name) override {
+    return std::make_unique<FakeNccl>(c_->group(ranks, name));
+  }
  private:
   std::unique_ptr<Communicator> c_;
 };

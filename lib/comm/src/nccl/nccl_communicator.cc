@@ -123,7 +123,7 @@ class NcclWork final : public Work {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size, const CommOptions& opts)
-      : rank_(rank), size_(size), opts_(opts), st_(std::make_shared<NcclState>()) {
+      : store_(store), rank_(rank), size_(size), opts_(opts), st_(std::make_shared<NcclState>()) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0)
@@ -173,6 +173,26 @@ class NcclCommunicator final : public Communicator {
   WorkPtr recvAsync(void* data, size_t bytes, int peer) override {
     return launch("recv", [&] { return ncclRecv(data, bytes, ncclInt8, peer, st_->comm, st_->stream); });
   }
+  WorkPtr sendRecvAsync(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
+                        int recvPeer) override {
+    return launch("sendrecv", [&] {
+      // Grouped so NCCL runs both at once (no ordering deadlock between neighbours).
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      ncclResult_t s = ncclSend(sendData, sendBytes, ncclInt8, sendPeer, st_->comm, st_->stream);
+      ncclResult_t v = s == ncclSuccess ? ncclRecv(recvData, recvBytes, ncclInt8, recvPeer, st_->comm, st_->stream) : s;
+      r = ncclGroupEnd();
+      return v != ncclSuccess ? v : r;
+    });
+  }
+  // A new NCCL communicator over the group, its unique id through the store under the
+  // group's name (ncclCommSplit would need every rank of this communicator to call it).
+  std::unique_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name) override {
+    const int r = groupRank(ranks, rank_, size_, name);
+    CommOptions o = opts_;
+    o.name = opts_.name + "/" + name;
+    return std::make_unique<NcclCommunicator>(store_, r, static_cast<int>(ranks.size()), o);
+  }
 
  private:
   template <typename F>
@@ -187,6 +207,7 @@ class NcclCommunicator final : public Communicator {
     return std::make_shared<NcclWork>(st_, ev, op, opts_.timeout, rank_, size_);
   }
 
+  std::shared_ptr<store::Store> store_;
   int rank_, size_;
   CommOptions opts_;
   std::shared_ptr<NcclState> st_;

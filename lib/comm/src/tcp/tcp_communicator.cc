@@ -126,6 +126,33 @@ class TcpCommunicator final : public Communicator {
       transfer(dl).from(peer, static_cast<char*>(data), bytes).run();
     });
   }
+  // Same framing as send and recv (a length header, then the payload), both directions in
+  // one poll loop, so it matches a plain send/recv on the other side.
+  WorkPtr sendRecvAsync(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
+                        int recvPeer) override {
+    checkPeer(sendPeer, "sendRecv send peer", false);
+    checkPeer(recvPeer, "sendRecv recv peer", false);
+    return enqueue("sendrecv", [=, this](Clock::time_point dl) {
+      uint64_t out = sendBytes, in = 0;
+      transfer(dl)
+          .to(sendPeer, reinterpret_cast<const char*>(&out), sizeof(out))
+          .from(recvPeer, reinterpret_cast<char*>(&in), sizeof(in))
+          .run();
+      if (in != recvBytes)
+        throw PeerLostError(
+            fmt::format("sendrecv from rank {}: expected {} bytes, the peer sent {}", recvPeer, recvBytes, in));
+      transfer(dl)
+          .to(sendPeer, static_cast<const char*>(sendData), sendBytes)
+          .from(recvPeer, static_cast<char*>(recvData), recvBytes)
+          .run();
+    });
+  }
+  std::unique_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name) override {
+    const int r = groupRank(ranks, rank_, size_, name);
+    CommOptions o = opts_;
+    o.name = opts_.name + "/" + name;
+    return std::make_unique<TcpCommunicator>(store_, r, static_cast<int>(ranks.size()), o);
+  }
 
  private:
   // One poll-driven transfer: optionally send to one peer and receive from one peer at once.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtrain/comm/types.h"
 #include "dtrain/store/store.h"
@@ -50,6 +51,23 @@ class Communicator {
   // Point to point; the receiver must expect exactly `bytes`.
   virtual WorkPtr sendAsync(const void* data, size_t bytes, int peer) = 0;
   virtual WorkPtr recvAsync(void* data, size_t bytes, int peer) = 0;
+  // Sends to sendPeer and receives from recvPeer at the same time (full duplex), as one
+  // operation: the pipeline's "send activation, receive gradient" step. Matches a recv (or
+  // the receive half of a sendRecv) on sendPeer and a send (or send half) on recvPeer, so
+  // two neighbours exchanging large buffers cannot deadlock on full socket buffers the way
+  // send-then-recv on both sides would. The peers may be equal; neither may be this rank.
+  virtual WorkPtr sendRecvAsync(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
+                                int recvPeer) = 0;
+
+  // A communicator over some of this one's ranks (MPI_Comm_create_group): `ranks` are ranks
+  // of this communicator, distinct, and the position of a rank in the list is its rank in
+  // the group. Collective over the listed ranks only: each of them calls it with the same
+  // list and name, the others do not; `name` must differ between groups made from one
+  // communicator (e.g. "stage0", "stage1"). The group has its own connections and its own
+  // executor, so its operations are ordered independently of this communicator's (and can
+  // overlap with them). Same backend and options as this one. Throws SpecError when this
+  // rank is not in `ranks` or the list is malformed.
+  virtual std::unique_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name) = 0;
 
   void allreduce(void* data, size_t count, DataType t, ReduceOp op) { allreduceAsync(data, count, t, op)->wait(); }
   void broadcast(void* data, size_t count, DataType t, int root) { broadcastAsync(data, count, t, root)->wait(); }
@@ -60,6 +78,9 @@ class Communicator {
   void barrier() { barrierAsync()->wait(); }
   void send(const void* data, size_t bytes, int peer) { sendAsync(data, bytes, peer)->wait(); }
   void recv(void* data, size_t bytes, int peer) { recvAsync(data, bytes, peer)->wait(); }
+  void sendRecv(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes, int recvPeer) {
+    sendRecvAsync(sendData, sendBytes, sendPeer, recvData, recvBytes, recvPeer)->wait();
+  }
 };
 
 struct CommOptions {
@@ -78,6 +99,10 @@ struct CommOptions {
   // all use TCP. createFromEnvironment: DTRAIN_COMM_SHM=0 turns it off.
   bool shm = true;
 };
+
+// Checks a group() rank list against a communicator of `size` ranks and returns this rank's
+// position in it; throws SpecError naming the problem.
+int groupRank(const std::vector<int>& ranks, int rank, int size, const std::string& name);
 
 // TCP backend over an existing store (peers meet through it).
 std::unique_ptr<Communicator> createTcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size,

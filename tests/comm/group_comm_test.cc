@@ -1,0 +1,197 @@
+// Communicator::sendRecv and Communicator::group on the tcp backend (shm on and off).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+#include "dtrain/store/hash_store.h"
+
+namespace dtrain::comm {
+namespace {
+
+CommOptions options(bool shm) {
+  CommOptions o;
+  o.shm = shm;
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+// Runs fn(comm) on n ranks, each in its own thread with its own communicator; returns each
+// rank's error ("" when it succeeded).
+std::vector<std::string> onRanks(int n, const std::function<void(Communicator&)>& fn, CommOptions o) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto c = createTcpCommunicator(store, r, n, o);
+        fn(*c);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+void expectNoErrors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+uint8_t pattern(int from, size_t i) { return static_cast<uint8_t>(from * 37 + i * 11 + (i >> 9)); }
+
+// Every rank sends 24 MiB to its right neighbour while receiving 24 MiB from its left one, in
+// one operation. Send-then-recv on every rank would block with full socket buffers; so
+// would the naive order with a single peer (n = 2: both directions on one socket).
+TEST(CommSendRecv, RingExchangeOfLargeBuffersDoesNotDeadlock) {
+  const size_t bytes = 24u << 20;
+  for (int n : {2, 3}) {
+    expectNoErrors(onRanks(n, [&](Communicator& c) {
+      const int right = (c.rank() + 1) % n, left = (c.rank() + n - 1) % n;
+      std::vector<uint8_t> out(bytes), in(bytes, 0);
+      for (size_t i = 0; i < bytes; ++i) out[i] = pattern(c.rank(), i);
+      c.sendRecv(out.data(), bytes, right, in.data(), bytes, left);
+      for (size_t i = 0; i < bytes; ++i)
+        if (in[i] != pattern(left, i)) FAIL() << "rank " << c.rank() << " byte " << i << " wrong";
+    }, options(false)));
+  }
+}
+
+// The two halves match plain send and recv on the other side, with different sizes each
+// way, including zero bytes.
+TEST(CommSendRecv, MatchesPlainSendAndRecvAndUnequalSizes) {
+  expectNoErrors(onRanks(3, [&](Communicator& c) {
+    // 0 -> 1 -> 2 chain: rank 1 forwards with sendRecv while 0 sends and 2 receives.
+    std::vector<int32_t> a(1000), b(7);
+    if (c.rank() == 0) {
+      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i * 3);
+      c.send(a.data(), a.size() * 4, 1);
+      c.recv(b.data(), b.size() * 4, 1);
+      for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i], static_cast<int32_t>(100 + i));
+    } else if (c.rank() == 1) {
+      // Receives 0's 4000 bytes while sending 0 bytes to 2; then sends 7 ints back to 0
+      // while receiving 2's 4000 bytes.
+      c.sendRecv(nullptr, 0, 2, a.data(), a.size() * 4, 0);
+      std::vector<int32_t> back(a.size());
+      for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>(100 + i);
+      c.sendRecv(b.data(), b.size() * 4, 0, back.data(), back.size() * 4, 2);
+      for (size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], static_cast<int32_t>(i * 3 + 1));
+    } else {
+      c.recv(nullptr, 0, 1);
+      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i * 3 + 1);
+      c.send(a.data(), a.size() * 4, 1);
+    }
+  }, options(false)));
+}
+
+TEST(CommSendRecv, SizeMismatchFailsNamingThePeerAndBadPeersAreSpecErrors) {
+  auto errors = onRanks(2, [&](Communicator& c) {
+    std::vector<char> buf(64);
+    if (c.rank() == 0) {
+      EXPECT_THROW(c.sendRecvAsync(buf.data(), 8, 0, buf.data(), 8, 1), SpecError);  // to itself
+      EXPECT_THROW(c.sendRecvAsync(buf.data(), 8, 1, buf.data(), 8, 2), SpecError);  // no rank 2
+      c.sendRecv(buf.data(), 16, 1, buf.data(), 16, 1);
+    } else {
+      c.sendRecv(buf.data(), 16, 0, buf.data(), 32, 0);
+    }
+  }, options(false));
+  // Rank 1 gives up on the header; rank 0, waiting for the payload, learns it at once.
+  EXPECT_NE(errors[0].find("lost rank 1"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("[first failure in this job: sendrecv from rank 0"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("sendrecv from rank 0: expected 32 bytes, the peer sent 16"), std::string::npos) << errors[1];
+}
+
+// 6 ranks as 2 replicas x 3 stages (rank = d * 3 + p): a group per stage ({p, p + 3}) and one
+// per replica ({3d .. 3d + 2}), as the pipeline trainer builds them. Sums within each group
+// show the membership and rank order; a parent collective in between shows both stay usable.
+void checkGroups(bool shm) {
+  const int P = 3, D = 2;
+  expectNoErrors(onRanks(P * D, [&](Communicator& c) {
+    const int p = c.rank() % P, d = c.rank() / P;
+    std::vector<int> stageRanks, pipeRanks;
+    for (int r = 0; r < D; ++r) stageRanks.push_back(r * P + p);
+    for (int s = 0; s < P; ++s) pipeRanks.push_back(d * P + s);
+    auto stage = c.group(stageRanks, "stage" + std::to_string(p));
+    auto pipe = c.group(pipeRanks, "pipe" + std::to_string(d));
+    EXPECT_EQ(stage->size(), D);
+    EXPECT_EQ(stage->rank(), d);
+    EXPECT_EQ(pipe->size(), P);
+    EXPECT_EQ(pipe->rank(), p);
+    EXPECT_STREQ(stage->backend(), "tcp");
+    // Large enough for the ring (and the shm path) as well as a small one.
+    for (size_t count : {size_t{3}, size_t{300000}}) {
+      std::vector<int64_t> v(count, c.rank() + 1);
+      stage->allreduce(v.data(), count, DataType::kInt64, ReduceOp::kSum);
+      int64_t expect = 0;
+      for (int r : stageRanks) expect += r + 1;
+      EXPECT_EQ(v[0], expect);
+      EXPECT_EQ(v[count - 1], expect);
+      std::vector<int64_t> w(count, c.rank() + 1);
+      c.allreduce(w.data(), count, DataType::kInt64, ReduceOp::kSum);
+      EXPECT_EQ(w[count - 1], P * D * (P * D + 1) / 2);
+      std::fill(w.begin(), w.end(), c.rank() + 1);
+      pipe->allreduce(w.data(), count, DataType::kInt64, ReduceOp::kMax);
+      EXPECT_EQ(w[0], d * P + P);
+    }
+    // Point to point by group rank: stage s sends to stage s + 1 of its replica.
+    int32_t token = 1000 + c.rank(), got = -1;
+    if (p + 1 < P) pipe->send(&token, 4, p + 1);
+    if (p > 0) {
+      pipe->recv(&got, 4, p - 1);
+      EXPECT_EQ(got, 1000 + c.rank() - 1);
+    }
+    // A group's async operation runs on its own executor: it is not ordered behind the
+    // parent's, so a parent barrier can be waited for while the stage all-reduce is pending.
+    std::vector<float> g(1 << 18, 1.0f);
+    auto w = stage->allreduceAsync(g.data(), g.size(), DataType::kFloat32, ReduceOp::kAvg);
+    c.barrier();
+    w->wait();
+    EXPECT_EQ(g[12345], 1.0f);
+  }, options(shm)));
+}
+
+TEST(CommGroup, StageAndPipelineGroupsOverTcp) { checkGroups(false); }
+TEST(CommGroup, StageAndPipelineGroupsOverShm) { checkGroups(true); }
+
+TEST(CommGroup, RankOrderInTheListIsTheGroupRank) {
+  expectNoErrors(onRanks(3, [&](Communicator& c) {
+    if (c.rank() == 1) return;
+    auto g = c.group({2, 0}, "reversed");
+    EXPECT_EQ(g->rank(), c.rank() == 2 ? 0 : 1);
+    int32_t v = c.rank();
+    g->broadcast(&v, 1, DataType::kInt32, 0);
+    EXPECT_EQ(v, 2);
+  }, options(false)));
+}
+
+TEST(CommGroup, MalformedListsAreSpecErrors) {
+  expectNoErrors(onRanks(2, [&](Communicator& c) {
+    auto expectSpec = [&](const std::vector<int>& ranks, const std::string& name, const std::string& part) {
+      try {
+        c.group(ranks, name);
+        ADD_FAILURE() << "no error for " << name;
+      } catch (const SpecError& e) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      }
+    };
+    expectSpec({0, 1, 1}, "dup", "rank 1 is listed twice");
+    expectSpec({0, 2}, "range", "rank 2 is not a rank of the parent communicator (size 2)");
+    expectSpec({1 - c.rank()}, "other", fmt::format("rank {} is not in it", c.rank()));
+    expectSpec({}, "empty", "the rank list is empty");
+    expectSpec({0, 1}, "", "the name is empty");
+  }, options(false)));
+}
+
+TEST(CommGroup, GroupRankValidation) {
+  EXPECT_EQ(groupRank({3, 1, 2}, 2, 4, "g"), 2);
+  EXPECT_THROW(groupRank({-1}, 0, 4, "g"), SpecError);
+}
+
+}  // namespace
+}  // namespace dtrain::comm
