@@ -16,6 +16,7 @@
 #include "dtrain/comm/communicator.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
 #include "dtrain/store/hash_store.h"
@@ -36,8 +37,10 @@ const char* envOr(const char* name, const char* dflt) {
 // Per-step hooks from the environment:
 // - DTRAIN_WATCHDOG_FILE (set by dtrain when worker_timeout_s > 0): touched every step, so
 //   a hung trainer is found and restarted.
-// - DTRAIN_DEBUG_KILL_AT=RANK:STEP (fault injection, for tests): on the first attempt
-//   (TORCHELASTIC_RESTART_COUNT 0), rank RANK SIGKILLs itself as step STEP begins.
+// - DTRAIN_DEBUG_KILL_AT=RANK:STEP[:MICRO] (fault injection, for tests): on the first
+//   attempt (TORCHELASTIC_RESTART_COUNT 0), rank RANK SIGKILLs itself as step STEP begins,
+//   or with MICRO (pipeline trainer) as that step's micro-batch MICRO begins its forward on
+//   that rank: in the middle of the step, with its neighbours waiting on it.
 // - DTRAIN_DEBUG_SAMPLE_LOG=PREFIX (for tests): every batch appended to
 //   PREFIX.<rank>.<restart> as "step epoch sample...".
 void installStepHooks(train::TrainOptions& to, int rank) {
@@ -45,14 +48,32 @@ void installStepHooks(train::TrainOptions& to, int rank) {
   std::string killAt = envOr("DTRAIN_DEBUG_KILL_AT", "");
   std::string restart = envOr("TORCHELASTIC_RESTART_COUNT", "0");
   long long killStep = -1;
+  int killMicro = -1;
   if (!killAt.empty() && restart == "0") {
-    auto colon = killAt.find(':');
-    if (colon == std::string::npos) throw SpecError("DTRAIN_DEBUG_KILL_AT: expected RANK:STEP, got \"" + killAt + "\"");
+    const SpecError bad("DTRAIN_DEBUG_KILL_AT: expected RANK:STEP or RANK:STEP:MICRO, got \"" + killAt + "\"");
+    auto parts = split(killAt, ':');
+    if (parts.size() != 2 && parts.size() != 3) throw bad;
     try {
-      if (std::stoi(killAt.substr(0, colon)) == rank) killStep = std::stoll(killAt.substr(colon + 1));
+      size_t used = 0;
+      for (const auto& part : parts) {
+        (void)std::stoll(part, &used);
+        if (used != part.size()) throw bad;
+      }
+      if (std::stoi(parts[0]) == rank) {
+        killStep = std::stoll(parts[1]);
+        if (parts.size() == 3) killMicro = std::stoi(parts[2]);
+      }
+    } catch (const SpecError&) {
+      throw;
     } catch (...) {
-      throw SpecError("DTRAIN_DEBUG_KILL_AT: expected RANK:STEP, got \"" + killAt + "\"");
+      throw bad;
     }
+  }
+  if (killMicro >= 0) {
+    to.on_micro_batch = [killStep, killMicro](long long s, int m) {
+      if (s == killStep && m == killMicro) ::raise(SIGKILL);
+    };
+    killStep = -2;  // not at the step's start
   }
   auto step = std::make_shared<long long>(0);
   if (!watchdog.empty() || killStep >= 0) {

@@ -151,6 +151,37 @@ TEST(Pipeline, StagesHoldTheirShareAndOneFOneBStashesLess) {
   EXPECT_EQ(f.results[0].stage_ms.size(), 2u);
 }
 
+// Three replicas: the stage groups' all-reduce starts layer by layer during the last
+// backward (overlap) or after it; both reduce the same layers in the same order, so the
+// weights must be bit-identical (a race between the reduction and the backward would show).
+TEST(Pipeline, StageGroupReductionOverlapOnAndOffAreBitIdentical) {
+  auto t = model(2, 4, "1f1b");
+  t.batch_size = 16;
+  auto on = run(6, t);
+  t.overlap = false;
+  auto off = run(6, t);
+  EXPECT_EQ(on.weights, off.weights);
+  for (const auto& r : on.results) EXPECT_EQ(r.weights_sha256, on.results[0].weights_sha256);
+  auto dp = model(1, 1, "1f1b");
+  dp.batch_size = 16;
+  expectClose(on, run(3, dp));
+}
+
+// 8 MiB activations and gradients per micro-batch, more than the socket buffers hold: 1F1B's
+// steady state exchanges them with a neighbour in both directions at once.
+TEST(Pipeline, ActivationsLargerThanSocketBuffersDoNotDeadlock) {
+  auto t = model(2, 4, "1f1b");
+  t.model.layers = {16, 32768, 8, 4};
+  t.batch_size = 256;
+  t.max_steps = 2;
+  t.data.eval_samples = 64;
+  auto a = run(2, t);
+  t.parallel.schedule = "gpipe";
+  auto b = run(2, t);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.results[0].steps, 2);
+}
+
 TEST(Pipeline, WorldNotAMultipleOfTheStagesIsRefused) {
   auto t = model(2, 2, "1f1b");
   auto store = std::make_shared<store::HashStore>();

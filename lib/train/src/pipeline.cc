@@ -1,12 +1,14 @@
 // The pipeline trainer (pipeline.h): each rank holds one stage (a contiguous run of the MLP's
 // weight layers), micro-batches flow forward and their gradients backward between
-// neighbouring stages by send/recv, and each stage group averages its gradients over the D
-// replicas before its own optimizer step.
+// neighbouring stages by send/recv on the replica's pipeline group, and each stage group
+// (its own sub-communicator) averages its gradients over the D replicas before its own
+// optimizer step, overlapped with the last micro-batch's backward.
 //
-// Deadlock freedom: the TCP communicator runs one operation at a time and a send may block
-// until the peer reads (big activations overflow the socket buffers), so every schedule below
-// issues the operations between two neighbours in the same order on both sides (see
-// runOneFOneB). Everything is on the CPU.
+// Deadlock freedom: a communicator runs one operation at a time and a send may block until
+// the peer reads (big activations overflow the socket buffers), so every schedule below
+// issues the operations between two neighbours in the same order on both sides, and where
+// both must send at once (1F1B's steady state) as one full-duplex sendRecv. Everything is on
+// the CPU.
 #include "dtrain/train/pipeline.h"
 
 #include <cblas.h>
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -127,8 +130,10 @@ class StageModel {
   }
 
   // Backward of slot: accumulates into grads() and returns the gradient of the stage's input
-  // (valid until the slot is used again; nullptr on the first stage). Frees the stash.
-  const float* backward(int slot) {
+  // (valid until the next backward; nullptr on the first stage). Frees the stash.
+  // onLayerDone(k) runs once local layer k's gradients (layerSpan(k)) are final for this
+  // slot, last layer first, while the rest of the backward still runs.
+  const float* backward(int slot, const std::function<void(int)>& onLayerDone = {}) {
     Stash& s = stash(slot);
     const int n = s.n, L = hi_ - lo_;
     std::vector<float>& delta = s.delta;
@@ -144,6 +149,7 @@ class StageModel {
         const float* d = delta.data() + static_cast<size_t>(i) * out(l);
         for (int j = 0; j < out(l); ++j) dbias[j] += d[j];
       }
+      if (onLayerDone) onLayerDone(k);
       if (k == 0 && lo_ == 0) break;
       deltaPrev_.resize(static_cast<size_t>(n) * in(l));
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta.data(), out(l), W(l), in(l),
@@ -159,6 +165,11 @@ class StageModel {
   }
 
   void zeroGrads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  int numLayers() const { return hi_ - lo_; }
+  // Local layer k's [offset, offset + count) in params()/grads().
+  std::pair<size_t, size_t> layerSpan(int k) const {
+    return {offsets_[static_cast<size_t>(k)], offsets_[static_cast<size_t>(k) + 1] - offsets_[static_cast<size_t>(k)]};
+  }
   size_t liveBytes() const { return live_; }
   size_t peakBytes() const { return peak_; }
 
@@ -306,7 +317,22 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const size_t nParams = model.params().size();
   std::vector<float> state(nParams * (adam ? 2 : 1), 0.0f);
   const bool firstStage = p == 0, lastStage = p == P - 1;
-  const int prevRank = firstStage ? -1 : lay.rankOf(d, p - 1), nextRank = lastStage ? -1 : lay.rankOf(d, p + 1);
+
+  // Sub-communicators: this replica's pipeline (P ranks, group rank = stage) carries the
+  // activations and their gradients; the stage group (D ranks, group rank = replica) the
+  // gradient average and the resumed state. Each has its own connections and executor, so
+  // the stage group's all-reduce runs during the backward without holding up pipeline
+  // transfers. With one replica the pipeline is the whole world.
+  std::unique_ptr<comm::Communicator> pipeOwned, stageOwned;
+  if (D > 1) {
+    std::vector<int> pipeRanks, stageRanks;
+    for (int s = 0; s < P; ++s) pipeRanks.push_back(lay.rankOf(d, s));
+    for (int r = 0; r < D; ++r) stageRanks.push_back(lay.rankOf(r, p));
+    pipeOwned = comm.group(pipeRanks, fmt::format("pipeline{}", d));
+    stageOwned = comm.group(stageRanks, fmt::format("stage{}", p));
+  }
+  comm::Communicator& pipe = D > 1 ? *pipeOwned : comm;
+  const int prevStage = p - 1, nextStage = p + 1;
   const uint64_t hash = configHash(ts);
 
   if (rank == 0 && opts.log) {
@@ -375,15 +401,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   }
   for (int k = 0; k < 5; ++k) header[k] = headers[static_cast<size_t>(k)];
   if (D > 1 && header[0] == 1) {
-    if (d == 0) {
-      for (int r = 1; r < D; ++r) {
-        comm.send(model.params().data(), nParams * sizeof(float), lay.rankOf(r, p));
-        comm.send(state.data(), state.size() * sizeof(float), lay.rankOf(r, p));
-      }
-    } else {
-      comm.recv(model.params().data(), nParams * sizeof(float), lay.rankOf(0, p));
-      comm.recv(state.data(), state.size() * sizeof(float), lay.rankOf(0, p));
-    }
+    stageOwned->broadcast(model.params().data(), nParams, comm::DataType::kFloat32, 0);
+    stageOwned->broadcast(state.data(), state.size(), comm::DataType::kFloat32, 0);
   }
   if (header[0] == 1 && rank == 0 && opts.log)
     opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
@@ -438,10 +457,13 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const int actIn = model.inWidth(), actOut = model.outWidth();
   // One micro-batch's forward: receive (or copy) its input, compute, and on the last stage
   // the loss. The send to the next stage is separate (the 1F1B order needs it deferred).
-  auto forward = [&](int m, int n, int denom, const float* xs, const float* ys) {
+  // received: the input is already in model.input(m) (1F1B's steady state receives it
+  // together with sending a gradient).
+  auto forward = [&](int m, int n, int denom, const float* xs, const float* ys, bool received = false) {
+    if (opts.on_micro_batch) opts.on_micro_batch(step, m);
     float* inBuf = model.input(m, n);
     if (firstStage) std::memcpy(inBuf, xs + static_cast<size_t>(m) * mb * in, static_cast<size_t>(n) * in * sizeof(float));
-    else comm.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevRank);
+    else if (!received) pipe.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevStage);
     const float* o = nullptr;
     timed([&] {
       o = model.forward(m);
@@ -453,15 +475,37 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     });
     return o;
   };
-  auto sendAct = [&](const float* o, int n) { comm.send(o, static_cast<size_t>(n) * actOut * sizeof(float), nextRank); };
+  const size_t actInBytes = static_cast<size_t>(mb) * actIn * sizeof(float);
+  const size_t actOutBytes = static_cast<size_t>(mb) * actOut * sizeof(float);
+  auto sendAct = [&](const float* o, int n) { pipe.send(o, static_cast<size_t>(n) * actOut * sizeof(float), nextStage); };
   auto recvGrad = [&](int m, int n) {
     float* g = model.outputGrad(m);
-    comm.recv(g, static_cast<size_t>(n) * actOut * sizeof(float), nextRank);
+    pipe.recv(g, static_cast<size_t>(n) * actOut * sizeof(float), nextStage);
+  };
+
+  // The stage group's gradient average, started layer by layer as the last micro-batch's
+  // backward finishes each layer (trainer.overlap), else after the whole backward. Every
+  // replica issues the same all-reduces in the same order; the results are bit-identical on
+  // all of them.
+  std::vector<comm::WorkPtr> gradWork;
+  auto reduceLayer = [&](int k) {
+    auto [at, count] = model.layerSpan(k);
+    gradWork.push_back(stageOwned->allreduceAsync(model.grads().data() + at, count, comm::DataType::kFloat32,
+                                                  comm::ReduceOp::kAvg));
+  };
+  const bool overlapGrads = D > 1 && ts.overlap;
+  // Backward of micro-batch m; returns the gradient of the stage's input (nullptr on the
+  // first stage) without sending it.
+  auto backwardOnly = [&](int m) {
+    const float* g = nullptr;
+    std::function<void(int)> onLayer;
+    if (overlapGrads && m == M - 1) onLayer = reduceLayer;
+    timed([&] { g = model.backward(m, onLayer); });
+    return g;
   };
   auto backward = [&](int m, int n) {
-    const float* g = nullptr;
-    timed([&] { g = model.backward(m); });
-    if (!firstStage) comm.send(g, static_cast<size_t>(n) * actIn * sizeof(float), prevRank);
+    const float* g = backwardOnly(m);
+    if (!firstStage) pipe.send(g, static_cast<size_t>(n) * actIn * sizeof(float), prevStage);
   };
 
   // GPipe: all forwards, then all backwards (in the same micro-batch order, so the gradient
@@ -476,24 +520,25 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       backward(m, mb);
     }
   };
-  // 1F1B (PipeDream-Flush): stage p runs w = min(P-p-1, M) warm-up forwards, then alternates
-  // one forward and one backward, then drains the remaining backwards, so at most P - p
-  // micro-batches are stashed. In the steady state the forward's output is sent after the
-  // next gradient is received: the stage above does its (one fewer) forwards, then sends that
-  // gradient before it receives the next activation, so both sides see "recv grad, send act"
-  // / "send grad, recv act" in the same order and neither blocks on a full socket.
+  // 1F1B (PipeDream-Flush, as Megatron-LM schedules it): stage p runs w = min(P-p-1, M)
+  // warm-up forwards, then alternates one forward and one backward, then drains the remaining
+  // backwards, so at most P - p micro-batches are stashed. In the steady state a stage sends
+  // its output while receiving the gradient of an earlier micro-batch from the next stage,
+  // and sends its input gradient while receiving the next input from the previous stage:
+  // each as one full-duplex sendRecv, which the neighbour issues as the mirror image, so an
+  // activation leaves as soon as it is computed and neither side blocks on a full socket.
   auto runOneFOneB = [&] {
-    const int w = std::min(P - p - 1, M);
+    const int w = std::min(P - p - 1, M), steady = M - w;
     for (int m = 0; m < w; ++m) sendAct(forward(m, mb, B, x.data(), y.data()), mb);
-    for (int i = 0; i < M - w; ++i) {
-      const float* o = forward(w + i, mb, B, x.data(), y.data());
-      if (!lastStage) {
-        recvGrad(i, mb);
-        sendAct(o, mb);
-      }
-      backward(i, mb);
+    for (int i = 0; i < steady; ++i) {
+      const float* o = forward(w + i, mb, B, x.data(), y.data(), /*received=*/i > 0);
+      if (!lastStage) pipe.sendRecv(o, actOutBytes, nextStage, model.outputGrad(i), actOutBytes, nextStage);
+      const float* g = backwardOnly(i);
+      if (firstStage) continue;
+      if (i + 1 < steady) pipe.sendRecv(g, actInBytes, prevStage, model.input(w + i + 1, mb), actInBytes, prevStage);
+      else pipe.send(g, actInBytes, prevStage);
     }
-    for (int i = M - w; i < M; ++i) {
+    for (int i = steady; i < M; ++i) {
       recvGrad(i, mb);
       backward(i, mb);
     }
@@ -511,7 +556,6 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   double totalCompute = 0, totalSchedule = 0;
   long long windowSteps = 0;
   Clock::time_point afterFirst, lastStatus;
-  std::vector<float> peer(D > 1 && d == 0 ? nParams : 0);
   // Per log window, summed over ranks: loss, correct, samples, then each stage's compute
   // seconds (replica 0), then the bubble fractions of all ranks.
   std::vector<double> stats(4 + static_cast<size_t>(P));
@@ -547,29 +591,21 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         totalSchedule += schedS;
       }
 
-      // The stage group's average over the replicas: replica 0 sums in replica order and sends
-      // the result back, so every replica steps with bit-identical gradients.
+      // The stage group's average over the replicas (started during the last backward when
+      // overlapping): every replica steps with bit-identical gradients.
       auto& grads = model.grads();
       if (D > 1) {
-        if (d == 0) {
-          for (int r = 1; r < D; ++r) {
-            comm.recv(peer.data(), nParams * sizeof(float), lay.rankOf(r, p));
-            for (size_t i = 0; i < nParams; ++i) grads[i] += peer[i];
-          }
-          const float inv = static_cast<float>(D);
-          for (float& g : grads) g /= inv;
-          for (int r = 1; r < D; ++r) comm.send(grads.data(), nParams * sizeof(float), lay.rankOf(r, p));
-        } else {
-          comm.send(grads.data(), nParams * sizeof(float), lay.rankOf(0, p));
-          comm.recv(grads.data(), nParams * sizeof(float), lay.rankOf(0, p));
-        }
+        if (!overlapGrads)
+          for (int k = model.numLayers() - 1; k >= 0; --k) reduceLayer(k);
+        for (auto& w : gradWork) w->wait();
+        gradWork.clear();
       }
       if (ts.grad_clip_norm > 0) {
-        // The global norm spans all stages: replica 0's stages contribute their squares.
+        // The global norm spans all stages: each stage of the pipeline contributes its
+        // squares (every replica holds the same averaged gradients, so the same norm).
         double sq = 0;
-        if (d == 0)
-          for (float g : grads) sq += static_cast<double>(g) * g;
-        comm.allreduce(&sq, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        for (float g : grads) sq += static_cast<double>(g) * g;
+        pipe.allreduce(&sq, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         const double norm = std::sqrt(sq);
         if (norm > ts.grad_clip_norm) {
           const float scale = static_cast<float>(ts.grad_clip_norm / (norm + 1e-6));
@@ -664,7 +700,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       for (int i = 0; i < n; ++i) load(*evalSet, start + static_cast<uint64_t>(i), i);
     float* inBuf = model.input(0, n);
     if (firstStage) std::memcpy(inBuf, x.data(), static_cast<size_t>(n) * in * sizeof(float));
-    else comm.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevRank);
+    else pipe.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevStage);
     const float* o = model.forward(0);
     if (lastStage) {
       int correct = 0;

@@ -39,6 +39,9 @@ struct TrainOptions {
   std::function<void(long long)> on_step;
   // When set, sees every batch this rank trains on: (epoch, sample indices, count).
   std::function<void(int, const uint64_t*, int)> on_batch;
+  // Pipeline trainer only: called as each micro-batch's forward begins on this rank, with
+  // the global step and the micro-batch index (fault injection in the middle of a step).
+  std::function<void(long long, int)> on_micro_batch;
   // Overrides spec.device ("auto", "cpu" or "cuda"); "" = the spec's. The GPU is always
   // LOCAL_RANK (else the rank) modulo the visible GPUs, as in the NCCL communicator.
   std::string device;
