@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on the CPU: samples/s and the measured bubble fraction for P = 1 and
 # P = 2 stages x M = 1, 2, 4, 8 micro-batches (schedule 1f1b; gpipe with BENCH_SCHEDULE=gpipe),
-# one replica, MLP W-W-W-W-W-10 (two balanced stages; W = BENCH_WIDTH, 512), batch BENCH_BATCH (64), 1 BLAS thread per
-# worker. P = 1 is the data-parallel trainer with one worker (no micro-batches: M does not
-# apply). Each configuration REPEATS times; prints medians and the ideal (P-1)/(M+P-1).
+# one replica, 1 BLAS thread per worker. Model: MLP 64-W-W-W-W-W-10 (W = BENCH_WIDTH, 1024),
+# split into two stages of equal compute, not only equal parameters: stage 0 = 64-W-W-W
+# (its first layer has no input gradient to compute, and it is tiny), stage 1 = W-W-W-10.
+# The (P-1)/(M+P-1) theory assumes equal stages; with unequal ones the faster stage waits
+# for the slower one and that shows as bubble too. Batch BENCH_BATCH (256) per step.
+# P = 1 is the data-parallel trainer with one worker (no micro-batches: M does not apply).
+# Each configuration REPEATS times; prints medians and the ideal (P-1)/(M+P-1).
+# DTRAIN_TRACE_DIR=DIR also writes a Chrome trace per rank of the last configuration run.
 # Usage: bench/pipeline.sh [steps] [repeats]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${1:-60}"; REPEATS="${2:-3}"; SCHEDULE="${BENCH_SCHEDULE:-1f1b}"
-W="${BENCH_WIDTH:-512}"; BATCH="${BENCH_BATCH:-64}"
+STEPS="${1:-20}"; REPEATS="${2:-3}"; SCHEDULE="${BENCH_SCHEDULE:-1f1b}"
+W="${BENCH_WIDTH:-1024}"; BATCH="${BENCH_BATCH:-256}"
 [ -x build/bin/dtrain ] || { echo "build first: scripts/build.sh" >&2; exit 2; }
 T="$(mktemp -d)"; trap 'rm -rf "$T"' EXIT
 run() {  # stages micro -> "samples/s bubble"
   cat > "$T/s.json" <<JSON
 {"nproc_per_node": $1, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
- "trainer": {"model": {"layers": [$W, $W, $W, $W, $W, 10]}, "data": {"train_samples": 1000000, "eval_samples": 0},
+ "trainer": {"model": {"layers": [64, $W, $W, $W, $W, $W, 10]}, "data": {"train_samples": 1000000, "eval_samples": 0},
   "batch_size": $BATCH, "max_steps": $STEPS, "optimizer": {"lr": 0.005, "momentum": 0.9}, "device": "cpu",
   "log_every_steps": 1000000, "parallel": {"pipeline_stages": $1, "micro_batches": $2, "schedule": "$SCHEDULE"}}}
 JSON

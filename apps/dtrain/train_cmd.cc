@@ -132,6 +132,7 @@ int runTrainCommand() {
   to.device = dev.cuda ? "cuda" : "cpu";
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
   if (const char* d = std::getenv("DTRAIN_LOG_DIR"); d && *d) to.metrics_dir = d;
+  if (const char* d = std::getenv("DTRAIN_TRACE_DIR"); d && *d) to.trace_dir = d;
   installStepHooks(to, comm->rank());
   // A live progress bar: drawn by the launcher when its console is a terminal, or in place
   // here when run by hand on one. Plain periodic lines otherwise.

@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <random>
@@ -35,6 +37,8 @@ namespace detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Steps in a trace (TrainOptions::trace_dir): the ones after the first (warm-up).
+constexpr long long kTraceSteps = 4;
 
 
 // Layers [lo, hi) of the MLP with the same math as Mlp, but with an activation stash per
@@ -220,6 +224,64 @@ class StageModel {
   std::vector<float> params_, grads_, deltaPrev_, inGrad_;
   std::vector<Stash> stash_;
   size_t live_ = 0, peak_ = 0;
+};
+
+// A Chrome trace (JSON "traceEvents", opened by ui.perfetto.dev or chrome://tracing) of a
+// few steps on this rank: each micro-batch's forward and backward, each transfer, the wait
+// for the stage group's gradients and the optimizer step, on the host's monotonic clock (the
+// same in every process of a host, so per-rank files merge into one timeline). Not
+// thread-safe; one per rank.
+class Trace {
+ public:
+  Trace(std::string path, int rank, std::string label) : path_(std::move(path)), rank_(rank), label_(std::move(label)) {}
+  bool enabled() const { return !path_.empty(); }
+  // Records only while on (the traced steps).
+  void setOn(bool on) { on_ = on && enabled(); }
+  bool on() const { return on_; }
+  void add(const char* name, int micro, long long step, Clock::time_point b, Clock::time_point e) {
+    if (on_) events_.push_back({name, micro, step, b, e});
+  }
+  // Writes the file (temporary, then rename: a reader never sees half of it).
+  void write() const {
+    if (!enabled() || events_.empty()) return;
+    auto us = [](Clock::time_point t) {
+      return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+    };
+    std::string out = fmt::format(
+        "{{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, "
+        "\"args\": {{\"name\": \"rank {} ({})\"}}}},\n{{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": {}, "
+        "\"args\": {{\"sort_index\": {}}}}}",
+        rank_, rank_, label_, rank_, rank_);
+    for (const auto& ev : events_) {
+      std::string name = ev.micro >= 0 ? fmt::format("{} {}", ev.name, ev.micro) : std::string(ev.name);
+      out += fmt::format(
+          ",\n{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {:.3f}, \"dur\": {:.3f}, \"pid\": {}, \"tid\": 0, "
+          "\"args\": {{\"step\": {}}}}}",
+          name, ev.name[0] == 'F' || ev.name[0] == 'B' ? "compute" : "comm", us(ev.b), us(ev.e) - us(ev.b), rank_,
+          ev.step);
+    }
+    out += "\n]}\n";
+    const std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << out;
+      if (!f.flush()) throw IoError(fmt::format("trace: cannot write {}", tmp));
+    }
+    if (std::rename(tmp.c_str(), path_.c_str()) != 0) throw IoError(fmt::format("trace: cannot write {}", path_));
+  }
+
+ private:
+  struct Event {
+    const char* name;
+    int micro;
+    long long step;
+    Clock::time_point b, e;
+  };
+  std::string path_;
+  int rank_;
+  std::string label_;
+  bool on_ = false;
+  std::vector<Event> events_;
 };
 
 std::string fmtDuration(double s) {
@@ -449,10 +511,24 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   double stepLoss = 0;
   int stepCorrect = 0;
   double computeS = 0;  // forward + backward on this rank, this step
+  detail::Trace trace(opts.trace_dir.empty() ? std::string() : fmt::format("{}/trace-rank{}.json", opts.trace_dir, rank), rank,
+                      fmt::format("stage {}, replica {}", p, d));
+  // Runs fn, recording it in the trace as name (micro-batch m, or -1).
+  auto traced = [&](const char* name, int m, auto&& fn) {
+    if (!trace.on()) return fn();
+    auto t0 = Clock::now();
+    fn();
+    trace.add(name, m, step, t0, Clock::now());
+  };
+  // Compute: counted in computeS (what the bubble fraction is measured against).
+  int tracedMicro = -1;
+  const char* tracedName = "F";
   auto timed = [&](auto&& fn) {
     auto t0 = Clock::now();
     fn();
-    computeS += std::chrono::duration<double>(Clock::now() - t0).count();
+    auto t1 = Clock::now();
+    computeS += std::chrono::duration<double>(t1 - t0).count();
+    trace.add(tracedName, tracedMicro, step, t0, t1);
   };
   const int actIn = model.inWidth(), actOut = model.outWidth();
   // One micro-batch's forward: receive (or copy) its input, compute, and on the last stage
@@ -463,8 +539,10 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     if (opts.on_micro_batch) opts.on_micro_batch(step, m);
     float* inBuf = model.input(m, n);
     if (firstStage) std::memcpy(inBuf, xs + static_cast<size_t>(m) * mb * in, static_cast<size_t>(n) * in * sizeof(float));
-    else if (!received) pipe.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevStage);
+    else if (!received) traced("recv act", m, [&] { pipe.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevStage); });
     const float* o = nullptr;
+    tracedName = "F";
+    tracedMicro = m;
     timed([&] {
       o = model.forward(m);
       if (lastStage) {
@@ -477,10 +555,12 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   };
   const size_t actInBytes = static_cast<size_t>(mb) * actIn * sizeof(float);
   const size_t actOutBytes = static_cast<size_t>(mb) * actOut * sizeof(float);
-  auto sendAct = [&](const float* o, int n) { pipe.send(o, static_cast<size_t>(n) * actOut * sizeof(float), nextStage); };
+  auto sendAct = [&](const float* o, int n) {
+    traced("send act", -1, [&] { pipe.send(o, static_cast<size_t>(n) * actOut * sizeof(float), nextStage); });
+  };
   auto recvGrad = [&](int m, int n) {
     float* g = model.outputGrad(m);
-    pipe.recv(g, static_cast<size_t>(n) * actOut * sizeof(float), nextStage);
+    traced("recv grad", m, [&] { pipe.recv(g, static_cast<size_t>(n) * actOut * sizeof(float), nextStage); });
   };
 
   // The stage group's gradient average, started layer by layer as the last micro-batch's
@@ -500,12 +580,14 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     const float* g = nullptr;
     std::function<void(int)> onLayer;
     if (overlapGrads && m == M - 1) onLayer = reduceLayer;
+    tracedName = "B";
+    tracedMicro = m;
     timed([&] { g = model.backward(m, onLayer); });
     return g;
   };
   auto backward = [&](int m, int n) {
     const float* g = backwardOnly(m);
-    if (!firstStage) pipe.send(g, static_cast<size_t>(n) * actIn * sizeof(float), prevStage);
+    if (!firstStage) traced("send grad", m, [&] { pipe.send(g, static_cast<size_t>(n) * actIn * sizeof(float), prevStage); });
   };
 
   // GPipe: all forwards, then all backwards (in the same micro-batch order, so the gradient
@@ -532,11 +614,18 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     for (int m = 0; m < w; ++m) sendAct(forward(m, mb, B, x.data(), y.data()), mb);
     for (int i = 0; i < steady; ++i) {
       const float* o = forward(w + i, mb, B, x.data(), y.data(), /*received=*/i > 0);
-      if (!lastStage) pipe.sendRecv(o, actOutBytes, nextStage, model.outputGrad(i), actOutBytes, nextStage);
+      if (!lastStage)
+        traced("send act, recv grad", i, [&] {
+          pipe.sendRecv(o, actOutBytes, nextStage, model.outputGrad(i), actOutBytes, nextStage);
+        });
       const float* g = backwardOnly(i);
       if (firstStage) continue;
-      if (i + 1 < steady) pipe.sendRecv(g, actInBytes, prevStage, model.input(w + i + 1, mb), actInBytes, prevStage);
-      else pipe.send(g, actInBytes, prevStage);
+      if (i + 1 < steady)
+        traced("send grad, recv act", i, [&] {
+          pipe.sendRecv(g, actInBytes, prevStage, model.input(w + i + 1, mb), actInBytes, prevStage);
+        });
+      else
+        traced("send grad", i, [&] { pipe.send(g, actInBytes, prevStage); });
     }
     for (int i = steady; i < M; ++i) {
       recvGrad(i, mb);
@@ -578,6 +667,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       stepLoss = 0;
       stepCorrect = 0;
       computeS = 0;
+      trace.setOn(step > firstStep && step <= firstStep + detail::kTraceSteps);
       const auto schedStart = Clock::now();
       if (gpipe) runGpipe();
       else runOneFOneB();
@@ -597,7 +687,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       if (D > 1) {
         if (!overlapGrads)
           for (int k = model.numLayers() - 1; k >= 0; --k) reduceLayer(k);
-        for (auto& w : gradWork) w->wait();
+        traced("stage all-reduce wait", -1, [&] {
+          for (auto& w : gradWork) w->wait();
+        });
         gradWork.clear();
       }
       if (ts.grad_clip_norm > 0) {
@@ -612,6 +704,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
           for (float& g : grads) g *= scale;
         }
       }
+      const auto optStart = Clock::now();
       const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);
       if (!adam) {
@@ -625,6 +718,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                               static_cast<float>(1.0 - std::pow(ts.optimizer.beta1, t)),
                               static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)))});
       }
+      trace.add("optimizer", -1, step, optStart, Clock::now());
       ++step;
       ++windowSteps;
       if (step == firstStep + 1) afterFirst = Clock::now();
@@ -674,6 +768,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       }
     }
   }
+  trace.setOn(false);
+  trace.write();
   double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
   result.steps = step;
   result.samples_per_s =

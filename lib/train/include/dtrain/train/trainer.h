@@ -42,6 +42,9 @@ struct TrainOptions {
   // Pipeline trainer only: called as each micro-batch's forward begins on this rank, with
   // the global step and the micro-batch index (fault injection in the middle of a step).
   std::function<void(long long, int)> on_micro_batch;
+  // Pipeline trainer only: when set, each rank writes DIR/trace-rank<R>.json, a Chrome trace
+  // (ui.perfetto.dev) of a few steps after the first: compute, transfers and waits.
+  std::string trace_dir;
   // Overrides spec.device ("auto", "cpu" or "cuda"); "" = the spec's. The GPU is always
   // LOCAL_RANK (else the rank) modulo the visible GPUs, as in the NCCL communicator.
   std::string device;
