@@ -10,8 +10,26 @@ cat > "$T/pipe.json" <<JSON
  "batch_size": 32, "epochs": 1, "max_steps": 60, "log_every_steps": 20, "device": "cpu",
  "parallel": {"pipeline_stages": 2, "micro_batches": 4, "schedule": "1f1b"}}}
 JSON
-"$DTRAIN" run "$T/pipe.json" --summary-json "$T/sum.json" >"$T/out" 2>"$T/err"
+DTRAIN_TRACE_DIR="$T/trace" "$DTRAIN" run "$T/pipe.json" --summary-json "$T/sum.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "2 x 2 pipeline job exits 0"
+# The trace: per rank, 4 steps after the first, each with every micro-batch's forward and
+# backward, the transfers of its position, and non-overlapping compute on one thread.
+python3 - "$T/trace" >"$T/tcheck" <<'PY'
+import collections, json, sys
+out = []
+for r in range(4):
+    d = json.load(open(f"{sys.argv[1]}/trace-rank{r}.json"))
+    ev = [e for e in d["traceEvents"] if e["ph"] == "X"]
+    steps = sorted({e["args"]["step"] for e in ev})
+    names = collections.Counter(e["name"] for e in ev)
+    fb = all(names[f"F {m}"] == 4 and names[f"B {m}"] == 4 for m in range(4))
+    comm = "send act, recv grad 0" in names if r % 2 == 0 else "send grad, recv act 0" in names
+    comp = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["cat"] == "compute")
+    disjoint = all(a[1] <= b[0] + 1e-3 for a, b in zip(comp, comp[1:]))
+    out.append(f"{steps == [1, 2, 3, 4]} {fb} {comm} {disjoint} {names['optimizer'] == 4}")
+print(" ".join(sorted(set(out))))
+PY
+expect_eq "$(cat "$T/tcheck")" "True True True True True" "DTRAIN_TRACE_DIR: a Chrome trace per rank with every micro-batch and transfer"
 expect_grep "trainer: 4 workers = 2 replicas x 2 pipeline stages" "$T/out" "layout reported"
 expect_grep "^\[rank 0\] epoch 1/1 step 20/60 loss [0-9.]+ acc [0-9.]+% [0-9]+ samples/s stage ms [0-9.]+/[0-9.]+ bubble [0-9.]+% eta " "$T/out" "progress lines with stage timing and bubble"
 expect_grep "^\[rank 0\] pipeline: 2 stages, compute ms/step per stage [0-9.]+/[0-9.]+, bubble fraction 0\.[0-9]+" "$T/out" "pipeline summary line"

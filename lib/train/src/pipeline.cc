@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -233,7 +234,13 @@ class StageModel {
 // thread-safe; one per rank.
 class Trace {
  public:
-  Trace(std::string path, int rank, std::string label) : path_(std::move(path)), rank_(rank), label_(std::move(label)) {}
+  // Creates the file's directory now, so a bad path fails before training, not after.
+  Trace(std::string path, int rank, std::string label) : path_(std::move(path)), rank_(rank), label_(std::move(label)) {
+    if (path_.empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
+    if (ec) throw IoError(fmt::format("trace: cannot create the directory of {}: {}", path_, ec.message()));
+  }
   bool enabled() const { return !path_.empty(); }
   // Records only while on (the traced steps).
   void setOn(bool on) { on_ = on && enabled(); }
