@@ -3,7 +3,9 @@
 # for an H200, sm_90, with a budget of ~10 minutes; this takes about 4-6):
 #   1. configure + build Release with CUDA (only dtrain and dtrain_gpu_tests, -j16)
 #   2. dtrain_gpu_tests (GPU vs CPU math, optimizer steps, 1-rank training over TCP and
-#      NCCL, checkpoints across devices; the 2-rank NCCL test needs 2 GPUs, else it skips)
+#      NCCL, checkpoints across devices; the 2-rank NCCL test needs 2 GPUs, else it skips;
+#      the pipeline on GPU stages, P = 2 x D = 1 and 2, against CPU stages, its nccl
+#      variants only with a GPU per rank)
 #   3. dtrain train on a small spec: trainer.device auto must pick cuda:0, and with
 #      CUDA_VISIBLE_DEVICES= it must fall back to the CPU
 #   4. dtrain run configs/quickstart_gpu.json (one worker on the GPU, NCCL communicator)
@@ -56,11 +58,12 @@ D="$BUILD/bin/dtrain"
 "$D" --version | tee "$OUT/version.txt"
 
 echo "== gpu tests"
-step gpu_tests 240 "$BUILD/bin/dtrain_gpu_tests" --gtest_color=no
+step gpu_tests 300 "$BUILD/bin/dtrain_gpu_tests" --gtest_color=no
 grep -E "^\[  (SKIPPED|FAILED) \]|^\[  PASSED  \]" "$OUT/gpu_tests.log" | sort -u | sed 's/^/    /'
 # With a GPU these must run (not skip); the 2-rank NCCL test may skip on a 1-GPU machine.
 for t in NcclComm.AllreduceAcrossDtypesAndSizes GpuTrain.ForwardBackwardMatchCpu GpuTrain.SgdAndAdamWStepsMatchCpu \
-  GpuTrain.OneRankTrainingMatchesCpu GpuTrain.CheckpointsMoveBetweenGpuAndCpu; do
+  GpuTrain.OneRankTrainingMatchesCpu GpuTrain.CheckpointsMoveBetweenGpuAndCpu GpuPipeline.TwoStagesMatchCpu \
+  GpuPipeline.TwoStagesTimesTwoReplicasMatchCpu GpuPipeline.ResumeFromStageCheckpoints; do
   check "ran $t" "$OUT/gpu_tests.log" "^\[       OK \] $t "
 done
 

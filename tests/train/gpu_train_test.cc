@@ -1,5 +1,6 @@
 // The GPU trainer against the CPU path (CUDA builds only; skipped without a visible GPU):
-// the same model, data and seed give the same numbers within float rounding. The CPU path
+// the same model, data and seed give the same numbers within float rounding, for the
+// data-parallel trainer (GpuTrain) and the pipeline's GPU stages (GpuPipeline). The CPU path
 // is the reference: its gradients are checked against finite differences in train_test.cc.
 #include <gtest/gtest.h>
 
@@ -313,6 +314,193 @@ TEST(GpuTrain, TwoRanksOverNcclMatchCpu) {
     auto cpu = run(false);
     expectClose(gpu, cpu, 5e-4, 5e-3, overlap ? "2 ranks, overlap" : "2 ranks, no overlap");
   }
+}
+
+// ---- Pipeline parallelism (pipeline.cc) with GPU stages (cuda_stage.cu) ----
+
+// The pipeline test model (tests/train/pipeline_test.cc) with gelu and clipping (a small
+// bound: it clips most steps, so the global norm across stages is exercised).
+spec::TrainerSpec pipeSpec(int stages, int micro, const std::string& schedule) {
+  spec::TrainerSpec t;
+  t.device = "cpu";
+  t.model.layers = {20, 32, 24, 16, 4};
+  t.model.activation = "gelu";
+  t.data.train_samples = 4096;
+  t.data.eval_samples = 300;
+  t.batch_size = 32;
+  t.max_steps = 12;
+  t.optimizer.lr = 0.05;
+  t.optimizer.momentum = 0.9;
+  t.grad_clip_norm = 1.0;
+  t.log_every_steps = 4;
+  t.parallel.pipeline_stages = stages;
+  t.parallel.micro_batches = micro;
+  t.parallel.schedule = schedule;
+  return t;
+}
+
+struct PipeRun {
+  std::vector<TrainResult> results;
+  std::vector<float> weights;  // the whole model (rank 0)
+  std::string firstLine;       // rank 0's "trainer: ..." line
+};
+
+// `world` ranks as threads: device per rank by LOCAL_RANK (unset: the rank) % visible GPUs.
+PipeRun runPipe(int world, const spec::TrainerSpec& t, const std::string& device, bool nccl) {
+  auto store = std::make_shared<store::HashStore>();
+  PipeRun out;
+  out.results.resize(static_cast<size_t>(world));
+  std::vector<std::vector<float>> params(static_cast<size_t>(world));
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto c = nccl ? comm::createNcclCommunicator(store, r, world, {}) : comm::createTcpCommunicator(store, r, world, {});
+        TrainOptions o;
+        o.device = device;
+        o.final_params = &params[static_cast<size_t>(r)];
+        if (r == 0)
+          o.log = [&](const std::string& line) {
+            if (out.firstLine.empty()) out.firstLine = line;
+          };
+        out.results[static_cast<size_t>(r)] = train(t, *c, o);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& th : ts) th.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  for (const auto& r : out.results) EXPECT_EQ(r.weights_sha256, out.results[0].weights_sha256);
+  out.weights = params[0];
+  return out;
+}
+
+void expectPipeClose(const PipeRun& gpu, const PipeRun& cpu, double atol, double rtol, const char* what) {
+  expectClose(gpu.weights, cpu.weights, atol, rtol, what);
+  EXPECT_EQ(gpu.results[0].steps, cpu.results[0].steps) << what;
+  EXPECT_NEAR(gpu.results[0].final_loss, cpu.results[0].final_loss, 1e-3 + 1e-3 * cpu.results[0].final_loss) << what;
+  EXPECT_NEAR(gpu.results[0].eval_loss, cpu.results[0].eval_loss, 1e-3 + 1e-3 * cpu.results[0].eval_loss) << what;
+  EXPECT_NEAR(gpu.results[0].eval_accuracy, cpu.results[0].eval_accuracy, 0.02) << what;
+}
+
+// P = 2, D = 1: GPU stages against CPU stages (both losses), GPipe bit-identical to 1F1B on
+// the GPU, "auto" picks the GPU, the same activation memory accounting, and (with a device
+// per rank) the nccl communicator bit-identical to tcp.
+TEST(GpuPipeline, TwoStagesMatchCpu) {
+  REQUIRE_GPUS(1);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  for (const char* loss : {"cross_entropy", "mse"}) {
+    SCOPED_TRACE(loss);
+    auto t = pipeSpec(2, 4, "1f1b");
+    t.model.loss = loss;
+    auto cpu = runPipe(2, t, "cpu", false);
+    auto gpu = runPipe(2, t, "cuda", false);
+    EXPECT_NE(gpu.firstLine.find("math on cuda:"), std::string::npos) << gpu.firstLine;
+    expectPipeClose(gpu, cpu, 5e-4, 5e-3, "P=2 D=1");
+    for (size_t r = 0; r < 2; ++r)
+      EXPECT_EQ(gpu.results[r].peak_activation_bytes, cpu.results[r].peak_activation_bytes) << "rank " << r;
+    auto g = t;
+    g.parallel.schedule = "gpipe";
+    auto gpipe = runPipe(2, g, "auto", false);
+    EXPECT_NE(gpipe.firstLine.find("math on cuda:"), std::string::npos) << "auto: " << gpipe.firstLine;
+    EXPECT_EQ(gpipe.weights, gpu.weights) << "both schedules accumulate the micro-batches in the same order";
+    EXPECT_EQ(gpipe.results[0].weights_sha256, gpu.results[0].weights_sha256);
+    if (visibleGpus() >= 2) {  // NCCL wants a device per rank
+      auto nccl = runPipe(2, t, "cuda", true);
+      EXPECT_NE(nccl.firstLine.find("nccl communicator"), std::string::npos) << nccl.firstLine;
+      EXPECT_EQ(nccl.weights, gpu.weights) << "the GPU stages are deterministic whatever the communicator";
+    }
+  }
+}
+
+// P = 2, D = 2: the stage groups' gradient average on the GPU (staged through the host on
+// tcp, in place on nccl), with the all-reduce overlapped with the backward and not.
+TEST(GpuPipeline, TwoStagesTimesTwoReplicasMatchCpu) {
+  REQUIRE_GPUS(1);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    auto t = pipeSpec(2, 2, "1f1b");
+    t.overlap = overlap;
+    auto cpu = runPipe(4, t, "cpu", false);
+    auto gpu = runPipe(4, t, "cuda", false);
+    expectPipeClose(gpu, cpu, 5e-4, 5e-3, "P=2 D=2");
+    auto g = t;
+    g.parallel.schedule = "gpipe";
+    EXPECT_EQ(runPipe(4, g, "cuda", false).weights, gpu.weights);
+    if (visibleGpus() >= 4) {
+      auto nccl = runPipe(4, t, "cuda", true);
+      EXPECT_EQ(nccl.weights, gpu.weights) << "the GPU stages are deterministic whatever the communicator";
+    }
+  }
+  // AdamW amplifies rounding where a gradient is noise: a looser bound (as for one rank).
+  auto a = pipeSpec(2, 2, "1f1b");
+  a.optimizer.type = "adamw";
+  a.optimizer.lr = 3e-3;
+  a.optimizer.weight_decay = 0.01;
+  expectPipeClose(runPipe(4, a, "cuda", false), runPipe(4, a, "cpu", false), 1e-2, 1e-2, "P=2 D=2 adamw");
+}
+
+// Stage checkpoints: a GPU run resumed on the GPU is bit-identical to a straight one, and the
+// files move between devices (written by GPU stages, resumed by CPU stages and back).
+TEST(GpuPipeline, ResumeFromStageCheckpoints) {
+  REQUIRE_GPUS(1);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  auto t = pipeSpec(2, 2, "1f1b");
+  t.max_steps = 16;
+  auto straightGpu = runPipe(4, t, "cuda", false);
+  auto straightCpu = runPipe(4, t, "cpu", false);
+  struct Case {
+    const char* name;
+    const char* before;
+    const char* after;
+  };
+  for (const Case& c : {Case{"g2g", "cuda", "cuda"}, Case{"g2c", "cuda", "cpu"}, Case{"c2g", "cpu", "cuda"}}) {
+    SCOPED_TRACE(c.name);
+    auto r = t;
+    r.checkpoint.dir = tempDir(std::string("pipe_") + c.name);
+    r.max_steps = 8;
+    runPipe(4, r, c.before, false);
+    EXPECT_TRUE(std::filesystem::exists(r.checkpoint.dir + "/stage-0-of-2"));
+    EXPECT_TRUE(std::filesystem::exists(r.checkpoint.dir + "/stage-1-of-2"));
+    r.max_steps = 16;
+    auto resumed = runPipe(4, r, c.after, false);
+    EXPECT_EQ(resumed.results[0].steps, 16);
+    if (std::string(c.before) == "cuda" && std::string(c.after) == "cuda")
+      EXPECT_EQ(resumed.weights, straightGpu.weights);
+    else
+      expectClose(resumed.weights, straightCpu.weights, 5e-4, 5e-3, c.name);
+    std::filesystem::remove_all(r.checkpoint.dir);
+  }
+}
+
+// NCCL takes device pointers: CPU stages on it are refused on every rank, naming the fix.
+TEST(GpuPipeline, NcclWithCpuStagesIsRefused) {
+  REQUIRE_GPUS(2);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  auto t = pipeSpec(2, 2, "1f1b");
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto c = comm::createNcclCommunicator(store, r, 2, {});
+        TrainOptions o;
+        o.device = "cpu";
+        train(t, *c, o);
+      } catch (const SpecError& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& th : ts) th.join();
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("the \"nccl\" communicator needs trainer.device \"cuda\""), std::string::npos) << e;
 }
 
 }  // namespace

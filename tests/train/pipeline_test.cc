@@ -13,6 +13,7 @@
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/store/hash_store.h"
+#include "dtrain/train/device.h"
 #include "dtrain/train/pipeline.h"
 #include "dtrain/train/trainer.h"
 
@@ -198,6 +199,28 @@ TEST(Pipeline, WorldNotAMultipleOfTheStagesIsRefused) {
     });
   for (auto& th : ts) th.join();
   EXPECT_EQ(refused.load(), 3);
+}
+
+// Without a GPU (or in a CPU build) "cuda" is refused on every rank before any transfer;
+// with one, tests/train/gpu_train_test.cc runs the GPU stages.
+TEST(Pipeline, CudaWithoutAGpuIsRefused) {
+  if (visibleGpus() > 0) GTEST_SKIP() << "a GPU is visible: GpuPipeline.* covers cuda";
+  auto t = model(2, 2, "1f1b");
+  t.device = "cuda";
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::thread> ts;
+  std::atomic<int> refused{0};
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, 2, {});
+      try {
+        train(t, *c);
+      } catch (const SpecError& e) {
+        if (std::string(e.what()).find("trainer.device is \"cuda\" but") != std::string::npos) ++refused;
+      }
+    });
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(refused.load(), 2);
 }
 
 TEST(Pipeline, ResumeFromStageCheckpointsIsBitIdentical) {

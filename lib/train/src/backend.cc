@@ -1,5 +1,6 @@
 // The CPU backend: Mlp (OpenBLAS) plus the optimizer loops. Everything completes before a
-// call returns, so waitLayer() and synchronize() have nothing to wait for.
+// call returns, so waitLayer() and synchronize() have nothing to wait for. Also the loader of
+// the GPU plugin (makeCudaBackend, makeCudaStage).
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include "dtrain/common/errors.h"
 #include "dtrain/train/backend.h"
+#include "stage_math.h"
 
 namespace dtrain::train::detail {
 namespace {
@@ -126,12 +128,17 @@ std::unique_ptr<MathBackend> makeCpuBackend(const MlpConfig& cfg, uint64_t seed,
 std::unique_ptr<MathBackend> makeCudaBackend(const MlpConfig&, uint64_t, bool, int) {
   throw SpecError("trainer.device is \"cuda\" but this is a CPU build; rebuild with -DDTRAIN_WITH_CUDA=ON");
 }
+std::unique_ptr<StageMath> makeCudaStage(const MlpConfig&, int, int, uint64_t, bool, int) {
+  throw SpecError("trainer.device is \"cuda\" but this is a CPU build; rebuild with -DDTRAIN_WITH_CUDA=ON");
+}
 #elif defined(DTRAIN_CUDA_PLUGIN_LOADER)
+namespace {
+
 // The GPU math lives in libdtrain_train_cuda.so next to the executable, loaded on first use
-// (see cuda_backend.cu for why). Thread-safe: a function-local static.
-std::unique_ptr<MathBackend> makeCudaBackend(const MlpConfig& cfg, uint64_t seed, bool adam, int device) {
-  using Factory = MathBackend* (*)(const MlpConfig*, uint64_t, bool, int);
-  static Factory factory = [] {
+// (see cuda_backend.cu for why); returns its factory `name`. Thread-safe: a function-local
+// static. The library counts as found when it has the data-parallel factory.
+void* cudaPluginSymbol(const char* name) {
+  static void* handle = [] {
     char exe[4096];
     ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
@@ -140,13 +147,30 @@ std::unique_ptr<MathBackend> makeCudaBackend(const MlpConfig& cfg, uint64_t seed
     for (const std::string& path : {dir + "libdtrain_train_cuda.so", dir + "../lib/libdtrain_train_cuda.so",
                                     std::string("libdtrain_train_cuda.so")}) {
       if (void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-        if (auto f = reinterpret_cast<Factory>(::dlsym(h, "dtrain_make_cuda_backend"))) return f;
+        if (::dlsym(h, "dtrain_make_cuda_backend")) return h;
       }
       tried += fmt::format("; {}: {}", path, ::dlerror());
     }
     throw IoError("cannot load the GPU trainer (libdtrain_train_cuda.so, built with dtrain in CUDA builds)" + tried);
   }();
+  void* f = ::dlsym(handle, name);
+  if (!f)
+    throw IoError(fmt::format("cannot load the GPU trainer: libdtrain_train_cuda.so has no {} (a stale build?)", name));
+  return f;
+}
+
+}  // namespace
+
+std::unique_ptr<MathBackend> makeCudaBackend(const MlpConfig& cfg, uint64_t seed, bool adam, int device) {
+  using Factory = MathBackend* (*)(const MlpConfig*, uint64_t, bool, int);
+  static auto factory = reinterpret_cast<Factory>(cudaPluginSymbol("dtrain_make_cuda_backend"));
   return std::unique_ptr<MathBackend>(factory(&cfg, seed, adam, device));
+}
+
+std::unique_ptr<StageMath> makeCudaStage(const MlpConfig& cfg, int lo, int hi, uint64_t seed, bool adam, int device) {
+  using Factory = StageMath* (*)(const MlpConfig*, int, int, uint64_t, bool, int);
+  static auto factory = reinterpret_cast<Factory>(cudaPluginSymbol("dtrain_make_cuda_stage"));
+  return std::unique_ptr<StageMath>(factory(&cfg, lo, hi, seed, adam, device));
 }
 #endif
 

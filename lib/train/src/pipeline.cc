@@ -7,8 +7,13 @@
 // Deadlock freedom: a communicator runs one operation at a time and a send may block until
 // the peer reads (big activations overflow the socket buffers), so every schedule below
 // issues the operations between two neighbours in the same order on both sides, and where
-// both must send at once (1F1B's steady state) as one full-duplex sendRecv. Everything is on
-// the CPU.
+// both must send at once (1F1B's steady state) as one full-duplex sendRecv.
+//
+// Devices: the stage math is a detail::StageMath (stage_math.h), the CPU stage below or the
+// GPU stage of src/cuda/cuda_stage.cu, chosen by trainer.device as in the data-parallel
+// trainer. Activations, their gradients and the stage group's gradients go to the
+// communicator in place when it takes the stage's memory (tcp + CPU, nccl + GPU) and are
+// staged through host buffers otherwise (a GPU stage on tcp).
 #include "dtrain/train/pipeline.h"
 
 #include <cblas.h>
@@ -32,6 +37,7 @@
 #include "dtrain/train/data.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
+#include "stage_math.h"
 
 namespace dtrain::train {
 namespace detail {
@@ -42,51 +48,53 @@ using Clock = std::chrono::steady_clock;
 constexpr long long kTraceSteps = 4;
 
 
-// Layers [lo, hi) of the MLP with the same math as Mlp, but with an activation stash per
-// micro-batch (several are in flight) and gradients accumulated over micro-batches.
-class StageModel {
+// The CPU stage: layers [lo, hi) of the MLP with the same math as Mlp (OpenBLAS), but
+// with an activation stash per micro-batch (several are in flight) and gradients accumulated
+// over micro-batches. Everything completes before a call returns.
+class CpuStage final : public StageMath {
  public:
-  StageModel(const MlpConfig& cfg, int lo, int hi) : cfg_(cfg), lo_(lo), hi_(hi) {
+  CpuStage(const MlpConfig& cfg, int lo, int hi, bool adam) : cfg_(cfg), lo_(lo), hi_(hi) {
     offsets_.push_back(0);
     for (int l = lo; l < hi; ++l) offsets_.push_back(offsets_.back() + static_cast<size_t>(out(l)) * in(l) + out(l));
     params_.assign(offsets_.back(), 0.0f);
     grads_.assign(offsets_.back(), 0.0f);
+    state_.assign(offsets_.back() * (adam ? 2 : 1), 0.0f);
   }
 
-  // The weights Mlp::init(seed) gives these layers: the generator is advanced through the
-  // earlier layers' draws (same distributions), so no rank materialises the whole model.
-  void init(uint64_t seed) {
-    std::mt19937_64 gen(seed);
-    for (int l = 0; l < hi_; ++l) {
-      float bound = std::sqrt(6.0f / static_cast<float>(in(l)));
-      std::uniform_real_distribution<float> d(-bound, bound);
-      const size_t n = static_cast<size_t>(in(l)) * out(l);
-      if (l < lo_) {
-        for (size_t i = 0; i < n; ++i) (void)d(gen);
-        continue;
-      }
-      float* w = W(l);
-      for (size_t i = 0; i < n; ++i) w[i] = d(gen);
-      std::fill(b(l), b(l) + out(l), 0.0f);
-    }
+  std::string describe() const override { return "cpu"; }
+  bool onDevice() const override { return false; }
+  bool last() const override { return hi_ == static_cast<int>(cfg_.layers.size()) - 1; }
+  int inWidth() const override { return in(lo_); }
+  int outWidth() const override { return out(hi_ - 1); }
+  int numLayers() const override { return hi_ - lo_; }
+  size_t numParams() const override { return params_.size(); }
+  size_t stateSize() const override { return state_.size(); }
+  std::pair<size_t, size_t> layerSpan(int k) const override {
+    return {offsets_[static_cast<size_t>(k)], offsets_[static_cast<size_t>(k) + 1] - offsets_[static_cast<size_t>(k)]};
   }
 
-  bool last() const { return hi_ == static_cast<int>(cfg_.layers.size()) - 1; }
-  int inWidth() const { return in(lo_); }
-  int outWidth() const { return out(hi_ - 1); }
-  std::vector<float>& params() { return params_; }
-  std::vector<float>& grads() { return grads_; }
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
+  float* state() override { return state_.data(); }
+  void loadParams(const float* host) override { std::memcpy(params_.data(), host, params_.size() * sizeof(float)); }
+  void storeParams(float* host) override { std::memcpy(host, params_.data(), params_.size() * sizeof(float)); }
+  void loadState(const float* host) override { std::memcpy(state_.data(), host, state_.size() * sizeof(float)); }
+  void storeState(float* host) override { std::memcpy(host, state_.data(), state_.size() * sizeof(float)); }
+  void copyToBackend(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void copyToHost(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  void* scratch(size_t bytes) override {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
 
-  // Micro-batch slots: the input buffer to receive (or copy) slot's activations into.
-  float* input(int slot, int n) {
+  float* input(int slot, int n) override {
     Stash& s = stash(slot);
     s.n = n;
     s.in.resize(static_cast<size_t>(n) * inWidth());
     return s.in.data();
   }
 
-  // Forward of slot's input; returns the output (post-activation, or logits on the last stage).
-  const float* forward(int slot) {
+  const float* forward(int slot) override {
     Stash& s = stash(slot);
     const int n = s.n, L = hi_ - lo_;
     s.pre.resize(static_cast<size_t>(L));
@@ -113,10 +121,7 @@ class StageModel {
     return s.act.back().data();
   }
 
-  // Last stage: the mean loss of slot's micro-batch against targets, its correct argmax
-  // count, and the output gradient into the stash, divided by `denom` samples (the whole
-  // per-replica batch) so that accumulating the micro-batches gives the batch mean's gradient.
-  double loss(int slot, const float* targets, int denom, int* correct) {
+  double loss(int slot, const float* targets, int denom, int* correct) override {
     Stash& s = stash(slot);
     const int n = s.n, C = cfg_.layers.back();
     const auto& logits = s.act.back();
@@ -126,19 +131,14 @@ class StageModel {
     return loss;
   }
 
-  // Gradient slot for the output (the next stage's input gradient), to receive into.
-  float* outputGrad(int slot) {
+  float* outputGrad(int slot) override {
     Stash& s = stash(slot);
     s.delta.resize(static_cast<size_t>(s.n) * outWidth());
     account();
     return s.delta.data();
   }
 
-  // Backward of slot: accumulates into grads() and returns the gradient of the stage's input
-  // (valid until the next backward; nullptr on the first stage). Frees the stash.
-  // onLayerDone(k) runs once local layer k's gradients (layerSpan(k)) are final for this
-  // slot, last layer first, while the rest of the backward still runs.
-  const float* backward(int slot, const std::function<void(int)>& onLayerDone = {}) {
+  const float* backward(int slot, const std::function<void(int)>& onLayerDone) override {
     Stash& s = stash(slot);
     const int n = s.n, L = hi_ - lo_;
     std::vector<float>& delta = s.delta;
@@ -169,14 +169,23 @@ class StageModel {
     return lo_ == 0 ? nullptr : inGrad_.data();
   }
 
-  void zeroGrads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
-  int numLayers() const { return hi_ - lo_; }
-  // Local layer k's [offset, offset + count) in params()/grads().
-  std::pair<size_t, size_t> layerSpan(int k) const {
-    return {offsets_[static_cast<size_t>(k)], offsets_[static_cast<size_t>(k) + 1] - offsets_[static_cast<size_t>(k)]};
+  void zeroGrads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  double gradSquares() override {
+    double sq = 0;
+    for (float g : grads_) sq += static_cast<double>(g) * g;
+    return sq;
   }
-  size_t liveBytes() const { return live_; }
-  size_t peakBytes() const { return peak_; }
+  void clipGrads(double norm, double maxNorm) override {
+    if (!(norm > maxNorm)) return;
+    const float scale = static_cast<float>(maxNorm / (norm + 1e-6));
+    for (float& g : grads_) g *= scale;
+  }
+  void sgdStep(const SgdParams& p) override { cpuSgdStep(params_.data(), grads_.data(), state_.data(), params_.size(), p); }
+  void adamwStep(const AdamWParams& p) override {
+    cpuAdamwStep(params_.data(), grads_.data(), state_.data(), params_.size(), p);
+  }
+  size_t liveBytes() const override { return live_; }
+  size_t peakBytes() const override { return peak_; }
 
  private:
   struct Stash {
@@ -206,8 +215,6 @@ class StageModel {
     }
   }
 
-  // Bytes held by the stashes (inputs, pre-activations, outputs, output gradients), and
-  // their peak: the activation memory the schedule costs.
   void account() {
     size_t bytes = 0;
     for (const auto& s : stash_) {
@@ -222,7 +229,8 @@ class StageModel {
   MlpConfig cfg_;
   int lo_, hi_;
   std::vector<size_t> offsets_;
-  std::vector<float> params_, grads_, deltaPrev_, inGrad_;
+  std::vector<float> params_, grads_, state_, deltaPrev_, inGrad_;
+  std::vector<char> scratch_;
   std::vector<Stash> stash_;
   size_t live_ = 0, peak_ = 0;
 };
@@ -296,7 +304,111 @@ std::string fmtDuration(double s) {
   return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
 }
 
+// Point-to-point transfers of stage buffers on the pipeline communicator, and the small
+// host-side collectives (headers, statistics, hashes, the clipping norm). In place when the
+// communicator takes the stage's memory (tcp with the CPU stage, nccl with the GPU stage);
+// staged through host buffers for the GPU stage on tcp, and through the stage's scratch for
+// host data on nccl.
+class StageComm {
+ public:
+  StageComm(comm::Communicator& c, StageMath& m)
+      : c_(c), m_(m), commOnDevice_(std::string(c.backend()) == "nccl"), direct_(commOnDevice_ == m.onDevice()) {}
+  comm::Communicator& get() { return c_; }
+  // True when stage buffers go to the communicator as they are.
+  bool direct() const { return direct_; }
+
+  void send(const float* buf, size_t bytes, int peer) {
+    if (direct_) return c_.send(buf, bytes, peer);
+    m_.copyToHost(host(sendHost_, bytes), buf, bytes);
+    c_.send(sendHost_.data(), bytes, peer);
+  }
+  void recv(float* buf, size_t bytes, int peer) {
+    if (direct_) return c_.recv(buf, bytes, peer);
+    c_.recv(host(recvHost_, bytes), bytes, peer);
+    m_.copyToBackend(buf, recvHost_.data(), bytes);
+  }
+  void sendRecv(const float* sendBuf, size_t sendBytes, int sendPeer, float* recvBuf, size_t recvBytes, int recvPeer) {
+    if (direct_) return c_.sendRecv(sendBuf, sendBytes, sendPeer, recvBuf, recvBytes, recvPeer);
+    m_.copyToHost(host(sendHost_, sendBytes), sendBuf, sendBytes);
+    c_.sendRecv(sendHost_.data(), sendBytes, sendPeer, host(recvHost_, recvBytes), recvBytes, recvPeer);
+    m_.copyToBackend(recvBuf, recvHost_.data(), recvBytes);
+  }
+
+  // Host data (never a stage buffer).
+  void allreduceHost(void* data, size_t count, comm::DataType t, comm::ReduceOp op) {
+    if (!commOnDevice_) return c_.allreduce(data, count, t, op);
+    const size_t bytes = count * comm::elementSize(t);
+    void* d = m_.scratch(bytes);
+    m_.copyToBackend(d, data, bytes);
+    c_.allreduce(d, count, t, op);
+    m_.copyToHost(data, d, bytes);
+  }
+  void allgatherHost(const void* send, void* recv, size_t count, comm::DataType t) {
+    if (!commOnDevice_) return c_.allgather(send, recv, count, t);
+    const size_t bytes = count * comm::elementSize(t);
+    char* d = static_cast<char*>(m_.scratch(bytes * (1 + static_cast<size_t>(c_.size()))));
+    m_.copyToBackend(d, send, bytes);
+    c_.allgather(d, d + bytes, count, t);
+    m_.copyToHost(recv, d + bytes, bytes * static_cast<size_t>(c_.size()));
+  }
+  void broadcastHost(void* data, size_t count, comm::DataType t, int root) {
+    if (!commOnDevice_) return c_.broadcast(data, count, t, root);
+    const size_t bytes = count * comm::elementSize(t);
+    void* d = m_.scratch(bytes);
+    m_.copyToBackend(d, data, bytes);
+    c_.broadcast(d, count, t, root);
+    m_.copyToHost(data, d, bytes);
+  }
+  void sendHost(const void* data, size_t bytes, int peer) {
+    if (!commOnDevice_) return c_.send(data, bytes, peer);
+    void* d = m_.scratch(bytes);
+    m_.copyToBackend(d, data, bytes);
+    c_.send(d, bytes, peer);
+  }
+  void recvHost(void* data, size_t bytes, int peer) {
+    if (!commOnDevice_) return c_.recv(data, bytes, peer);
+    void* d = m_.scratch(bytes);
+    c_.recv(d, bytes, peer);
+    m_.copyToHost(data, d, bytes);
+  }
+
+ private:
+  static void* host(std::vector<char>& v, size_t bytes) {
+    if (v.size() < bytes) v.resize(bytes);
+    return v.data();
+  }
+  comm::Communicator& c_;
+  StageMath& m_;
+  bool commOnDevice_, direct_;
+  std::vector<char> sendHost_, recvHost_;
+};
+
 }  // namespace
+
+void initStageParams(const MlpConfig& cfg, int lo, int hi, uint64_t seed, float* params) {
+  std::mt19937_64 gen(seed);
+  float* w = params;
+  for (int l = 0; l < hi; ++l) {
+    const int in = cfg.layers[static_cast<size_t>(l)], out = cfg.layers[static_cast<size_t>(l) + 1];
+    float bound = std::sqrt(6.0f / static_cast<float>(in));
+    std::uniform_real_distribution<float> d(-bound, bound);
+    const size_t n = static_cast<size_t>(in) * out;
+    if (l < lo) {
+      for (size_t i = 0; i < n; ++i) (void)d(gen);
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) w[i] = d(gen);
+    std::fill(w + n, w + n + out, 0.0f);
+    w += n + static_cast<size_t>(out);
+  }
+}
+
+std::unique_ptr<StageMath> makeCpuStage(const MlpConfig& cfg, int lo, int hi, uint64_t seed, bool adam) {
+  auto s = std::make_unique<CpuStage>(cfg, lo, hi, adam);
+  initStageParams(cfg, lo, hi, seed, s->params());
+  return s;
+}
+
 }  // namespace detail
 
 PipelineLayout pipelineLayout(int rank, int world, int stages) {
@@ -358,11 +470,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const PipelineLayout lay = pipelineLayout(rank, world, ts.parallel.pipeline_stages);
   const int P = lay.stages, D = lay.replicas, p = lay.stage, d = lay.replica;
   const int M = std::max(1, ts.parallel.micro_batches);
-  const std::string devName = opts.device.empty() ? ts.device : opts.device;
-  if (devName == "cuda")
-    throw SpecError("trainer: pipeline parallelism runs on the CPU only for now; use /trainer/device \"cpu\" or \"auto\"");
-  if (std::string(comm.backend()) == "nccl")
-    throw SpecError("trainer: pipeline parallelism needs the \"tcp\" communicator (host memory)");
+  // The device as in the data-parallel trainer: "auto" is the GPU when this worker has one.
+  const DeviceChoice dev = resolveDevice(opts.device.empty() ? ts.device : opts.device, localRankFromEnv(rank),
+                                         localWorldSizeFromEnv(0));
   const int B = ts.batch_size;
   if (B % M != 0)
     throw SpecError(fmt::format("trainer: /trainer/parallel/micro_batches {} does not divide /trainer/batch_size {}", M, B));
@@ -381,10 +491,16 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     for (int l = first[static_cast<size_t>(s)]; l < first[static_cast<size_t>(s) + 1]; ++l)
       stageSize[static_cast<size_t>(s)] += static_cast<size_t>(cfg.layers[static_cast<size_t>(l)] + 1) * cfg.layers[static_cast<size_t>(l) + 1];
 
-  detail::StageModel model(cfg, first[static_cast<size_t>(p)], first[static_cast<size_t>(p) + 1]);
-  model.init(ts.seed);
-  const size_t nParams = model.params().size();
-  std::vector<float> state(nParams * (adam ? 2 : 1), 0.0f);
+  const int lo = first[static_cast<size_t>(p)], hi = first[static_cast<size_t>(p) + 1];
+  std::unique_ptr<detail::StageMath> modelOwned = dev.cuda ? detail::makeCudaStage(cfg, lo, hi, ts.seed, adam, dev.index)
+                                                           : detail::makeCpuStage(cfg, lo, hi, ts.seed, adam);
+  detail::StageMath& model = *modelOwned;
+  if (std::string(comm.backend()) == "nccl" && !model.onDevice())
+    throw SpecError(fmt::format("trainer: the \"nccl\" communicator needs trainer.device \"cuda\" or \"auto\" with a GPU, "
+                                "but this worker trains on {}", model.describe()));
+  const size_t nParams = model.numParams();
+  // Host copies of the stage's weights and optimizer state: checkpoints, hashes, staging.
+  std::vector<float> hostParams(nParams), state(model.stateSize());
   const bool firstStage = p == 0, lastStage = p == P - 1;
 
   // Sub-communicators: this replica's pipeline (P ranks, group rank = stage) carries the
@@ -400,7 +516,11 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     pipeOwned = comm.group(pipeRanks, fmt::format("pipeline{}", d));
     stageOwned = comm.group(stageRanks, fmt::format("stage{}", p));
   }
-  comm::Communicator& pipe = D > 1 ? *pipeOwned : comm;
+  // Activations and gradients on the pipeline, the gradient average on the stage group and
+  // the host collectives on the world, each through a StageComm (in place or staged).
+  detail::StageComm worldComm(comm, model);
+  detail::StageComm pipe(D > 1 ? *pipeOwned : comm, model);
+  std::unique_ptr<detail::StageComm> stageGroup = D > 1 ? std::make_unique<detail::StageComm>(*stageOwned, model) : nullptr;
   const int prevStage = p - 1, nextStage = p + 1;
   const uint64_t hash = configHash(ts);
 
@@ -410,8 +530,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       parts += fmt::format("{}{}-{} ({} params)", s ? ", " : "", first[static_cast<size_t>(s)],
                            first[static_cast<size_t>(s) + 1] - 1, stageSize[static_cast<size_t>(s)]);
     opts.log(fmt::format("trainer: {} workers = {} replica{} x {} pipeline stages (layers {}), {} micro-batches of {}, "
-                         "schedule {}, math on cpu, {} communicator",
-                         world, D, D == 1 ? "" : "s", P, parts, M, mb, ts.parallel.schedule, comm.backend()));
+                         "schedule {}, math on {}, {} communicator",
+                         world, D, D == 1 ? "" : "s", P, parts, M, mb, ts.parallel.schedule, model.describe(),
+                         comm.backend()));
   }
 
   // Resume: the replica-0 rank of each stage reads its stage's newest checkpoint from
@@ -433,13 +554,13 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       header[2] = st->epoch;
       header[3] = static_cast<int64_t>(st->cursor);
       header[4] = st->world;
-      model.params() = st->params;
-      state = st->momentum;
+      model.loadParams(st->params.data());
+      model.loadState(st->momentum.data());
     }
   };
   if (d == 0 && !stageDir.empty()) loadStage(-1);
   std::vector<int64_t> headers(5 * static_cast<size_t>(world));
-  comm.allgather(header, headers.data(), 5, comm::DataType::kInt64);
+  worldComm.allgatherHost(header, headers.data(), 5, comm::DataType::kInt64);
   auto stageHeader = [&](int s) { return headers.data() + 5 * static_cast<size_t>(lay.rankOf(0, s)); };
   // A run stopped between two stages' writes leaves some stages one checkpoint ahead: all
   // go back to the newest step every stage has (each keeps its last 3).
@@ -455,7 +576,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       opts.log(fmt::format("warning: the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
                            "from step {}", ts.checkpoint.dir, common, newest, common));
     if (d == 0 && header[1] != common) loadStage(common);
-    comm.allgather(header, headers.data(), 5, comm::DataType::kInt64);
+    worldComm.allgatherHost(header, headers.data(), 5, comm::DataType::kInt64);
   }
   for (int s = 0; s < P; ++s) {
     const int64_t* h = stageHeader(s);
@@ -470,8 +591,17 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   }
   for (int k = 0; k < 5; ++k) header[k] = headers[static_cast<size_t>(k)];
   if (D > 1 && header[0] == 1) {
-    stageOwned->broadcast(model.params().data(), nParams, comm::DataType::kFloat32, 0);
-    stageOwned->broadcast(state.data(), state.size(), comm::DataType::kFloat32, 0);
+    if (stageGroup->direct()) {
+      stageOwned->broadcast(model.params(), nParams, comm::DataType::kFloat32, 0);
+      stageOwned->broadcast(model.state(), state.size(), comm::DataType::kFloat32, 0);
+    } else {
+      model.storeParams(hostParams.data());
+      model.storeState(state.data());
+      stageOwned->broadcast(hostParams.data(), nParams, comm::DataType::kFloat32, 0);
+      stageOwned->broadcast(state.data(), state.size(), comm::DataType::kFloat32, 0);
+      model.loadParams(hostParams.data());
+      model.loadState(state.data());
+    }
   }
   if (header[0] == 1 && rank == 0 && opts.log)
     opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
@@ -497,7 +627,10 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       ++epoch;
       cursor = 0;
     }
-    saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, model.params(), state});
+    // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
+    model.storeParams(hostParams.data());
+    model.storeState(state.data());
+    saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state});
   };
 
   // Inputs (first stage) and targets (last stage) of the whole per-replica batch, loaded
@@ -545,7 +678,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   auto forward = [&](int m, int n, int denom, const float* xs, const float* ys, bool received = false) {
     if (opts.on_micro_batch) opts.on_micro_batch(step, m);
     float* inBuf = model.input(m, n);
-    if (firstStage) std::memcpy(inBuf, xs + static_cast<size_t>(m) * mb * in, static_cast<size_t>(n) * in * sizeof(float));
+    if (firstStage) model.copyToBackend(inBuf, xs + static_cast<size_t>(m) * mb * in, static_cast<size_t>(n) * in * sizeof(float));
     else if (!received) traced("recv act", m, [&] { pipe.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevStage); });
     const float* o = nullptr;
     tracedName = "F";
@@ -573,12 +706,18 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // The stage group's gradient average, started layer by layer as the last micro-batch's
   // backward finishes each layer (trainer.overlap), else after the whole backward. Every
   // replica issues the same all-reduces in the same order; the results are bit-identical on
-  // all of them.
+  // all of them. A GPU stage on tcp stages each layer's gradients through hostGrads (and
+  // copies the averages back after the wait).
   std::vector<comm::WorkPtr> gradWork;
+  std::vector<float> hostGrads(D > 1 && !stageGroup->direct() ? nParams : 0);
   auto reduceLayer = [&](int k) {
     auto [at, count] = model.layerSpan(k);
-    gradWork.push_back(stageOwned->allreduceAsync(model.grads().data() + at, count, comm::DataType::kFloat32,
-                                                  comm::ReduceOp::kAvg));
+    float* g = model.grads() + at;
+    if (!hostGrads.empty()) {
+      model.copyToHost(hostGrads.data() + at, g, count * sizeof(float));
+      g = hostGrads.data() + at;
+    }
+    gradWork.push_back(stageOwned->allreduceAsync(g, count, comm::DataType::kFloat32, comm::ReduceOp::kAvg));
   };
   const bool overlapGrads = D > 1 && ts.overlap;
   // Backward of micro-batch m; returns the gradient of the stage's input (nullptr on the
@@ -690,7 +829,6 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
 
       // The stage group's average over the replicas (started during the last backward when
       // overlapping): every replica steps with bit-identical gradients.
-      auto& grads = model.grads();
       if (D > 1) {
         if (!overlapGrads)
           for (int k = model.numLayers() - 1; k >= 0; --k) reduceLayer(k);
@@ -698,32 +836,25 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
           for (auto& w : gradWork) w->wait();
         });
         gradWork.clear();
+        if (!hostGrads.empty()) model.copyToBackend(model.grads(), hostGrads.data(), nParams * sizeof(float));
       }
       if (ts.grad_clip_norm > 0) {
         // The global norm spans all stages: each stage of the pipeline contributes its
         // squares (every replica holds the same averaged gradients, so the same norm).
-        double sq = 0;
-        for (float g : grads) sq += static_cast<double>(g) * g;
-        pipe.allreduce(&sq, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
-        const double norm = std::sqrt(sq);
-        if (norm > ts.grad_clip_norm) {
-          const float scale = static_cast<float>(ts.grad_clip_norm / (norm + 1e-6));
-          for (float& g : grads) g *= scale;
-        }
+        double sq = model.gradSquares();
+        pipe.allreduceHost(&sq, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        model.clipGrads(std::sqrt(sq), ts.grad_clip_norm);
       }
       const auto optStart = Clock::now();
       const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);
       if (!adam) {
-        detail::cpuSgdStep(model.params().data(), grads.data(), state.data(), nParams,
-                           {lr, wd, static_cast<float>(ts.optimizer.momentum), ts.optimizer.nesterov});
+        model.sgdStep({lr, wd, static_cast<float>(ts.optimizer.momentum), ts.optimizer.nesterov});
       } else {
         const double t = static_cast<double>(step + 1);
-        detail::cpuAdamwStep(model.params().data(), grads.data(), state.data(), nParams,
-                             {lr, wd, static_cast<float>(ts.optimizer.beta1), static_cast<float>(ts.optimizer.beta2),
-                              static_cast<float>(ts.optimizer.eps),
-                              static_cast<float>(1.0 - std::pow(ts.optimizer.beta1, t)),
-                              static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)))});
+        model.adamwStep({lr, wd, static_cast<float>(ts.optimizer.beta1), static_cast<float>(ts.optimizer.beta2),
+                         static_cast<float>(ts.optimizer.eps), static_cast<float>(1.0 - std::pow(ts.optimizer.beta1, t)),
+                         static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)))});
       }
       trace.add("optimizer", -1, step, optStart, Clock::now());
       ++step;
@@ -754,7 +885,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         stats[2] = windowSamples;
         if (d == 0) stats[3 + static_cast<size_t>(p)] = windowCompute / static_cast<double>(windowSteps);
         stats[3 + static_cast<size_t>(P)] = windowSchedule > 0 ? 1.0 - windowCompute / windowSchedule : 0;
-        comm.allreduce(stats.data(), stats.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        worldComm.allreduceHost(stats.data(), stats.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
         result.final_loss = stats[0] / stats[2];
         const double bubble = stats[3 + static_cast<size_t>(P)] / world;
         bubbleText = fmt::format("{:.1f}%", 100 * bubble);
@@ -787,7 +918,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     const long long steps = std::max<long long>(1, step - firstStep - 1);
     if (d == 0) t[static_cast<size_t>(p)] = 1e3 * totalCompute / static_cast<double>(steps);
     t[static_cast<size_t>(P)] = totalSchedule > 0 ? 1.0 - totalCompute / totalSchedule : 0;
-    comm.allreduce(t.data(), t.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
+    worldComm.allreduceHost(t.data(), t.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
     result.stage_ms.assign(t.begin(), t.begin() + P);
     result.bubble_fraction = t[static_cast<size_t>(P)] / world;
   }
@@ -802,7 +933,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     if (firstStage || lastStage)
       for (int i = 0; i < n; ++i) load(*evalSet, start + static_cast<uint64_t>(i), i);
     float* inBuf = model.input(0, n);
-    if (firstStage) std::memcpy(inBuf, x.data(), static_cast<size_t>(n) * in * sizeof(float));
+    if (firstStage) model.copyToBackend(inBuf, x.data(), static_cast<size_t>(n) * in * sizeof(float));
     else pipe.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevStage);
     const float* o = model.forward(0);
     if (lastStage) {
@@ -814,16 +945,17 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       sendAct(o, n);
     }
   }
-  comm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+  worldComm.allreduceHost(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
   result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
   result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
   if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, result.eval_accuracy);
   metrics.finish();
 
   // Replicas of a stage must hold bit-identical weights.
-  const std::string stageHash = sha256Hex(model.params().data(), nParams * sizeof(float));
+  model.storeParams(hostParams.data());
+  const std::string stageHash = sha256Hex(hostParams.data(), nParams * sizeof(float));
   std::vector<char> all(64 * static_cast<size_t>(world));
-  comm.allgather(stageHash.data(), all.data(), 64 / 4, comm::DataType::kInt32);
+  worldComm.allgatherHost(stageHash.data(), all.data(), 64 / 4, comm::DataType::kInt32);
   for (int r = 0; r < D; ++r) {
     const char* h = all.data() + 64 * static_cast<size_t>(lay.rankOf(r, p));
     if (std::memcmp(h, stageHash.data(), 64) != 0)
@@ -836,20 +968,20 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   char jobHash[64] = {};
   if (rank == 0) {
     std::vector<float> whole(nParams);
-    std::copy(model.params().begin(), model.params().end(), whole.begin());
+    std::copy(hostParams.begin(), hostParams.end(), whole.begin());
     for (int s = 1; s < P; ++s) {
       const size_t at = whole.size();
       whole.resize(at + stageSize[static_cast<size_t>(s)]);
-      comm.recv(whole.data() + at, stageSize[static_cast<size_t>(s)] * sizeof(float), lay.rankOf(0, s));
+      worldComm.recvHost(whole.data() + at, stageSize[static_cast<size_t>(s)] * sizeof(float), lay.rankOf(0, s));
     }
     const std::string h = sha256Hex(whole.data(), whole.size() * sizeof(float));
     std::memcpy(jobHash, h.data(), 64);
     if (opts.final_params) *opts.final_params = std::move(whole);
   } else {
-    if (d == 0) comm.send(model.params().data(), nParams * sizeof(float), 0);
-    if (opts.final_params) *opts.final_params = model.params();
+    if (d == 0) worldComm.sendHost(hostParams.data(), nParams * sizeof(float), 0);
+    if (opts.final_params) *opts.final_params = hostParams;
   }
-  comm.broadcast(jobHash, 64 / 4, comm::DataType::kInt32, 0);
+  worldComm.broadcastHost(jobHash, 64 / 4, comm::DataType::kInt32, 0);
   result.weights_sha256.assign(jobHash, 64);
   return result;
 }

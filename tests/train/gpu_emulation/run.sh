@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU trainer on a machine without a GPU: lib/train/src/cuda/cuda_backend.cu and the
-# kernel bodies of kernels.cu, compiled as host C++ against an emulated CUDA runtime and
+# The GPU trainer on a machine without a GPU: lib/train/src/cuda/cuda_backend.cu,
+# cuda_stage.cu (the pipeline's GPU stage) and the kernel bodies of kernels.cu, compiled as host C++ against an emulated CUDA runtime and
 # cuBLAS (fake/), with AddressSanitizer and UBSan, running tests/train/gpu_train_test.cc.
 # The "nccl" communicator is TCP underneath (emulated device memory is host memory).
 #
@@ -30,19 +30,23 @@ python3 "$HERE/gen_kernels.py" "$ROOT/lib/train/src/cuda/kernels.cu" "$OUT/kerne
 INC=(-I"$OUT" -I"$HERE" -I"$HERE/fake" -I"$ROOT/lib/common/include" -I"$ROOT/lib/spec/include" -I"$ROOT/lib/store/include"
      -I"$ROOT/lib/comm/include" -I"$ROOT/lib/train/include" -I/usr/include/x86_64-linux-gnu/openblas-pthread)
 FLAGS=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DDTRAIN_HAVE_CUDA=1)
-SRCS=("$ROOT"/lib/train/src/{mlp,data,trainer,backend,device,checkpoint,metrics}.cc "$OUT/kernels.cc" "$HERE/emu_runtime.cc"
+SRCS=("$ROOT"/lib/train/src/{mlp,data,trainer,pipeline,backend,device,checkpoint,metrics}.cc "$OUT/kernels.cc" "$HERE/emu_runtime.cc"
       "$ROOT/tests/train/gpu_train_test.cc")
 pids=()
 for f in "${SRCS[@]}"; do
   o="$OUT/obj/$(basename "$f").o"
-  if [ ! -f "$o" ] || [ "$f" -nt "$o" ] || [ "$ROOT/lib/train/include/dtrain/train/backend.h" -nt "$o" ]; then
+  if [ ! -f "$o" ] || [ "$f" -nt "$o" ] || [ "$ROOT/lib/train/include/dtrain/train/backend.h" -nt "$o" ] ||
+     [ "$ROOT/lib/train/src/stage_math.h" -nt "$o" ]; then
     g++ "${FLAGS[@]}" "${INC[@]}" -c "$f" -o "$o" &
     pids+=($!)
     [ "${#pids[@]}" -ge 2 ] && { wait "${pids[0]}"; pids=("${pids[@]:1}"); }
   fi
 done
-g++ "${FLAGS[@]}" "${INC[@]}" -x c++ -c "$ROOT/lib/train/src/cuda/cuda_backend.cu" -o "$OUT/obj/cuda_backend.o"
+for cu in cuda_backend cuda_stage; do
+  g++ "${FLAGS[@]}" "${INC[@]}" -x c++ -c "$ROOT/lib/train/src/cuda/$cu.cu" -o "$OUT/obj/$cu.o"
+done
 for p in "${pids[@]}"; do wait "$p"; done
 g++ "${FLAGS[@]}" "$OUT"/obj/*.o "$BUILD"/lib/{comm/libdtrain_comm,store/libdtrain_store,spec/libdtrain_spec,common/libdtrain_common}.a \
   -lfmt -lopenblas -lcrypto -lgtest -lgtest_main -pthread -o "$OUT/emu_gpu_tests"
-EMU_GPUS=${EMU_GPUS:-2} "$OUT/emu_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuTrain.*}" "$@"
+# 4 devices: the pipeline's 2 x 2 test over "nccl" wants a device per rank.
+EMU_GPUS=${EMU_GPUS:-4} "$OUT/emu_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuTrain.*:GpuPipeline.*}" "$@"

@@ -41,10 +41,11 @@ __global__ void activationBackwardKernel(const float* z, float* d, size_t count,
   }
 }
 
-// One thread per output column; rows in order, as the CPU loop.
-__global__ void biasGradKernel(const float* delta, float* db, int n, int out) {
+// One thread per output column; rows in order, as the CPU loop (accumulate: onto db's
+// value, as the pipeline stage's loop over micro-batches).
+__global__ void biasGradKernel(const float* delta, float* db, int n, int out, bool accumulate) {
   for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < out; k += gridDim.x * blockDim.x) {
-    float acc = 0.0f;
+    float acc = accumulate ? db[k] : 0.0f;
     for (int i = 0; i < n; ++i) acc += delta[static_cast<size_t>(i) * out + k];
     db[k] = acc;
   }
@@ -60,7 +61,7 @@ __device__ int argmaxRow(const float* row, int C) {
 
 // One thread per row (C, the class count, is small).
 __global__ void crossEntropyKernel(const float* logits, const float* targets, int n, int C, double* rowLoss,
-                                   int* rowCorrect, float* delta) {
+                                   int* rowCorrect, float* delta, int denom) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const float* row = logits + static_cast<size_t>(i) * C;
     float* d = delta + static_cast<size_t>(i) * C;
@@ -73,13 +74,13 @@ __global__ void crossEntropyKernel(const float* logits, const float* targets, in
     double logSum = log(sum) + mx;
     rowLoss[i] = logSum - row[label];
     for (int k = 0; k < C; ++k)
-      d[k] = static_cast<float>((exp(static_cast<double>(row[k]) - logSum) - (k == label ? 1.0 : 0.0)) / n);
+      d[k] = static_cast<float>((exp(static_cast<double>(row[k]) - logSum) - (k == label ? 1.0 : 0.0)) / denom);
     rowCorrect[i] = best == label;
   }
 }
 
 __global__ void mseKernel(const float* logits, const float* targets, int n, int C, double* rowLoss, int* rowCorrect,
-                          float* delta) {
+                          float* delta, int denom) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const float* row = logits + static_cast<size_t>(i) * C;
     const float* t = targets + static_cast<size_t>(i) * C;
@@ -89,7 +90,7 @@ __global__ void mseKernel(const float* logits, const float* targets, int n, int 
     for (int k = 0; k < C; ++k) {
       float e = row[k] - t[k];
       loss += 0.5 * e * e;
-      d[k] = e / static_cast<float>(n);
+      d[k] = e / static_cast<float>(denom);
     }
     rowLoss[i] = loss;
   }
@@ -201,24 +202,25 @@ void activationBackward(const float* z, float* d, size_t count, bool useGelu, cu
   checkLaunch("activationBackward");
 }
 
-void biasGrad(const float* delta, float* db, int n, int out, cudaStream_t s) {
+void biasGrad(const float* delta, float* db, int n, int out, cudaStream_t s, bool accumulate) {
   if (out == 0) return;
-  biasGradKernel<<<gridFor(static_cast<size_t>(out)), kThreads, 0, s>>>(delta, db, n, out);
+  biasGradKernel<<<gridFor(static_cast<size_t>(out)), kThreads, 0, s>>>(delta, db, n, out, accumulate);
   checkLaunch("biasGrad");
 }
 
 void crossEntropy(const float* logits, const float* targets, int n, int C, double* rowLoss, int* rowCorrect,
-                  float* delta, cudaStream_t s) {
+                  float* delta, cudaStream_t s, int denom) {
   if (n == 0) return;
   crossEntropyKernel<<<gridFor(static_cast<size_t>(n)), kThreads, 0, s>>>(logits, targets, n, C, rowLoss, rowCorrect,
-                                                                           delta);
+                                                                           delta, denom > 0 ? denom : n);
   checkLaunch("crossEntropy");
 }
 
 void mse(const float* logits, const float* targets, int n, int C, double* rowLoss, int* rowCorrect, float* delta,
-         cudaStream_t s) {
+         cudaStream_t s, int denom) {
   if (n == 0) return;
-  mseKernel<<<gridFor(static_cast<size_t>(n)), kThreads, 0, s>>>(logits, targets, n, C, rowLoss, rowCorrect, delta);
+  mseKernel<<<gridFor(static_cast<size_t>(n)), kThreads, 0, s>>>(logits, targets, n, C, rowLoss, rowCorrect, delta,
+                                                                  denom > 0 ? denom : n);
   checkLaunch("mse");
 }
 

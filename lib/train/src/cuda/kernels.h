@@ -20,16 +20,18 @@ void fillBias(float* z, const float* b, int n, int out, cudaStream_t s);
 void activationForward(const float* z, float* a, size_t count, bool gelu, cudaStream_t s);
 // d *= relu'(z) or gelu'(z), in place.
 void activationBackward(const float* z, float* d, size_t count, bool gelu, cudaStream_t s);
-// db[k] = sum over rows i of delta[i][k], rows summed in order.
-void biasGrad(const float* delta, float* db, int n, int out, cudaStream_t s);
+// db[k] = sum over rows i of delta[i][k], rows summed in order (accumulate: db[k] += each
+// row in order, the pipeline stage's accumulation over micro-batches).
+void biasGrad(const float* delta, float* db, int n, int out, cudaStream_t s, bool accumulate = false);
 
-// Per row of logits [n x C]: rowLoss, rowCorrect, and delta = dLoss/dlogits of the mean
-// loss. Cross-entropy: targets are n class indices (as floats). MSE: targets [n x C], the
-// loss 0.5 * squared error, correct = argmax matches the target's argmax.
+// Per row of logits [n x C]: rowLoss, rowCorrect, and delta = dLoss/dlogits of the loss
+// summed over the rows and divided by denom (0: n, the mean). Cross-entropy: targets are n
+// class indices (as floats). MSE: targets [n x C], the loss 0.5 * squared error, correct =
+// argmax matches the target's argmax.
 void crossEntropy(const float* logits, const float* targets, int n, int C, double* rowLoss, int* rowCorrect,
-                  float* delta, cudaStream_t s);
+                  float* delta, cudaStream_t s, int denom = 0);
 void mse(const float* logits, const float* targets, int n, int C, double* rowLoss, int* rowCorrect, float* delta,
-         cudaStream_t s);
+         cudaStream_t s, int denom = 0);
 // *loss = sum(rowLoss) / n, *correct = sum(rowCorrect).
 void reduceLoss(const double* rowLoss, const int* rowCorrect, int n, double* loss, int* correct, cudaStream_t s);
 

@@ -32,8 +32,10 @@ std::vector<int> partitionStages(const std::vector<int>& widths, int stages, con
 
 // The pipeline trainer: called by train() when pipeline_stages > 1, same contract (every
 // rank calls it; the result's weights_sha256 is the hash of the whole model, flat and layer
-// by layer as with P = 1, on every rank). Throws SpecError for a world size that is not a
-// multiple of pipeline_stages, for trainer.device cuda, and for an unusable batch.
+// by layer as with P = 1, on every rank). Stages run on the device trainer.device resolves
+// to (resolveDevice, as the data-parallel trainer). Throws SpecError for a world size that is
+// not a multiple of pipeline_stages, for an unusable batch, for "cuda" without a usable GPU,
+// and for the "nccl" communicator with CPU stages.
 TrainResult trainPipeline(const spec::TrainerSpec& spec, comm::Communicator& comm, const TrainOptions& opts = {});
 
 }  // namespace dtrain::train
