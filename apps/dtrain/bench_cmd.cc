@@ -117,7 +117,7 @@ int launch(comm::Collective c, CLI::App* sub) {
 
 void addBenchCommands(CLI::App& app) {
   auto& a = gArgs;
-  auto* bench = app.add_subcommand("bench", "Benchmarks: collectives across local ranks (nccl-tests style)");
+  auto* bench = app.add_subcommand("bench", "Benchmarks: collectives and send/recv across ranks (nccl-tests style)");
   bench->require_subcommand(1);
   for (auto c : {comm::Collective::kAllreduce, comm::Collective::kBroadcast, comm::Collective::kAllgather,
                  comm::Collective::kSendRecv}) {

@@ -252,9 +252,8 @@ class TcpCommunicator final : public Communicator {
   // Runs one operation under the execution slot (busy_), on the executor or on the caller of
   // a blocking op: refuses it once the communicator is broken; a failure other than a
   // SpecError breaks it, leaves the root cause in the store and shuts the sockets down.
-  void execute(const char* name, const OpFn& fn) { executeImpl(name, fn); }
   template <typename F>
-  void executeImpl(const char* name, F& fn);
+  void execute(const char* name, F& fn);
   void loop();
   void connectMesh();
   void setupShm();
@@ -449,7 +448,7 @@ void TcpCommunicator::setupShm() {
 }
 
 template <typename F>
-void TcpCommunicator::executeImpl(const char* name, F& fn) {
+void TcpCommunicator::execute(const char* name, F& fn) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!broken_.empty())
@@ -521,7 +520,7 @@ void TcpCommunicator::runBlocking(const char* name, F&& fn) {
       if (pending) c.cv_.notify_one();
     }
   } release{*this};
-  executeImpl(name, fn);
+  execute(name, fn);
 }
 
 void TcpCommunicator::loop() {
