@@ -8,14 +8,16 @@
 # where the implementation checks; "-" where it does not), then a comparison table with
 # busbw ratios, and the loopback single-stream TCP bandwidth as the reference.
 # Usage: bench/allreduce_peers.sh [iters] [warmup] [minbytes] [maxbytes] [rounds]
+# DTRAIN=path/to/dtrain compares another build (default build/bin/dtrain).
 # Needs scripts/build.sh, python3-torch, and scripts/setup.sh --bench (OpenMPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ITERS="${1:-10}"; WARMUP="${2:-3}"; LO="${3:-4096}"; HI="${4:-268435456}"; ROUNDS="${5:-3}"
 N=2
+DTRAIN="${DTRAIN:-build/bin/dtrain}"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
-[ -x build/bin/dtrain ] || { echo "build first: scripts/build.sh" >&2; exit 2; }
+[ -x "$DTRAIN" ] || { echo "build first: scripts/build.sh" >&2; exit 2; }
 command -v mpicc >/dev/null || { echo "needs libopenmpi-dev and openmpi-bin: scripts/setup.sh --bench" >&2; exit 2; }
 mpicc -O2 -o "$OUT/mpi_allreduce" bench/mpi_allreduce.c
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none)
@@ -23,9 +25,9 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none)
 build/bin/loopback_tcp 2048 | tee "$OUT/loopback"
 for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
-  DTRAIN_COMM_SHM=1 build/bin/dtrain bench allreduce --nproc-per-node "$N" -b "$LO" -e "$HI" -n "$ITERS" -w "$WARMUP" \
+  DTRAIN_COMM_SHM=1 "$DTRAIN" bench allreduce --nproc-per-node "$N" -b "$LO" -e "$HI" -n "$ITERS" -w "$WARMUP" \
     --json "$OUT/dtrain-shm.$r.json" >/dev/null
-  DTRAIN_COMM_SHM=0 build/bin/dtrain bench allreduce --nproc-per-node "$N" -b "$LO" -e "$HI" -n "$ITERS" -w "$WARMUP" \
+  DTRAIN_COMM_SHM=0 "$DTRAIN" bench allreduce --nproc-per-node "$N" -b "$LO" -e "$HI" -n "$ITERS" -w "$WARMUP" \
     --json "$OUT/dtrain-tcp.$r.json" >/dev/null
   OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_allreduce.py "$N" "$LO" "$HI" "$ITERS" "$WARMUP" 2>/dev/null >"$OUT/gloo.$r.txt"
   "${MPIRUN[@]}" --mca btl tcp,self "$OUT/mpi_allreduce" "$LO" "$HI" "$ITERS" "$WARMUP" mpi-tcp 2>/dev/null >"$OUT/mpi-tcp.$r.txt"

@@ -77,6 +77,8 @@ int worker(comm::Collective c) {
 int launch(comm::Collective c, CLI::App* sub) {
   auto& a = gArgs;
   benchOptions(c);  // refuse bad flags before starting anything
+  if (c == comm::Collective::kSendRecv && a.hostfile.empty() && a.hosts.empty() && a.nproc != "2")
+    throw SpecError(fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}", a.nproc));
   spec::JobSpec s;
   s.name = fmt::format("bench-{}", comm::name(c));
   s.command = {launch::selfExecutable(), "bench", sub->get_name(), "--worker", "--backend", a.backend, "-b", a.minBytes, "-e",
@@ -115,10 +117,14 @@ int launch(comm::Collective c, CLI::App* sub) {
 
 void addBenchCommands(CLI::App& app) {
   auto& a = gArgs;
-  auto* bench = app.add_subcommand("bench", "Benchmarks: collectives across local ranks (nccl-tests style)");
+  auto* bench = app.add_subcommand("bench", "Benchmarks: collectives and send/recv across ranks (nccl-tests style)");
   bench->require_subcommand(1);
-  for (auto c : {comm::Collective::kAllreduce, comm::Collective::kBroadcast, comm::Collective::kAllgather}) {
-    auto* sub = bench->add_subcommand(comm::name(c), fmt::format("Benchmark {} and verify its results", comm::name(c)));
+  for (auto c : {comm::Collective::kAllreduce, comm::Collective::kBroadcast, comm::Collective::kAllgather,
+                 comm::Collective::kSendRecv}) {
+    auto* sub = bench->add_subcommand(
+        comm::name(c), c == comm::Collective::kSendRecv
+                           ? std::string("Benchmark send/recv (2-rank ping-pong, time = half the round trip) and verify the payloads")
+                           : fmt::format("Benchmark {} and verify its results", comm::name(c)));
     sub->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Ranks to launch (default 2)");
     sub->add_option("--backend", a.backend, "tcp or nccl (default tcp)");
     sub->add_option("-b,--minbytes", a.minBytes, "Smallest size (default 4K)");

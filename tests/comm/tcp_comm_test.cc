@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -7,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "dtrain/comm/bench.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/store/hash_store.h"
@@ -163,6 +165,181 @@ TEST(TcpComm, SendRecvAndAsyncOrder) {
   });
 }
 
+// One message per size, both ways, payload checked: the header travels with the payload in
+// one sendmsg, and a payload larger than one send call goes out in pieces.
+TEST(TcpComm, SendRecvFramingAllSizes) {
+  onRanks(2, [&](Communicator& c) {
+    int peer = 1 - c.rank();
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{4095}, size_t{65539}, size_t{(3u << 20) + 5}}) {
+      std::vector<char> out(bytes), in(bytes, 0);
+      for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<char>(i * 7 + c.rank() * 31);
+      if (c.rank() == 0) {
+        c.send(out.data(), bytes, peer);
+        c.recv(in.data(), bytes, peer);
+      } else {
+        c.recv(in.data(), bytes, peer);
+        c.send(out.data(), bytes, peer);
+      }
+      for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(in[i], static_cast<char>(i * 7 + peer * 31)) << bytes << " bytes, i=" << i;
+    }
+  });
+}
+
+TEST(TcpComm, RecvOfTheWrongSizeFailsNamingBothSizes) {
+  auto store = std::make_shared<store::HashStore>();
+  CommOptions o = tcpOnly();
+  o.timeout = 5s;
+  std::thread r1([&] {
+    auto c = createTcpCommunicator(store, 1, 2, o);
+    std::vector<char> v(100, 'x');
+    c->send(v.data(), v.size(), 0);
+    try {
+      c->barrier();  // fails once rank 0 gives up; keeps the socket open until then
+    } catch (const PeerLostError&) {
+    }
+  });
+  auto c = createTcpCommunicator(store, 0, 2, o);
+  std::vector<char> v(200);
+  std::string error;
+  try {
+    c->recv(v.data(), v.size(), 1);
+  } catch (const PeerLostError& e) {
+    error = e.what();
+  }
+  r1.join();
+  EXPECT_NE(error.find("recv from rank 1: expected 200 bytes, the peer sent 100"), std::string::npos) << error;
+}
+
+// A blocking op issued while an async op is still running must wait for it, not run inline
+// ahead of it: rank 1 answers rank 0's queued recv only after 300 ms, so a send that
+// overtook it would return long before the recv completes.
+TEST(TcpComm, BlockingOpWaitsBehindAQueuedAsyncOp) {
+  onRanks(2, [&](Communicator& c) {
+    int32_t x = 0, y = 7;
+    if (c.rank() == 0) {
+      auto w = c.recvAsync(&x, sizeof(x), 1);
+      c.send(&y, sizeof(y), 1);
+      EXPECT_TRUE(w->test()) << "the blocking send overtook the queued recv";
+      EXPECT_EQ(x, 5);
+    } else {
+      std::this_thread::sleep_for(300ms);
+      x = 5;
+      c.send(&x, sizeof(x), 0);
+      c.recv(&y, sizeof(y), 0);
+      EXPECT_EQ(y, 7);
+    }
+  });
+}
+
+// While a blocking op runs inline on one thread, an async op issued by another thread must
+// not start: rank 0's inline recv completes only after rank 1's 400 ms sleep, and the async
+// send issued meanwhile may complete only after it.
+TEST(TcpComm, AsyncOpFromAnotherThreadWaitsForAnInlineOp) {
+  using Clock = std::chrono::steady_clock;
+  onRanks(2, [&](Communicator& c) {
+    int32_t x = 0, y = 9;
+    if (c.rank() == 0) {
+      Clock::time_point recvDone, sendDone;
+      std::thread other([&] {
+        std::this_thread::sleep_for(100ms);  // the recv below is running by now
+        c.sendAsync(&y, sizeof(y), 1)->wait();
+        sendDone = Clock::now();
+      });
+      c.recv(&x, sizeof(x), 1);
+      recvDone = Clock::now();
+      other.join();
+      EXPECT_EQ(x, 3);
+      EXPECT_GE(sendDone, recvDone) << "the async send ran while the inline recv was running";
+    } else {
+      std::this_thread::sleep_for(400ms);
+      x = 3;
+      c.send(&x, sizeof(x), 0);
+      c.recv(&y, sizeof(y), 0);
+      EXPECT_EQ(y, 9);
+    }
+  });
+}
+
+// Several threads issuing blocking recvs on one communicator while the peer mixes blocking
+// and async sends: every op still runs alone (no recv sees another's bytes: the framing
+// check would fail) and in issue order (each thread's values increase, since the peer sends
+// 0, 1, 2, ... in order).
+TEST(TcpComm, ConcurrentCallersKeepOneAtATimeInIssueOrder) {
+  const int kThreads = 4, kMsgs = 400;
+  onRanks(2, [&](Communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<int64_t> vals(kMsgs);
+      std::vector<WorkPtr> works;
+      for (int i = 0; i < kMsgs; ++i) {
+        vals[static_cast<size_t>(i)] = i;
+        if (i % 3 == 0)
+          works.push_back(c.sendAsync(&vals[static_cast<size_t>(i)], sizeof(int64_t), 1));
+        else
+          c.send(&vals[static_cast<size_t>(i)], sizeof(int64_t), 1);
+      }
+      for (auto& w : works) w->wait();
+    } else {
+      std::vector<std::vector<int64_t>> got(kThreads);
+      std::vector<std::thread> ts;
+      for (int t = 0; t < kThreads; ++t)
+        ts.emplace_back([&, t] {
+          for (int i = 0; i < kMsgs / kThreads; ++i) {
+            int64_t v = -1;
+            if (i % 2)
+              c.recvAsync(&v, sizeof(v), 0)->wait();
+            else
+              c.recv(&v, sizeof(v), 0);
+            got[static_cast<size_t>(t)].push_back(v);
+          }
+        });
+      for (auto& t : ts) t.join();
+      std::vector<int64_t> all;
+      for (auto& g : got) {
+        for (size_t i = 1; i < g.size(); ++i) EXPECT_LT(g[i - 1], g[i]) << "a thread's receives ran out of order";
+        all.insert(all.end(), g.begin(), g.end());
+      }
+      std::sort(all.begin(), all.end());
+      ASSERT_EQ(all.size(), static_cast<size_t>(kMsgs));
+      for (int i = 0; i < kMsgs; ++i) ASSERT_EQ(all[static_cast<size_t>(i)], i);
+    }
+  });
+}
+
+// Failure semantics of the inline path are those of the async one: the error names the lost
+// rank, the root cause lands in the store, later ops fail at once; a bad argument is a
+// SpecError at the call and leaves the communicator usable.
+TEST(TcpComm, InlineBlockingOpFailsLikeAnAsyncOne) {
+  auto store = std::make_shared<store::HashStore>();
+  CommOptions o = tcpOnly();
+  o.timeout = 5s;
+  std::thread r1([&] {
+    auto c = createTcpCommunicator(store, 1, 2, o);
+    c->barrier();
+  });
+  auto c = createTcpCommunicator(store, 0, 2, o);
+  int32_t x = 0;
+  EXPECT_THROW(c->send(&x, sizeof(x), 0), SpecError);  // self
+  EXPECT_THROW(c->recv(&x, sizeof(x), 2), SpecError);  // no such rank
+  c->barrier();  // still usable
+  r1.join();
+  std::string error;
+  try {
+    c->recv(&x, sizeof(x), 1);
+  } catch (const PeerLostError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("recv on rank 0: lost rank 1: connection closed"), std::string::npos) << error;
+  ASSERT_TRUE(store->check({"comm/default/failure"}));
+  EXPECT_NE(store->get("comm/default/failure").find("lost rank 1"), std::string::npos);
+  try {
+    c->barrier();
+    ADD_FAILURE() << "a broken communicator ran a barrier";
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("unusable after an earlier failure"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c->sendAsync(&x, sizeof(x), 1)->wait(), PeerLostError);
+}
+
 TEST(TcpComm, LostPeerFailsFastAndNamesIt) {
   auto store = std::make_shared<store::HashStore>();
   CommOptions o = tcpOnly();
@@ -218,6 +395,75 @@ TEST(TcpComm, SilentPeerTimesOutWithinTheTimeout) {
   EXPECT_NE(error.find("lost rank 1: no progress within the 0.5 s timeout"), std::string::npos) << error;
   EXPECT_GE(took, 450ms);
   EXPECT_LT(took, 1500ms);
+}
+
+// Forwards to another communicator through the async ops only (so its blocking calls take
+// the base class's default hooks, as the NCCL backend's do) and, when asked, corrupts the
+// first byte of every received message.
+class ForwardingComm final : public Communicator {
+ public:
+  struct DoneWork final : Work {
+    void wait() override {}
+    bool test() override { return true; }
+  };
+  ForwardingComm(Communicator& inner, bool corrupt) : c_(inner), corrupt_(corrupt) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  const char* backend() const override { return c_.backend(); }
+  WorkPtr allreduceAsync(void* d, size_t n, DataType t, ReduceOp op) override { return c_.allreduceAsync(d, n, t, op); }
+  WorkPtr broadcastAsync(void* d, size_t n, DataType t, int root) override { return c_.broadcastAsync(d, n, t, root); }
+  WorkPtr allgatherAsync(const void* s, void* r, size_t n, DataType t) override { return c_.allgatherAsync(s, r, n, t); }
+  WorkPtr reduceScatterAsync(const void* s, void* r, size_t n, DataType t, ReduceOp op) override {
+    return c_.reduceScatterAsync(s, r, n, t, op);
+  }
+  WorkPtr barrierAsync() override { return c_.barrierAsync(); }
+  WorkPtr sendAsync(const void* d, size_t bytes, int peer) override { return c_.sendAsync(d, bytes, peer); }
+  WorkPtr recvAsync(void* d, size_t bytes, int peer) override {
+    c_.recvAsync(d, bytes, peer)->wait();
+    if (corrupt_ && bytes) static_cast<char*>(d)[0] ^= 0x40;
+    return std::make_shared<DoneWork>();
+  }
+  WorkPtr sendRecvAsync(const void* sd, size_t sb, int sp, void* rd, size_t rb, int rp) override {
+    return c_.sendRecvAsync(sd, sb, sp, rd, rb, rp);
+  }
+  std::unique_ptr<Communicator> group(const std::vector<int>&, const std::string&) override {
+    throw SpecError("ForwardingComm: no groups");
+  }
+
+ private:
+  Communicator& c_;
+  bool corrupt_;
+};
+
+TEST(TcpComm, BenchSendRecvPingPongVerifiesPayloads) {
+  BenchOptions o;
+  o.collective = Collective::kSendRecv;
+  o.min_bytes = 8;
+  o.max_bytes = 64 * 1024;
+  o.factor = 8;
+  o.iters = 5;
+  o.warmup = 1;
+  std::vector<std::vector<BenchRow>> rows(2), bad(2);
+  onRanks(2, [&](Communicator& c) {
+    rows[static_cast<size_t>(c.rank())] = runBench(c, o);
+    ForwardingComm corrupting(c, true);
+    bad[static_cast<size_t>(c.rank())] = runBench(corrupting, o);
+  });
+  ASSERT_EQ(rows[0].size(), 5u);  // 8, 64, 512, 4096, 32768
+  for (size_t i = 0; i < rows[0].size(); ++i) {
+    const auto& r = rows[0][i];
+    EXPECT_EQ(r.bytes, size_t{8} << (3 * i));
+    EXPECT_EQ(r.count, r.bytes / 4);
+    EXPECT_EQ(r.wrong, 0) << r.bytes;
+    EXPECT_GT(r.time_us, 0);
+    EXPECT_DOUBLE_EQ(r.busbw, r.algbw);
+    EXPECT_EQ(r.transport, "tcp");  // never the collectives' shm path
+    EXPECT_EQ(rows[1][i].time_us, r.time_us) << "every rank reports rank 0's time";
+  }
+  // One corrupted byte per direction: a float element on each rank.
+  ASSERT_EQ(bad[0].size(), 5u);
+  for (const auto& r : bad[0]) EXPECT_EQ(r.wrong, 2) << r.bytes;
+  onRanks(3, [&](Communicator& c) { EXPECT_THROW(runBench(c, o), SpecError); });
 }
 
 TEST(TcpComm, ParsesNames) {

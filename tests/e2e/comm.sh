@@ -1,4 +1,5 @@
-# Collectives through real processes: dtrain bench (verified results, table, JSON, flags),
+# Collectives through real processes: dtrain bench (verified results, table, JSON, flags;
+# sendrecv's ping-pong too),
 # and ranks that lose a peer to SIGKILL or SIGSTOP fail within the timeout naming it, over
 # the same-host shared-memory transport (the default here) and over TCP (DTRAIN_COMM_SHM=0);
 # no shared-memory segment is left in /dev/shm, even after a SIGKILL.
@@ -29,6 +30,29 @@ for spec in "broadcast -d int64" "allgather -d half" "allreduce -d bfloat16 -o m
   "$DTRAIN" bench $spec --nproc-per-node 3 -b 2K -e 64K -f 8 -n 2 -w 0 >"$T/out" 2>"$T/err"
   expect_eq "$?" 0 "bench $spec verified"
 done
+# Point to point: 2-rank ping-pong down to 8 bytes, payloads verified both ways, over the
+# sockets (never the collectives' shared memory).
+"$DTRAIN" bench sendrecv -b 8 -e 1M -f 8 -n 20 -w 2 --json "$T/sr.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "bench sendrecv exits 0"
+expect_grep "^# dtrain bench sendrecv: 2 ranks, backend tcp" "$T/out" "sendrecv title"
+expect_grep "^# transport: tcp$" "$T/out" "send/recv go over the sockets"
+expect_grep "^# +size +count +type +redop +time +algbw +busbw +#wrong$" "$T/out" "sendrecv nccl-tests header"
+expect_grep "^ +8 +2 +float +none +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "8-byte row verified"
+expect_grep "^ +262144 +65536 +float +none +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "256 KiB row verified"
+expect_grep "^# Out of bounds values : 0 OK$" "$T/out" "sendrecv footer"
+python3 - "$T/sr.json" >"$T/check" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d["rows"]
+ok = all(abs(r["busbw_gbps"] - r["algbw_gbps"]) < 1e-9 and r["time_us"] > 0 and
+         abs(r["algbw_gbps"] - r["bytes"] / r["time_us"] / 1e3) < 1e-5 + 1e-3 * r["algbw_gbps"] for r in rows)
+print(d["collective"], d["ranks"], d["transport"], d["redop"], [r["bytes"] for r in rows], ok, sum(r["wrong"] for r in rows))
+PY
+expect_eq "$(cat "$T/check")" "sendrecv 2 tcp none [8, 64, 512, 4096, 32768, 262144] True 0" \
+  "sendrecv JSON: sizes, busbw = algbw = bytes/time, no wrong values"
+"$DTRAIN" bench sendrecv --nproc-per-node 3 -n 1 2>"$T/err"; expect_eq "$?" 2 "sendrecv with 3 ranks exits 2"
+expect_grep "^dtrain: error: --nproc-per-node: bench sendrecv is a 2-rank ping-pong, got 3$" "$T/err" "sendrecv names the flag"
+"$DTRAIN" bench sendrecv -b 0 -e 8 2>"$T/err"; expect_eq "$?" 2 "sendrecv -b 0 exits 2"
 "$DTRAIN" bench allreduce -b 1X 2>"$T/err"; expect_eq "$?" 2 "bad size exits 2"
 expect_grep "expected a size like 4096, 4K" "$T/err" "bad size message"
 "$DTRAIN" bench allreduce -d complex 2>"$T/err"; expect_eq "$?" 2 "bad type exits 2"

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/common/errors.h"
+
 namespace dtrain::comm {
 namespace {
 
@@ -53,6 +55,8 @@ double expectedAllreduce(int n, size_t i, ReduceOp op, DataType t) {
   return acc;
 }
 
+const char* redopName(const BenchOptions& o) { return o.collective == Collective::kAllreduce ? name(o.op) : "none"; }
+
 }  // namespace
 
 const char* name(Collective c) {
@@ -60,6 +64,7 @@ const char* name(Collective c) {
     case Collective::kAllreduce: return "allreduce";
     case Collective::kBroadcast: return "broadcast";
     case Collective::kAllgather: return "allgather";
+    case Collective::kSendRecv: return "sendrecv";
   }
   return "?";
 }
@@ -67,6 +72,8 @@ const char* name(Collective c) {
 std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
   const int n = comm.size(), rank = comm.rank();
   const size_t es = elementSize(o.dtype);
+  const bool p2p = o.collective == Collective::kSendRecv;
+  if (p2p && n != 2) throw SpecError(fmt::format("bench sendrecv: needs exactly 2 ranks, got {}", n));
   std::vector<BenchRow> rows;
   for (size_t bytes = std::max(o.min_bytes, es); bytes <= o.max_bytes; bytes *= std::max<size_t>(o.factor, 2)) {
     // Allgather's size is the whole output, as in nccl-tests; each rank contributes 1/n.
@@ -79,6 +86,16 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
         case Collective::kAllreduce: comm.allreduce(buf.data(), count, o.dtype, o.op); break;
         case Collective::kBroadcast: comm.broadcast(buf.data(), count, o.dtype, 0); break;
         case Collective::kAllgather: comm.allgather(send.data(), buf.data(), sendCount, o.dtype); break;
+        // Ping-pong: rank 0 sends its pattern and receives rank 1's; rank 1 the other way round.
+        case Collective::kSendRecv:
+          if (rank == 0) {
+            comm.send(send.data(), send.size(), 1);
+            comm.recv(buf.data(), buf.size(), 1);
+          } else {
+            comm.recv(buf.data(), buf.size(), 0);
+            comm.send(send.data(), send.size(), 0);
+          }
+          break;
       }
     };
     fill(buf, count, o.dtype, rank);
@@ -88,9 +105,12 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
     auto start = Clock::now();
     for (int i = 0; i < o.iters; ++i) once();
     double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / std::max(1, o.iters);
+    // Point to point: rank 0's loop times whole round trips; one way is half of one.
+    if (p2p) us = rank == 0 ? us / 2 : 0;
     comm.allreduce(&us, 1, DataType::kFloat64, ReduceOp::kMax);
 
-    // Verify one fresh run.
+    // Verify one fresh run. (For sendrecv buf starts with this rank's pattern, which differs
+    // from the peer's in every element, so a receive that leaves it alone counts as wrong.)
     fill(buf, count, o.dtype, rank);
     once();
     long long wrong = 0;
@@ -100,6 +120,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
         case Collective::kAllreduce: expect = expectedAllreduce(n, i, o.op, o.dtype); break;
         case Collective::kBroadcast: expect = pattern(0, i); break;
         case Collective::kAllgather: expect = pattern(static_cast<int>(i / sendCount), i % sendCount); break;
+        case Collective::kSendRecv: expect = pattern(1 - rank, i); break;
       }
       if (read(buf, i, o.dtype) != expect) ++wrong;
     }
@@ -115,7 +136,9 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
                                                              : 1.0;
     r.busbw = r.algbw * factor;
     r.wrong = wrong;
-    r.transport = comm.transport();
+    // send/recv never use the collectives' shared-memory path: the tcp backend sends them
+    // over its sockets, so report the backend rather than the collectives' transport.
+    r.transport = p2p ? comm.backend() : comm.transport();
     rows.push_back(r);
     if (o.factor < 2) break;
   }
@@ -133,7 +156,7 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
                      "(GB/s)", "(GB/s)", "");
   long long wrong = 0;
   double bus = 0;
-  const char* redop = o.collective == Collective::kAllreduce ? name(o.op) : "none";
+  const char* redop = redopName(o);
   for (const auto& r : rows) {
     out += fmt::format("  {:>10} {:>12} {:>8} {:>6} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", r.bytes, r.count, name(o.dtype),
                        redop, r.time_us, r.algbw, r.busbw, r.wrong);
@@ -148,7 +171,7 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
   std::string transport = rows.empty() || rows[0].transport.empty() ? backend : rows[0].transport;
   std::string out = fmt::format("{{\"collective\": \"{}\", \"ranks\": {}, \"backend\": \"{}\", \"transport\": \"{}\", \"type\": \"{}\", \"redop\": \"{}\", \"rows\": [",
-                                name(o.collective), worldSize, backend, transport, name(o.dtype), name(o.op));
+                                name(o.collective), worldSize, backend, transport, name(o.dtype), redopName(o));
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     out += fmt::format("{}{{\"bytes\": {}, \"count\": {}, \"time_us\": {:.3f}, \"algbw_gbps\": {:.6f}, \"busbw_gbps\": {:.6f}, \"wrong\": {}}}",

@@ -13,8 +13,9 @@
 // boundaries and the same Avg division), so results are bit-identical on every rank AND
 // bit-identical to DTRAIN_COMM_SHM=0.
 //
-// Thread-safety: not thread-safe; the owning communicator calls it from its executor thread
-// only. Liveness: the TCP mesh stays connected; while sleeping, waits poll the peer sockets
+// Thread-safety: not thread-safe; the owning communicator calls it for one operation at a
+// time (on its executor thread, or inline on the caller of a blocking operation; the
+// communicator's lock orders one operation's accesses before the next's). Liveness: the TCP mesh stays connected; while sleeping, waits poll the peer sockets
 // for hang-ups and every wait is bounded by the operation's deadline.
 #include <sys/types.h>
 

@@ -1,5 +1,6 @@
-// TCP backend: a full mesh of nonblocking sockets between ranks, set up through the store,
-// and one executor thread that runs operations in issue order.
+// TCP backend: a full mesh of nonblocking sockets between ranks, set up through the store.
+// Operations run one at a time in issue order: async ones on an executor thread, blocking
+// ones on the caller's thread when nothing is queued or running (see runBlocking).
 //
 // Every transfer goes through Transfer::run, a poll loop that sends and receives at the same
 // time (full duplex) and hands received bytes to a callback in fixed-size grains, so a ring
@@ -11,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,82 +78,123 @@ class TcpCommunicator final : public Communicator {
   const char* backend() const override { return "tcp"; }
   const char* transport() const override { return shm_ ? "shm" : "tcp"; }
 
-  WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) override {
-    return enqueue("allreduce", [=, this](Clock::time_point dl) {
+ private:
+  // The operations' bodies, as callables taking the operation's deadline; run() by execute()
+  // on whichever thread holds the execution slot. Arguments are checked here, at issue time,
+  // so a bad one throws SpecError from the call itself and leaves the communicator usable.
+  auto allreduceOp(void* data, size_t count, DataType t, ReduceOp op) {
+    return [=, this](Clock::time_point dl) {
       if (shm_) return shm_->allreduce(static_cast<char*>(data), count, t, op, opts_.small_message_bytes, dl);
       allreduce(static_cast<char*>(data), count, t, op, dl);
-    });
+    };
   }
-  WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
+  auto broadcastOp(void* data, size_t count, DataType t, int root) {
     checkPeer(root, "broadcast root", /*allowSelf=*/true);
-    return enqueue("broadcast", [=, this](Clock::time_point dl) {
+    return [=, this](Clock::time_point dl) {
       if (shm_) return shm_->broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
       broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
-    });
+    };
   }
-  WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
-    return enqueue("allgather", [=, this](Clock::time_point dl) {
+  auto allgatherOp(const void* send, void* recv, size_t count, DataType t) {
+    return [=, this](Clock::time_point dl) {
       if (shm_) return shm_->allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
       allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
-    });
+    };
   }
-  WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
-    return enqueue("reduce_scatter", [=, this](Clock::time_point dl) {
+  auto reduceScatterOp(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) {
+    return [=, this](Clock::time_point dl) {
       if (shm_) return shm_->reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
       reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
-    });
+    };
   }
-  WorkPtr barrierAsync() override {
-    return enqueue("barrier", [this](Clock::time_point dl) {
+  auto barrierOp() {
+    return [this](Clock::time_point dl) {
       if (shm_) return shm_->barrier(dl);
       int32_t v = 0;
       recursiveDoubling(reinterpret_cast<char*>(&v), 1, DataType::kInt32, ReduceOp::kSum, dl);
-    });
+    };
   }
-  WorkPtr sendAsync(const void* data, size_t bytes, int peer) override {
+  // A message is an 8-byte length header and the payload, written with one sendmsg (one
+  // TCP segment for small messages) and read with one recvmsg where they have arrived.
+  auto sendOp(const void* data, size_t bytes, int peer) {
     checkPeer(peer, "send peer", false);
-    return enqueue("send", [=, this](Clock::time_point dl) {
-      uint64_t header = bytes;
-      transfer(dl).to(peer, reinterpret_cast<const char*>(&header), sizeof(header)).run();
-      transfer(dl).to(peer, static_cast<const char*>(data), bytes).run();
-    });
+    return [=, this](Clock::time_point dl) {
+      const uint64_t header = bytes;
+      transfer(dl).to(peer, static_cast<const char*>(data), bytes).sendHeader(&header).run();
+    };
   }
-  WorkPtr recvAsync(void* data, size_t bytes, int peer) override {
+  auto recvOp(void* data, size_t bytes, int peer) {
     checkPeer(peer, "recv peer", false);
-    return enqueue("recv", [=, this](Clock::time_point dl) {
+    return [=, this](Clock::time_point dl) {
       uint64_t header = 0;
-      transfer(dl).from(peer, reinterpret_cast<char*>(&header), sizeof(header)).run();
-      if (header != bytes)
-        throw PeerLostError(fmt::format("recv from rank {}: expected {} bytes, the peer sent {}", peer, bytes, header));
-      transfer(dl).from(peer, static_cast<char*>(data), bytes).run();
-    });
+      transfer(dl).from(peer, static_cast<char*>(data), bytes).recvHeader(&header, bytes).run();
+    };
   }
   // Same framing as send and recv (a length header, then the payload), both directions in
   // one poll loop, so it matches a plain send/recv on the other side.
-  WorkPtr sendRecvAsync(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
-                        int recvPeer) override {
+  auto sendRecvOp(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes, int recvPeer) {
     checkPeer(sendPeer, "sendRecv send peer", false);
     checkPeer(recvPeer, "sendRecv recv peer", false);
-    return enqueue("sendrecv", [=, this](Clock::time_point dl) {
-      uint64_t out = sendBytes, in = 0;
-      transfer(dl)
-          .to(sendPeer, reinterpret_cast<const char*>(&out), sizeof(out))
-          .from(recvPeer, reinterpret_cast<char*>(&in), sizeof(in))
-          .run();
-      if (in != recvBytes)
-        throw PeerLostError(
-            fmt::format("sendrecv from rank {}: expected {} bytes, the peer sent {}", recvPeer, recvBytes, in));
+    return [=, this](Clock::time_point dl) {
+      const uint64_t out = sendBytes;
+      uint64_t in = 0;
       transfer(dl)
           .to(sendPeer, static_cast<const char*>(sendData), sendBytes)
+          .sendHeader(&out)
           .from(recvPeer, static_cast<char*>(recvData), recvBytes)
+          .recvHeader(&in, recvBytes)
           .run();
-    });
+    };
+  }
+
+ public:
+  WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) override {
+    return enqueue("allreduce", allreduceOp(data, count, t, op));
+  }
+  WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
+    return enqueue("broadcast", broadcastOp(data, count, t, root));
+  }
+  WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
+    return enqueue("allgather", allgatherOp(send, recv, count, t));
+  }
+  WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
+    return enqueue("reduce_scatter", reduceScatterOp(send, recv, recvCount, t, op));
+  }
+  WorkPtr barrierAsync() override { return enqueue("barrier", barrierOp()); }
+  WorkPtr sendAsync(const void* data, size_t bytes, int peer) override {
+    return enqueue("send", sendOp(data, bytes, peer));
+  }
+  WorkPtr recvAsync(void* data, size_t bytes, int peer) override { return enqueue("recv", recvOp(data, bytes, peer)); }
+  WorkPtr sendRecvAsync(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
+                        int recvPeer) override {
+    return enqueue("sendrecv", sendRecvOp(sendData, sendBytes, sendPeer, recvData, recvBytes, recvPeer));
   }
   std::unique_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name) override {
     const int r = groupRank(ranks, rank_, size_, name);
     CommOptions o = opts_;
     o.name = opts_.name + "/" + name;
     return std::make_unique<TcpCommunicator>(store_, r, static_cast<int>(ranks.size()), o);
+  }
+
+ protected:
+  void allreduceBlocking(void* data, size_t count, DataType t, ReduceOp op) override {
+    runBlocking("allreduce", allreduceOp(data, count, t, op));
+  }
+  void broadcastBlocking(void* data, size_t count, DataType t, int root) override {
+    runBlocking("broadcast", broadcastOp(data, count, t, root));
+  }
+  void allgatherBlocking(const void* send, void* recv, size_t count, DataType t) override {
+    runBlocking("allgather", allgatherOp(send, recv, count, t));
+  }
+  void reduceScatterBlocking(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
+    runBlocking("reduce_scatter", reduceScatterOp(send, recv, recvCount, t, op));
+  }
+  void barrierBlocking() override { runBlocking("barrier", barrierOp()); }
+  void sendBlocking(const void* data, size_t bytes, int peer) override { runBlocking("send", sendOp(data, bytes, peer)); }
+  void recvBlocking(void* data, size_t bytes, int peer) override { runBlocking("recv", recvOp(data, bytes, peer)); }
+  void sendRecvBlocking(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
+                        int recvPeer) override {
+    runBlocking("sendrecv", sendRecvOp(sendData, sendBytes, sendPeer, recvData, recvBytes, recvPeer));
   }
 
  private:
@@ -188,6 +231,18 @@ class TcpCommunicator final : public Communicator {
       bounce_ = bounce;
       return *this;
     }
+    // Send the 8-byte message header *h before the payload (send/recv framing).
+    Transfer& sendHeader(const uint64_t* h) {
+      shead_ = reinterpret_cast<const char*>(h);
+      return *this;
+    }
+    // Receive an 8-byte header into *h before the payload; it must equal `expect` (the
+    // receiver's size), checked as soon as it is in, else PeerLostError. Not with onRecv.
+    Transfer& recvHeader(uint64_t* h, uint64_t expect) {
+      rhead_ = h;
+      rheadExpect_ = expect;
+      return *this;
+    }
     void run();
     size_t received() const { return recvd_; }
 
@@ -201,6 +256,10 @@ class TcpCommunicator final : public Communicator {
     const size_t* avail_ = nullptr;
     char* bounce_ = nullptr;
     std::function<void(size_t, size_t)> fn_;
+    const char* shead_ = nullptr;  // header bytes go before sbuf_ (shead_ set: 8 bytes)
+    uint64_t* rhead_ = nullptr;
+    uint64_t rheadExpect_ = 0;
+    size_t sheadDone_ = 0, rheadDone_ = 0;
   };
 
   Transfer transfer(Clock::time_point dl) { return Transfer(*this, dl); }
@@ -210,7 +269,21 @@ class TcpCommunicator final : public Communicator {
       throw SpecError(fmt::format("{} {} is not another rank of this communicator (size {})", what, peer, size_));
   }
 
-  WorkPtr enqueue(const char* name, std::function<void(Clock::time_point)> fn);
+  using OpFn = std::function<void(Clock::time_point)>;
+  // Async path: queues the operation for the executor thread.
+  WorkPtr enqueue(const char* name, OpFn fn);
+  // Blocking path: when no operation is queued or running, takes the execution slot and runs
+  // fn on the calling thread (no hand-off to the executor and back); otherwise queues it
+  // behind the others, like enqueue, and waits. Either way the issue order holds.
+  template <typename F>
+  void runBlocking(const char* name, F&& fn);
+  // Queues a task; mu_ must be held. The caller notifies cv_ after unlocking.
+  std::shared_future<void> pushLocked(const char* name, OpFn fn);
+  // Runs one operation under the execution slot (busy_), on the executor or on the caller of
+  // a blocking op: refuses it once the communicator is broken; a failure other than a
+  // SpecError breaks it, leaves the root cause in the store and shuts the sockets down.
+  template <typename F>
+  void execute(const char* name, F& fn);
   void loop();
   void connectMesh();
   void setupShm();
@@ -233,14 +306,18 @@ class TcpCommunicator final : public Communicator {
   CommOptions opts_;
   std::vector<int> fds_;
   std::vector<char> scratch_;
-  // Same-host data path for collectives; null when TCP carries them. Used by the executor
-  // thread only; the sockets above stay connected as its liveness channel.
+  // Same-host data path for collectives; null when TCP carries them. Used by whichever thread
+  // holds the execution slot; the sockets above stay connected as its liveness channel.
   std::unique_ptr<detail::ShmTransport> shm_;
   const char* currentOp_ = "";
 
+  // Execution state. fds_ data, scratch_, shm_ and currentOp_ are touched only by the thread
+  // holding the execution slot (busy_ set under mu_); taking and releasing the slot under
+  // mu_ orders one operation's accesses before the next's.
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::string, std::packaged_task<void()>>> queue_;
+  std::condition_variable cv_;  // the executor waits on it for work and for a free slot
+  std::deque<std::packaged_task<void()>> queue_;
+  bool busy_ = false;  // an operation is running (on the executor or inline on a caller)
   bool stopping_ = false;
   std::string broken_;  // first failure; later operations fail at once
   std::thread thread_;
@@ -400,41 +477,80 @@ void TcpCommunicator::setupShm() {
   shm_ = detail::ShmTransport::create(s);
 }
 
-WorkPtr TcpCommunicator::enqueue(const char* name, std::function<void(Clock::time_point)> fn) {
-  std::packaged_task<void()> task([this, name, fn = std::move(fn)] {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (!broken_.empty())
-        throw PeerLostError(fmt::format("{}: communicator is unusable after an earlier failure: {}", name, broken_));
-    }
-    currentOp_ = name;
-    try {
-      fn(Clock::now() + opts_.timeout);
-    } catch (const SpecError&) {
-      throw;
-    } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        broken_ = e.what();
-      }
-      // Leave the root cause where peers can find it (first failure wins), then close our
-      // sockets: that tells every peer at once, instead of letting them time out.
-      try {
-        store_->compareSet(failureKey(), "", e.what());
-      } catch (const std::exception&) {
-      }
-      for (int fd : fds_)
-        if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-      throw;
-    }
-  });
-  auto f = task.get_future().share();
+template <typename F>
+void TcpCommunicator::execute(const char* name, F& fn) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    queue_.emplace_back(name, std::move(task));
+    if (!broken_.empty())
+      throw PeerLostError(fmt::format("{}: communicator is unusable after an earlier failure: {}", name, broken_));
+  }
+  currentOp_ = name;
+  try {
+    fn(Clock::now() + opts_.timeout);
+  } catch (const SpecError&) {
+    throw;
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      broken_ = e.what();
+    }
+    // Leave the root cause where peers can find it (first failure wins), then close our
+    // sockets: that tells every peer at once, instead of letting them time out.
+    try {
+      store_->compareSet(failureKey(), "", e.what());
+    } catch (const std::exception&) {
+    }
+    for (int fd : fds_)
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    throw;
+  }
+}
+
+std::shared_future<void> TcpCommunicator::pushLocked(const char* name, OpFn fn) {
+  std::packaged_task<void()> task([this, name, fn = std::move(fn)] { execute(name, fn); });
+  auto f = task.get_future().share();
+  queue_.push_back(std::move(task));
+  return f;
+}
+
+WorkPtr TcpCommunicator::enqueue(const char* name, OpFn fn) {
+  std::shared_future<void> f;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    f = pushLocked(name, std::move(fn));
   }
   cv_.notify_one();
   return std::make_shared<FutureWork>(std::move(f));
+}
+
+template <typename F>
+void TcpCommunicator::runBlocking(const char* name, F&& fn) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!queue_.empty() || busy_) {
+    // Earlier operations are pending: go behind them (queued under the same lock hold as the
+    // check, so nothing issued later can overtake this one).
+    auto f = pushLocked(name, OpFn(std::forward<F>(fn)));
+    l.unlock();
+    cv_.notify_one();
+    f.get();
+    return;
+  }
+  busy_ = true;
+  l.unlock();
+  // Releases the slot however fn ends, and hands the executor what was queued meanwhile.
+  struct Release {
+    TcpCommunicator& c;
+    ~Release() {
+      bool pending;
+      {
+        std::lock_guard<std::mutex> g(c.mu_);
+        c.busy_ = false;
+        pending = !c.queue_.empty();
+      }
+      if (pending) c.cv_.notify_one();
+    }
+  } release{*this};
+  execute(name, fn);
 }
 
 void TcpCommunicator::loop() {
@@ -442,12 +558,16 @@ void TcpCommunicator::loop() {
     std::packaged_task<void()> task;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      // A queued task waits while a blocking op runs inline on a caller's thread.
+      cv_.wait(l, [&] { return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty()); });
       if (queue_.empty()) return;  // stopping, and every issued operation has run
-      task = std::move(queue_.front().second);
+      task = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    task();
+    task();  // a packaged_task keeps the operation's exception for its future
+    std::lock_guard<std::mutex> l(mu_);
+    busy_ = false;
   }
 }
 
@@ -462,21 +582,43 @@ void TcpCommunicator::lost(int peer, const std::string& why) {
 }
 
 // Tries both directions without waiting and polls only when neither can move: fewer
-// syscalls and wake-ups than polling before every call.
+// syscalls and wake-ups than polling before every call. A send/recv header travels in the
+// same sendmsg/recvmsg call as the start of its payload.
 void TcpCommunicator::Transfer::run() {
+  constexpr size_t kHead = sizeof(uint64_t);
   auto& fds = c_.fds_;
   const int rfd = from_ >= 0 ? fds[static_cast<size_t>(from_)] : -1;
   const int sfd = to_ >= 0 ? fds[static_cast<size_t>(to_)] : -1;
-  while (sent_ < slen_ || recvd_ < rlen_) {
+  const size_t sheadLen = shead_ ? kHead : 0, rheadLen = rhead_ ? kHead : 0;
+  auto sending = [&](size_t limit) { return sheadDone_ < sheadLen || sent_ < limit; };
+  auto receiving = [&] { return rheadDone_ < rheadLen || recvd_ < rlen_; };
+  while (sending(slen_) || receiving()) {
     bool progress = false;
-    if (recvd_ < rlen_) {
-      ssize_t n = bounce_ ? ::recv(rfd, bounce_ + (recvd_ - delivered_), std::min(rlen_ - recvd_, grain_ - (recvd_ - delivered_)), 0)
-                          : ::recv(rfd, rbuf_ + recvd_, rlen_ - recvd_, 0);
+    if (receiving()) {
+      ssize_t n;
+      size_t head = 0;  // header bytes among the n received
+      if (rheadDone_ < rheadLen) {
+        iovec iov[2] = {{reinterpret_cast<char*>(rhead_) + rheadDone_, rheadLen - rheadDone_}, {rbuf_ + recvd_, rlen_ - recvd_}};
+        msghdr m{};
+        m.msg_iov = iov;
+        m.msg_iovlen = rlen_ > recvd_ ? 2 : 1;
+        n = ::recvmsg(rfd, &m, 0);
+        if (n > 0) head = std::min(static_cast<size_t>(n), rheadLen - rheadDone_);
+      } else {
+        n = bounce_ ? ::recv(rfd, bounce_ + (recvd_ - delivered_), std::min(rlen_ - recvd_, grain_ - (recvd_ - delivered_)), 0)
+                    : ::recv(rfd, rbuf_ + recvd_, rlen_ - recvd_, 0);
+      }
       if (n == 0) c_.lost(from_, "connection closed (the process exited or was killed)");
       if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(from_, std::strerror(errno));
       if (n > 0) {
         progress = true;
-        recvd_ += static_cast<size_t>(n);
+        if (head) {
+          rheadDone_ += head;
+          if (rheadDone_ == rheadLen && *rhead_ != rheadExpect_)
+            throw PeerLostError(fmt::format("{} from rank {}: expected {} bytes, the peer sent {}", c_.currentOp_, from_,
+                                            rheadExpect_, *rhead_));
+        }
+        recvd_ += static_cast<size_t>(n) - head;
         if (fn_) {
           size_t g = grain_ ? grain_ : rlen_;
           while (delivered_ < recvd_ && (recvd_ - delivered_ >= g || recvd_ == rlen_)) {
@@ -489,19 +631,32 @@ void TcpCommunicator::Transfer::run() {
       }
     }
     size_t limit = avail_ ? std::min(slen_, *avail_) : slen_;
-    if (sent_ < limit) {
-      ssize_t n = ::send(sfd, sbuf_ + sent_, std::min(limit - sent_, kMaxSendPerCall), MSG_NOSIGNAL);
+    if (sending(limit)) {
+      ssize_t n;
+      size_t head = 0;
+      if (sheadDone_ < sheadLen) {
+        iovec iov[2] = {{const_cast<char*>(shead_ + sheadDone_), sheadLen - sheadDone_},
+                        {const_cast<char*>(sbuf_ + sent_), std::min(limit - sent_, kMaxSendPerCall)}};
+        msghdr m{};
+        m.msg_iov = iov;
+        m.msg_iovlen = limit > sent_ ? 2 : 1;
+        n = ::sendmsg(sfd, &m, MSG_NOSIGNAL);
+        if (n > 0) head = std::min(static_cast<size_t>(n), sheadLen - sheadDone_);
+      } else {
+        n = ::send(sfd, sbuf_ + sent_, std::min(limit - sent_, kMaxSendPerCall), MSG_NOSIGNAL);
+      }
       if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(to_, std::strerror(errno));
       if (n > 0) {
         progress = true;
-        sent_ += static_cast<size_t>(n);
+        sheadDone_ += head;
+        sent_ += static_cast<size_t>(n) - head;
       }
     }
-    if (progress || (sent_ >= slen_ && recvd_ >= rlen_)) continue;
+    if (progress || (!sending(slen_) && !receiving())) continue;
     pollfd p[2];
     int np = 0;
-    if (recvd_ < rlen_) p[np++] = {rfd, POLLIN, 0};
-    if (sent_ < limit) {
+    if (receiving()) p[np++] = {rfd, POLLIN, 0};
+    if (sending(limit)) {
       if (np == 1 && sfd == rfd)
         p[0].events |= POLLOUT;
       else
@@ -511,7 +666,7 @@ void TcpCommunicator::Transfer::run() {
     int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(left)) : 0;
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      int waitingOn = recvd_ < rlen_ ? from_ : to_;
+      int waitingOn = receiving() ? from_ : to_;
       c_.lost(waitingOn, fmt::format("no progress within the {} timeout (sent {} of {} bytes to rank {}, received {} of {} "
                                      "from rank {}); is it stopped or overloaded?",
                                      secondsText(c_.opts_.timeout), sent_, slen_, to_, recvd_, rlen_, from_));

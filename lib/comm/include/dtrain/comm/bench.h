@@ -1,5 +1,6 @@
 #pragma once
 // Collective benchmarks in the style of nccl-tests, run on every rank of a communicator.
+// kSendRecv is point to point: a ping-pong between exactly 2 ranks (see runBench).
 #include <string>
 #include <vector>
 
@@ -7,7 +8,7 @@
 
 namespace dtrain::comm {
 
-enum class Collective { kAllreduce, kBroadcast, kAllgather };
+enum class Collective { kAllreduce, kBroadcast, kAllgather, kSendRecv };
 
 struct BenchOptions {
   Collective collective = Collective::kAllreduce;
@@ -33,6 +34,9 @@ struct BenchRow {
 };
 
 // Collective: every rank calls it with the same options. Results are the same on all ranks.
+// kSendRecv needs exactly 2 ranks (SpecError otherwise): rank 0 sends, rank 1 receives and
+// sends back the same size; time = half the round trip, busbw = algbw = bytes / time;
+// #wrong counts received elements (both directions) that differ from the sender's pattern.
 std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& opts);
 
 // "size count type redop time algbw busbw #wrong" table with the nccl-tests footer.

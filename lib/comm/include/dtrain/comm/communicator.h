@@ -4,7 +4,11 @@
 // untouched until its Work completes.
 //
 // Thread-safety: a Communicator may be called from several threads, but operations are
-// executed in the order they were issued, one at a time, on the communicator's own thread.
+// executed in the order they were issued, one at a time. Async operations run on the
+// communicator's own thread; a blocking call (allreduce(), send(), ...) may instead run on
+// the calling thread when nothing issued earlier is still queued or running (the tcp backend
+// does, saving two thread hand-offs per operation). Either way the ordering, the errors and
+// the buffers' lifetime rules are those of XxxAsync(...)->wait().
 #include <chrono>
 #include <memory>
 #include <string>
@@ -69,16 +73,43 @@ class Communicator {
   // rank is not in `ranks` or the list is malformed.
   virtual std::unique_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name) = 0;
 
-  void allreduce(void* data, size_t count, DataType t, ReduceOp op) { allreduceAsync(data, count, t, op)->wait(); }
-  void broadcast(void* data, size_t count, DataType t, int root) { broadcastAsync(data, count, t, root)->wait(); }
-  void allgather(const void* send, void* recv, size_t count, DataType t) { allgatherAsync(send, recv, count, t)->wait(); }
+  // Blocking: same as XxxAsync(...)->wait() (see the thread-safety note above).
+  void allreduce(void* data, size_t count, DataType t, ReduceOp op) { allreduceBlocking(data, count, t, op); }
+  void broadcast(void* data, size_t count, DataType t, int root) { broadcastBlocking(data, count, t, root); }
+  void allgather(const void* send, void* recv, size_t count, DataType t) { allgatherBlocking(send, recv, count, t); }
   void reduceScatter(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) {
+    reduceScatterBlocking(send, recv, recvCount, t, op);
+  }
+  void barrier() { barrierBlocking(); }
+  void send(const void* data, size_t bytes, int peer) { sendBlocking(data, bytes, peer); }
+  void recv(void* data, size_t bytes, int peer) { recvBlocking(data, bytes, peer); }
+  void sendRecv(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes, int recvPeer) {
+    sendRecvBlocking(sendData, sendBytes, sendPeer, recvData, recvBytes, recvPeer);
+  }
+
+ protected:
+  // Execution hooks of the blocking wrappers. The default issues the async op and waits for
+  // it. A backend may override them to run the operation on the calling thread, but only
+  // with exactly the async op's observable behaviour: it must still execute after every
+  // operation issued before it and before every one issued after it (on any thread), one at
+  // a time, and fail with the same errors and the same effect on later operations.
+  virtual void allreduceBlocking(void* data, size_t count, DataType t, ReduceOp op) {
+    allreduceAsync(data, count, t, op)->wait();
+  }
+  virtual void broadcastBlocking(void* data, size_t count, DataType t, int root) {
+    broadcastAsync(data, count, t, root)->wait();
+  }
+  virtual void allgatherBlocking(const void* send, void* recv, size_t count, DataType t) {
+    allgatherAsync(send, recv, count, t)->wait();
+  }
+  virtual void reduceScatterBlocking(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) {
     reduceScatterAsync(send, recv, recvCount, t, op)->wait();
   }
-  void barrier() { barrierAsync()->wait(); }
-  void send(const void* data, size_t bytes, int peer) { sendAsync(data, bytes, peer)->wait(); }
-  void recv(void* data, size_t bytes, int peer) { recvAsync(data, bytes, peer)->wait(); }
-  void sendRecv(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes, int recvPeer) {
+  virtual void barrierBlocking() { barrierAsync()->wait(); }
+  virtual void sendBlocking(const void* data, size_t bytes, int peer) { sendAsync(data, bytes, peer)->wait(); }
+  virtual void recvBlocking(void* data, size_t bytes, int peer) { recvAsync(data, bytes, peer)->wait(); }
+  virtual void sendRecvBlocking(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
+                                int recvPeer) {
     sendRecvAsync(sendData, sendBytes, sendPeer, recvData, recvBytes, recvPeer)->wait();
   }
 };
