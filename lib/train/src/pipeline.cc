@@ -90,7 +90,7 @@ class CpuStage final : public StageMath {
   float* input(int slot, int n) override {
     Stash& s = stash(slot);
     s.n = n;
-    s.in.resize(static_cast<size_t>(n) * inWidth());
+    reuse(s.in, static_cast<size_t>(n) * inWidth());
     return s.in.data();
   }
 
@@ -103,12 +103,12 @@ class CpuStage final : public StageMath {
       const int l = lo_ + k;
       const float* a = k == 0 ? s.in.data() : s.act[static_cast<size_t>(k) - 1].data();
       auto& z = s.pre[static_cast<size_t>(k)];
-      z.resize(static_cast<size_t>(n) * out(l));
+      reuse(z, static_cast<size_t>(n) * out(l));
       for (int i = 0; i < n; ++i) std::copy(b(l), b(l) + out(l), z.data() + static_cast<size_t>(i) * out(l));
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out(l), in(l), 1.0f, a, in(l), W(l), in(l), 1.0f, z.data(),
                   out(l));
       auto& o = s.act[static_cast<size_t>(k)];
-      o.resize(z.size());
+      reuse(o, z.size());
       if (l == static_cast<int>(cfg_.layers.size()) - 2) {
         std::copy(z.begin(), z.end(), o.begin());
       } else if (cfg_.activation == Activation::kRelu) {
@@ -125,7 +125,7 @@ class CpuStage final : public StageMath {
     Stash& s = stash(slot);
     const int n = s.n, C = cfg_.layers.back();
     const auto& logits = s.act.back();
-    s.delta.resize(logits.size());
+    reuse(s.delta, logits.size());
     double loss = lossAndGrad(cfg_.loss, logits.data(), n, C, targets, denom, s.delta.data(), correct);
     account();
     return loss;
@@ -133,7 +133,7 @@ class CpuStage final : public StageMath {
 
   float* outputGrad(int slot) override {
     Stash& s = stash(slot);
-    s.delta.resize(static_cast<size_t>(s.n) * outWidth());
+    reuse(s.delta, static_cast<size_t>(s.n) * outWidth());
     account();
     return s.delta.data();
   }
@@ -164,6 +164,10 @@ class CpuStage final : public StageMath {
     }
     // The input gradient is in `delta` now (the stash's buffer); hand it out, drop the rest.
     inGrad_.swap(delta);
+    release(s.in);
+    release(s.delta);
+    for (auto& v : s.pre) release(v);
+    for (auto& v : s.act) release(v);
     s = Stash{};
     account();
     return lo_ == 0 ? nullptr : inGrad_.data();
@@ -201,6 +205,26 @@ class CpuStage final : public StageMath {
   float* dW(int l) { return grads_.data() + offsets_[static_cast<size_t>(l - lo_)]; }
   float* db(int l) { return dW(l) + static_cast<size_t>(out(l)) * in(l); }
 
+  // Stash buffers come from a pool of released ones instead of the allocator: a fresh
+  // activation-sized vector per micro-batch meant an mmap, page faults on every page and a
+  // munmap each time (glibc serves them from mmap), which cost the first stage 20% of its
+  // compute. Pooled buffers keep their capacity, so the memory held is the peak in use.
+  // reuse(v, n): v sized n, its storage from the pool when v has none (the contents are
+  // stale; every caller overwrites them). release(v): v's storage back to the pool.
+  void reuse(std::vector<float>& v, size_t n) {
+    if (v.capacity() == 0 && !pool_.empty()) {
+      v.swap(pool_.back());
+      pool_.pop_back();
+    }
+    v.resize(n);
+  }
+  void release(std::vector<float>& v) {
+    if (v.capacity() == 0) return;
+    v.clear();
+    pool_.push_back(std::move(v));
+    v = std::vector<float>();
+  }
+
   Stash& stash(int slot) {
     if (stash_.size() <= static_cast<size_t>(slot)) stash_.resize(static_cast<size_t>(slot) + 1);
     return stash_[static_cast<size_t>(slot)];
@@ -232,6 +256,7 @@ class CpuStage final : public StageMath {
   std::vector<float> params_, grads_, state_, deltaPrev_, inGrad_;
   std::vector<char> scratch_;
   std::vector<Stash> stash_;
+  std::vector<std::vector<float>> pool_;
   size_t live_ = 0, peak_ = 0;
 };
 
@@ -298,6 +323,19 @@ class Trace {
   bool on_ = false;
   std::vector<Event> events_;
 };
+
+// The bubble fraction of a pipeline step, as the (P-1)/(M+P-1) theory defines it: the share
+// of the P stages' time over the step that is not compute, 1 - compute / (P x span). The
+// span is the first stage's schedule: it starts the step (the other stages can compute
+// nothing before its first activation arrives) and ends it (its last backward needs every
+// other stage's). The other stages' own schedule times would not do: the last stage's starts
+// while the first still runs the previous step's optimizer. computeSum: every rank's compute
+// seconds; firstStageSchedule: the first stages' schedule seconds, both summed over the
+// replicas.
+double pipelineBubble(double computeSum, double firstStageSchedule, int stages) {
+  if (firstStageSchedule <= 0) return 0;
+  return std::max(0.0, 1.0 - computeSum / (stages * firstStageSchedule));
+}
 
 std::string fmtDuration(double s) {
   if (s < 60) return fmt::format("{:.0f}s", s);
@@ -792,8 +830,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   long long windowSteps = 0;
   Clock::time_point afterFirst, lastStatus;
   // Per log window, summed over ranks: loss, correct, samples, then each stage's compute
-  // seconds (replica 0), then the bubble fractions of all ranks.
-  std::vector<double> stats(4 + static_cast<size_t>(P));
+  // seconds (replica 0), then every rank's compute seconds and the first stages' schedule
+  // seconds (see pipelineBubble).
+  std::vector<double> stats(5 + static_cast<size_t>(P));
   std::string bubbleText = "-";
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
     EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
@@ -884,10 +923,11 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         stats[1] = windowCorrect;
         stats[2] = windowSamples;
         if (d == 0) stats[3 + static_cast<size_t>(p)] = windowCompute / static_cast<double>(windowSteps);
-        stats[3 + static_cast<size_t>(P)] = windowSchedule > 0 ? 1.0 - windowCompute / windowSchedule : 0;
+        stats[3 + static_cast<size_t>(P)] = windowCompute;
+        stats[4 + static_cast<size_t>(P)] = p == 0 ? windowSchedule : 0;
         worldComm.allreduceHost(stats.data(), stats.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
         result.final_loss = stats[0] / stats[2];
-        const double bubble = stats[3 + static_cast<size_t>(P)] / world;
+        const double bubble = detail::pipelineBubble(stats[3 + static_cast<size_t>(P)], stats[4 + static_cast<size_t>(P)], P);
         bubbleText = fmt::format("{:.1f}%", 100 * bubble);
         std::string stageText;
         for (int s = 0; s < P; ++s) stageText += fmt::format("{}{:.1f}", s ? "/" : "", 1e3 * stats[3 + static_cast<size_t>(s)]);
@@ -914,13 +954,14 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
   {
     // Whole-run timing: each stage's compute per step (replica 0) and the mean bubble.
-    std::vector<double> t(static_cast<size_t>(P) + 1, 0.0);
+    std::vector<double> t(static_cast<size_t>(P) + 2, 0.0);
     const long long steps = std::max<long long>(1, step - firstStep - 1);
     if (d == 0) t[static_cast<size_t>(p)] = 1e3 * totalCompute / static_cast<double>(steps);
-    t[static_cast<size_t>(P)] = totalSchedule > 0 ? 1.0 - totalCompute / totalSchedule : 0;
+    t[static_cast<size_t>(P)] = totalCompute;
+    t[static_cast<size_t>(P) + 1] = p == 0 ? totalSchedule : 0;
     worldComm.allreduceHost(t.data(), t.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
     result.stage_ms.assign(t.begin(), t.begin() + P);
-    result.bubble_fraction = t[static_cast<size_t>(P)] / world;
+    result.bubble_fraction = detail::pipelineBubble(t[static_cast<size_t>(P)], t[static_cast<size_t>(P) + 1], P);
   }
   result.peak_activation_bytes = model.peakBytes();
 
