@@ -9,7 +9,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
-#include "dtrain/store/hash_store.h"
+#include "comm_test_util.h"
 
 namespace dtrain::comm {
 namespace {
@@ -21,23 +21,8 @@ CommOptions options(bool shm) {
   return o;
 }
 
-// Runs fn(comm) on n ranks, each in its own thread with its own communicator; returns each
-// rank's error ("" when it succeeded).
 std::vector<std::string> onRanks(int n, const std::function<void(Communicator&)>& fn, CommOptions o) {
-  auto store = std::make_shared<store::HashStore>();
-  std::vector<std::thread> ts;
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto c = createTcpCommunicator(store, r, n, o);
-        fn(*c);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
+  return testing::runRanks(n, fn, o);
 }
 
 void expectNoErrors(const std::vector<std::string>& errors) {

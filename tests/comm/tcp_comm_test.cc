@@ -12,6 +12,7 @@
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/store/hash_store.h"
+#include "comm_test_util.h"
 
 namespace dtrain::comm {
 namespace {
@@ -28,19 +29,7 @@ CommOptions tcpOnly() {
 
 // Runs fn(comm) on n ranks, each in its own thread with its own communicator.
 void onRanks(int n, const std::function<void(Communicator&)>& fn, CommOptions o = tcpOnly()) {
-  auto store = std::make_shared<store::HashStore>();
-  std::vector<std::thread> ts;
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto c = createTcpCommunicator(store, r, n, o);
-        fn(*c);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  auto errors = testing::runRanks(n, fn, o);
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
 

@@ -67,6 +67,24 @@ Run run(int world, const spec::TrainerSpec& t) {
   return out;
 }
 
+// How many of `world` ranks training t fail with a SpecError containing `text`.
+int refusals(int world, const spec::TrainerSpec& t, const std::string& text) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::thread> ts;
+  std::atomic<int> refused{0};
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto c = comm::createTcpCommunicator(store, r, world, {});
+      try {
+        train(t, *c);
+      } catch (const SpecError& e) {
+        if (std::string(e.what()).find(text) != std::string::npos) ++refused;
+      }
+    });
+  for (auto& th : ts) th.join();
+  return refused.load();
+}
+
 void expectClose(const Run& a, const Run& b) {
   ASSERT_EQ(a.weights.size(), b.weights.size());
   double maxDiff = 0, maxAbs = 0;
@@ -184,21 +202,7 @@ TEST(Pipeline, ActivationsLargerThanSocketBuffersDoNotDeadlock) {
 }
 
 TEST(Pipeline, WorldNotAMultipleOfTheStagesIsRefused) {
-  auto t = model(2, 2, "1f1b");
-  auto store = std::make_shared<store::HashStore>();
-  std::vector<std::thread> ts;
-  std::atomic<int> refused{0};
-  for (int r = 0; r < 3; ++r)
-    ts.emplace_back([&, r] {
-      auto c = comm::createTcpCommunicator(store, r, 3, {});
-      try {
-        train(t, *c);
-      } catch (const SpecError& e) {
-        if (std::string(e.what()).find("does not divide the world size 3") != std::string::npos) ++refused;
-      }
-    });
-  for (auto& th : ts) th.join();
-  EXPECT_EQ(refused.load(), 3);
+  EXPECT_EQ(refusals(3, model(2, 2, "1f1b"), "does not divide the world size 3"), 3);
 }
 
 // Without a GPU (or in a CPU build) "cuda" is refused on every rank before any transfer;
@@ -207,20 +211,7 @@ TEST(Pipeline, CudaWithoutAGpuIsRefused) {
   if (visibleGpus() > 0) GTEST_SKIP() << "a GPU is visible: GpuPipeline.* covers cuda";
   auto t = model(2, 2, "1f1b");
   t.device = "cuda";
-  auto store = std::make_shared<store::HashStore>();
-  std::vector<std::thread> ts;
-  std::atomic<int> refused{0};
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      auto c = comm::createTcpCommunicator(store, r, 2, {});
-      try {
-        train(t, *c);
-      } catch (const SpecError& e) {
-        if (std::string(e.what()).find("trainer.device is \"cuda\" but") != std::string::npos) ++refused;
-      }
-    });
-  for (auto& th : ts) th.join();
-  EXPECT_EQ(refused.load(), 2);
+  EXPECT_EQ(refusals(2, t, "trainer.device is \"cuda\" but"), 2);
 }
 
 TEST(Pipeline, ResumeFromStageCheckpointsIsBitIdentical) {

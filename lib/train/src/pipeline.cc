@@ -37,6 +37,7 @@
 #include "dtrain/train/data.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
+#include "host_collectives.h"
 #include "stage_math.h"
 
 namespace dtrain::train {
@@ -53,25 +54,14 @@ constexpr long long kTraceSteps = 4;
 // over micro-batches. Everything completes before a call returns.
 class CpuStage final : public StageMath {
  public:
-  CpuStage(const MlpConfig& cfg, int lo, int hi, bool adam) : cfg_(cfg), lo_(lo), hi_(hi) {
-    offsets_.push_back(0);
-    for (int l = lo; l < hi; ++l) offsets_.push_back(offsets_.back() + static_cast<size_t>(out(l)) * in(l) + out(l));
-    params_.assign(offsets_.back(), 0.0f);
-    grads_.assign(offsets_.back(), 0.0f);
-    state_.assign(offsets_.back() * (adam ? 2 : 1), 0.0f);
+  CpuStage(const MlpConfig& cfg, int lo, int hi, bool adam) : StageMath(cfg, lo, hi, adam) {
+    params_.assign(numParams(), 0.0f);
+    grads_.assign(numParams(), 0.0f);
+    state_.assign(stateSize(), 0.0f);
   }
 
   std::string describe() const override { return "cpu"; }
   bool onDevice() const override { return false; }
-  bool last() const override { return hi_ == static_cast<int>(cfg_.layers.size()) - 1; }
-  int inWidth() const override { return in(lo_); }
-  int outWidth() const override { return out(hi_ - 1); }
-  int numLayers() const override { return hi_ - lo_; }
-  size_t numParams() const override { return params_.size(); }
-  size_t stateSize() const override { return state_.size(); }
-  std::pair<size_t, size_t> layerSpan(int k) const override {
-    return {offsets_[static_cast<size_t>(k)], offsets_[static_cast<size_t>(k) + 1] - offsets_[static_cast<size_t>(k)]};
-  }
 
   float* params() override { return params_.data(); }
   float* grads() override { return grads_.data(); }
@@ -198,8 +188,6 @@ class CpuStage final : public StageMath {
     std::vector<std::vector<float>> pre, act;
   };
 
-  int in(int l) const { return cfg_.layers[static_cast<size_t>(l)]; }
-  int out(int l) const { return cfg_.layers[static_cast<size_t>(l) + 1]; }
   float* W(int l) { return params_.data() + offsets_[static_cast<size_t>(l - lo_)]; }
   float* b(int l) { return W(l) + static_cast<size_t>(out(l)) * in(l); }
   float* dW(int l) { return grads_.data() + offsets_[static_cast<size_t>(l - lo_)]; }
@@ -250,9 +238,6 @@ class CpuStage final : public StageMath {
     peak_ = std::max(peak_, bytes);
   }
 
-  MlpConfig cfg_;
-  int lo_, hi_;
-  std::vector<size_t> offsets_;
   std::vector<float> params_, grads_, state_, deltaPrev_, inGrad_;
   std::vector<char> scratch_;
   std::vector<Stash> stash_;
@@ -350,7 +335,7 @@ std::string fmtDuration(double s) {
 class StageComm {
  public:
   StageComm(comm::Communicator& c, StageMath& m)
-      : c_(c), m_(m), commOnDevice_(std::string(c.backend()) == "nccl"), direct_(commOnDevice_ == m.onDevice()) {}
+      : c_(c), m_(m), host_(c, m), direct_(host_.onDevice() == m.onDevice()) {}
   comm::Communicator& get() { return c_; }
   // True when stage buffers go to the communicator as they are.
   bool direct() const { return direct_; }
@@ -373,42 +358,11 @@ class StageComm {
   }
 
   // Host data (never a stage buffer).
-  void allreduceHost(void* data, size_t count, comm::DataType t, comm::ReduceOp op) {
-    if (!commOnDevice_) return c_.allreduce(data, count, t, op);
-    const size_t bytes = count * comm::elementSize(t);
-    void* d = m_.scratch(bytes);
-    m_.copyToBackend(d, data, bytes);
-    c_.allreduce(d, count, t, op);
-    m_.copyToHost(data, d, bytes);
-  }
-  void allgatherHost(const void* send, void* recv, size_t count, comm::DataType t) {
-    if (!commOnDevice_) return c_.allgather(send, recv, count, t);
-    const size_t bytes = count * comm::elementSize(t);
-    char* d = static_cast<char*>(m_.scratch(bytes * (1 + static_cast<size_t>(c_.size()))));
-    m_.copyToBackend(d, send, bytes);
-    c_.allgather(d, d + bytes, count, t);
-    m_.copyToHost(recv, d + bytes, bytes * static_cast<size_t>(c_.size()));
-  }
-  void broadcastHost(void* data, size_t count, comm::DataType t, int root) {
-    if (!commOnDevice_) return c_.broadcast(data, count, t, root);
-    const size_t bytes = count * comm::elementSize(t);
-    void* d = m_.scratch(bytes);
-    m_.copyToBackend(d, data, bytes);
-    c_.broadcast(d, count, t, root);
-    m_.copyToHost(data, d, bytes);
-  }
-  void sendHost(const void* data, size_t bytes, int peer) {
-    if (!commOnDevice_) return c_.send(data, bytes, peer);
-    void* d = m_.scratch(bytes);
-    m_.copyToBackend(d, data, bytes);
-    c_.send(d, bytes, peer);
-  }
-  void recvHost(void* data, size_t bytes, int peer) {
-    if (!commOnDevice_) return c_.recv(data, bytes, peer);
-    void* d = m_.scratch(bytes);
-    c_.recv(d, bytes, peer);
-    m_.copyToHost(data, d, bytes);
-  }
+  void allreduceHost(void* data, size_t count, comm::DataType t, comm::ReduceOp op) { host_.allreduce(data, count, t, op); }
+  void allgatherHost(const void* send, void* recv, size_t count, comm::DataType t) { host_.allgather(send, recv, count, t); }
+  void broadcastHost(void* data, size_t count, comm::DataType t, int root) { host_.broadcast(data, count, t, root); }
+  void sendHost(const void* data, size_t bytes, int peer) { host_.send(data, bytes, peer); }
+  void recvHost(void* data, size_t bytes, int peer) { host_.recv(data, bytes, peer); }
 
  private:
   static void* host(std::vector<char>& v, size_t bytes) {
@@ -417,7 +371,8 @@ class StageComm {
   }
   comm::Communicator& c_;
   StageMath& m_;
-  bool commOnDevice_, direct_;
+  HostCollectives host_;
+  bool direct_;
   std::vector<char> sendHost_, recvHost_;
 };
 

@@ -20,28 +20,29 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dtrain/train/backend.h"
 #include "dtrain/train/mlp.h"
 
 namespace dtrain::train::detail {
 
-class StageMath {
+class StageMath : public DeviceStaging {
  public:
-  virtual ~StageMath() = default;
-
   // "cpu" or "cuda:N (device name)".
   virtual std::string describe() const = 0;
   virtual bool onDevice() const = 0;
   // True when the stage ends with the MLP's output layer (it computes the loss).
-  virtual bool last() const = 0;
-  virtual int inWidth() const = 0;
-  virtual int outWidth() const = 0;
-  virtual int numLayers() const = 0;
-  virtual size_t numParams() const = 0;
-  virtual size_t stateSize() const = 0;
+  bool last() const { return hi_ == static_cast<int>(cfg_.layers.size()) - 1; }
+  int inWidth() const { return in(lo_); }
+  int outWidth() const { return out(hi_ - 1); }
+  int numLayers() const { return hi_ - lo_; }
+  size_t numParams() const { return offsets_.back(); }
+  size_t stateSize() const { return numParams() * (adam_ ? 2 : 1); }
   // Local layer k's [offset, offset + count) in params()/grads().
-  virtual std::pair<size_t, size_t> layerSpan(int k) const = 0;
+  std::pair<size_t, size_t> layerSpan(int k) const {
+    return {offsets_[static_cast<size_t>(k)], offsets_[static_cast<size_t>(k) + 1] - offsets_[static_cast<size_t>(k)]};
+  }
 
   virtual float* params() = 0;
   virtual float* grads() = 0;
@@ -52,12 +53,7 @@ class StageMath {
   virtual void storeParams(float* host) = 0;
   virtual void loadState(const float* host) = 0;
   virtual void storeState(float* host) = 0;
-  // Host <-> stage copies of `bytes` at stage addresses (inputs, staging for communicators).
-  virtual void copyToBackend(void* dst, const void* host, size_t bytes) = 0;
-  virtual void copyToHost(void* host, const void* src, size_t bytes) = 0;
-  // A stage buffer of at least `bytes` for staging host collectives through a communicator
-  // that takes device pointers. Valid until the next call.
-  virtual void* scratch(size_t bytes) = 0;
+  // copyToBackend, copyToHost (also inputs), scratch: DeviceStaging, at stage addresses.
 
   // The buffer for slot's input of n rows (inWidth() floats each), to receive or copy into.
   virtual float* input(int slot, int n) = 0;
@@ -92,6 +88,21 @@ class StageMath {
   // their peak: the activation memory the schedule costs (the same on either device).
   virtual size_t liveBytes() const = 0;
   virtual size_t peakBytes() const = 0;
+
+ protected:
+  // Layers [lo, hi) of cfg; adam: the optimizer state is two moments, else the momentum.
+  StageMath(const MlpConfig& cfg, int lo, int hi, bool adam) : cfg_(cfg), lo_(lo), hi_(hi), adam_(adam) {
+    offsets_.push_back(0);
+    for (int l = lo; l < hi; ++l) offsets_.push_back(offsets_.back() + static_cast<size_t>(out(l)) * in(l) + out(l));
+  }
+  int in(int l) const { return cfg_.layers[static_cast<size_t>(l)]; }
+  int out(int l) const { return cfg_.layers[static_cast<size_t>(l) + 1]; }
+
+  const MlpConfig cfg_;
+  const int lo_, hi_;
+  const bool adam_;
+  // Layer k's W, then its b, in the flat buffers: offsets_[k], plus the total at the end.
+  std::vector<size_t> offsets_;
 };
 
 // The parameters Mlp::init(seed) gives layers [lo, hi) into `params` (their flat layout):

@@ -17,6 +17,8 @@
 #include "dtrain/train/mlp.h"
 #include "dtrain/train/pipeline.h"
 
+#include "host_collectives.h"
+
 namespace dtrain::train {
 namespace {
 
@@ -26,45 +28,6 @@ std::string fmtDuration(double s) {
   if (s < 60) return fmt::format("{:.0f}s", s);
   return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
 }
-
-// The trainer's small host-side collectives (resume header, statistics, weight hashes). A
-// communicator that takes device pointers (NCCL) gets them through the backend's device
-// memory; others use the host buffers directly.
-class HostCollectives {
- public:
-  HostCollectives(comm::Communicator& c, detail::MathBackend& be)
-      : c_(c), be_(be), device_(std::string(c.backend()) == "nccl") {}
-
-  void broadcast(void* data, size_t count, comm::DataType t, int root) {
-    if (!device_) return c_.broadcast(data, count, t, root);
-    const size_t bytes = count * comm::elementSize(t);
-    void* d = be_.scratch(bytes);
-    be_.copyToBackend(d, data, bytes);
-    c_.broadcast(d, count, t, root);
-    be_.copyToHost(data, d, bytes);
-  }
-  void allreduce(void* data, size_t count, comm::DataType t, comm::ReduceOp op) {
-    if (!device_) return c_.allreduce(data, count, t, op);
-    const size_t bytes = count * comm::elementSize(t);
-    void* d = be_.scratch(bytes);
-    be_.copyToBackend(d, data, bytes);
-    c_.allreduce(d, count, t, op);
-    be_.copyToHost(data, d, bytes);
-  }
-  void allgather(const void* send, void* recv, size_t count, comm::DataType t) {
-    if (!device_) return c_.allgather(send, recv, count, t);
-    const size_t bytes = count * comm::elementSize(t);
-    char* d = static_cast<char*>(be_.scratch(bytes * (1 + static_cast<size_t>(c_.size()))));
-    be_.copyToBackend(d, send, bytes);
-    c_.allgather(d, d + bytes, count, t);
-    be_.copyToHost(recv, d + bytes, bytes * static_cast<size_t>(c_.size()));
-  }
-
- private:
-  comm::Communicator& c_;
-  detail::MathBackend& be_;
-  bool device_;
-};
 
 }  // namespace
 
@@ -134,7 +97,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     throw SpecError(fmt::format("trainer: the \"nccl\" communicator needs trainer.device \"cuda\" or \"auto\" with a GPU, "
                                 "but this worker trains on {}", be->describe()));
   const bool direct = commOnDevice == be->onDevice();
-  HostCollectives hostComm(comm, *be);
+  detail::HostCollectives hostComm(comm, *be);
   const size_t P = be->numParams();
   // Host copies of the weights and optimizer state: checkpoints, the hash and staging.
   std::vector<float> params(P), momentum(be->stateSize());

@@ -42,7 +42,7 @@ struct StageLoss {
 class CudaStage final : public StageMath {
  public:
   CudaStage(const MlpConfig& cfg, int lo, int hi, bool adam, int device)
-      : cfg_(cfg), lo_(lo), hi_(hi), device_(device), selected_(device) {
+      : StageMath(cfg, lo, hi, adam), device_(device), selected_(device) {
     cudaDeviceProp prop{};
     cudaCheck(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     name_ = fmt::format("cuda:{} ({})", device_, prop.name);
@@ -51,12 +51,10 @@ class CudaStage final : public StageMath {
     cublasCheck(cublasSetStream(cublas_->get(), stream_->get()), "cublasSetStream");
     // FP32 GEMMs in full precision: TF32 tensor cores would drift from the CPU results.
     cublasCheck(cublasSetMathMode(cublas_->get(), CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-    offsets_.push_back(0);
-    for (int l = lo; l < hi; ++l) offsets_.push_back(offsets_.back() + weights(l) + static_cast<size_t>(out(l)));
-    const size_t n = offsets_.back();
+    const size_t n = numParams();
     params_.reset(n);
     grads_.reset(n);
-    state_.reset(n * (adam ? 2 : 1));
+    state_.reset(stateSize());
     cudaCheck(cudaMemsetAsync(params_.get(), 0, n * sizeof(float), stream_->get()), "cudaMemsetAsync");
     cudaCheck(cudaMemsetAsync(grads_.get(), 0, n * sizeof(float), stream_->get()), "cudaMemsetAsync");
     cudaCheck(cudaMemsetAsync(state_.get(), 0, state_.size() * sizeof(float), stream_->get()), "cudaMemsetAsync");
@@ -77,15 +75,6 @@ class CudaStage final : public StageMath {
 
   std::string describe() const override { return name_; }
   bool onDevice() const override { return true; }
-  bool last() const override { return hi_ == static_cast<int>(cfg_.layers.size()) - 1; }
-  int inWidth() const override { return in(lo_); }
-  int outWidth() const override { return out(hi_ - 1); }
-  int numLayers() const override { return hi_ - lo_; }
-  size_t numParams() const override { return params_.size(); }
-  size_t stateSize() const override { return state_.size(); }
-  std::pair<size_t, size_t> layerSpan(int k) const override {
-    return {offsets_[static_cast<size_t>(k)], offsets_[static_cast<size_t>(k) + 1] - offsets_[static_cast<size_t>(k)]};
-  }
 
   float* params() override { return params_.get(); }
   float* grads() override { return grads_.get(); }
@@ -282,8 +271,6 @@ class CudaStage final : public StageMath {
     std::unique_ptr<Buffers> buf;
   };
 
-  int in(int l) const { return cfg_.layers[static_cast<size_t>(l)]; }
-  int out(int l) const { return cfg_.layers[static_cast<size_t>(l) + 1]; }
   size_t weights(int l) const { return static_cast<size_t>(out(l)) * in(l); }
   bool outputLayer(int l) const { return l == static_cast<int>(cfg_.layers.size()) - 2; }
   float* W(int l) { return params_.get() + offsets_[static_cast<size_t>(l - lo_)]; }
@@ -345,12 +332,9 @@ class CudaStage final : public StageMath {
                 "cublasSgemm");
   }
 
-  MlpConfig cfg_;
-  int lo_, hi_;
   int device_;
   SelectStageDevice selected_;
   std::string name_;
-  std::vector<size_t> offsets_;
   int widestIn_ = 0;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<CublasHandle> cublas_;

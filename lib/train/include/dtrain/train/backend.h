@@ -29,9 +29,23 @@ struct AdamWParams {
   float lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, c1 = 1, c2 = 1;
 };
 
-class MathBackend {
+// Memory a communicator may need host data copied into: the device's for a GPU backend or
+// stage (NCCL takes device pointers), host memory for the CPU ones. Shared by MathBackend and
+// the pipeline's StageMath so that one HostCollectives (host_collectives.h) serves both.
+class DeviceStaging {
  public:
-  virtual ~MathBackend() = default;
+  virtual ~DeviceStaging() = default;
+  // Host <-> backend copies of `bytes` at arbitrary backend addresses (staging for
+  // collectives); they wait until the copy is done.
+  virtual void copyToBackend(void* dst, const void* host, size_t bytes) = 0;
+  virtual void copyToHost(void* host, const void* src, size_t bytes) = 0;
+  // A backend buffer of at least `bytes` for staging small host collectives through
+  // (communicators that need device pointers). Valid until the next call.
+  virtual void* scratch(size_t bytes) = 0;
+};
+
+class MathBackend : public DeviceStaging {
+ public:
 
   // "cpu" or "cuda:N (device name)".
   virtual std::string describe() const = 0;
@@ -54,13 +68,7 @@ class MathBackend {
   virtual void loadState(const float* host) = 0;
   virtual void storeState(float* host) = 0;
   virtual void storeGrads(float* host) = 0;
-  // Host <-> backend copies of `bytes` at arbitrary backend addresses (staging for
-  // collectives); they wait until the copy is done.
-  virtual void copyToBackend(void* dst, const void* host, size_t bytes) = 0;
-  virtual void copyToHost(void* host, const void* src, size_t bytes) = 0;
-  // A backend buffer of at least `bytes` for staging small host collectives through
-  // (communicators that need device pointers). Valid until the next call.
-  virtual void* scratch(size_t bytes) = 0;
+  // copyToBackend, copyToHost, scratch: DeviceStaging.
 
   // Forward on x [n x in] (host memory; may be reused as soon as forward returns) against
   // targets (class indices as floats, or [n x out] for MSE). The mean loss and the number of

@@ -1,0 +1,66 @@
+#pragma once
+// The trainers' small host-side collectives (resume headers, statistics, weight hashes, the
+// clipping norm, the whole-model gather): host buffers in, host buffers out. A communicator
+// that takes device pointers (NCCL) gets them through the backend's scratch memory; the
+// others use the host buffers directly. Thread-safety: that of the communicator and the
+// staging backend (one trainer thread).
+#include <string>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/train/backend.h"
+
+namespace dtrain::train::detail {
+
+class HostCollectives {
+ public:
+  HostCollectives(comm::Communicator& c, DeviceStaging& staging)
+      : c_(c), staging_(staging), device_(std::string(c.backend()) == "nccl") {}
+
+  comm::Communicator& communicator() { return c_; }
+  // True when the communicator takes device pointers.
+  bool onDevice() const { return device_; }
+
+  void broadcast(void* data, size_t count, comm::DataType t, int root) {
+    if (!device_) return c_.broadcast(data, count, t, root);
+    const size_t bytes = count * comm::elementSize(t);
+    void* d = staging_.scratch(bytes);
+    staging_.copyToBackend(d, data, bytes);
+    c_.broadcast(d, count, t, root);
+    staging_.copyToHost(data, d, bytes);
+  }
+  void allreduce(void* data, size_t count, comm::DataType t, comm::ReduceOp op) {
+    if (!device_) return c_.allreduce(data, count, t, op);
+    const size_t bytes = count * comm::elementSize(t);
+    void* d = staging_.scratch(bytes);
+    staging_.copyToBackend(d, data, bytes);
+    c_.allreduce(d, count, t, op);
+    staging_.copyToHost(data, d, bytes);
+  }
+  void allgather(const void* send, void* recv, size_t count, comm::DataType t) {
+    if (!device_) return c_.allgather(send, recv, count, t);
+    const size_t bytes = count * comm::elementSize(t);
+    char* d = static_cast<char*>(staging_.scratch(bytes * (1 + static_cast<size_t>(c_.size()))));
+    staging_.copyToBackend(d, send, bytes);
+    c_.allgather(d, d + bytes, count, t);
+    staging_.copyToHost(recv, d + bytes, bytes * static_cast<size_t>(c_.size()));
+  }
+  void send(const void* data, size_t bytes, int peer) {
+    if (!device_) return c_.send(data, bytes, peer);
+    void* d = staging_.scratch(bytes);
+    staging_.copyToBackend(d, data, bytes);
+    c_.send(d, bytes, peer);
+  }
+  void recv(void* data, size_t bytes, int peer) {
+    if (!device_) return c_.recv(data, bytes, peer);
+    void* d = staging_.scratch(bytes);
+    c_.recv(d, bytes, peer);
+    staging_.copyToHost(data, d, bytes);
+  }
+
+ private:
+  comm::Communicator& c_;
+  DeviceStaging& staging_;
+  bool device_;
+};
+
+}  // namespace dtrain::train::detail
