@@ -66,6 +66,12 @@ mkdir -p "$T/ref"; ft_spec "$T/ref"
 "$DTRAIN" run "$T/ref/job.json" --summary-json "$T/ref/sum.json" >"$T/ref/out" 2>&1
 expect_eq "$?" 0 "uninterrupted 2 x 3 pipeline"
 REF=$(hash_of "$T/ref/sum.json")
+python3 - "$T/ref/ckpt" >"$T/mcheck" <<'PY'
+import json, os, sys
+m = json.load(open(os.path.join(sys.argv[1], "manifest.json")))
+print(m["step"], m["stages"], m["stage_layers"], all(os.path.exists(os.path.join(sys.argv[1], f)) for f in m["files"]))
+PY
+expect_eq "$(cat "$T/mcheck")" "40 3 [1, 1, 2] True" "checkpoint manifest names the final step's stage files"
 # rank 1 = stage 1 of replica 0 (a middle stage) during micro-batch 2 of step 12; rank 5 =
 # the last stage of replica 1 during micro-batch 0 of step 23; rank 3 = the first stage of
 # replica 1 as it starts step 31.

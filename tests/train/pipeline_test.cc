@@ -12,6 +12,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
+#include "dtrain/spec/checkpoint_manifest.h"
 #include "dtrain/store/hash_store.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/pipeline.h"
@@ -229,6 +230,49 @@ TEST(Pipeline, ResumeFromStageCheckpointsIsBitIdentical) {
   auto resumed = run(4, t);
   EXPECT_EQ(resumed.weights, straight.weights);
   EXPECT_EQ(resumed.results[0].steps, 16);
+  std::filesystem::remove_all(dir);
+}
+
+// The manifest names the newest step all stages wrote and the layout; another layout on the
+// same directory is refused on every rank (not a silent fresh start); a damaged manifest is
+// only a warning.
+TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
+  std::string dir = ::testing::TempDir() + "/dtrain_pipe_manifest_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto t = model(2, 2, "1f1b");
+  t.checkpoint.dir = dir;
+  t.checkpoint.every_steps = 5;
+  t.max_steps = 12;
+  run(2, t);
+  auto m = spec::readPipelineManifest(dir + "/manifest.json");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->step, 12);
+  EXPECT_EQ(m->stages, 2);
+  EXPECT_EQ(m->stage_layers, (std::vector<int>{1, 3}));
+  ASSERT_EQ(m->files.size(), 2u);
+  for (const auto& f : m->files) EXPECT_TRUE(std::filesystem::exists(dir + "/" + f)) << f;
+  EXPECT_EQ(m->files[1], "stage-1-of-2/ckpt-0000000012.bin");
+
+  auto four = t;
+  four.parallel.pipeline_stages = 4;
+  four.max_steps = 16;
+  EXPECT_EQ(refusals(4, four, "was written by a pipeline of 2 stages with layers per stage [1, 3], this job has 4"), 1);
+  auto other = t;
+  other.parallel.stage_layers = {2, 2};
+  other.max_steps = 16;
+  // Every rank refuses; rank 0 names the layouts, the others point to it.
+  EXPECT_EQ(refusals(2, other, "manifest.json was written by "), 2);
+
+  {
+    std::FILE* f = std::fopen((dir + "/manifest.json").c_str(), "w");
+    std::fputs("{\"format\": \"dtrain-pipeline-checkpoint/1\", \"step\": \"x\"}", f);
+    std::fclose(f);
+  }
+  EXPECT_THROW(spec::readPipelineManifest(dir + "/manifest.json"), SpecError);
+  t.max_steps = 16;
+  auto resumed = run(2, t);  // warns, resumes from the stage files at step 12
+  EXPECT_EQ(resumed.results[0].steps, 16);
+  EXPECT_EQ(spec::readPipelineManifest(dir + "/manifest.json")->step, 16);
   std::filesystem::remove_all(dir);
 }
 

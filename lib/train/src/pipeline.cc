@@ -27,11 +27,14 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/spec/checkpoint_manifest.h"
 #include "dtrain/train/backend.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
@@ -551,6 +554,39 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       model.loadState(st->momentum.data());
     }
   };
+  // The manifest (DIR/manifest.json, written once every stage has saved a step) records the
+  // layout that wrote the directory: a different number of stages or another partition is
+  // refused here, where the stage files alone (DIR/stage-<p>-of-<P>) would not be found and
+  // training would silently start over. The step to resume from comes from the stage files
+  // (the newest step all of them have), which is never older than the manifest's.
+  std::vector<int> stageCounts;
+  for (int s = 0; s < P; ++s) stageCounts.push_back(first[static_cast<size_t>(s) + 1] - first[static_cast<size_t>(s)]);
+  const std::string manifestPath = ts.checkpoint.dir.empty() ? std::string() : ts.checkpoint.dir + "/manifest.json";
+  int64_t manifestStep = -1;  // -1: none; -2: written by another layout (rank 0 says which)
+  std::string layoutError;
+  if (rank == 0 && !manifestPath.empty()) {
+    std::optional<spec::PipelineManifest> m;
+    try {
+      m = spec::readPipelineManifest(manifestPath);
+    } catch (const SpecError& e) {
+      if (opts.log) opts.log(fmt::format("warning: {}; resuming from the stage checkpoints alone", e.what()));
+    }
+    if (m && (m->stages != P || m->stage_layers != stageCounts)) {
+      manifestStep = -2;
+      layoutError = fmt::format(
+          "trainer: {} was written by a pipeline of {} stages with layers per stage [{}], this job has {} stages with "
+          "[{}]; use the same pipeline_stages and stage_layers, or another /trainer/checkpoint/dir",
+          manifestPath, m->stages, fmt::join(m->stage_layers, ", "), P, fmt::join(stageCounts, ", "));
+    } else if (m) {
+      manifestStep = m->step;
+    }
+  }
+  if (!manifestPath.empty()) worldComm.broadcastHost(&manifestStep, 1, comm::DataType::kInt64, 0);
+  if (manifestStep == -2)
+    throw SpecError(layoutError.empty() ? fmt::format("trainer: {} was written by another pipeline layout (rank 0 "
+                                                      "names it); use the same one or another /trainer/checkpoint/dir",
+                                                      manifestPath)
+                                        : layoutError);
   if (d == 0 && !stageDir.empty()) loadStage(-1);
   std::vector<int64_t> headers(5 * static_cast<size_t>(world));
   worldComm.allgatherHost(header, headers.data(), 5, comm::DataType::kInt64);
@@ -614,16 +650,36 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
+  // Collective (every rank calls it at the same steps): replica 0 of each stage writes its
+  // stage's file; once all are durable, rank 0 writes the manifest naming them.
   auto save = [&](long long epoch, uint64_t cursor) {
-    if (d != 0 || stageDir.empty()) return;
+    if (stageDir.empty()) return;
     if (cursor + globalBatch > N) {
       ++epoch;
       cursor = 0;
     }
-    // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
-    model.storeParams(hostParams.data());
-    model.storeState(state.data());
-    saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state});
+    std::string written;
+    if (d == 0) {
+      // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
+      model.storeParams(hostParams.data());
+      model.storeState(state.data());
+      written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state});
+    }
+    int32_t saved = 1;
+    worldComm.allreduceHost(&saved, 1, comm::DataType::kInt32, comm::ReduceOp::kSum);
+    if (rank != 0) return;
+    spec::PipelineManifest m;
+    m.step = step;
+    m.epoch = epoch;
+    m.cursor = cursor;
+    m.world = world;
+    m.stages = P;
+    m.stage_layers = stageCounts;
+    m.config_hash = fmt::format("{:016x}", hash);
+    for (int s = 0; s < P; ++s)
+      m.files.push_back(
+          fmt::format("stage-{}-of-{}/{}", s, P, std::filesystem::path(written).filename().string()));
+    spec::writePipelineManifest(manifestPath, m);
   };
 
   // Inputs (first stage) and targets (last stage) of the whole per-replica batch, loaded

@@ -1,0 +1,88 @@
+#include "dtrain/spec/checkpoint_manifest.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain::spec {
+namespace {
+
+constexpr const char* kFormat = "dtrain-pipeline-checkpoint/1";
+
+void fsyncPath(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) throwErrno("checkpoint manifest: open " + path);
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throwErrno("checkpoint manifest: fsync " + path);
+}
+
+}  // namespace
+
+void writePipelineManifest(const std::string& path, const PipelineManifest& m) {
+  nlohmann::json j = {{"format", kFormat},          {"step", m.step},   {"epoch", m.epoch},
+                      {"cursor", m.cursor},         {"world", m.world}, {"stages", m.stages},
+                      {"stage_layers", m.stage_layers}, {"config_hash", m.config_hash}, {"files", m.files}};
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(2) << "\n";
+    if (!f.flush()) throw IoError(fmt::format("checkpoint manifest: cannot write {}", tmp));
+  }
+  fsyncPath(tmp, O_RDONLY);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("checkpoint manifest: rename " + tmp);
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  fsyncPath(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
+}
+
+std::optional<PipelineManifest> readPipelineManifest(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto bad = [&](const std::string& why) {
+    return SpecError(fmt::format("{}: {}; remove it (the stage checkpoints are found without it) or use another "
+                                 "/trainer/checkpoint/dir",
+                                 path, why));
+  };
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
+  if (!j.contains("format") || j["format"] != kFormat)
+    throw bad(fmt::format("/format is not \"{}\"", kFormat));
+  PipelineManifest m;
+  const char* field = "";
+  try {
+    field = "step";
+    m.step = j.at(field).get<long long>();
+    field = "epoch";
+    m.epoch = j.at(field).get<long long>();
+    field = "cursor";
+    m.cursor = j.at(field).get<uint64_t>();
+    field = "world";
+    m.world = j.at(field).get<int>();
+    field = "stages";
+    m.stages = j.at(field).get<int>();
+    field = "stage_layers";
+    m.stage_layers = j.at(field).get<std::vector<int>>();
+    field = "config_hash";
+    m.config_hash = j.at(field).get<std::string>();
+    field = "files";
+    m.files = j.at(field).get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception&) {
+    throw bad(fmt::format("/{} is missing or has the wrong type", field));
+  }
+  if (m.stages < 1 || static_cast<int>(m.stage_layers.size()) != m.stages || static_cast<int>(m.files.size()) != m.stages)
+    throw bad("/stages, /stage_layers and /files disagree");
+  return m;
+}
+
+}  // namespace dtrain::spec
