@@ -61,6 +61,23 @@ expect_eq "$?" 0 "trainer on 1 host x 6"
 h1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mn.json"); h2=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/sn.json")
 [ -n "$h1" ] && expect_eq "$h1" "$h2" "3 hosts x 2 == 1 host x 6 (weights hash)" || fail "no trainer outcome: $(cat "$T/mn.json" "$T/err")"
 
+# 2b. Pipeline parallelism across hosts: 2 replicas x 3 stages on 3 hosts x 2 slots, so
+#     pipelines {0,1,2} and {3,4,5} cross hosts (activations over the network) and every
+#     stage group spans two hosts; the same weights as on one host.
+cat > "$T/pipe.json" <<JSON
+{"name": "mn-pipe", "hostfile": "$T/hosts", "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"]},
+ "trainer": {"model": {"layers": [32, 64, 48, 4]}, "data": {"type": "synthetic", "train_samples": 3072, "eval_samples": 256, "seed": 3},
+  "batch_size": 16, "epochs": 1, "max_steps": 40, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+  "log_every_steps": 1000, "device": "cpu", "parallel": {"pipeline_stages": 3, "micro_batches": 4, "schedule": "1f1b"}}}
+JSON
+timeout 120 "$DTRAIN" run "$T/pipe.json" --summary-json "$T/mp.json" >"$T/outp" 2>"$T/errp"
+expect_eq "$?" 0 "pipeline 2 x 3 across 3 hosts"
+expect_grep "trainer: 6 workers = 2 replicas x 3 pipeline stages" "$T/outp" "pipeline layout across hosts"
+timeout 120 "$DTRAIN" run "$T/pipe.json" --hosts localhost:6 --summary-json "$T/sp.json" >"$T/outp1" 2>"$T/errp1"
+expect_eq "$?" 0 "pipeline 2 x 3 on one host"
+p1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mp.json"); p2=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/sp.json")
+[ -n "$p1" ] && expect_eq "$p1" "$p2" "pipeline across hosts == on one host (weights hash)" || fail "no pipeline outcome: $(cat "$T/errp")"
+
 # 3. A worker failing on h2 tears down h1 and h3.
 job fail '["sh", "-c", "echo $$ > '"$T"'/pid.$RANK; if [ $RANK = 2 ]; then sleep 1; echo \"cuda oom\" >&2; exit 5; fi; exec sleep 120"]'
 start=$(date +%s)
