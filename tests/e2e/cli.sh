@@ -46,6 +46,10 @@ r = subprocess.run(['$DTRAIN', 'run', '$T/busy.json'], capture_output=True, text
 print(r.returncode, 'Address already in use; choose a free port, or 0 for any' in r.stderr and '/rendezvous/port' in r.stderr)" >"$T/check"
 expect_eq "$(cat "$T/check")" "2 True" "busy rendezvous port refused with the fix"
 
+# OpenBLAS (and its thread pool) is loaded only by CPU trainer workers, on their first GEMM:
+# not by the launcher, agents or `dtrain --version` (the multi-node pre-flight).
+n=$(LD_DEBUG=libs "$DTRAIN" --version 2>&1 | grep -c 'openblas')
+expect_eq "$n" 0 "dtrain --version does not load OpenBLAS"
 # Every example config validates.
 for c in "$SRC"/configs/*.json; do
   (cd "$SRC" && "$DTRAIN" validate "$c" >/dev/null 2>"$T/err") && pass "$(basename "$c") validates" || fail "$(basename "$c"): $(cat "$T/err")"

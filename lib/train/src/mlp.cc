@@ -1,12 +1,12 @@
 #include "dtrain/train/mlp.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "dtrain/common/errors.h"
+#include "blas.h"
 
 namespace dtrain::train {
 namespace {
@@ -89,7 +89,7 @@ double Mlp::forward(const float* x, int n, const float* targets, int* correct) {
     const float* bias = b(l);
     for (int i = 0; i < n; ++i) std::copy(bias, bias + out, z.data() + static_cast<size_t>(i) * out);
     // z[n x out] += a[n x in] * W^T, W is [out x in]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, acts_[static_cast<size_t>(l)].data(), in,
+    detail::sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, acts_[static_cast<size_t>(l)].data(), in,
                 W(l), in, 1.0f, z.data(), out);
     auto& a = acts_[static_cast<size_t>(l) + 1];
     a.resize(z.size());
@@ -115,7 +115,7 @@ void Mlp::backward(const std::function<void(int)>& onLayerDone) {
     int in = cfg_.layers[static_cast<size_t>(l)], out = cfg_.layers[static_cast<size_t>(l) + 1];
     const auto& aPrev = acts_[static_cast<size_t>(l)];
     // dW[out x in] = delta^T[out x n] * aPrev[n x in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, delta_.data(), out, aPrev.data(), in, 0.0f,
+    detail::sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, delta_.data(), out, aPrev.data(), in, 0.0f,
                 dW(l), in);
     float* dbias = db(l);
     std::fill(dbias, dbias + out, 0.0f);
@@ -126,7 +126,7 @@ void Mlp::backward(const std::function<void(int)>& onLayerDone) {
     if (l > 0) {
       // deltaPrev[n x in] = delta[n x out] * W[out x in], then through the activation.
       deltaPrev_.resize(static_cast<size_t>(n) * in);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, delta_.data(), out, W(l), in, 0.0f,
+      detail::sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, delta_.data(), out, W(l), in, 0.0f,
                   deltaPrev_.data(), in);
       const auto& z = pre_[static_cast<size_t>(l) - 1];
       if (cfg_.activation == Activation::kRelu) {

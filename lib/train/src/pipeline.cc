@@ -16,7 +16,6 @@
 // staged through host buffers otherwise (a GPU stage on tcp).
 #include "dtrain/train/pipeline.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +41,7 @@
 #include "dtrain/train/metrics.h"
 #include "host_collectives.h"
 #include "stage_math.h"
+#include "blas.h"
 
 namespace dtrain::train {
 namespace detail {
@@ -98,7 +98,7 @@ class CpuStage final : public StageMath {
       auto& z = s.pre[static_cast<size_t>(k)];
       reuse(z, static_cast<size_t>(n) * out(l));
       for (int i = 0; i < n; ++i) std::copy(b(l), b(l) + out(l), z.data() + static_cast<size_t>(i) * out(l));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out(l), in(l), 1.0f, a, in(l), W(l), in(l), 1.0f, z.data(),
+      detail::sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out(l), in(l), 1.0f, a, in(l), W(l), in(l), 1.0f, z.data(),
                   out(l));
       auto& o = s.act[static_cast<size_t>(k)];
       reuse(o, z.size());
@@ -140,7 +140,7 @@ class CpuStage final : public StageMath {
     for (int k = L - 1; k >= 0; --k) {
       const int l = lo_ + k;
       const float* aPrev = k == 0 ? s.in.data() : s.act[static_cast<size_t>(k) - 1].data();
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta.data(), out(l), aPrev, in(l),
+      detail::sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta.data(), out(l), aPrev, in(l),
                   1.0f, dW(l), in(l));
       float* dbias = db(l);
       for (int i = 0; i < n; ++i) {
@@ -150,7 +150,7 @@ class CpuStage final : public StageMath {
       if (onLayerDone) onLayerDone(k);
       if (k == 0 && lo_ == 0) break;
       deltaPrev_.resize(static_cast<size_t>(n) * in(l));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta.data(), out(l), W(l), in(l),
+      detail::sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta.data(), out(l), W(l), in(l),
                   0.0f, deltaPrev_.data(), in(l));
       if (k > 0) applyActivationGrad(deltaPrev_, s.pre[static_cast<size_t>(k) - 1]);
       std::swap(delta, deltaPrev_);

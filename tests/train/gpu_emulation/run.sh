@@ -29,8 +29,8 @@ cp "$ROOT/lib/train/src/cuda/cuda_util.h" "$ROOT/lib/train/src/cuda/kernels.h" "
 python3 "$HERE/gen_kernels.py" "$ROOT/lib/train/src/cuda/kernels.cu" "$OUT/kernels.cc"
 INC=(-I"$OUT" -I"$HERE" -I"$HERE/fake" -I"$ROOT/lib/common/include" -I"$ROOT/lib/spec/include" -I"$ROOT/lib/store/include"
      -I"$ROOT/lib/comm/include" -I"$ROOT/lib/train/include" -I/usr/include/x86_64-linux-gnu/openblas-pthread)
-FLAGS=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DDTRAIN_HAVE_CUDA=1)
-SRCS=("$ROOT"/lib/train/src/{mlp,data,trainer,pipeline,backend,device,checkpoint,metrics}.cc "$OUT/kernels.cc" "$HERE/emu_runtime.cc"
+FLAGS=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DDTRAIN_HAVE_CUDA=1 -DDTRAIN_BLAS_LIBRARY=\"libopenblas.so\")
+SRCS=("$ROOT"/lib/train/src/{mlp,data,trainer,pipeline,backend,device,checkpoint,metrics,blas}.cc "$OUT/kernels.cc" "$HERE/emu_runtime.cc"
       "$ROOT/tests/train/gpu_train_test.cc")
 pids=()
 for f in "${SRCS[@]}"; do
@@ -47,6 +47,6 @@ for cu in cuda_backend cuda_stage; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 g++ "${FLAGS[@]}" "$OUT"/obj/*.o "$BUILD"/lib/{comm/libdtrain_comm,store/libdtrain_store,spec/libdtrain_spec,common/libdtrain_common}.a \
-  -lfmt -lopenblas -lcrypto -lgtest -lgtest_main -pthread -o "$OUT/emu_gpu_tests"
+  -lfmt -ldl -lcrypto -lgtest -lgtest_main -pthread -o "$OUT/emu_gpu_tests"
 # 4 devices: the pipeline's 2 x 2 test over "nccl" wants a device per rank.
 EMU_GPUS=${EMU_GPUS:-4} "$OUT/emu_gpu_tests" --gtest_filter="${GTEST_FILTER:-GpuTrain.*:GpuPipeline.*}" "$@"
