@@ -32,12 +32,6 @@ void checkLaunch(const char* kernel) { cudaCheck(cudaGetLastError(), kernel); }
 
 namespace {
 
-// Makes `device` current before the members after it create streams, events and memory
-// (they belong to the device current at creation).
-struct SelectDevice {
-  explicit SelectDevice(int device) { cudaCheck(cudaSetDevice(device), "cudaSetDevice"); }
-};
-
 struct LossResult {
   double loss;
   int correct;
@@ -46,15 +40,7 @@ struct LossResult {
 class CudaBackend final : public MathBackend {
  public:
   CudaBackend(const MlpConfig& cfg, uint64_t seed, bool adam, int device)
-      : cfg_(cfg), adam_(adam), device_(device), selected_(device) {
-    cudaDeviceProp prop{};
-    cudaCheck(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
-    name_ = fmt::format("cuda:{} ({})", device_, prop.name);
-    stream_ = std::make_unique<Stream>();
-    cublas_ = std::make_unique<CublasHandle>();
-    cublasCheck(cublasSetStream(cublas_->get(), stream_->get()), "cublasSetStream");
-    // FP32 GEMMs in full precision: TF32 tensor cores would drift from the CPU results.
-    cublasCheck(cublasSetMathMode(cublas_->get(), CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+      : cfg_(cfg), adam_(adam), device_(device), ctx_(device) {
 
     // Same layout and the same initial weights as the CPU backend: Mlp initialises on the host.
     Mlp host(cfg_);
@@ -65,8 +51,8 @@ class CudaBackend final : public MathBackend {
     params_.reset(n);
     grads_.reset(n);
     state_.reset(n * (adam_ ? 2 : 1));
-    cudaCheck(cudaMemsetAsync(grads_.get(), 0, n * sizeof(float), stream_->get()), "cudaMemsetAsync");
-    cudaCheck(cudaMemsetAsync(state_.get(), 0, state_.size() * sizeof(float), stream_->get()), "cudaMemsetAsync");
+    cudaCheck(cudaMemsetAsync(grads_.get(), 0, n * sizeof(float), ctx_.stream()), "cudaMemsetAsync");
+    cudaCheck(cudaMemsetAsync(state_.get(), 0, state_.size() * sizeof(float), ctx_.stream()), "cudaMemsetAsync");
     loadParams(host.params().data());
     normPartials_.reset(kernels::kNormPartials);
     norm_.reset(1);
@@ -80,10 +66,10 @@ class CudaBackend final : public MathBackend {
   ~CudaBackend() override {
     // Buffers may still be read by work in flight (an exception unwound mid-step).
     cudaSetDevice(device_);
-    if (stream_) cudaStreamSynchronize(stream_->get());
+    cudaStreamSynchronize(ctx_.stream());
   }
 
-  std::string describe() const override { return name_; }
+  std::string describe() const override { return ctx_.name(); }
   bool onDevice() const override { return true; }
   const MlpConfig& config() const override { return cfg_; }
   size_t numParams() const override { return params_.size(); }
@@ -103,19 +89,19 @@ class CudaBackend final : public MathBackend {
   void copyToBackend(void* dst, const void* host, size_t bytes) override {
     use();
     if (bytes == 0) return;
-    cudaCheck(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_->get()), "cudaMemcpyAsync(H2D)");
-    cudaCheck(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize");
+    cudaCheck(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx_.stream()), "cudaMemcpyAsync(H2D)");
+    cudaCheck(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize");
   }
   void copyToHost(void* host, const void* src, size_t bytes) override {
     use();
     if (bytes == 0) return;
-    cudaCheck(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_->get()), "cudaMemcpyAsync(D2H)");
-    cudaCheck(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize");
+    cudaCheck(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream()), "cudaMemcpyAsync(D2H)");
+    cudaCheck(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize");
   }
   void* scratch(size_t bytes) override {
     use();
     if (scratch_.size() < bytes) {
-      cudaCheck(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize");
+      cudaCheck(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize");
       scratch_.reset(bytes);
     }
     return scratch_.get();
@@ -132,7 +118,7 @@ class CudaBackend final : public MathBackend {
     if (capacity_ < n) grow(n);
     std::memcpy(xHost_.get(), x, xFloats * sizeof(float));
     std::memcpy(yHost_.get(), targets, yFloats * sizeof(float));
-    cudaStream_t s = stream_->get();
+    cudaStream_t s = ctx_.stream();
     cudaCheck(cudaMemcpyAsync(acts_[0].get(), xHost_.get(), xFloats * sizeof(float), cudaMemcpyHostToDevice, s),
               "cudaMemcpyAsync(x)");
     cudaCheck(cudaMemcpyAsync(targets_.get(), yHost_.get(), yFloats * sizeof(float), cudaMemcpyHostToDevice, s),
@@ -173,7 +159,7 @@ class CudaBackend final : public MathBackend {
     use();
     const int L = numLayers();
     const int n = n_;
-    cudaStream_t s = stream_->get();
+    cudaStream_t s = ctx_.stream();
     for (int l = L - 1; l >= 0; --l) {
       const int lin = cfg_.layers[static_cast<size_t>(l)], lout = cfg_.layers[static_cast<size_t>(l) + 1];
       const float* aPrev = acts_[static_cast<size_t>(l)].get();
@@ -199,21 +185,21 @@ class CudaBackend final : public MathBackend {
 
   void clipGradNorm(double maxNorm) override {
     use();
-    kernels::l2Norm(grads_.get(), numParams(), normPartials_.get(), norm_.get(), stream_->get());
-    kernels::clipByNorm(grads_.get(), numParams(), norm_.get(), maxNorm, stream_->get());
+    kernels::l2Norm(grads_.get(), numParams(), normPartials_.get(), norm_.get(), ctx_.stream());
+    kernels::clipByNorm(grads_.get(), numParams(), norm_.get(), maxNorm, ctx_.stream());
   }
   void sgdStep(const SgdParams& p) override {
     use();
-    kernels::sgd(params_.get(), grads_.get(), state_.get(), numParams(), p, stream_->get());
+    kernels::sgd(params_.get(), grads_.get(), state_.get(), numParams(), p, ctx_.stream());
   }
   void adamwStep(const AdamWParams& p) override {
     use();
     kernels::adamw(params_.get(), grads_.get(), state_.get(), state_.get() + numParams(), numParams(), p,
-                   stream_->get());
+                   ctx_.stream());
   }
   void synchronize() override {
     use();
-    cudaCheck(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize");
+    cudaCheck(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize");
   }
 
  private:
@@ -235,14 +221,14 @@ class CudaBackend final : public MathBackend {
   // dimensions unchanged.
   void gemmRowMajor(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) {
-    cublasCheck(cublasSgemm(cublas_->get(), transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+    cublasCheck(cublasSgemm(ctx_.cublas(), transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N,
                             M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
                 "cublasSgemm");
   }
 
   // Activation buffers for batches of up to n rows. Waits for work in flight first.
   void grow(int n) {
-    cudaCheck(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize");
+    cudaCheck(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize");
     const int L = numLayers();
     const size_t rows = static_cast<size_t>(n);
     int widest = 0;
@@ -267,11 +253,8 @@ class CudaBackend final : public MathBackend {
   MlpConfig cfg_;
   bool adam_;
   int device_;
-  SelectDevice selected_;
-  std::string name_;
+  DeviceContext ctx_;
   std::vector<size_t> offsets_;
-  std::unique_ptr<Stream> stream_;
-  std::unique_ptr<CublasHandle> cublas_;
   DeviceBuffer<float> params_, grads_, state_;
   // acts_[l]: input of layer l (acts_[0] = the batch); pre_[l]: layer l's pre-activation.
   std::vector<DeviceBuffer<float>> acts_, pre_;

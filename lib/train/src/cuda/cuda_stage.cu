@@ -29,11 +29,6 @@
 namespace dtrain::train::detail {
 namespace {
 
-// Makes `device` current before the members after it create streams, events and memory.
-struct SelectStageDevice {
-  explicit SelectStageDevice(int device) { cudaCheck(cudaSetDevice(device), "cudaSetDevice"); }
-};
-
 struct StageLoss {
   double loss;
   int correct;
@@ -42,22 +37,14 @@ struct StageLoss {
 class CudaStage final : public StageMath {
  public:
   CudaStage(const MlpConfig& cfg, int lo, int hi, bool adam, int device)
-      : StageMath(cfg, lo, hi, adam), device_(device), selected_(device) {
-    cudaDeviceProp prop{};
-    cudaCheck(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
-    name_ = fmt::format("cuda:{} ({})", device_, prop.name);
-    stream_ = std::make_unique<Stream>();
-    cublas_ = std::make_unique<CublasHandle>();
-    cublasCheck(cublasSetStream(cublas_->get(), stream_->get()), "cublasSetStream");
-    // FP32 GEMMs in full precision: TF32 tensor cores would drift from the CPU results.
-    cublasCheck(cublasSetMathMode(cublas_->get(), CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+      : StageMath(cfg, lo, hi, adam), device_(device), ctx_(device) {
     const size_t n = numParams();
     params_.reset(n);
     grads_.reset(n);
     state_.reset(stateSize());
-    cudaCheck(cudaMemsetAsync(params_.get(), 0, n * sizeof(float), stream_->get()), "cudaMemsetAsync");
-    cudaCheck(cudaMemsetAsync(grads_.get(), 0, n * sizeof(float), stream_->get()), "cudaMemsetAsync");
-    cudaCheck(cudaMemsetAsync(state_.get(), 0, state_.size() * sizeof(float), stream_->get()), "cudaMemsetAsync");
+    cudaCheck(cudaMemsetAsync(params_.get(), 0, n * sizeof(float), ctx_.stream()), "cudaMemsetAsync");
+    cudaCheck(cudaMemsetAsync(grads_.get(), 0, n * sizeof(float), ctx_.stream()), "cudaMemsetAsync");
+    cudaCheck(cudaMemsetAsync(state_.get(), 0, state_.size() * sizeof(float), ctx_.stream()), "cudaMemsetAsync");
     normPartials_.reset(kernels::kNormPartials);
     norm_.reset(1);
     lossDev_.reset(1);
@@ -70,10 +57,10 @@ class CudaStage final : public StageMath {
   ~CudaStage() override {
     // Buffers may still be read by work in flight (an exception unwound mid-call).
     cudaSetDevice(device_);
-    if (stream_) cudaStreamSynchronize(stream_->get());
+    cudaStreamSynchronize(ctx_.stream());
   }
 
-  std::string describe() const override { return name_; }
+  std::string describe() const override { return ctx_.name(); }
   bool onDevice() const override { return true; }
 
   float* params() override { return params_.get(); }
@@ -86,13 +73,13 @@ class CudaStage final : public StageMath {
   void copyToBackend(void* dst, const void* host, size_t bytes) override {
     use();
     if (bytes == 0) return;
-    cudaCheck(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_->get()), "cudaMemcpyAsync(H2D)");
+    cudaCheck(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx_.stream()), "cudaMemcpyAsync(H2D)");
     sync();
   }
   void copyToHost(void* host, const void* src, size_t bytes) override {
     use();
     if (bytes == 0) return;
-    cudaCheck(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_->get()), "cudaMemcpyAsync(D2H)");
+    cudaCheck(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream()), "cudaMemcpyAsync(D2H)");
     sync();
   }
   void* scratch(size_t bytes) override {
@@ -123,7 +110,7 @@ class CudaStage final : public StageMath {
     Stash& s = stash(slot);
     Buffers& b = *s.buf;
     const int n = s.n, L = numLayers();
-    cudaStream_t st = stream_->get();
+    cudaStream_t st = ctx_.stream();
     for (int k = 0; k < L; ++k) {
       const int l = lo_ + k;
       const float* a = k == 0 ? b.in.get() : b.act[static_cast<size_t>(k) - 1].get();
@@ -147,7 +134,7 @@ class CudaStage final : public StageMath {
     Stash& s = stash(slot);
     const int n = s.n, C = cfg_.layers.back();
     const bool isMse = cfg_.loss == Loss::kMse;
-    cudaStream_t st = stream_->get();
+    cudaStream_t st = ctx_.stream();
     const size_t yFloats = static_cast<size_t>(n) * (isMse ? C : 1);
     targets_.ensure(yFloats);
     rowLoss_.ensure(static_cast<size_t>(n));
@@ -182,7 +169,7 @@ class CudaStage final : public StageMath {
     Buffers& b = *s.buf;
     const int n = s.n, L = numLayers();
     const bool useGelu = cfg_.activation == Activation::kGelu;
-    cudaStream_t st = stream_->get();
+    cudaStream_t st = ctx_.stream();
     // The previous backward's input gradient is in one of these: free to overwrite now.
     gradA_.ensure(static_cast<size_t>(n) * widestIn_);
     gradB_.ensure(static_cast<size_t>(n) * widestIn_);
@@ -225,12 +212,12 @@ class CudaStage final : public StageMath {
 
   void zeroGrads() override {
     use();
-    cudaCheck(cudaMemsetAsync(grads_.get(), 0, numParams() * sizeof(float), stream_->get()), "cudaMemsetAsync");
+    cudaCheck(cudaMemsetAsync(grads_.get(), 0, numParams() * sizeof(float), ctx_.stream()), "cudaMemsetAsync");
     sync();
   }
   double gradSquares() override {
     use();
-    kernels::l2Norm(grads_.get(), numParams(), normPartials_.get(), norm_.get(), stream_->get());
+    kernels::l2Norm(grads_.get(), numParams(), normPartials_.get(), norm_.get(), ctx_.stream());
     double norm = 0;
     copyToHost(&norm, norm_.get(), sizeof(double));
     return norm * norm;
@@ -239,18 +226,18 @@ class CudaStage final : public StageMath {
     if (!(norm > maxNorm)) return;
     // The kernel reads the norm from device memory (the data-parallel path decides there).
     copyToBackend(norm_.get(), &norm, sizeof(double));
-    kernels::clipByNorm(grads_.get(), numParams(), norm_.get(), maxNorm, stream_->get());
+    kernels::clipByNorm(grads_.get(), numParams(), norm_.get(), maxNorm, ctx_.stream());
     sync();
   }
   void sgdStep(const SgdParams& p) override {
     use();
-    kernels::sgd(params_.get(), grads_.get(), state_.get(), numParams(), p, stream_->get());
+    kernels::sgd(params_.get(), grads_.get(), state_.get(), numParams(), p, ctx_.stream());
     sync();
   }
   void adamwStep(const AdamWParams& p) override {
     use();
     kernels::adamw(params_.get(), grads_.get(), state_.get(), state_.get() + numParams(), numParams(), p,
-                   stream_->get());
+                   ctx_.stream());
     sync();
   }
   size_t liveBytes() const override { return live_; }
@@ -284,7 +271,7 @@ class CudaStage final : public StageMath {
 
   // The calling thread's current device may have been changed (NCCL, other stages).
   void use() const { cudaCheck(cudaSetDevice(device_), "cudaSetDevice"); }
-  void sync() const { cudaCheck(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize"); }
+  void sync() const { cudaCheck(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize"); }
 
   Stash& stash(int slot) {
     if (stash_.size() <= static_cast<size_t>(slot)) stash_.resize(static_cast<size_t>(slot) + 1);
@@ -327,17 +314,14 @@ class CudaStage final : public StageMath {
   // column-major cuBLAS computes C^T = op(B)^T op(A)^T (see cuda_backend.cu).
   void gemmRowMajor(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) {
-    cublasCheck(cublasSgemm(cublas_->get(), transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+    cublasCheck(cublasSgemm(ctx_.cublas(), transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, N,
                             M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
                 "cublasSgemm");
   }
 
   int device_;
-  SelectStageDevice selected_;
-  std::string name_;
+  DeviceContext ctx_;
   int widestIn_ = 0;
-  std::unique_ptr<Stream> stream_;
-  std::unique_ptr<CublasHandle> cublas_;
   DeviceBuffer<float> params_, grads_, state_, targets_, gradA_, gradB_;
   DeviceBuffer<double> rowLoss_, normPartials_, norm_;
   DeviceBuffer<int> rowCorrect_;

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
+#include <string>
 #include <utility>
 
 namespace dtrain::train::detail {
@@ -122,6 +124,38 @@ class CublasHandle {
 
  private:
   cublasHandle_t h_ = nullptr;
+};
+
+// What both GPU backends (the trainer's and the pipeline stage's) set up first: `device`
+// made current, so that everything created after it (streams, events, memory) belongs to it;
+// its name for describe(); a non-blocking stream; and a cuBLAS handle on that stream doing
+// FP32 GEMMs in full precision (TF32 tensor cores would drift from the CPU results).
+// Declare it before any member that allocates on the device. Not copyable.
+class DeviceContext {
+ public:
+  explicit DeviceContext(int device) : device_(device) {
+    cudaCheck(cudaSetDevice(device), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    cudaCheck(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    name_ = std::string("cuda:") + std::to_string(device) + " (" + prop.name + ")";
+    stream_ = std::make_unique<Stream>();
+    cublas_ = std::make_unique<CublasHandle>();
+    cublasCheck(cublasSetStream(cublas_->get(), stream_->get()), "cublasSetStream");
+    cublasCheck(cublasSetMathMode(cublas_->get(), CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  }
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  int device() const { return device_; }
+  const std::string& name() const { return name_; }
+  cudaStream_t stream() const { return stream_->get(); }
+  cublasHandle_t cublas() const { return cublas_->get(); }
+
+ private:
+  int device_;
+  std::string name_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<CublasHandle> cublas_;
 };
 
 }  // namespace dtrain::train::detail
