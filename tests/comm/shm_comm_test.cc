@@ -2,6 +2,7 @@
 // results against the TCP path (all types, ops, collectives, odd sizes, messages larger than
 // the segment, 1..5 ranks), no /dev/shm leftovers, and peer loss while shm is active.
 #include <dirent.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -23,11 +24,26 @@ namespace {
 using namespace std::chrono_literals;
 using Bufs = std::vector<std::vector<char>>;  // one per rank
 
+// This process's communicators carry its pid in their name (and so in their segments'
+// names): ctest runs other tests, in other processes, at the same time, and their segments
+// must not count as this test's leftovers.
+std::string tag() {
+  static const std::string t = "t" + std::to_string(::getpid());
+  return t;
+}
+CommOptions tagged() {
+  CommOptions o;
+  o.name = tag();
+  return o;
+}
+
+// This process's dtrain segments in /dev/shm.
 std::set<std::string> shmEntries() {
   std::set<std::string> out;
+  const std::string mine = "dtrain-comm_" + tag() + "_";
   if (DIR* d = ::opendir("/dev/shm")) {
     while (dirent* e = ::readdir(d))
-      if (std::strncmp(e->d_name, "dtrain-", 7) == 0) out.insert(e->d_name);
+      if (std::strncmp(e->d_name, mine.c_str(), mine.size()) == 0) out.insert(e->d_name);
     ::closedir(d);
   }
   return out;
@@ -55,7 +71,7 @@ std::vector<std::string> onRanks(int n, const std::function<void(Communicator&)>
 }
 
 CommOptions withShm(bool shm, size_t smallBytes = 64 * 1024) {
-  CommOptions o;
+  CommOptions o = tagged();
   o.shm = shm;
   o.small_message_bytes = smallBytes;
   return o;
@@ -130,14 +146,14 @@ const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceO
 
 TEST(ShmComm, TransportIsShmOnOneHostAndEveryRankMustAllowIt) {
   auto before = shmEntries();
-  auto tr = onRanks(3, [](Communicator& c) { c.barrier(); }, [](int) { return CommOptions{}; });
+  auto tr = onRanks(3, [](Communicator& c) { c.barrier(); }, [](int) { return tagged(); });
   EXPECT_EQ(tr, (std::vector<std::string>{"shm", "shm", "shm"}));
   tr = onRanks(3, [](Communicator& c) { c.barrier(); }, [](int) { return withShm(false); });
   EXPECT_EQ(tr, (std::vector<std::string>{"tcp", "tcp", "tcp"}));
   // One rank opting out: nobody uses shm (mixed transports are not supported).
   tr = onRanks(3, [](Communicator& c) { c.barrier(); }, [](int r) { return withShm(r != 1); });
   EXPECT_EQ(tr, (std::vector<std::string>{"tcp", "tcp", "tcp"}));
-  tr = onRanks(1, [](Communicator& c) { c.barrier(); }, [](int) { return CommOptions{}; });
+  tr = onRanks(1, [](Communicator& c) { c.barrier(); }, [](int) { return tagged(); });
   EXPECT_EQ(tr[0], "tcp");  // a single rank moves nothing
   EXPECT_EQ(shmEntries(), before) << "segments left in /dev/shm";
 }
@@ -225,7 +241,7 @@ TEST(ShmComm, MutationADifferentReductionOrderIsDetected) {
     auto b = in[static_cast<size_t>(c.rank())];
     c.allreduce(b.data(), count, DataType::kFloat32, ReduceOp::kSum);
     if (c.rank() == 0) got = b;
-  }, [](int) { return CommOptions{}; });
+  }, [](int) { return tagged(); });
   std::vector<char> naive = in[0];
   for (int r = 1; r < n; ++r) reduceInto(naive.data(), in[static_cast<size_t>(r)].data(), count, DataType::kFloat32, ReduceOp::kSum);
   EXPECT_FALSE(naive == got) << "inputs too tame: a wrong operand order would go unnoticed";
@@ -234,7 +250,7 @@ TEST(ShmComm, MutationADifferentReductionOrderIsDetected) {
 TEST(ShmComm, LostPeerFailsFastAndNamesItWhileShmIsActive) {
   auto before = shmEntries();
   auto store = std::make_shared<store::HashStore>();
-  CommOptions o;
+  CommOptions o = tagged();
   o.timeout = 5s;
   std::string error, transport;
   std::chrono::steady_clock::duration took{};
@@ -268,7 +284,7 @@ TEST(ShmComm, LostPeerFailsFastAndNamesItWhileShmIsActive) {
 TEST(ShmComm, SilentPeerTimesOutWithinTheTimeoutWhileShmIsActive) {
   for (int n : {2, 5}) {  // 5 ranks on fewer cores: sleeping waits must still time out in time
     auto store = std::make_shared<store::HashStore>();
-    CommOptions o;
+    CommOptions o = tagged();
     o.timeout = 500ms;
     std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<std::chrono::steady_clock::duration> took(static_cast<size_t>(n));
