@@ -21,20 +21,10 @@ class HostCollectives {
   bool onDevice() const { return device_; }
 
   void broadcast(void* data, size_t count, comm::DataType t, int root) {
-    if (!device_) return c_.broadcast(data, count, t, root);
-    const size_t bytes = count * comm::elementSize(t);
-    void* d = staging_.scratch(bytes);
-    staging_.copyToBackend(d, data, bytes);
-    c_.broadcast(d, count, t, root);
-    staging_.copyToHost(data, d, bytes);
+    inPlace(data, count * comm::elementSize(t), [&](void* d) { c_.broadcast(d, count, t, root); });
   }
   void allreduce(void* data, size_t count, comm::DataType t, comm::ReduceOp op) {
-    if (!device_) return c_.allreduce(data, count, t, op);
-    const size_t bytes = count * comm::elementSize(t);
-    void* d = staging_.scratch(bytes);
-    staging_.copyToBackend(d, data, bytes);
-    c_.allreduce(d, count, t, op);
-    staging_.copyToHost(data, d, bytes);
+    inPlace(data, count * comm::elementSize(t), [&](void* d) { c_.allreduce(d, count, t, op); });
   }
   void allgather(const void* send, void* recv, size_t count, comm::DataType t) {
     if (!device_) return c_.allgather(send, recv, count, t);
@@ -58,6 +48,17 @@ class HostCollectives {
   }
 
  private:
+  // An in-place operation on `bytes` of host data: on the data itself, or on a device copy
+  // that is copied back.
+  template <typename Op>
+  void inPlace(void* data, size_t bytes, Op&& op) {
+    if (!device_) return op(data);
+    void* d = staging_.scratch(bytes);
+    staging_.copyToBackend(d, data, bytes);
+    op(d);
+    staging_.copyToHost(data, d, bytes);
+  }
+
   comm::Communicator& c_;
   DeviceStaging& staging_;
   bool device_;

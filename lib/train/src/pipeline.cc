@@ -709,15 +709,14 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     fn();
     trace.add(name, m, step, t0, Clock::now());
   };
-  // Compute: counted in computeS (what the bubble fraction is measured against).
-  int tracedMicro = -1;
-  const char* tracedName = "F";
-  auto timed = [&](auto&& fn) {
+  // Compute (forward "F" or backward "B" of micro-batch m): counted in computeS, which the
+  // bubble fraction is measured against, and traced.
+  auto timed = [&](const char* name, int m, auto&& fn) {
     auto t0 = Clock::now();
     fn();
     auto t1 = Clock::now();
     computeS += std::chrono::duration<double>(t1 - t0).count();
-    trace.add(tracedName, tracedMicro, step, t0, t1);
+    trace.add(name, m, step, t0, t1);
   };
   const int actIn = model.inWidth(), actOut = model.outWidth();
   // One micro-batch's forward: receive (or copy) its input, compute, and on the last stage
@@ -730,9 +729,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     if (firstStage) model.copyToBackend(inBuf, xs + static_cast<size_t>(m) * mb * in, static_cast<size_t>(n) * in * sizeof(float));
     else if (!received) traced("recv act", m, [&] { pipe.recv(inBuf, static_cast<size_t>(n) * actIn * sizeof(float), prevStage); });
     const float* o = nullptr;
-    tracedName = "F";
-    tracedMicro = m;
-    timed([&] {
+    timed("F", m, [&] {
       o = model.forward(m);
       if (lastStage) {
         int c = 0;
@@ -747,9 +744,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   auto sendAct = [&](const float* o, int n) {
     traced("send act", -1, [&] { pipe.send(o, static_cast<size_t>(n) * actOut * sizeof(float), nextStage); });
   };
-  auto recvGrad = [&](int m, int n) {
+  auto recvGrad = [&](int m) {
     float* g = model.outputGrad(m);
-    traced("recv grad", m, [&] { pipe.recv(g, static_cast<size_t>(n) * actOut * sizeof(float), nextStage); });
+    traced("recv grad", m, [&] { pipe.recv(g, actOutBytes, nextStage); });
   };
 
   // The stage group's gradient average, started layer by layer as the last micro-batch's
@@ -775,14 +772,12 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     const float* g = nullptr;
     std::function<void(int)> onLayer;
     if (overlapGrads && m == M - 1) onLayer = reduceLayer;
-    tracedName = "B";
-    tracedMicro = m;
-    timed([&] { g = model.backward(m, onLayer); });
+    timed("B", m, [&] { g = model.backward(m, onLayer); });
     return g;
   };
-  auto backward = [&](int m, int n) {
+  auto backward = [&](int m) {
     const float* g = backwardOnly(m);
-    if (!firstStage) traced("send grad", m, [&] { pipe.send(g, static_cast<size_t>(n) * actIn * sizeof(float), prevStage); });
+    if (!firstStage) traced("send grad", m, [&] { pipe.send(g, actInBytes, prevStage); });
   };
 
   // GPipe: all forwards, then all backwards (in the same micro-batch order, so the gradient
@@ -793,8 +788,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       if (!lastStage) sendAct(o, mb);
     }
     for (int m = 0; m < M; ++m) {
-      if (!lastStage) recvGrad(m, mb);
-      backward(m, mb);
+      if (!lastStage) recvGrad(m);
+      backward(m);
     }
   };
   // 1F1B (PipeDream-Flush, as Megatron-LM schedules it): stage p runs w = min(P-p-1, M)
@@ -823,8 +818,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         traced("send grad", i, [&] { pipe.send(g, actInBytes, prevStage); });
     }
     for (int i = steady; i < M; ++i) {
-      recvGrad(i, mb);
-      backward(i, mb);
+      recvGrad(i);
+      backward(i);
     }
   };
   const bool gpipe = ts.parallel.schedule == "gpipe";

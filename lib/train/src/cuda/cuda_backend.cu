@@ -40,7 +40,7 @@ struct LossResult {
 class CudaBackend final : public MathBackend {
  public:
   CudaBackend(const MlpConfig& cfg, uint64_t seed, bool adam, int device)
-      : cfg_(cfg), adam_(adam), device_(device), ctx_(device) {
+      : cfg_(cfg), adam_(adam), ctx_(device) {
 
     // Same layout and the same initial weights as the CPU backend: Mlp initialises on the host.
     Mlp host(cfg_);
@@ -63,11 +63,7 @@ class CudaBackend final : public MathBackend {
     acts_.resize(static_cast<size_t>(numLayers()));  // acts_[l] = input of layer l
   }
 
-  ~CudaBackend() override {
-    // Buffers may still be read by work in flight (an exception unwound mid-step).
-    cudaSetDevice(device_);
-    cudaStreamSynchronize(ctx_.stream());
-  }
+  ~CudaBackend() override { ctx_.drain(); }
 
   std::string describe() const override { return ctx_.name(); }
   bool onDevice() const override { return true; }
@@ -204,8 +200,7 @@ class CudaBackend final : public MathBackend {
 
  private:
   int numLayers() const { return static_cast<int>(cfg_.layers.size()) - 1; }
-  // The calling thread's current device may have been changed (other backends, NCCL).
-  void use() const { cudaCheck(cudaSetDevice(device_), "cudaSetDevice"); }
+  void use() const { ctx_.use(); }
 
   float* W(int l) { return params_.get() + offsets_[static_cast<size_t>(l)]; }
   float* b(int l) { return W(l) + weights(l); }
@@ -252,7 +247,6 @@ class CudaBackend final : public MathBackend {
 
   MlpConfig cfg_;
   bool adam_;
-  int device_;
   DeviceContext ctx_;
   std::vector<size_t> offsets_;
   DeviceBuffer<float> params_, grads_, state_;

@@ -37,7 +37,7 @@ struct StageLoss {
 class CudaStage final : public StageMath {
  public:
   CudaStage(const MlpConfig& cfg, int lo, int hi, bool adam, int device)
-      : StageMath(cfg, lo, hi, adam), device_(device), ctx_(device) {
+      : StageMath(cfg, lo, hi, adam), ctx_(device) {
     const size_t n = numParams();
     params_.reset(n);
     grads_.reset(n);
@@ -54,11 +54,7 @@ class CudaStage final : public StageMath {
     sync();
   }
 
-  ~CudaStage() override {
-    // Buffers may still be read by work in flight (an exception unwound mid-call).
-    cudaSetDevice(device_);
-    cudaStreamSynchronize(ctx_.stream());
-  }
+  ~CudaStage() override { ctx_.drain(); }
 
   std::string describe() const override { return ctx_.name(); }
   bool onDevice() const override { return true; }
@@ -269,8 +265,7 @@ class CudaStage final : public StageMath {
     return outputLayer(hi_ - 1) ? b.pre[k].get() : b.act[k].get();
   }
 
-  // The calling thread's current device may have been changed (NCCL, other stages).
-  void use() const { cudaCheck(cudaSetDevice(device_), "cudaSetDevice"); }
+  void use() const { ctx_.use(); }
   void sync() const { cudaCheck(cudaStreamSynchronize(ctx_.stream()), "cudaStreamSynchronize"); }
 
   Stash& stash(int slot) {
@@ -319,7 +314,6 @@ class CudaStage final : public StageMath {
                 "cublasSgemm");
   }
 
-  int device_;
   DeviceContext ctx_;
   int widestIn_ = 0;
   DeviceBuffer<float> params_, grads_, state_, targets_, gradA_, gradB_;

@@ -148,6 +148,15 @@ class DeviceContext {
 
   int device() const { return device_; }
   const std::string& name() const { return name_; }
+  // Makes the device current again: the calling thread's current device may have been
+  // changed since (NCCL, other backends).
+  void use() const { cudaCheck(cudaSetDevice(device_), "cudaSetDevice"); }
+  // For the owner's destructor, before its device buffers are freed: waits for the work in
+  // flight that may still read them (an exception unwound mid-call). Never throws.
+  void drain() const noexcept {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream());
+  }
   cudaStream_t stream() const { return stream_->get(); }
   cublasHandle_t cublas() const { return cublas_->get(); }
 
