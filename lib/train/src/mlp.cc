@@ -22,6 +22,29 @@ float geluGrad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3 * 0.044715f * x * x);
 }
 
+void activate(Activation act, const float* __restrict z, float* __restrict a, size_t n) {
+  if (act == Activation::kRelu) {
+    for (size_t i = 0; i < n; ++i) a[i] = z[i] > 0 ? z[i] : 0.0f;
+  } else {
+    for (size_t i = 0; i < n; ++i) a[i] = gelu(z[i]);
+  }
+}
+
+void activationGrad(Activation act, const float* __restrict z, float* __restrict g, size_t n) {
+  if (act == Activation::kRelu) {
+    for (size_t i = 0; i < n; ++i) g[i] = z[i] <= 0 ? 0.0f : g[i];
+  } else {
+    for (size_t i = 0; i < n; ++i) g[i] *= geluGrad(z[i]);
+  }
+}
+
+void addColumnSums(const float* __restrict m, int rows, int cols, float* __restrict sums) {
+  for (int i = 0; i < rows; ++i) {
+    const float* row = m + static_cast<size_t>(i) * cols;
+    for (int j = 0; j < cols; ++j) sums[j] += row[j];
+  }
+}
+
 double lossAndGrad(Loss lossType, const float* logits, int n, int C, const float* targets, int denom, float* delta,
                    int* correct) {
   double loss = 0;
@@ -95,10 +118,8 @@ double Mlp::forward(const float* x, int n, const float* targets, int* correct) {
     a.resize(z.size());
     if (l == L - 1) {
       std::copy(z.begin(), z.end(), a.begin());
-    } else if (cfg_.activation == Activation::kRelu) {
-      for (size_t i = 0; i < z.size(); ++i) a[i] = z[i] > 0 ? z[i] : 0.0f;
     } else {
-      for (size_t i = 0; i < z.size(); ++i) a[i] = gelu(z[i]);
+      activate(cfg_.activation, z.data(), a.data(), z.size());
     }
   }
   // Loss and the output gradient (delta_ = dLoss/dz of the last layer).
@@ -119,22 +140,13 @@ void Mlp::backward(const std::function<void(int)>& onLayerDone) {
                 dW(l), in);
     float* dbias = db(l);
     std::fill(dbias, dbias + out, 0.0f);
-    for (int i = 0; i < n; ++i) {
-      const float* d = delta_.data() + static_cast<size_t>(i) * out;
-      for (int k = 0; k < out; ++k) dbias[k] += d[k];
-    }
+    addColumnSums(delta_.data(), n, out, dbias);
     if (l > 0) {
       // deltaPrev[n x in] = delta[n x out] * W[out x in], then through the activation.
       deltaPrev_.resize(static_cast<size_t>(n) * in);
       detail::sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, delta_.data(), out, W(l), in, 0.0f,
                   deltaPrev_.data(), in);
-      const auto& z = pre_[static_cast<size_t>(l) - 1];
-      if (cfg_.activation == Activation::kRelu) {
-        for (size_t i = 0; i < deltaPrev_.size(); ++i)
-          if (z[i] <= 0) deltaPrev_[i] = 0.0f;
-      } else {
-        for (size_t i = 0; i < deltaPrev_.size(); ++i) deltaPrev_[i] *= geluGrad(z[i]);
-      }
+      activationGrad(cfg_.activation, pre_[static_cast<size_t>(l) - 1].data(), deltaPrev_.data(), deltaPrev_.size());
     }
     if (onLayerDone) onLayerDone(l);
     if (l > 0) std::swap(delta_, deltaPrev_);

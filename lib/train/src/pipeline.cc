@@ -104,10 +104,8 @@ class CpuStage final : public StageMath {
       reuse(o, z.size());
       if (l == static_cast<int>(cfg_.layers.size()) - 2) {
         std::copy(z.begin(), z.end(), o.begin());
-      } else if (cfg_.activation == Activation::kRelu) {
-        for (size_t i = 0; i < z.size(); ++i) o[i] = z[i] > 0 ? z[i] : 0.0f;
       } else {
-        for (size_t i = 0; i < z.size(); ++i) o[i] = gelu(z[i]);
+        activate(cfg_.activation, z.data(), o.data(), z.size());
       }
     }
     account();
@@ -142,11 +140,7 @@ class CpuStage final : public StageMath {
       const float* aPrev = k == 0 ? s.in.data() : s.act[static_cast<size_t>(k) - 1].data();
       detail::sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta.data(), out(l), aPrev, in(l),
                   1.0f, dW(l), in(l));
-      float* dbias = db(l);
-      for (int i = 0; i < n; ++i) {
-        const float* d = delta.data() + static_cast<size_t>(i) * out(l);
-        for (int j = 0; j < out(l); ++j) dbias[j] += d[j];
-      }
+      addColumnSums(delta.data(), n, out(l), db(l));
       if (onLayerDone) onLayerDone(k);
       if (k == 0 && lo_ == 0) break;
       deltaPrev_.resize(static_cast<size_t>(n) * in(l));
@@ -222,12 +216,7 @@ class CpuStage final : public StageMath {
   }
 
   void applyActivationGrad(std::vector<float>& g, const std::vector<float>& z) const {
-    if (cfg_.activation == Activation::kRelu) {
-      for (size_t i = 0; i < g.size(); ++i)
-        if (z[i] <= 0) g[i] = 0.0f;
-    } else {
-      for (size_t i = 0; i < g.size(); ++i) g[i] *= geluGrad(z[i]);
-    }
+    activationGrad(cfg_.activation, z.data(), g.data(), g.size());
   }
 
   void account() {
