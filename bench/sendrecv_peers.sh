@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Point to point (2 ranks, this machine, ping-pong: rank 0 sends, rank 1 receives and sends
 # the same size back; time = half the round trip, busbw = algbw = bytes / time) side by side
-# in one invocation: dtrain (`dtrain bench sendrecv`; send/recv always go over the TCP mesh,
-# whatever DTRAIN_COMM_SHM says), gloo through torch.distributed send/recv, and OpenMPI's
+# in one invocation: dtrain (`dtrain bench sendrecv`: "dtrain" over its same-host shared-memory
+# channels, "dtrain-tcp" over its TCP mesh with DTRAIN_COMM_SHM=0), gloo through torch.distributed send/recv, and OpenMPI's
 # MPI_Send/MPI_Recv over TCP (--mca btl tcp,self) and with its default transports (shared
 # memory on one host). Every implementation runs ROUNDS times, interleaved (the machine is
 # noisy); per size the median time is kept. Prints one nccl-tests style table per
@@ -25,6 +25,8 @@ for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
   "$DTRAIN" bench sendrecv --nproc-per-node 2 -b "$LO" -e "$HI" -n "$ITERS" -w "$WARMUP" -d int32 \
     --json "$OUT/dtrain.$r.json" >/dev/null
+  DTRAIN_COMM_SHM=0 "$DTRAIN" bench sendrecv --nproc-per-node 2 -b "$LO" -e "$HI" -n "$ITERS" -w "$WARMUP" -d int32 \
+    --json "$OUT/dtrain-tcp.$r.json" >/dev/null
   OMP_NUM_THREADS=1 /usr/bin/python3 bench/gloo_sendrecv.py "$LO" "$HI" "$ITERS" "$WARMUP" 2>/dev/null >"$OUT/gloo.$r.txt"
   "${MPIRUN[@]}" --mca btl tcp,self "$OUT/mpi_sendrecv" "$LO" "$HI" "$ITERS" "$WARMUP" mpi-tcp 2>/dev/null >"$OUT/mpi-tcp.$r.txt"
   "${MPIRUN[@]}" "$OUT/mpi_sendrecv" "$LO" "$HI" "$ITERS" "$WARMUP" mpi-sm 2>/dev/null >"$OUT/mpi-sm.$r.txt"
@@ -33,17 +35,18 @@ done
 python3 - "$OUT" "$ROUNDS" "$ITERS" "$WARMUP" <<'PY'
 import json, statistics, sys
 out, rounds, iters, warmup = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-impls = ["dtrain", "gloo", "mpi-tcp", "mpi-sm"]
+impls = ["dtrain", "dtrain-tcp", "gloo", "mpi-tcp", "mpi-sm"]
 times = {i: {} for i in impls}   # impl -> size -> [time_us per round]
 wrong = {i: {} for i in impls}
 for r in range(1, rounds + 1):
-    d = json.load(open(f"{out}/dtrain.{r}.json"))
-    if d.get("collective") != "sendrecv":
-        sys.exit(f"dtrain: JSON is for {d.get('collective')}, expected sendrecv")
-    for row in d["rows"]:
-        times["dtrain"].setdefault(row["bytes"], []).append(row["time_us"])
-        wrong["dtrain"][row["bytes"]] = wrong["dtrain"].get(row["bytes"], 0) + row["wrong"]
-    for impl in impls[1:]:
+    for impl, transport in (("dtrain", "shm"), ("dtrain-tcp", "tcp")):
+        d = json.load(open(f"{out}/{impl}.{r}.json"))
+        if d.get("collective") != "sendrecv" or d.get("transport") != transport:
+            sys.exit(f"{impl}: JSON is for {d.get('collective')} over {d.get('transport')}, expected sendrecv over {transport}")
+        for row in d["rows"]:
+            times[impl].setdefault(row["bytes"], []).append(row["time_us"])
+            wrong[impl][row["bytes"]] = wrong[impl].get(row["bytes"], 0) + row["wrong"]
+    for impl in impls[2:]:
         for line in open(f"{out}/{impl}.{r}.txt"):
             p = line.split()
             if len(p) == 6 and p[0] == impl:

@@ -34,24 +34,29 @@ uint8_t pattern(int from, size_t i) { return static_cast<uint8_t>(from * 37 + i 
 // Every rank sends 24 MiB to its right neighbour while receiving 24 MiB from its left one, in
 // one operation. Send-then-recv on every rank would block with full socket buffers; so
 // would the naive order with a single peer (n = 2: both directions on one socket).
+// Over TCP and over the per-pair shared-memory channels (1 MiB each, far less than 24 MiB).
 TEST(CommSendRecv, RingExchangeOfLargeBuffersDoesNotDeadlock) {
   const size_t bytes = 24u << 20;
-  for (int n : {2, 3}) {
-    expectNoErrors(onRanks(n, [&](Communicator& c) {
-      const int right = (c.rank() + 1) % n, left = (c.rank() + n - 1) % n;
-      std::vector<uint8_t> out(bytes), in(bytes, 0);
-      for (size_t i = 0; i < bytes; ++i) out[i] = pattern(c.rank(), i);
-      c.sendRecv(out.data(), bytes, right, in.data(), bytes, left);
-      for (size_t i = 0; i < bytes; ++i)
-        if (in[i] != pattern(left, i)) FAIL() << "rank " << c.rank() << " byte " << i << " wrong";
-    }, options(false)));
+  for (bool shm : {false, true}) {
+    for (int n : {2, 3}) {
+      expectNoErrors(onRanks(n, [&](Communicator& c) {
+        EXPECT_STREQ(c.p2pTransport(), shm ? "shm" : "tcp");
+        const int right = (c.rank() + 1) % n, left = (c.rank() + n - 1) % n;
+        std::vector<uint8_t> out(bytes), in(bytes, 0);
+        for (size_t i = 0; i < bytes; ++i) out[i] = pattern(c.rank(), i);
+        c.sendRecv(out.data(), bytes, right, in.data(), bytes, left);
+        for (size_t i = 0; i < bytes; ++i)
+          if (in[i] != pattern(left, i)) FAIL() << "rank " << c.rank() << " byte " << i << " wrong";
+      }, options(shm)));
+    }
   }
 }
 
 // The two halves match plain send and recv on the other side, with different sizes each
 // way, including zero bytes.
-TEST(CommSendRecv, MatchesPlainSendAndRecvAndUnequalSizes) {
+void checkPlainSendAndRecv(bool shm) {
   expectNoErrors(onRanks(3, [&](Communicator& c) {
+    EXPECT_STREQ(c.p2pTransport(), shm ? "shm" : "tcp");
     // 0 -> 1 -> 2 chain: rank 1 forwards with sendRecv while 0 sends and 2 receives.
     std::vector<int32_t> a(1000), b(7);
     if (c.rank() == 0) {
@@ -72,11 +77,16 @@ TEST(CommSendRecv, MatchesPlainSendAndRecvAndUnequalSizes) {
       for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i * 3 + 1);
       c.send(a.data(), a.size() * 4, 1);
     }
-  }, options(false)));
+  }, options(shm)));
+}
+TEST(CommSendRecv, MatchesPlainSendAndRecvAndUnequalSizes) {
+  checkPlainSendAndRecv(false);
+  checkPlainSendAndRecv(true);
 }
 
-TEST(CommSendRecv, SizeMismatchFailsNamingThePeerAndBadPeersAreSpecErrors) {
+void checkSizeMismatch(bool shm) {
   auto errors = onRanks(2, [&](Communicator& c) {
+    EXPECT_STREQ(c.p2pTransport(), shm ? "shm" : "tcp");
     std::vector<char> buf(64);
     if (c.rank() == 0) {
       EXPECT_THROW(c.sendRecvAsync(buf.data(), 8, 0, buf.data(), 8, 1), SpecError);  // to itself
@@ -85,12 +95,16 @@ TEST(CommSendRecv, SizeMismatchFailsNamingThePeerAndBadPeersAreSpecErrors) {
     } else {
       c.sendRecv(buf.data(), 16, 0, buf.data(), 32, 0);
     }
-  }, options(false));
+  }, options(shm));
   // Rank 0 got what it expected (header and payload travel together, so it may finish
   // before rank 1 gives up); if not, it names rank 1's failure.
   if (!errors[0].empty())
     EXPECT_NE(errors[0].find("[first failure in this job: sendrecv from rank 0"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("sendrecv from rank 0: expected 32 bytes, the peer sent 16"), std::string::npos) << errors[1];
+}
+TEST(CommSendRecv, SizeMismatchFailsNamingThePeerAndBadPeersAreSpecErrors) {
+  checkSizeMismatch(false);
+  checkSizeMismatch(true);
 }
 
 // 6 ranks as 2 replicas x 3 stages (rank = d * 3 + p): a group per stage ({p, p + 3}) and one

@@ -316,5 +316,116 @@ TEST(ShmComm, SilentPeerTimesOutWithinTheTimeoutWhileShmIsActive) {
   }
 }
 
+uint8_t byteOf(int from, size_t msg, size_t i) {
+  return static_cast<uint8_t>(from * 31 + msg * 7 + i * 13 + (i >> 10));
+}
+
+// send/recv over the per-pair channels: 3 ranks pass messages around a ring, of every size
+// around the slot size (0 bytes, one byte, one slot exactly, one byte over, several slots)
+// and far beyond a channel's capacity, blocking and async, interleaved with collectives (which
+// use their own sequence); every byte checked. Then the same messages with shm off must
+// give the same bytes.
+TEST(ShmComm, SendRecvOverPerPairChannelsAllSizes) {
+  const size_t slot = 256u << 10;
+  const std::vector<size_t> sizes = {0, 1, 4095, slot - 1, slot, slot + 1, 3 * slot + 5, 5u << 20};
+  for (bool shm : {true, false}) {
+    onRanks(
+        3,
+        [&](Communicator& c) {
+          EXPECT_STREQ(c.p2pTransport(), shm ? "shm" : "tcp");
+          const int right = (c.rank() + 1) % 3, left = (c.rank() + 2) % 3;
+          for (size_t m = 0; m < sizes.size(); ++m) {
+            const size_t bytes = sizes[m];
+            std::vector<uint8_t> out(bytes), in(bytes + 1, 0xEE);
+            for (size_t i = 0; i < bytes; ++i) out[i] = byteOf(c.rank(), m, i);
+            // Even ranks send first, odd ones receive first: rank 0 -> 1 -> 2 -> 0 needs the
+            // async send on rank 2 (its receive from 1 would otherwise wait behind its send to 0).
+            if (c.rank() == 2) {
+              auto w = c.sendAsync(out.data(), bytes, right);
+              c.recv(in.data(), bytes, left);
+              w->wait();
+            } else if (c.rank() == 0) {
+              c.send(out.data(), bytes, right);
+              c.recv(in.data(), bytes, left);
+            } else {
+              c.recv(in.data(), bytes, left);
+              c.send(out.data(), bytes, right);
+            }
+            for (size_t i = 0; i < bytes; ++i)
+              if (in[i] != byteOf(left, m, i)) FAIL() << "rank " << c.rank() << " message " << m << " byte " << i;
+            EXPECT_EQ(in[bytes], 0xEE) << "wrote past the message";
+            int32_t one = 1;
+            c.allreduce(&one, 1, DataType::kInt32, ReduceOp::kSum);
+            EXPECT_EQ(one, 3);
+          }
+        },
+        [&](int) { return withShm(shm); });
+  }
+}
+
+// Per-pair channels grow as n^2: beyond 8 ranks send/recv stay on TCP while the collectives
+// still use shared memory.
+TEST(ShmComm, PointToPointStaysOnTcpBeyondEightRanks) {
+  for (int n : {8, 9}) {
+    onRanks(
+        n,
+        [&](Communicator& c) {
+          EXPECT_STREQ(c.transport(), "shm");
+          EXPECT_STREQ(c.p2pTransport(), n <= 8 ? "shm" : "tcp");
+          std::vector<int32_t> v(1000, c.rank()), got(1000, -1);
+          c.sendRecv(v.data(), v.size() * 4, (c.rank() + 1) % n, got.data(), got.size() * 4, (c.rank() + n - 1) % n);
+          EXPECT_EQ(got[999], (c.rank() + n - 1) % n);
+        },
+        [](int) { return tagged(); });
+  }
+}
+
+// A peer that leaves while this rank waits in recv over shared memory is named at once; one
+// that stays connected but silent, at the timeout.
+TEST(ShmComm, LostOrSilentPeerDuringRecvOverSharedMemory) {
+  auto before = shmEntries();
+  for (bool silent : {false, true}) {
+    auto store = std::make_shared<store::HashStore>();
+    CommOptions o = tagged();
+    o.timeout = silent ? 500ms : 5s;
+    std::string error, p2p;
+    std::chrono::steady_clock::duration took{};
+    std::promise<void> release;
+    std::thread r1([&] {
+      auto c = createTcpCommunicator(store, 1, 2, o);
+      std::vector<char> b(100);
+      c->send(b.data(), b.size(), 0);
+      if (silent) release.get_future().wait();  // connected, never sends again
+    });
+    {
+      auto c = createTcpCommunicator(store, 0, 2, o);
+      p2p = c->p2pTransport();
+      std::vector<char> b(100);
+      c->recv(b.data(), b.size(), 1);
+      auto start = std::chrono::steady_clock::now();
+      try {
+        c->recv(b.data(), b.size(), 1);
+      } catch (const PeerLostError& e) {
+        error = e.what();
+      }
+      took = std::chrono::steady_clock::now() - start;
+      if (silent) release.set_value();
+      r1.join();
+    }
+    EXPECT_EQ(p2p, "shm");
+    if (silent) {
+      EXPECT_NE(error.find("recv on rank 0: lost rank 1: no progress within the 0.5 s timeout (received 0 of 100 bytes "
+                           "from rank 1 over shared memory)"),
+                std::string::npos)
+          << error;
+      EXPECT_LT(took, 1500ms);
+    } else {
+      EXPECT_NE(error.find("recv on rank 0: lost rank 1: connection closed"), std::string::npos) << error;
+      EXPECT_LT(took, 2s);
+    }
+  }
+  EXPECT_EQ(shmEntries(), before);
+}
+
 }  // namespace
 }  // namespace dtrain::comm

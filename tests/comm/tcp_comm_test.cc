@@ -238,7 +238,10 @@ TEST(TcpComm, AsyncOpFromAnotherThreadWaitsForAnInlineOp) {
       recvDone = Clock::now();
       other.join();
       EXPECT_EQ(x, 3);
-      EXPECT_GE(sendDone, recvDone) << "the async send ran while the inline recv was running";
+      // Were the send run beside the recv, it would end ~300 ms before it (at ~100 ms: 4 bytes
+      // fit the socket buffer; the recv ends at ~400 ms). The slack allows for this thread
+      // being descheduled between the recv's return and reading the clock (seen under ctest -j2).
+      EXPECT_GE(sendDone + 100ms, recvDone) << "the async send ran while the inline recv was running";
     } else {
       std::this_thread::sleep_for(400ms);
       x = 3;

@@ -31,16 +31,18 @@ for spec in "broadcast -d int64" "allgather -d half" "allreduce -d bfloat16 -o m
   expect_eq "$?" 0 "bench $spec verified"
 done
 # Point to point: 2-rank ping-pong down to 8 bytes, payloads verified both ways, over the
-# sockets (never the collectives' shared memory).
-"$DTRAIN" bench sendrecv -b 8 -e 1M -f 8 -n 20 -w 2 --json "$T/sr.json" >"$T/out" 2>"$T/err"
-expect_eq "$?" 0 "bench sendrecv exits 0"
-expect_grep "^# dtrain bench sendrecv: 2 ranks, backend tcp" "$T/out" "sendrecv title"
-expect_grep "^# transport: tcp$" "$T/out" "send/recv go over the sockets"
-expect_grep "^# +size +count +type +redop +time +algbw +busbw +#wrong$" "$T/out" "sendrecv nccl-tests header"
-expect_grep "^ +8 +2 +float +none +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "8-byte row verified"
-expect_grep "^ +262144 +65536 +float +none +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "256 KiB row verified"
-expect_grep "^# Out of bounds values : 0 OK$" "$T/out" "sendrecv footer"
-python3 - "$T/sr.json" >"$T/check" <<'PY'
+# per-pair shared-memory channels by default and over the sockets with DTRAIN_COMM_SHM=0.
+for transport in shm tcp; do
+  shm=1; [ "$transport" = tcp ] && shm=0
+  DTRAIN_COMM_SHM=$shm "$DTRAIN" bench sendrecv -b 8 -e 1M -f 8 -n 20 -w 2 --json "$T/sr.json" >"$T/out" 2>"$T/err"
+  expect_eq "$?" 0 "bench sendrecv ($transport) exits 0"
+  expect_grep "^# dtrain bench sendrecv: 2 ranks, backend tcp" "$T/out" "sendrecv title"
+  expect_grep "^# transport: $transport$" "$T/out" "send/recv go over $transport"
+  expect_grep "^# +size +count +type +redop +time +algbw +busbw +#wrong$" "$T/out" "sendrecv nccl-tests header"
+  expect_grep "^ +8 +2 +float +none +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "8-byte row verified ($transport)"
+  expect_grep "^ +262144 +65536 +float +none +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "256 KiB row verified ($transport)"
+  expect_grep "^# Out of bounds values : 0 OK$" "$T/out" "sendrecv footer"
+  python3 - "$T/sr.json" >"$T/check" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["rows"]
@@ -48,8 +50,9 @@ ok = all(abs(r["busbw_gbps"] - r["algbw_gbps"]) < 1e-9 and r["time_us"] > 0 and
          abs(r["algbw_gbps"] - r["bytes"] / r["time_us"] / 1e3) < 1e-5 + 1e-3 * r["algbw_gbps"] for r in rows)
 print(d["collective"], d["ranks"], d["transport"], d["redop"], [r["bytes"] for r in rows], ok, sum(r["wrong"] for r in rows))
 PY
-expect_eq "$(cat "$T/check")" "sendrecv 2 tcp none [8, 64, 512, 4096, 32768, 262144] True 0" \
-  "sendrecv JSON: sizes, busbw = algbw = bytes/time, no wrong values"
+  expect_eq "$(cat "$T/check")" "sendrecv 2 $transport none [8, 64, 512, 4096, 32768, 262144] True 0" \
+    "sendrecv JSON ($transport): sizes, busbw = algbw = bytes/time, no wrong values"
+done
 "$DTRAIN" bench sendrecv --nproc-per-node 3 -n 1 2>"$T/err"; expect_eq "$?" 2 "sendrecv with 3 ranks exits 2"
 expect_grep "^dtrain: error: --nproc-per-node: bench sendrecv is a 2-rank ping-pong, got 3$" "$T/err" "sendrecv names the flag"
 "$DTRAIN" bench sendrecv -b 0 -e 8 2>"$T/err"; expect_eq "$?" 2 "sendrecv -b 0 exits 2"

@@ -136,9 +136,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
                                                              : 1.0;
     r.busbw = r.algbw * factor;
     r.wrong = wrong;
-    // send/recv never use the collectives' shared-memory path: the tcp backend sends them
-    // over its sockets, so report the backend rather than the collectives' transport.
-    r.transport = p2p ? comm.backend() : comm.transport();
+    r.transport = p2p ? comm.p2pTransport() : comm.transport();
     rows.push_back(r);
     if (o.factor < 2) break;
   }

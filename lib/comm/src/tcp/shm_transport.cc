@@ -47,6 +47,29 @@ constexpr size_t kBudget = 32u << 20;
 // peer that is a few microseconds behind is then met without a syscall.
 constexpr auto kSpin = std::chrono::microseconds(20);
 constexpr size_t kHeaderBytes = 64;
+// Point-to-point channels, one per ordered pair of ranks: kP2pDepth slots of up to
+// kP2pMaxChunk bytes each (1 MiB in flight per direction with 2 ranks, 128 KiB with 8), all
+// channels together within kP2pBudget. Beyond kP2pMaxRanks, send/recv stay on TCP: n^2
+// channels do not scale (and a rank's pipeline neighbours are few).
+constexpr size_t kP2pDepth = 4;
+constexpr size_t kP2pMaxChunk = 256u << 10;
+constexpr size_t kP2pMaxRanks = 8;
+constexpr size_t kP2pBudget = 8u << 20;
+constexpr size_t kPieceHeader = 64;  // PieceHeader, padded so that payloads stay aligned
+
+// Written by the sender in front of every piece's payload: the whole message's size (the
+// receiver compares it with its own, like the TCP path's length header) and this piece's.
+struct PieceHeader {
+  uint64_t total;
+  uint64_t len;
+};
+
+size_t p2pChunkFor(size_t n) {
+  if (n < 2 || n > kP2pMaxRanks) return 0;
+  size_t c = std::min(kP2pMaxChunk, kP2pBudget / (n * n * kP2pDepth));  // n^2: the layout keeps i -> i
+  while (c & (c - 1)) c &= c - 1;                                       // a power of two
+  return c;
+}
 
 enum : int { kPosted = 0, kReduced = 1, kConsumed = 2, kNumFlags = 3 };
 
@@ -117,6 +140,9 @@ struct ShmTransport::Layout {
   uint64_t chunk;
   uint64_t dataOffset;
   uint64_t totalBytes;
+  uint64_t p2pOffset;  // the point-to-point slots (after the collectives' staging buffers)
+  uint64_t p2pChunk;   // 0: no point-to-point channels
+  uint32_t p2pDepth;
 };
 static_assert(sizeof(ShmTransport::Layout) <= kHeaderBytes);
 
@@ -161,10 +187,16 @@ struct Fd {
 // Rank 0: creates, sizes (reserving the pages, so a full /dev/shm fails here rather than
 // with SIGBUS later) and initialises the segment. Empty mapping on any failure.
 ShmMapping createSegment(const std::string& name, int size, std::string& why) {
-  size_t chunk = std::clamp(kBudget / (static_cast<size_t>(size) * kDepth), kMinChunk, kMaxChunk) & ~size_t{4095};
-  size_t flagsBytes = sizeof(ShmTransport::Flag) * static_cast<size_t>(size) * kNumFlags;
+  const size_t n = static_cast<size_t>(size);
+  size_t chunk = std::clamp(kBudget / (n * kDepth), kMinChunk, kMaxChunk) & ~size_t{4095};
+  // Flags: the collectives' counters, then per rank a doorbell, then per channel `written`
+  // and `read` (see ShmTransport::written).
+  const size_t numFlags = n * kNumFlags + n + 2 * n * n;
+  size_t flagsBytes = sizeof(ShmTransport::Flag) * numFlags;
   size_t dataOffset = (kHeaderBytes + flagsBytes + 4095) & ~size_t{4095};
-  size_t total = dataOffset + static_cast<size_t>(size) * kDepth * chunk;
+  size_t p2pOffset = dataOffset + n * kDepth * chunk;
+  size_t p2pChunk = p2pChunkFor(n);
+  size_t total = p2pOffset + (p2pChunk ? n * n * kP2pDepth * (kPieceHeader + p2pChunk) : 0);
   Fd fd{::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600)};
   if (fd.fd < 0) {
     why = fmt::format("shm_open({}): {}", name, std::strerror(errno));
@@ -180,11 +212,12 @@ ShmMapping createSegment(const std::string& name, int size, std::string& why) {
     return {};
   }
   ShmMapping map(p, total);
-  auto* layout = new (map.data()) ShmTransport::Layout{kMagic, static_cast<uint32_t>(size), static_cast<uint32_t>(kDepth),
-                                                       chunk, dataOffset, total};
+  auto* layout = new (map.data()) ShmTransport::Layout{kMagic,   static_cast<uint32_t>(size), static_cast<uint32_t>(kDepth),
+                                                       chunk,    dataOffset, total, p2pOffset, p2pChunk,
+                                                       static_cast<uint32_t>(kP2pDepth)};
   (void)layout;
   auto* flags = reinterpret_cast<ShmTransport::Flag*>(map.data() + kHeaderBytes);
-  for (size_t i = 0; i < static_cast<size_t>(size) * kNumFlags; ++i) {
+  for (size_t i = 0; i < numFlags; ++i) {
     new (&flags[i].value) std::atomic<uint32_t>(0);
     new (&flags[i].waiters) std::atomic<uint32_t>(0);
   }
@@ -288,17 +321,28 @@ ShmTransport::ShmTransport(const Setup& s, ShmMapping map)
   layout_ = reinterpret_cast<Layout*>(map_.data());
   chunk_ = layout_->chunk;
   depth_ = layout_->depth;
+  p2pChunk_ = layout_->p2pChunk;
+  p2pDepth_ = layout_->p2pDepth;
+  sent_.assign(static_cast<size_t>(size_), 0);
+  taken_.assign(static_cast<size_t>(size_), 0);
   // Touch now every page this rank will write (its own slot) and read (the others'), even
   // with MAP_POPULATE: on the dev VM the first write/read of each staging page still cost
   // ~0.3 ms per 256 KiB op for the first pass through the ring (seen as a transient of the
   // first ~8 all-reduces at each new size). Safe without synchronisation: nobody reads this
   // rank's slot before it posts its first chunk, and reading a peer's slot early is harmless.
-  const size_t slot = depth_ * chunk_;
-  std::memset(buffer(rank_, 0), 0, slot);
+  const size_t ownBytes = depth_ * chunk_;
+  std::memset(buffer(rank_, 0), 0, ownBytes);
   unsigned sink = 0;
   for (int q = 0; q < size_; ++q)
     if (q != rank_)
-      for (size_t off = 0; off < slot; off += 4096) sink += static_cast<unsigned char>(buffer(q, 0)[off]);
+      for (size_t off = 0; off < ownBytes; off += 4096) sink += static_cast<unsigned char>(buffer(q, 0)[off]);
+  // The same for the point-to-point channels: this rank's outgoing ones, and its incoming.
+  const size_t channel = p2pDepth_ * (kPieceHeader + p2pChunk_);
+  for (int q = 0; p2pChunk_ && q < size_; ++q) {
+    if (q == rank_) continue;
+    std::memset(slot(rank_, q, 0), 0, channel);
+    for (size_t off = 0; off < channel; off += 4096) sink += static_cast<unsigned char>(slot(q, rank_, 0)[off]);
+  }
   std::atomic_signal_fence(std::memory_order_seq_cst);
   touched_ = sink;
 }
@@ -312,6 +356,30 @@ char* ShmTransport::buffer(int rank, uint32_t seq) const {
 
 ShmTransport::Flag& ShmTransport::flag(int rank, int which) const {
   return reinterpret_cast<Flag*>(map_.data() + kHeaderBytes)[static_cast<size_t>(rank) * kNumFlags + which];
+}
+
+ShmTransport::Flag& ShmTransport::written(int src, int dst) const {
+  auto* flags = reinterpret_cast<Flag*>(map_.data() + kHeaderBytes);
+  const size_t n = static_cast<size_t>(size_);
+  return flags[n * kNumFlags + n + static_cast<size_t>(src) * n + static_cast<size_t>(dst)];
+}
+
+ShmTransport::Flag& ShmTransport::read(int src, int dst) const {
+  auto* flags = reinterpret_cast<Flag*>(map_.data() + kHeaderBytes);
+  const size_t n = static_cast<size_t>(size_);
+  return flags[n * kNumFlags + n + n * n + static_cast<size_t>(src) * n + static_cast<size_t>(dst)];
+}
+
+char* ShmTransport::slot(int src, int dst, uint32_t piece) const {
+  size_t index = (static_cast<size_t>(src) * static_cast<size_t>(size_) + static_cast<size_t>(dst)) * p2pDepth_ +
+                 piece % p2pDepth_;
+  return map_.data() + layout_->p2pOffset + index * (kPieceHeader + p2pChunk_);
+}
+
+void ShmTransport::ring(int peer) {
+  Flag& bell = reinterpret_cast<Flag*>(map_.data() + kHeaderBytes)[static_cast<size_t>(size_) * kNumFlags + peer];
+  bell.value.fetch_add(1, std::memory_order_seq_cst);
+  if (bell.waiters.load(std::memory_order_seq_cst) != 0) futexWake(&bell.value);
 }
 
 // Release side of the protocol: everything this rank wrote to (or finished reading from)
@@ -364,6 +432,93 @@ void ShmTransport::waitFor(int peer, int which, uint32_t target, Clock::time_poi
     pollfd p{fd, POLLRDHUP, 0};
     if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
       lost_(peer, "connection closed (the process exited or was killed)");
+  }
+}
+
+void ShmTransport::waitDoorbell(uint32_t seen, int peer, Clock::time_point dl,
+                                const std::function<std::string()>& progress) {
+  Flag& bell = reinterpret_cast<Flag*>(map_.data() + kHeaderBytes)[static_cast<size_t>(size_) * kNumFlags + rank_];
+  auto moved = [&] { return bell.value.load(std::memory_order_seq_cst) != seen; };
+  if (!oversubscribed_) {
+    auto start = Clock::now();
+    for (unsigned i = 1;; ++i) {
+      cpuRelax();
+      if (moved()) return;
+      if ((i & 63) == 0 && Clock::now() - start > kSpin) break;
+    }
+  }
+  for (int i = 0; i < 16; ++i) {
+    ::sched_yield();
+    if (moved()) return;
+  }
+  while (true) {
+    auto now = Clock::now();
+    if (now >= dl)
+      lost_(peer, fmt::format("no progress within the {} timeout ({} over shared memory); is it stopped or overloaded?",
+                              timeoutText_, progress()));
+    bell.waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (!moved()) futexWait(&bell.value, seen, std::min<std::chrono::nanoseconds>(dl - now, 2ms));
+    bell.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (moved()) return;
+    int fd = (*fds_)[static_cast<size_t>(peer)];
+    pollfd p{fd, POLLRDHUP, 0};
+    if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+      lost_(peer, "connection closed (the process exited or was killed)");
+  }
+}
+
+// Both directions in one loop: put in whatever pieces fit, take out whatever has arrived, and
+// wait on the doorbell only when neither can move. A sendRecv whose mirror image runs on the
+// peer thus never blocks on a full channel, however large the messages.
+void ShmTransport::exchange(const char* sbuf, size_t sb, int sp, char* rbuf, size_t rb, int rp, const char* op,
+                            Clock::time_point dl) {
+  const size_t C = p2pChunk_;
+  auto pieces = [&](size_t bytes) { return std::max<size_t>(1, (bytes + C - 1) / C); };
+  const size_t sTotal = sp >= 0 ? pieces(sb) : 0, rTotal = rp >= 0 ? pieces(rb) : 0;
+  size_t sDone = 0, rDone = 0;
+  Flag& bell = reinterpret_cast<Flag*>(map_.data() + kHeaderBytes)[static_cast<size_t>(size_) * kNumFlags + rank_];
+  while (sDone < sTotal || rDone < rTotal) {
+    const uint32_t seen = bell.value.load(std::memory_order_seq_cst);
+    bool progress = false;
+    if (sDone < sTotal) {
+      uint32_t& seq = sent_[static_cast<size_t>(sp)];
+      if (seq - read(rank_, sp).value.load(std::memory_order_acquire) < p2pDepth_) {
+        char* s = slot(rank_, sp, seq);
+        const size_t off = sDone * C, len = std::min(C, sb - std::min(sb, off));
+        const PieceHeader h{sb, len};
+        std::memcpy(s, &h, sizeof(h));
+        if (len) std::memcpy(s + kPieceHeader, sbuf + off, len);
+        written(rank_, sp).value.store(++seq, std::memory_order_seq_cst);
+        ring(sp);
+        ++sDone;
+        progress = true;
+      }
+    }
+    if (rDone < rTotal) {
+      uint32_t& seq = taken_[static_cast<size_t>(rp)];
+      if (written(rp, rank_).value.load(std::memory_order_acquire) != seq) {
+        const char* s = slot(rp, rank_, seq);
+        PieceHeader h;
+        std::memcpy(&h, s, sizeof(h));
+        if (h.total != rb)
+          throw PeerLostError(fmt::format("{} from rank {}: expected {} bytes, the peer sent {}", op, rp, rb, h.total));
+        if (h.len) std::memcpy(rbuf + rDone * C, s + kPieceHeader, h.len);
+        read(rp, rank_).value.store(++seq, std::memory_order_seq_cst);
+        ring(rp);
+        ++rDone;
+        progress = true;
+      }
+    }
+    if (progress) continue;
+    // Blocked on the receive when there is one to wait for (the sender is then the rank that
+    // has to act), else on a full channel.
+    const int peer = rDone < rTotal ? rp : sp;
+    waitDoorbell(seen, peer, dl, [&] {
+      std::string out, in;
+      if (sp >= 0) out = fmt::format("sent {} of {} bytes to rank {}", std::min(sb, sDone * C), sb, sp);
+      if (rp >= 0) in = fmt::format("received {} of {} bytes from rank {}", std::min(rb, rDone * C), rb, rp);
+      return out.empty() ? in : in.empty() ? out : out + ", " + in;
+    });
   }
 }
 

@@ -13,6 +13,9 @@
 // boundaries and the same Avg division), so results are bit-identical on every rank AND
 // bit-identical to DTRAIN_COMM_SHM=0.
 //
+// Point-to-point messages use separate per-pair channels (a ring of small slots per ordered
+// pair), so a send/recv never touches the collectives' sequence.
+//
 // Thread-safety: not thread-safe; the owning communicator calls it for one operation at a
 // time (on its executor thread, or inline on the caller of a blocking operation; the
 // communicator's lock orders one operation's accesses before the next's). Liveness: the TCP mesh stays connected; while sleeping, waits poll the peer sockets
@@ -92,7 +95,20 @@ class ShmTransport {
   void allgather(const char* send, char* recv, size_t block, Clock::time_point dl);
   void barrier(Clock::time_point dl);
 
+  // Point-to-point (send, recv and sendRecv: exchange with sendPeer or recvPeer -1 for one
+  // direction) over per-pair channels, when the segment has them (p2p()). Same contracts as
+  // the Communicator methods, the TCP path's framing included: the receiver checks the
+  // sender's size. Independent of the collectives' chunk sequence: only the two ranks of a
+  // pair take part. A channel holds p2pDepth() x p2pChunkBytes() in flight; a larger send
+  // waits for its receiver, as a TCP send waits when the socket buffers are full.
+  bool p2p() const { return p2pChunk_ != 0; }
+  // op: the operation's name, for the size-mismatch message.
+  void exchange(const char* send, size_t sendBytes, int sendPeer, char* recv, size_t recvBytes, int recvPeer,
+                const char* op, Clock::time_point dl);
+
   size_t chunkBytes() const { return chunk_; }
+  size_t p2pChunkBytes() const { return p2pChunk_; }
+  size_t p2pDepth() const { return p2pDepth_; }
   size_t depth() const { return depth_; }
 
   struct Layout;  // shared-memory layout, defined in the .cc
@@ -111,6 +127,18 @@ class ShmTransport {
   void waitBufferFree(uint32_t seq, Clock::time_point dl);
   void checkPeers();
 
+  // Point-to-point channel src -> dst: `written` counts the pieces src has put in (src
+  // writes it), `read` those dst has taken out (dst writes it); piece i is in slot i % depth.
+  Flag& written(int src, int dst) const;
+  Flag& read(int src, int dst) const;
+  char* slot(int src, int dst, uint32_t piece) const;  // a PieceHeader, then the payload
+  // Every p2p publication rings the peer's doorbell; a rank waiting for any of its channels
+  // sleeps on its own doorbell (an eventcount: no wake-up lost, one futex for both directions).
+  void ring(int peer);
+  // Waits until the doorbell moved past `seen` (or a short slice passed): spin, yield, then
+  // sleep; checks the deadline and whether `peer` (the rank it waits for) hung up.
+  void waitDoorbell(uint32_t seen, int peer, Clock::time_point dl, const std::function<std::string()>& progress);
+
   void ringReduce(char* data, const char* send, char* recv, size_t count, DataType t, ReduceOp op, int shift,
                   bool gather, Clock::time_point dl);
   void replicatedRing(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
@@ -120,7 +148,9 @@ class ShmTransport {
   ShmMapping map_;
   Layout* layout_ = nullptr;
   size_t chunk_ = 0, depth_ = 0;
-  uint32_t seq_ = 0;  // next chunk number; identical on every rank (same op sequence)
+  size_t p2pChunk_ = 0, p2pDepth_ = 0;
+  std::vector<uint32_t> sent_, taken_;  // per peer: pieces written to it / read from it
+  uint32_t seq_ = 0;                    // next chunk number; identical on every rank (same op sequence)
   const std::vector<int>* fds_;
   LostFn lost_;
   std::string timeoutText_;

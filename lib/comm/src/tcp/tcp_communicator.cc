@@ -77,6 +77,7 @@ class TcpCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* backend() const override { return "tcp"; }
   const char* transport() const override { return shm_ ? "shm" : "tcp"; }
+  const char* p2pTransport() const override { return shm_ && shm_->p2p() ? "shm" : "tcp"; }
 
  private:
   // The operations' bodies, as callables taking the operation's deadline; run() by execute()
@@ -119,6 +120,8 @@ class TcpCommunicator final : public Communicator {
   auto sendOp(const void* data, size_t bytes, int peer) {
     checkPeer(peer, "send peer", false);
     return [=, this](Clock::time_point dl) {
+      if (shm_ && shm_->p2p())
+        return shm_->exchange(static_cast<const char*>(data), bytes, peer, nullptr, 0, -1, currentOp_, dl);
       const uint64_t header = bytes;
       transfer(dl).to(peer, static_cast<const char*>(data), bytes).sendHeader(&header).run();
     };
@@ -126,6 +129,8 @@ class TcpCommunicator final : public Communicator {
   auto recvOp(void* data, size_t bytes, int peer) {
     checkPeer(peer, "recv peer", false);
     return [=, this](Clock::time_point dl) {
+      if (shm_ && shm_->p2p())
+        return shm_->exchange(nullptr, 0, -1, static_cast<char*>(data), bytes, peer, currentOp_, dl);
       uint64_t header = 0;
       transfer(dl).from(peer, static_cast<char*>(data), bytes).recvHeader(&header, bytes).run();
     };
@@ -136,6 +141,9 @@ class TcpCommunicator final : public Communicator {
     checkPeer(sendPeer, "sendRecv send peer", false);
     checkPeer(recvPeer, "sendRecv recv peer", false);
     return [=, this](Clock::time_point dl) {
+      if (shm_ && shm_->p2p())
+        return shm_->exchange(static_cast<const char*>(sendData), sendBytes, sendPeer, static_cast<char*>(recvData),
+                              recvBytes, recvPeer, currentOp_, dl);
       const uint64_t out = sendBytes;
       uint64_t in = 0;
       transfer(dl)

@@ -42,6 +42,9 @@ class Communicator {
   // How collective data moves: "shm" (same-host shared memory) or "tcp" for the tcp backend,
   // the backend's name otherwise.
   virtual const char* transport() const { return backend(); }
+  // The same for send, recv and sendRecv (the tcp backend keeps them on TCP where per-pair
+  // shared-memory channels would not scale; see docs/collectives.md).
+  virtual const char* p2pTransport() const { return transport(); }
 
   // In place: data holds count elements on every rank.
   virtual WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) = 0;
