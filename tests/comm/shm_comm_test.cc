@@ -338,8 +338,10 @@ TEST(ShmComm, SendRecvOverPerPairChannelsAllSizes) {
             const size_t bytes = sizes[m];
             std::vector<uint8_t> out(bytes), in(bytes + 1, 0xEE);
             for (size_t i = 0; i < bytes; ++i) out[i] = byteOf(c.rank(), m, i);
-            // Even ranks send first, odd ones receive first: rank 0 -> 1 -> 2 -> 0 needs the
-            // async send on rank 2 (its receive from 1 would otherwise wait behind its send to 0).
+            // Rank 0 sends first, rank 1 receives first, rank 2 sends (async; its receive still
+            // runs after the send, in issue order) and then receives: rank 2's send completes
+            // once rank 0 has finished its own send and turns to receive, so the ring never
+            // deadlocks, even for messages larger than a channel.
             if (c.rank() == 2) {
               auto w = c.sendAsync(out.data(), bytes, right);
               c.recv(in.data(), bytes, left);
@@ -425,6 +427,72 @@ TEST(ShmComm, LostOrSilentPeerDuringRecvOverSharedMemory) {
     }
   }
   EXPECT_EQ(shmEntries(), before);
+}
+
+// A sender that puts its last message in and leaves at once (its sockets close right after)
+// must not be reported lost by a receiver that was asleep waiting for it: what it published
+// before it left is still taken. Many short runs, to meet the window between the receiver's
+// last look at the channel and its look at the socket.
+TEST(ShmComm, ReceiverTakesTheLastMessageOfASenderThatJustLeft) {
+  auto before = shmEntries();
+  for (int run = 0; run < 40; ++run) {
+    auto store = std::make_shared<store::HashStore>();
+    CommOptions o = tagged();
+    o.timeout = 5s;
+    std::string error;
+    std::thread r1([&] {
+      auto c = createTcpCommunicator(store, 1, 2, o);
+      std::this_thread::sleep_for(std::chrono::microseconds(500 * (run % 7)));
+      std::vector<char> b(1000, static_cast<char>(run));
+      c->send(b.data(), b.size(), 0);
+    });
+    try {
+      auto c = createTcpCommunicator(store, 0, 2, o);
+      std::vector<char> b(1000, -1);
+      c->recv(b.data(), b.size(), 1);
+      EXPECT_EQ(b[999], static_cast<char>(run));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    r1.join();
+    ASSERT_EQ(error, "") << "run " << run;
+  }
+  EXPECT_EQ(shmEntries(), before);
+}
+
+// sendRecv blocked both ways (the send to rank 1 fills its channel, rank 2 sends nothing):
+// rank 1 leaving must end it at once, named, not at the timeout.
+TEST(ShmComm, SendRecvBlockedBothWaysNamesWhicheverPeerLeft) {
+  auto store = std::make_shared<store::HashStore>();
+  CommOptions o = tagged();
+  o.timeout = 10s;
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::string error, p2p;
+  std::chrono::steady_clock::duration took{};
+  std::thread r1([&] { auto c = createTcpCommunicator(store, 1, 3, o); });  // leaves at once
+  std::thread r2([&] {
+    auto c = createTcpCommunicator(store, 2, 3, o);
+    released.wait();  // connected, silent
+  });
+  {
+    auto c = createTcpCommunicator(store, 0, 3, o);
+    p2p = c->p2pTransport();
+    std::vector<char> out(8u << 20), in(8u << 20);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      c->sendRecv(out.data(), out.size(), 1, in.data(), in.size(), 2);
+    } catch (const PeerLostError& e) {
+      error = e.what();
+    }
+    took = std::chrono::steady_clock::now() - start;
+    release.set_value();
+  }
+  r1.join();
+  r2.join();
+  EXPECT_EQ(p2p, "shm");
+  EXPECT_NE(error.find("sendrecv on rank 0: lost rank 1: connection closed"), std::string::npos) << error;
+  EXPECT_LT(took, 3s);
 }
 
 }  // namespace

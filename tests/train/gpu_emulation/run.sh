@@ -35,8 +35,10 @@ SRCS=("$ROOT"/lib/train/src/{mlp,data,trainer,pipeline,backend,device,checkpoint
 pids=()
 for f in "${SRCS[@]}"; do
   o="$OUT/obj/$(basename "$f").o"
-  if [ ! -f "$o" ] || [ "$f" -nt "$o" ] || [ "$ROOT/lib/train/include/dtrain/train/backend.h" -nt "$o" ] ||
-     [ "$ROOT/lib/train/src/stage_math.h" -nt "$o" ]; then
+  # Rebuilt when the source or any header it may include is newer (a header that changed a
+  # class layout, e.g. a new virtual in communicator.h, must not leave stale objects).
+  if [ ! -f "$o" ] || [ "$f" -nt "$o" ] ||
+     [ -n "$(find "$ROOT"/lib/*/include "$ROOT/lib/train/src" "$HERE" -name '*.h' -newer "$o" -print -quit)" ]; then
     g++ "${FLAGS[@]}" "${INC[@]}" -c "$f" -o "$o" &
     pids+=($!)
     [ "${#pids[@]}" -ge 2 ] && { wait "${pids[0]}"; pids=("${pids[@]:1}"); }

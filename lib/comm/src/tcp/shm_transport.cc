@@ -48,14 +48,18 @@ constexpr size_t kBudget = 32u << 20;
 constexpr auto kSpin = std::chrono::microseconds(20);
 constexpr size_t kHeaderBytes = 64;
 // Point-to-point channels, one per ordered pair of ranks: kP2pDepth slots of up to
-// kP2pMaxChunk bytes each (1 MiB in flight per direction with 2 ranks, 128 KiB with 8), all
-// channels together within kP2pBudget. Beyond kP2pMaxRanks, send/recv stay on TCP: n^2
-// channels do not scale (and a rank's pipeline neighbours are few).
+// kP2pMaxChunk bytes each (1 MiB in flight per direction with 2-3 ranks, 512 KiB with 4,
+// 256 KiB with 5-6, 128 KiB with 7-8), the payloads of all n(n-1) channels together within
+// kP2pBudget. Beyond kP2pMaxRanks, send/recv stay on TCP: n^2 channels do not scale (and a
+// rank's pipeline neighbours are few).
 constexpr size_t kP2pDepth = 4;
 constexpr size_t kP2pMaxChunk = 256u << 10;
 constexpr size_t kP2pMaxRanks = 8;
 constexpr size_t kP2pBudget = 8u << 20;
-constexpr size_t kPieceHeader = 64;  // PieceHeader, padded so that payloads stay aligned
+constexpr size_t kPieceHeader = 64;
+// Slot and buffer indices are 32-bit counters modulo the depth; they stay consistent across
+// the counters' wrap-around only when the depth divides 2^32.
+static_assert((kDepth & (kDepth - 1)) == 0 && (kP2pDepth & (kP2pDepth - 1)) == 0, "depths must be powers of two");  // PieceHeader, padded so that payloads stay aligned
 
 // Written by the sender in front of every piece's payload: the whole message's size (the
 // receiver compares it with its own, like the TCP path's length header) and this piece's.
@@ -66,7 +70,7 @@ struct PieceHeader {
 
 size_t p2pChunkFor(size_t n) {
   if (n < 2 || n > kP2pMaxRanks) return 0;
-  size_t c = std::min(kP2pMaxChunk, kP2pBudget / (n * n * kP2pDepth));  // n^2: the layout keeps i -> i
+  size_t c = std::min(kP2pMaxChunk, kP2pBudget / (n * (n - 1) * kP2pDepth));
   while (c & (c - 1)) c &= c - 1;                                       // a power of two
   return c;
 }
@@ -185,8 +189,18 @@ struct Fd {
 };
 
 // Rank 0: creates, sizes (reserving the pages, so a full /dev/shm fails here rather than
-// with SIGBUS later) and initialises the segment. Empty mapping on any failure.
+// with SIGBUS later) and initialises the segment. Empty mapping on any failure. When the
+// segment with point-to-point channels does not fit, tries again without them: the
+// collectives keep shared memory and send/recv use TCP.
+ShmMapping createSegment(const std::string& name, int size, std::string& why, size_t p2pChunk);
 ShmMapping createSegment(const std::string& name, int size, std::string& why) {
+  const size_t p2p = p2pChunkFor(static_cast<size_t>(size));
+  ShmMapping map = createSegment(name, size, why, p2p);
+  if (!map && p2p) map = createSegment(name, size, why, 0);
+  return map;
+}
+
+ShmMapping createSegment(const std::string& name, int size, std::string& why, size_t p2pChunk) {
   const size_t n = static_cast<size_t>(size);
   size_t chunk = std::clamp(kBudget / (n * kDepth), kMinChunk, kMaxChunk) & ~size_t{4095};
   // Flags: the collectives' counters, then per rank a doorbell, then per channel `written`
@@ -195,8 +209,7 @@ ShmMapping createSegment(const std::string& name, int size, std::string& why) {
   size_t flagsBytes = sizeof(ShmTransport::Flag) * numFlags;
   size_t dataOffset = (kHeaderBytes + flagsBytes + 4095) & ~size_t{4095};
   size_t p2pOffset = dataOffset + n * kDepth * chunk;
-  size_t p2pChunk = p2pChunkFor(n);
-  size_t total = p2pOffset + (p2pChunk ? n * n * kP2pDepth * (kPieceHeader + p2pChunk) : 0);
+  size_t total = p2pOffset + (p2pChunk ? n * (n - 1) * kP2pDepth * (kPieceHeader + p2pChunk) : 0);
   Fd fd{::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600)};
   if (fd.fd < 0) {
     why = fmt::format("shm_open({}): {}", name, std::strerror(errno));
@@ -371,8 +384,9 @@ ShmTransport::Flag& ShmTransport::read(int src, int dst) const {
 }
 
 char* ShmTransport::slot(int src, int dst, uint32_t piece) const {
-  size_t index = (static_cast<size_t>(src) * static_cast<size_t>(size_) + static_cast<size_t>(dst)) * p2pDepth_ +
-                 piece % p2pDepth_;
+  // Channels src -> dst for dst != src: n - 1 per source.
+  const size_t channel = static_cast<size_t>(src) * static_cast<size_t>(size_ - 1) + static_cast<size_t>(dst - (dst > src));
+  size_t index = channel * p2pDepth_ + piece % p2pDepth_;
   return map_.data() + layout_->p2pOffset + index * (kPieceHeader + p2pChunk_);
 }
 
@@ -428,14 +442,22 @@ void ShmTransport::waitFor(int peer, int which, uint32_t target, Clock::time_poi
     }
     f.waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(f.value.load(std::memory_order_acquire), target)) return;
-    int fd = (*fds_)[static_cast<size_t>(peer)];
-    pollfd p{fd, POLLRDHUP, 0};
-    if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+    if (hungUp(peer)) {
+      // The peer may have published and then left between the look above and the poll: its
+      // stores come before its close, so one more look decides.
+      if (reached(f.value.load(std::memory_order_acquire), target)) return;
       lost_(peer, "connection closed (the process exited or was killed)");
+    }
   }
 }
 
-void ShmTransport::waitDoorbell(uint32_t seen, int peer, Clock::time_point dl,
+bool ShmTransport::hungUp(int peer) const {
+  int fd = (*fds_)[static_cast<size_t>(peer)];
+  pollfd p{fd, POLLRDHUP, 0};
+  return fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+void ShmTransport::waitDoorbell(uint32_t seen, std::initializer_list<int> peers, Clock::time_point dl,
                                 const std::function<std::string()>& progress) {
   Flag& bell = reinterpret_cast<Flag*>(map_.data() + kHeaderBytes)[static_cast<size_t>(size_) * kNumFlags + rank_];
   auto moved = [&] { return bell.value.load(std::memory_order_seq_cst) != seen; };
@@ -454,16 +476,19 @@ void ShmTransport::waitDoorbell(uint32_t seen, int peer, Clock::time_point dl,
   while (true) {
     auto now = Clock::now();
     if (now >= dl)
-      lost_(peer, fmt::format("no progress within the {} timeout ({} over shared memory); is it stopped or overloaded?",
-                              timeoutText_, progress()));
+      lost_(*peers.begin(), fmt::format("no progress within the {} timeout ({} over shared memory); is it stopped or "
+                                        "overloaded?",
+                                        timeoutText_, progress()));
     bell.waiters.fetch_add(1, std::memory_order_seq_cst);
     if (!moved()) futexWait(&bell.value, seen, std::min<std::chrono::nanoseconds>(dl - now, 2ms));
     bell.waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (moved()) return;
-    int fd = (*fds_)[static_cast<size_t>(peer)];
-    pollfd p{fd, POLLRDHUP, 0};
-    if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+    for (int peer : peers) {
+      if (!hungUp(peer)) continue;
+      // What it published before it left still counts: let the caller look again.
+      if (moved()) return;
       lost_(peer, "connection closed (the process exited or was killed)");
+    }
   }
 }
 
@@ -502,7 +527,11 @@ void ShmTransport::exchange(const char* sbuf, size_t sb, int sp, char* rbuf, siz
         std::memcpy(&h, s, sizeof(h));
         if (h.total != rb)
           throw PeerLostError(fmt::format("{} from rank {}: expected {} bytes, the peer sent {}", op, rp, rb, h.total));
-        if (h.len) std::memcpy(rbuf + rDone * C, s + kPieceHeader, h.len);
+        const size_t off = rDone * C, len = std::min(C, rb - std::min(rb, off));
+        if (h.len != len)
+          throw PeerLostError(fmt::format("{} from rank {}: piece {} holds {} bytes, expected {} (the channel is out of step)",
+                                          op, rp, rDone, h.len, len));
+        if (len) std::memcpy(rbuf + off, s + kPieceHeader, len);
         read(rp, rank_).value.store(++seq, std::memory_order_seq_cst);
         ring(rp);
         ++rDone;
@@ -511,9 +540,11 @@ void ShmTransport::exchange(const char* sbuf, size_t sb, int sp, char* rbuf, siz
     }
     if (progress) continue;
     // Blocked on the receive when there is one to wait for (the sender is then the rank that
-    // has to act), else on a full channel.
-    const int peer = rDone < rTotal ? rp : sp;
-    waitDoorbell(seen, peer, dl, [&] {
+    // has to act, and is named on a timeout), and/or on a full channel to sp. Either peer
+    // hanging up ends the wait.
+    const bool recvPending = rDone < rTotal, sendPending = sDone < sTotal;
+    const int first = recvPending ? rp : sp, second = recvPending && sendPending ? sp : first;
+    waitDoorbell(seen, {first, second}, dl, [&] {
       std::string out, in;
       if (sp >= 0) out = fmt::format("sent {} of {} bytes to rank {}", std::min(sb, sDone * C), sb, sp);
       if (rp >= 0) in = fmt::format("received {} of {} bytes from rank {}", std::min(rb, rDone * C), rb, rp);

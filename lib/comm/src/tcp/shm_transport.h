@@ -13,8 +13,10 @@
 // boundaries and the same Avg division), so results are bit-identical on every rank AND
 // bit-identical to DTRAIN_COMM_SHM=0.
 //
-// Point-to-point messages use separate per-pair channels (a ring of small slots per ordered
-// pair), so a send/recv never touches the collectives' sequence.
+// Point-to-point messages use separate channels in the same segment, one per ordered pair of
+// ranks (a ring of 4 slots, a `written` counter owned by the sender and a `read` counter
+// owned by the receiver), and a doorbell word per rank that every point-to-point
+// publication rings; a send/recv never touches the collectives' sequence.
 //
 // Thread-safety: not thread-safe; the owning communicator calls it for one operation at a
 // time (on its executor thread, or inline on the caller of a blocking operation; the
@@ -26,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,8 +139,11 @@ class ShmTransport {
   // sleeps on its own doorbell (an eventcount: no wake-up lost, one futex for both directions).
   void ring(int peer);
   // Waits until the doorbell moved past `seen` (or a short slice passed): spin, yield, then
-  // sleep; checks the deadline and whether `peer` (the rank it waits for) hung up.
-  void waitDoorbell(uint32_t seen, int peer, Clock::time_point dl, const std::function<std::string()>& progress);
+  // sleep; checks the deadline and whether one of `peers` hung up.
+  // peers: the ranks it waits for (the first is named on a timeout).
+  void waitDoorbell(uint32_t seen, std::initializer_list<int> peers, Clock::time_point dl,
+                    const std::function<std::string()>& progress);
+  bool hungUp(int peer) const;  // peer's mesh socket says it exited, was killed or failed
 
   void ringReduce(char* data, const char* send, char* recv, size_t count, DataType t, ReduceOp op, int shift,
                   bool gather, Clock::time_point dl);
