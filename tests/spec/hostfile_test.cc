@@ -576,6 +576,7 @@ void expectRoundTrip(const JobSpec& s) {
   EXPECT_EQ(a.data.eval_labels_path, b.data.eval_labels_path);
   EXPECT_EQ(a.data.label_column, b.data.label_column);
   EXPECT_EQ(a.data.header, b.data.header);
+  EXPECT_EQ(a.data.prefetch, b.data.prefetch);
   EXPECT_EQ(a.batch_size, b.batch_size);
   EXPECT_EQ(a.epochs, b.epochs);
   EXPECT_EQ(a.max_steps, b.max_steps);
@@ -687,9 +688,12 @@ TEST(SerializeForNode, CsvDataRoundTrips) {
   TempFile eval("a,b,label\n1,2,0\n");
   JobSpec s = parseJobSpec(R"({"trainer": {"model": {"layers": [2, 2]},
       "data": {"type": "csv", "path": ")" + train.path() + R"(", "eval_path": ")" + eval.path() + R"(",
-               "label_column": 2, "header": false, "seed": 3}}})",
+               "label_column": 2, "header": false, "seed": 3, "prefetch": false}}})",
                            "job.json");
   expectRoundTrip(s);
+  EXPECT_EQ(s.trainer->data.prefetch, std::optional<bool>(false));
+  EXPECT_EQ(parseJobSpec(R"({"trainer": {"model": {"layers": [2, 2]}, "data": {"prefetch": "auto"}}})", "j").trainer->data.prefetch,
+            std::nullopt);
   EXPECT_EQ(parseJobSpec(serializeForNode(s), "x").trainer->data.label_column, "2");
   JobSpec named = parseJobSpec(R"({"trainer": {"model": {"layers": [2, 2]},
       "data": {"type": "csv", "path": ")" + train.path() + R"(", "label_column": "label"}}})",

@@ -187,6 +187,22 @@ TEST(Pipeline, StageGroupReductionOverlapOnAndOffAreBitIdentical) {
   expectClose(on, run(3, dp));
 }
 
+// The first stage's inputs and the last stage's targets loaded one step ahead
+// (trainer.data.prefetch) are the inline ones: bit-identical weights, across epochs.
+TEST(Pipeline, PrefetchedBatchesGiveTheSameWeights) {
+  auto t = model(2, 4, "1f1b");
+  t.data.train_samples = 600;  // 9 steps per epoch with 2 replicas of 32
+  t.epochs = 2;
+  t.max_steps = 0;
+  t.data.prefetch = false;
+  auto inline_ = run(4, t);
+  t.data.prefetch = true;
+  auto prefetched = run(4, t);
+  EXPECT_EQ(prefetched.weights, inline_.weights);
+  EXPECT_EQ(prefetched.losses, inline_.losses);
+  EXPECT_EQ(prefetched.results[0].steps, 18);
+}
+
 // 8 MiB activations and gradients per micro-batch, more than the socket buffers hold: 1F1B's
 // steady state exchanges them with a neighbour in both directions at once.
 TEST(Pipeline, ActivationsLargerThanSocketBuffersDoNotDeadlock) {

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -206,6 +210,61 @@ TEST(Checkpoint, ResumeAtTheSameWorldSizeIsBitIdentical) {
   auto resumed = runWith(2, t);
   EXPECT_EQ(resumed[0], straight[0]);
   EXPECT_EQ(resumed[1], straight[0]);
+}
+
+// Loading the next batch on a thread (trainer.data.prefetch) changes when a batch is made,
+// never what it holds: the same batches in the same order, across an epoch boundary (where
+// nothing is prefetched) and a mid-epoch end, and bit-identical weights.
+TEST(Trainer, PrefetchedBatchesAreTheInlineOnes) {
+  auto t = small(32);
+  t.data.train_samples = 1000;  // 15 steps per epoch with 2 workers
+  t.epochs = 3;
+  t.max_steps = 37;
+  std::vector<std::vector<uint64_t>> batches[2];
+  std::vector<std::vector<float>> weights[2];
+  for (int on = 0; on < 2; ++on) {
+    t.data.prefetch = on == 1;
+    weights[on] = runWith(2, t, [&](int epoch, const uint64_t* idx, int n) {
+      std::vector<uint64_t> b{static_cast<uint64_t>(epoch)};
+      b.insert(b.end(), idx, idx + n);
+      batches[on].push_back(b);
+    });
+  }
+  ASSERT_EQ(batches[0].size(), 2u * 37);
+  std::sort(batches[0].begin(), batches[0].end());  // the two ranks' hooks interleave
+  std::sort(batches[1].begin(), batches[1].end());
+  EXPECT_EQ(batches[1], batches[0]);
+  EXPECT_EQ(weights[1][0], weights[0][0]);
+  EXPECT_EQ(weights[1][1], weights[0][0]);
+}
+
+// "auto": a loader thread for GPU math, and for CPU math only when the node has a core beyond
+// its workers' BLAS threads.
+TEST(Trainer, PrefetchAutoWantsASpareCore) {
+  cpu_set_t set;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  auto envOr = [](const char* name) { const char* v = std::getenv(name); return v ? std::string(v) : std::string(); };
+  const std::string saved[3] = {envOr("LOCAL_WORLD_SIZE"), envOr("OPENBLAS_NUM_THREADS"), envOr("OMP_NUM_THREADS")};
+  const char* names[3] = {"LOCAL_WORLD_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"};
+  EXPECT_TRUE(prefetchBatches(true, false));
+  EXPECT_FALSE(prefetchBatches(false, true));
+  EXPECT_TRUE(prefetchBatches(std::nullopt, true));
+  ::unsetenv("OPENBLAS_NUM_THREADS");
+  ::unsetenv("OMP_NUM_THREADS");
+  EXPECT_FALSE(prefetchBatches(std::nullopt, false)) << "an unset thread count: the BLAS takes every core";
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(cores).c_str(), 1);
+  EXPECT_FALSE(prefetchBatches(std::nullopt, false)) << "one worker per core";
+  const int fewer = std::max(1, cores - 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(fewer).c_str(), 1);
+  EXPECT_EQ(prefetchBatches(std::nullopt, false), cores > fewer) << "a core left over";
+  ::setenv("OPENBLAS_NUM_THREADS", "2", 1);  // wins over OMP_NUM_THREADS, as in OpenBLAS
+  EXPECT_EQ(prefetchBatches(std::nullopt, false), cores > 2 * fewer);
+  for (int i = 0; i < 3; ++i) {
+    if (saved[i].empty()) ::unsetenv(names[i]);
+    else ::setenv(names[i], saved[i].c_str(), 1);
+  }
 }
 
 TEST(Checkpoint, ResumeAtAnotherWorldSizeSeesEverySampleOnce) {

@@ -41,7 +41,7 @@ const std::vector<std::string> kTrainerKeys = {"model", "data", "batch_size", "e
 const std::vector<std::string> kParallelKeys = {"pipeline_stages", "micro_batches", "schedule", "stage_layers"};
 const std::vector<std::string> kModelKeys = {"type", "layers", "activation", "loss"};
 const std::vector<std::string> kDataKeys = {"type", "train_samples", "eval_samples", "seed", "path", "labels_path",
-                                            "eval_path", "eval_labels_path", "label_column", "header"};
+                                            "eval_path", "eval_labels_path", "label_column", "header", "prefetch"};
 const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"};
 const std::vector<std::string> kScheduleKeys = {"type", "step_size", "gamma", "warmup_steps", "min_lr"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps"};
@@ -237,6 +237,11 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
                                                     : c.str(lc, P + "/data/label_column", false);
     }
     if (d.contains("header")) ts.data.header = c.boolean(d["header"], P + "/data/header");
+    if (d.contains("prefetch") && !(d["prefetch"].is_string() && d["prefetch"] == "auto")) {
+      if (!d["prefetch"].is_boolean())
+        c.fail(P + "/data/prefetch", fmt::format("expected true, false or \"auto\", got {}", typeName(d["prefetch"])));
+      ts.data.prefetch = d["prefetch"].get<bool>();
+    }
     if (d.contains("train_samples"))
       ts.data.train_samples = c.integer(d["train_samples"], P + "/data/train_samples", 1, 1ll << 40, "a sample count >= 1");
     if (d.contains("eval_samples"))
@@ -819,6 +824,7 @@ std::string serializeForNode(const JobSpec& spec) {
       d["label_column"] = t.data.label_column;  // an index stays its decimal string, read the same way
       d["header"] = t.data.header;
     }
+    d["prefetch"] = t.data.prefetch ? json(*t.data.prefetch) : json("auto");
     tj["data"] = d;
     tj["batch_size"] = t.batch_size;
     tj["epochs"] = t.epochs;

@@ -1,5 +1,7 @@
 #include "dtrain/train/device.h"
 
+#include <sched.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -60,6 +62,16 @@ int envInt(const char* name, int fallback) {
 
 int localRankFromEnv(int fallback) { return envInt("LOCAL_RANK", fallback); }
 int localWorldSizeFromEnv(int fallback) { return envInt("LOCAL_WORLD_SIZE", fallback); }
+
+bool prefetchBatches(const std::optional<bool>& setting, bool gpu) {
+  if (setting) return *setting;
+  if (gpu) return true;
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return false;
+  const int cores = CPU_COUNT(&set);
+  const int threads = envInt("OPENBLAS_NUM_THREADS", envInt("OMP_NUM_THREADS", 0));
+  return threads > 0 && cores > localWorldSizeFromEnv(1) * threads;
+}
 
 DeviceChoice resolveDevice(const std::string& device, int localRank, int localWorldSize) {
   DeviceChoice c;

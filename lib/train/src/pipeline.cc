@@ -39,6 +39,7 @@
 #include "dtrain/train/data.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
+#include "batch_loader.h"
 #include "host_collectives.h"
 #include "stage_math.h"
 #include "blas.h"
@@ -508,6 +509,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   std::unique_ptr<detail::StageComm> stageGroup = D > 1 ? std::make_unique<detail::StageComm>(*stageOwned, model) : nullptr;
   const int prevStage = p - 1, nextStage = p + 1;
   const uint64_t hash = configHash(ts);
+  const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
 
   if (rank == 0 && opts.log) {
     std::string parts;
@@ -515,9 +517,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       parts += fmt::format("{}{}-{} ({} params)", s ? ", " : "", first[static_cast<size_t>(s)],
                            first[static_cast<size_t>(s) + 1] - 1, stageSize[static_cast<size_t>(s)]);
     opts.log(fmt::format("trainer: {} workers = {} replica{} x {} pipeline stages (layers {}), {} micro-batches of {}, "
-                         "schedule {}, math on {}, {} communicator",
+                         "schedule {}, math on {}, {} communicator, batches {}",
                          world, D, D == 1 ? "" : "s", P, parts, M, mb, ts.parallel.schedule, model.describe(),
-                         comm.backend()));
+                         comm.backend(), prefetch ? "prefetched" : "loaded inline"));
   }
 
   // Resume: the replica-0 rank of each stage reads its stage's newest checkpoint from
@@ -672,7 +674,11 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   };
 
   // Inputs (first stage) and targets (last stage) of the whole per-replica batch, loaded
-  // before the schedule so that data loading never counts as pipeline time.
+  // before the schedule (one step ahead, with trainer.data.prefetch) so that data loading
+  // never counts as pipeline time. bx/by: this step's batch; x/y: the evaluation's.
+  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, firstStage, lastStage, prefetch});
+  const float* bx = nullptr;
+  const float* by = nullptr;
   std::vector<float> x(firstStage ? static_cast<size_t>(B) * in : 0);
   std::vector<float> y(lastStage ? static_cast<size_t>(B) * (mse ? out : 1) : 0);
   const size_t yWidth = mse ? static_cast<size_t>(out) : 1;
@@ -773,7 +779,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // sums are bit-identical to 1F1B's).
   auto runGpipe = [&] {
     for (int m = 0; m < M; ++m) {
-      const float* o = forward(m, mb, B, x.data(), y.data());
+      const float* o = forward(m, mb, B, bx, by);
       if (!lastStage) sendAct(o, mb);
     }
     for (int m = 0; m < M; ++m) {
@@ -790,9 +796,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // activation leaves as soon as it is computed and neither side blocks on a full socket.
   auto runOneFOneB = [&] {
     const int w = std::min(P - p - 1, M), steady = M - w;
-    for (int m = 0; m < w; ++m) sendAct(forward(m, mb, B, x.data(), y.data()), mb);
+    for (int m = 0; m < w; ++m) sendAct(forward(m, mb, B, bx, by), mb);
     for (int i = 0; i < steady; ++i) {
-      const float* o = forward(w + i, mb, B, x.data(), y.data(), /*received=*/i > 0);
+      const float* o = forward(w + i, mb, B, bx, by, /*received=*/i > 0);
       if (!lastStage)
         traced("send act, recv grad", i, [&] {
           pipe.sendRecv(o, actOutBytes, nextStage, model.outputGrad(i), actOutBytes, nextStage);
@@ -833,16 +839,22 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
     for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
          cursor += globalBatch) {
-      // Replica d takes the samples rank d takes in the data-parallel trainer with D ranks.
-      const uint64_t base = cursor + static_cast<uint64_t>(d) * B;
       if (opts.on_step) opts.on_step(step);
-      if (opts.on_batch && firstStage) {
-        std::vector<uint64_t> idx(static_cast<size_t>(B));
-        for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];
-        opts.on_batch(epoch, idx.data(), B);
+      if (firstStage || lastStage) {
+        // Replica d takes the samples rank d takes in the data-parallel trainer with D ranks.
+        auto batchAt = [&](uint64_t at) {
+          std::vector<uint64_t> idx(static_cast<size_t>(B));
+          const uint64_t base = at + static_cast<uint64_t>(d) * B;
+          for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];
+          return idx;
+        };
+        if (loader.pending() == 0) loader.request(batchAt(cursor));  // an epoch's first step
+        const auto& batch = loader.take();
+        if (cursor + 2 * globalBatch <= N && step + 1 < totalSteps) loader.request(batchAt(cursor + globalBatch));
+        bx = batch.x.data();
+        by = batch.y.data();
+        if (opts.on_batch && firstStage) opts.on_batch(epoch, batch.indices.data(), B);
       }
-      if (firstStage || lastStage)
-        for (int i = 0; i < B; ++i) load(*trainSet, order[base + static_cast<uint64_t>(i)], i);
       model.zeroGrads();
       stepLoss = 0;
       stepCorrect = 0;

@@ -17,6 +17,7 @@
 #include "dtrain/train/mlp.h"
 #include "dtrain/train/pipeline.h"
 
+#include "batch_loader.h"
 #include "host_collectives.h"
 
 namespace dtrain::train {
@@ -102,9 +103,10 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   // Host copies of the weights and optimizer state: checkpoints, the hash and staging.
   std::vector<float> params(P), momentum(be->stateSize());
   const uint64_t hash = configHash(ts);
+  const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
   if (rank == 0 && opts.log)
-    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator", world, world == 1 ? "" : "s",
-                         be->describe(), comm.backend()));
+    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator, batches {}", world, world == 1 ? "" : "s",
+                         be->describe(), comm.backend(), prefetch ? "prefetched" : "loaded inline"));
   // A whole backend buffer broadcast from rank 0, staged through the host when needed.
   auto broadcastBuffer = [&](float* buf, std::vector<float>& host, void (detail::MathBackend::*store)(float*),
                              void (detail::MathBackend::*load)(const float*)) {
@@ -184,6 +186,15 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   auto buckets = planBuckets(be->layerOffsets(), std::max<size_t>(1, static_cast<size_t>(ts.bucket_mb * 1024 * 1024 / 4)),
                              (1u << 20) / 4);
 
+  // This rank's batch of the epoch's order at `cursor` (the samples the ranks take together).
+  auto batchAt = [&](const EpochOrder& order, uint64_t cursor) {
+    std::vector<uint64_t> idx(static_cast<size_t>(B));
+    const uint64_t base = cursor + static_cast<uint64_t>(rank) * B;
+    for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];
+    return idx;
+  };
+  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, true, true, prefetch});
+
   TrainResult result;
   const long long firstStep = step;
   MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string());
@@ -201,20 +212,14 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     // so a resume at another world size continues exactly where the epoch stopped.
     for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
          cursor += globalBatch) {
-      const uint64_t base = cursor + static_cast<uint64_t>(rank) * B;
       if (opts.on_step) opts.on_step(step);
-      if (opts.on_batch) {
-        std::vector<uint64_t> idx(static_cast<size_t>(B));
-        for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];
-        opts.on_batch(epoch, idx.data(), B);
-      }
-      for (int i = 0; i < B; ++i) {
-        int label = 0;
-        trainSet->sample(order[base + static_cast<uint64_t>(i)], x.data() + static_cast<size_t>(i) * in, &label,
-                         mse ? y.data() + static_cast<size_t>(i) * out : nullptr);
-        if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
-      }
-      be->forward(x.data(), B, y.data());
+      if (loader.pending() == 0) loader.request(batchAt(order, cursor));  // an epoch's first step
+      const auto& batch = loader.take();
+      // The next step's batch loads while this step computes (within the epoch: the next
+      // epoch's order starts with the next epoch).
+      if (cursor + 2 * globalBatch <= N && step + 1 < totalSteps) loader.request(batchAt(order, cursor + globalBatch));
+      if (opts.on_batch) opts.on_batch(epoch, batch.indices.data(), B);
+      be->forward(batch.x.data(), B, batch.y.data());
       works.clear();
       closed.clear();
       size_t next = 0;

@@ -61,6 +61,9 @@ struct TrainerSpec {
     std::string eval_path, eval_labels_path;  // held-out set (optional)
     std::string label_column = "label";       // csv: header name, or a 0-based index
     bool header = true;                       // csv: first line names the columns
+    // Load the next batch on a thread of its own while a step computes; unset = "auto" (on for
+    // GPU math, and for CPU math when the node has a core beyond the workers' BLAS threads).
+    std::optional<bool> prefetch;
   } data;
   int batch_size = 128;  // per worker
   int epochs = 1;

@@ -1,5 +1,6 @@
 #pragma once
 // Where a worker's trainer runs: the CPU, or one CUDA device.
+#include <optional>
 #include <string>
 
 namespace dtrain::train {
@@ -28,6 +29,11 @@ DeviceChoice resolveDevice(const std::string& device, int localRank, int localWo
 
 // LOCAL_RANK / LOCAL_WORLD_SIZE from the environment (set by dtrain run), else `fallback`.
 int localRankFromEnv(int fallback);
+// Whether to load batches one step ahead on a thread (trainer.data.prefetch): as set, else
+// ("auto") for GPU math, or when this node's CPUs (affinity) outnumber its workers' BLAS
+// threads (LOCAL_WORLD_SIZE x OPENBLAS_NUM_THREADS or OMP_NUM_THREADS; unset: the BLAS takes
+// every core), so that the loader thread has a core no worker computes on.
+bool prefetchBatches(const std::optional<bool>& setting, bool gpu);
 int localWorldSizeFromEnv(int fallback);
 
 }  // namespace dtrain::train
