@@ -40,6 +40,7 @@
 #include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
 #include "batch_loader.h"
+#include "progress.h"
 #include "host_collectives.h"
 #include "stage_math.h"
 #include "blas.h"
@@ -313,11 +314,6 @@ class Trace {
 double pipelineBubble(double computeSum, double firstStageSchedule, int stages) {
   if (firstStageSchedule <= 0) return 0;
   return std::max(0.0, 1.0 - computeSum / (stages * firstStageSchedule));
-}
-
-std::string fmtDuration(double s) {
-  if (s < 60) return fmt::format("{:.0f}s", s);
-  return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
 }
 
 // Point-to-point transfers of stage buffers on the pipeline communicator, and the small
@@ -829,7 +825,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   double windowCompute = 0, windowSchedule = 0;  // this rank, since the last log
   double totalCompute = 0, totalSchedule = 0;
   long long windowSteps = 0;
-  Clock::time_point afterFirst, lastStatus;
+  detail::Progress progress(firstStep, totalSteps, globalBatch);
   // Per log window, summed over ranks: loss, correct, samples, then each stage's compute
   // seconds (replica 0), then every rank's compute seconds and the first stages' schedule
   // seconds (see pipelineBubble).
@@ -905,20 +901,12 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       trace.add("optimizer", -1, step, optStart, Clock::now());
       ++step;
       ++windowSteps;
-      if (step == firstStep + 1) afterFirst = Clock::now();
-      if (rank == 0 && opts.status && (Clock::now() - lastStatus > std::chrono::milliseconds(200) || step == totalSteps)) {
-        lastStatus = Clock::now();
-        double elapsed = std::chrono::duration<double>(lastStatus - afterFirst).count();
-        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
-        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
-        double frac = static_cast<double>(step) / static_cast<double>(std::max<long long>(1, totalSteps));
-        int filled = static_cast<int>(frac * 30);
-        opts.status(fmt::format("epoch {}/{} [{}{}] {:3.0f}% step {}/{} loss {} {:.0f} samples/s bubble {} eta {}",
-                                epoch + 1, ts.epochs, std::string(static_cast<size_t>(filled), '#'),
-                                std::string(static_cast<size_t>(30 - filled), '.'), 100 * frac, step, totalSteps,
-                                result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"), sps,
-                                bubbleText, detail::fmtDuration(eta)));
-      }
+      progress.stepDone(step);
+      if (rank == 0 && opts.status && progress.statusDue(step))
+        opts.status(fmt::format("epoch {}/{} {} loss {} {:.0f} samples/s bubble {} eta {}", epoch + 1, ts.epochs,
+                                progress.bar(step),
+                                result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"),
+                                progress.samplesPerSecond(step), bubbleText, progress.eta(step)));
       if (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) save(epoch, cursor + globalBatch);
       else if (step == totalSteps) save(epoch, cursor + globalBatch);
       windowLoss += stepLoss;
@@ -938,15 +926,13 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         bubbleText = fmt::format("{:.1f}%", 100 * bubble);
         std::string stageText;
         for (int s = 0; s < P; ++s) stageText += fmt::format("{}{:.1f}", s ? "/" : "", 1e3 * stats[3 + static_cast<size_t>(s)]);
-        double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
-        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
-        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
+        const double sps = progress.samplesPerSecond(step);
         metrics.record({step, epoch + 1, result.final_loss, stats[1] / stats[2], sps, learningRate(ts, step - 1, totalSteps),
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
           opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s stage ms {} bubble {} eta {}",
                                epoch + 1, ts.epochs, step, totalSteps, result.final_loss, 100.0 * stats[1] / stats[2], sps,
-                               stageText, bubbleText, detail::fmtDuration(eta)));
+                               stageText, bubbleText, progress.eta(step)));
         windowLoss = windowCorrect = windowSamples = 0;
         windowCompute = windowSchedule = 0;
         windowSteps = 0;
@@ -955,10 +941,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   }
   trace.setOn(false);
   trace.write();
-  double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
   result.steps = step;
-  result.samples_per_s =
-      step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
+  result.samples_per_s = progress.samplesPerSecond(step);
   {
     // Whole-run timing: each stage's compute per step (replica 0) and the mean bubble.
     std::vector<double> t(static_cast<size_t>(P) + 2, 0.0);

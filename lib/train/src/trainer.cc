@@ -18,17 +18,13 @@
 #include "dtrain/train/pipeline.h"
 
 #include "batch_loader.h"
+#include "progress.h"
 #include "host_collectives.h"
 
 namespace dtrain::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string fmtDuration(double s) {
-  if (s < 60) return fmt::format("{:.0f}s", s);
-  return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
-}
 
 }  // namespace
 
@@ -200,7 +196,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string());
   const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
-  Clock::time_point afterFirst, lastStatus;
+  detail::Progress progress(firstStep, totalSteps, globalBatch);
   std::vector<comm::WorkPtr> works;
   std::vector<size_t> closed;
   // Gradients staged through the host (GPU math, host communicator).
@@ -271,20 +267,11 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       int correct = 0;
       const double loss = be->result(&correct);
       ++step;
-      if (step == firstStep + 1) afterFirst = Clock::now();
-      if (rank == 0 && opts.status && (Clock::now() - lastStatus > std::chrono::milliseconds(200) || step == totalSteps)) {
-        lastStatus = Clock::now();
-        double elapsed = std::chrono::duration<double>(lastStatus - afterFirst).count();
-        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
-        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
-        double frac = static_cast<double>(step) / static_cast<double>(std::max<long long>(1, totalSteps));
-        int filled = static_cast<int>(frac * 30);
-        opts.status(fmt::format("epoch {}/{} [{}{}] {:3.0f}% step {}/{} loss {} {:.0f} samples/s eta {}", epoch + 1,
-                                ts.epochs, std::string(static_cast<size_t>(filled), '#'),
-                                std::string(static_cast<size_t>(30 - filled), '.'), 100 * frac, step, totalSteps,
-                                result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"), sps,
-                                fmtDuration(eta)));
-      }
+      progress.stepDone(step);
+      if (rank == 0 && opts.status && progress.statusDue(step))
+        opts.status(fmt::format("epoch {}/{} {} loss {} {:.0f} samples/s eta {}", epoch + 1, ts.epochs, progress.bar(step),
+                                result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"),
+                                progress.samplesPerSecond(step), progress.eta(step)));
       if (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) save(epoch, cursor + globalBatch);
       else if (step == totalSteps) save(epoch, cursor + globalBatch);
       windowLoss += loss * B;
@@ -294,24 +281,20 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         double stats[3] = {windowLoss, windowCorrect, windowSamples};
         hostComm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         result.final_loss = stats[0] / stats[2];
-        double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
-        double sps = step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
-        double eta = sps > 0 ? static_cast<double>(totalSteps - step) * globalBatch / sps : 0;
+        const double sps = progress.samplesPerSecond(step);
         metrics.record({step, epoch + 1, result.final_loss, stats[1] / stats[2], sps,
                         learningRate(ts, step - 1, totalSteps),
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
           opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s eta {}", epoch + 1,
                                ts.epochs, step, totalSteps, result.final_loss, 100.0 * stats[1] / stats[2], sps,
-                               fmtDuration(eta)));
+                               progress.eta(step)));
         windowLoss = windowCorrect = windowSamples = 0;
       }
     }
   }
-  double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst).count();
   result.steps = step;
-  result.samples_per_s =
-      step > firstStep + 1 && elapsed > 0 ? static_cast<double>(step - firstStep - 1) * globalBatch / elapsed : 0;
+  result.samples_per_s = progress.samplesPerSecond(step);
 
   // Held-out evaluation, sharded round-robin over the ranks.
   const uint64_t E = evalSet->size();

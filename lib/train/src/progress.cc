@@ -1,0 +1,46 @@
+#include "progress.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace dtrain::train::detail {
+
+std::string fmtDuration(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+}
+
+Progress::Progress(long long firstStep, long long totalSteps, uint64_t globalBatch)
+    : firstStep_(firstStep), totalSteps_(totalSteps), globalBatch_(static_cast<double>(globalBatch)) {}
+
+void Progress::stepDone(long long step) {
+  if (step == firstStep_ + 1) afterFirst_ = Clock::now();
+}
+
+double Progress::samplesPerSecond(long long step) const {
+  const double elapsed = std::chrono::duration<double>(Clock::now() - afterFirst_).count();
+  return step > firstStep_ + 1 && elapsed > 0 ? static_cast<double>(step - firstStep_ - 1) * globalBatch_ / elapsed : 0;
+}
+
+std::string Progress::eta(long long step) const {
+  const double sps = samplesPerSecond(step);
+  return fmtDuration(sps > 0 ? static_cast<double>(totalSteps_ - step) * globalBatch_ / sps : 0);
+}
+
+bool Progress::statusDue(long long step) {
+  const auto now = Clock::now();
+  if (now - lastStatus_ <= std::chrono::milliseconds(200) && step != totalSteps_) return false;
+  lastStatus_ = now;
+  return true;
+}
+
+std::string Progress::bar(long long step) const {
+  const double frac = static_cast<double>(step) / static_cast<double>(std::max<long long>(1, totalSteps_));
+  const int filled = std::clamp(static_cast<int>(frac * 30), 0, 30);
+  return fmt::format("[{}{}] {:3.0f}% step {}/{}", std::string(static_cast<size_t>(filled), '#'),
+                     std::string(static_cast<size_t>(30 - filled), '.'), 100 * frac, step, totalSteps_);
+}
+
+}  // namespace dtrain::train::detail
