@@ -43,13 +43,15 @@ expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/out2")" "$(grep -o 'sha256 [0-9a-f]*
 # start line says which ("auto" here: 2 workers with 1 BLAS thread each on this node's cores).
 for pf in true false '"auto"'; do
   sed "s/\"eval_samples\": 64}/\"eval_samples\": 64, \"prefetch\": $pf}/" "$T/tiny2.json" >"$T/pf.json"
-  "$DTRAIN" run "$T/pf.json" --env OMP_NUM_THREADS=1 >"$T/pf.$pf.out" 2>&1
+  "$DTRAIN" run "$T/pf.json" --env OMP_NUM_THREADS=1 --env OPENBLAS_NUM_THREADS=1 >"$T/pf.$pf.out" 2>&1
   expect_eq "$?" 0 "prefetch $pf: exits 0"
 done
 expect_grep "^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches prefetched$" "$T/pf.true.out" "prefetch true: said"
 expect_grep "^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches loaded inline$" "$T/pf.false.out" "prefetch false: said"
-auto=$([ "$(nproc)" -gt 2 ] && echo prefetched || echo "loaded inline")
-expect_grep "^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches $auto$" "$T/pf.\"auto\".out" "prefetch auto: $auto with $(nproc) cores"
+# (nproc counts the CPUs this process may use, unless OMP_NUM_THREADS/OMP_THREAD_LIMIT say otherwise)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+auto=$([ "$cores" -gt 2 ] && echo prefetched || echo "loaded inline")
+expect_grep "^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches $auto$" "$T/pf.\"auto\".out" "prefetch auto: $auto with $cores cores"
 expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.true.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.false.out")" "prefetched batches train the same weights"
 # dry run shows the trainer as each worker's command.
 "$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1

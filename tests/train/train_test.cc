@@ -267,6 +267,26 @@ TEST(Trainer, PrefetchAutoWantsASpareCore) {
   }
 }
 
+// A resume mid-epoch (a cursor that starts no epoch) with batches prefetched continues
+// exactly as an uninterrupted run that loaded them inline.
+TEST(Checkpoint, ResumeMidEpochWithPrefetchIsBitIdentical) {
+  auto t = small(32);
+  t.data.train_samples = 1000;  // 15 steps per epoch with 2 workers
+  t.epochs = 3;
+  t.max_steps = 37;
+  t.data.prefetch = false;
+  auto straight = runWith(2, t);
+  t.data.prefetch = true;
+  t.checkpoint.dir = tempDir("prefetch");
+  t.checkpoint.every_steps = 4;
+  t.max_steps = 22;  // the last checkpoint at step 22: epoch 2, 7 steps in
+  runWith(2, t);
+  t.max_steps = 37;
+  auto resumed = runWith(2, t);
+  EXPECT_EQ(resumed[0], straight[0]);
+  EXPECT_EQ(resumed[1], straight[0]);
+}
+
 TEST(Checkpoint, ResumeAtAnotherWorldSizeSeesEverySampleOnce) {
   auto t = small(32);
   t.max_steps = 0;

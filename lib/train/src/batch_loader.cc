@@ -75,7 +75,7 @@ void BatchLoader::run() {
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
+      if (stop_) return;  // nobody will take what is queued
       s = queue_.front();
     }
     // The slot is the loader's until it is marked ready: the owner neither reads nor
@@ -89,7 +89,6 @@ void BatchLoader::run() {
       std::lock_guard<std::mutex> l(mu_);
       queue_.pop_front();
       s->ready = true;
-      if (stop_) queue_.clear();
     }
     cv_.notify_all();
   }

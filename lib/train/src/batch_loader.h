@@ -42,7 +42,7 @@ class BatchLoader {
   };
 
   explicit BatchLoader(Options o);
-  ~BatchLoader();  // stops and joins the thread (a batch being loaded is finished first)
+  ~BatchLoader();  // stops and joins the thread (a batch being loaded is finished; queued ones are dropped)
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 

@@ -672,7 +672,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // Inputs (first stage) and targets (last stage) of the whole per-replica batch, loaded
   // before the schedule (one step ahead, with trainer.data.prefetch) so that data loading
   // never counts as pipeline time. bx/by: this step's batch; x/y: the evaluation's.
-  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, firstStage, lastStage, prefetch});
+  // (A middle stage loads nothing: no thread for it.)
+  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, firstStage, lastStage, prefetch && (firstStage || lastStage)});
   const float* bx = nullptr;
   const float* by = nullptr;
   std::vector<float> x(firstStage ? static_cast<size_t>(B) * in : 0);
