@@ -8,7 +8,8 @@
 #      variants only with a GPU per rank)
 #   3. dtrain train on a small spec: trainer.device auto must pick cuda:0, and with
 #      CUDA_VISIBLE_DEVICES= it must fall back to the CPU
-#   4. dtrain run configs/quickstart_gpu.json (one worker on the GPU, NCCL communicator)
+#   4. dtrain run configs/quickstart_gpu.json (one worker on the GPU, NCCL communicator),
+#      with batches prefetched (the default on a GPU) and again loaded inline
 #   5. dtrain bench allreduce --backend nccl --nproc-per-node 1
 # Prints one line per step and a summary; full logs in $OUT (default /tmp/dtrain_gpu_check).
 # Usage: bash scripts/gpu_check.sh [build-dir]     Exit status: the number of failed steps.
@@ -103,7 +104,19 @@ step quickstart_gpu 240 "$D" run configs/quickstart_gpu.json --log-dir "$OUT/qui
   --summary-json "$OUT/quickstart_summary.json"
 check "quickstart on the GPU with NCCL" "$OUT/quickstart_gpu.log" "math on cuda:0.*nccl communicator"
 check "quickstart learned" "$OUT/quickstart_gpu.log" "eval accuracy (9[0-9]|100)\."
+check "quickstart prefetches its batches" "$OUT/quickstart_gpu.log" "batches prefetched"
 grep -E "trained:|samples/s" "$OUT/quickstart_gpu.log" | tail -n 2 | sed 's/^/    /'
+# The same job loading each batch inline (data.prefetch false): samples/s for docs/PERFORMANCE.md,
+# and the same weights.
+sed 's/"seed": 1}/"seed": 1, "prefetch": false}/' configs/quickstart_gpu.json >"$OUT/quickstart_inline.json"
+step quickstart_gpu_inline 240 "$D" run "$OUT/quickstart_inline.json"
+check "inline loading said" "$OUT/quickstart_gpu_inline.log" "batches loaded inline"
+grep -E "trained:" "$OUT/quickstart_gpu_inline.log" | tail -n 1 | sed 's/^/    inline: /'
+if [ -n "$(sha "$OUT/quickstart_gpu.log")" ] && [ "$(sha "$OUT/quickstart_gpu.log")" = "$(sha "$OUT/quickstart_gpu_inline.log")" ]; then
+  SUMMARY+=("PASS prefetched and inline batches train the same weights"); echo "PASS prefetched and inline batches train the same weights"
+else
+  SUMMARY+=("FAIL prefetched and inline weights differ"); echo "FAIL prefetched and inline weights differ"; FAILS=$((FAILS + 1))
+fi
 
 echo "== dtrain bench allreduce --backend nccl"
 step bench_nccl 120 "$D" bench allreduce --backend nccl --nproc-per-node 1 -e 64M
