@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Launch overhead: wall time of launching 2 workers that exit at once, dtrain vs torchrun,
+# Launch overhead: wall time of launching NPROC workers that exit at once, dtrain vs torchrun,
 # interleaved in one run so both see the same machine noise. Prints medians and the ratio.
 # Usage: bench/launch_overhead.sh [runs]   (needs build/bin/dtrain and python3-torch)
+#   NPROC=N            workers per launch (default 2)
+#   DTRAIN=PATH        the dtrain binary (default build/bin/dtrain)
+#   BASELINE=PATH      another dtrain binary (an older build) run in the same interleaving
+#   WITH_TORCHRUN=0    leave torchrun out (it takes ~7 s a launch here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${1:-15}"
-DTRAIN=build/bin/dtrain
-TORCHRUN=(/usr/bin/python3 -m torch.distributed.run --redirects 9:1 --tee 9:1 --nproc_per_node 2 --no_python true)
+NPROC="${NPROC:-2}"
+DTRAIN="${DTRAIN:-build/bin/dtrain}"
+TORCHRUN=(/usr/bin/python3 -m torch.distributed.run --redirects 9:1 --tee 9:1 --nproc_per_node "$NPROC" --no_python true)
 [ -x "$DTRAIN" ] || { echo "build first: scripts/build.sh" >&2; exit 2; }
-now() { date +%s%N; }
-d=(); t=()
+# Wall time in ns of "$@" into the array named by $1, read from $EPOCHREALTIME (bash 5):
+# no extra process inside the timed span.
+timed() {
+  local -n out=$1; shift
+  local s=${EPOCHREALTIME/./}
+  "$@" >/dev/null 2>&1 || true
+  local e=${EPOCHREALTIME/./}
+  out+=($(( (e - s) * 1000 )))
+}
+d=(); b=(); t=()
 for i in $(seq "$RUNS"); do
-  s=$(now); "$DTRAIN" run --nproc-per-node 2 -- true >/dev/null 2>&1; d+=($(( $(now) - s )))
-  s=$(now); OMP_NUM_THREADS=1 "${TORCHRUN[@]}" >/dev/null 2>&1; t+=($(( $(now) - s )))
+  timed d "$DTRAIN" run --nproc-per-node "$NPROC" -- true
+  [ -n "${BASELINE:-}" ] && timed b "$BASELINE" run --nproc-per-node "$NPROC" -- true
+  [ "${WITH_TORCHRUN:-1}" != 0 ] && timed t env OMP_NUM_THREADS=1 "${TORCHRUN[@]}"
 done
-python3 bench/compare_medians.py "${d[*]}" "${t[*]}"
+args=(--named dtrain "${d[*]}")
+[ -n "${BASELINE:-}" ] && args+=(baseline "${b[*]}")
+[ ${#t[@]} -gt 0 ] && args+=(torchrun "${t[*]}")
+python3 bench/compare_medians.py "${args[@]}"

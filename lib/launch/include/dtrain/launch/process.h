@@ -24,8 +24,9 @@ struct Spawned {
   Fd err;  // read end of the child's stderr
 };
 
-// fork + exec. A program that cannot be run exits 127 (not found) or 126 with one line on
-// its stderr, as a shell would. Throws IoError when fork or pipe fail.
+// clone(CLONE_VM | CLONE_VFORK) + exec, as posix_spawn does: returns once the child has
+// exec'ed. A program that cannot be run exits 127 (not found) or 126 with one line on its
+// stderr, as a shell would. Throws IoError when clone or pipe fail. Thread-safe.
 Spawned spawnProcess(const SpawnOptions& opts);
 
 // A pipe with both ends close-on-exec.

@@ -1,0 +1,158 @@
+#include "dtrain/launch/process.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtrain::launch {
+namespace {
+
+std::string readAll(const Fd& fd) {
+  std::string s;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd.get(), buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
+  return s;
+}
+
+int waitExit(pid_t pid) {
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+SpawnOptions shell(const std::string& script) {
+  SpawnOptions so;
+  so.argv = {"sh", "-c", script};
+  for (char** e = environ; *e; ++e) so.env.emplace_back(*e);
+  return so;
+}
+
+// One field of /proc/PID/status, e.g. "SigIgn".
+std::string procStatus(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return line.substr(field.size() + 1);
+  return "";
+}
+
+TEST(SpawnProcess, PipesEnvironmentAndExitCode) {
+  SpawnOptions so = shell("echo out $DTRAIN_T; echo err >&2; exit 3");
+  so.env.push_back("DTRAIN_T=42");
+  Spawned c = spawnProcess(so);
+  EXPECT_FALSE(c.in);
+  EXPECT_EQ(readAll(c.out), "out 42\n");
+  EXPECT_EQ(readAll(c.err), "err\n");
+  EXPECT_EQ(waitExit(c.pid), 3);
+}
+
+TEST(SpawnProcess, StdinIsDevNullOrAPipe) {
+  Spawned a = spawnProcess(shell("cat; echo done"));
+  EXPECT_EQ(readAll(a.out), "done\n");
+  EXPECT_EQ(waitExit(a.pid), 0);
+
+  SpawnOptions so = shell("cat");
+  so.stdin_pipe = true;
+  Spawned b = spawnProcess(so);
+  ASSERT_TRUE(b.in);
+  ASSERT_EQ(::write(b.in.get(), "hello\n", 6), 6);
+  b.in.reset();
+  EXPECT_EQ(readAll(b.out), "hello\n");
+  EXPECT_EQ(waitExit(b.pid), 0);
+}
+
+TEST(SpawnProcess, WorkingDirectory) {
+  SpawnOptions so = shell("pwd");
+  so.cwd = "/";
+  Spawned c = spawnProcess(so);
+  EXPECT_EQ(readAll(c.out), "/\n");
+  EXPECT_EQ(waitExit(c.pid), 0);
+
+  so.cwd = "/no/such/dir";
+  Spawned d = spawnProcess(so);
+  EXPECT_EQ(readAll(d.err), "dtrain: error: cannot chdir to cwd: No such file or directory\n");
+  EXPECT_EQ(waitExit(d.pid), 126);
+}
+
+TEST(SpawnProcess, ProgramThatCannotRunExitsLikeAShell) {
+  SpawnOptions so = shell("");
+  so.argv = {"dtrain-no-such-program"};
+  Spawned c = spawnProcess(so);
+  EXPECT_EQ(readAll(c.err), "dtrain: error: cannot run 'dtrain-no-such-program': No such file or directory\n");
+  EXPECT_EQ(waitExit(c.pid), 127);
+
+  char path[] = "/tmp/dtrain-spawn-XXXXXX";  // exists, not executable
+  int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  so.argv = {path};
+  Spawned d = spawnProcess(so);
+  EXPECT_EQ(readAll(d.err), std::string("dtrain: error: cannot run '") + path + "': Permission denied\n");
+  EXPECT_EQ(waitExit(d.pid), 126);
+  ::unlink(path);
+}
+
+// The child gets its own process group and none of our signal state: dtrain ignores SIGPIPE
+// and blocks every signal around the spawn, a worker must see neither.
+TEST(SpawnProcess, OwnProcessGroupAndDefaultSignals) {
+  struct sigaction ign {}, oldPipe {};
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ign, &oldPipe);
+  sigset_t usr1, before, after;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  ::pthread_sigmask(SIG_BLOCK, &usr1, &before);
+
+  Spawned c = spawnProcess(shell("read x"));  // waits for stdin: /dev/null ends it at once
+  Spawned s = spawnProcess([] {
+    SpawnOptions so = shell("read x");
+    so.stdin_pipe = true;  // runs until we close it
+    return so;
+  }());
+  EXPECT_EQ(waitExit(c.pid), 1);
+  EXPECT_EQ(::getpgid(s.pid), s.pid);
+  // SIGPIPE is bit 13 of SigIgn: dash itself ignores nothing.
+  unsigned long long ignored = std::stoull(procStatus(s.pid, "SigIgn"), nullptr, 16);
+  EXPECT_EQ(ignored & (1ull << (SIGPIPE - 1)), 0u);
+  unsigned long long blocked = std::stoull(procStatus(s.pid, "SigBlk"), nullptr, 16);
+  EXPECT_EQ(blocked, 1ull << (SIGUSR1 - 1)) << "the caller's mask, and only it";
+  s.in.reset();
+  EXPECT_EQ(waitExit(s.pid), 1);
+
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &after);
+  EXPECT_EQ(sigismember(&after, SIGUSR1), 1);
+  EXPECT_EQ(sigismember(&after, SIGTERM), 0) << "our own mask is restored";
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  ::sigaction(SIGPIPE, &oldPipe, nullptr);
+}
+
+// Spawns from several threads at once (the child borrows the spawning thread's memory):
+// every child runs its own command and every parent gets its own pipes.
+TEST(SpawnProcess, ConcurrentSpawnsFromThreads) {
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([t, &bad] {
+      for (int i = 0; i < 25; ++i) {
+        std::string tag = std::to_string(t) + "." + std::to_string(i);
+        Spawned c = spawnProcess(shell("echo " + tag + "; exit " + std::to_string(i % 7)));
+        if (readAll(c.out) != tag + "\n") ++bad;
+        int status = 0;
+        if (::waitpid(c.pid, &status, 0) != c.pid || !WIFEXITED(status) || WEXITSTATUS(status) != i % 7) ++bad;
+      }
+    });
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+}  // namespace
+}  // namespace dtrain::launch
