@@ -1,11 +1,15 @@
 #include "dtrain/launch/process.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -154,5 +158,109 @@ TEST(SpawnProcess, ConcurrentSpawnsFromThreads) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+
+// Runs body() in a forked process in a process group of its own (so that it may signal its
+// whole group) and returns its exit code; a body still running after 60 s is killed and
+// reported as 99 (a spawn that never returned).
+template <typename F>
+int inOwnProcessGroup(F body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::_exit(body());
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(-pid, SIGCONT);
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return 99;
+    }
+    ::usleep(10000);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+pid_t gStressMain = 0;
+std::atomic<int> gHandlerInChild{0};
+void stressHandler(int) {
+  if (static_cast<pid_t>(::syscall(SYS_getpid)) != gStressMain) gHandlerInChild.fetch_add(1);
+}
+
+// The child shares our memory until exec: no handler of ours may run in it, though signals
+// for our process group (which it is in until it makes its own) keep arriving. Nor may they
+// kill or stop it: a stopped child would hold the spawning thread forever. Three threads
+// spawn while a fourth sends SIGUSR2, SIGWINCH and SIGTSTP (all caught here) to the group.
+TEST(SpawnProcess, SignalsForOurGroupNeverReachTheChildBeforeExec) {
+  int rc = inOwnProcessGroup([] {
+    gStressMain = ::getpid();
+    struct sigaction sa {};
+    sa.sa_handler = stressHandler;
+    sa.sa_flags = SA_RESTART;
+    for (int sig : {SIGUSR2, SIGWINCH, SIGTSTP}) ::sigaction(sig, &sa, nullptr);
+    std::atomic<bool> stop{false};
+    std::thread killer([&] {
+      while (!stop)
+        for (int sig : {SIGUSR2, SIGWINCH, SIGTSTP}) ::kill(0, sig);
+    });
+    std::atomic<int> bad{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 3; ++t)
+      ts.emplace_back([&] {
+        for (int i = 0; i < 100; ++i) {
+          SpawnOptions so;
+          so.argv = {"/bin/true"};
+          Spawned c = spawnProcess(so);
+          int st = 0;
+          if (::waitpid(c.pid, &st, 0) != c.pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) ++bad;
+        }
+      });
+    for (auto& th : ts) th.join();
+    stop = true;
+    killer.join();
+    if (gHandlerInChild.load() != 0) return 1;
+    return bad.load() == 0 ? 0 : 2;
+  });
+  EXPECT_NE(rc, 1) << "a handler of ours ran in a child before its exec";
+  EXPECT_NE(rc, 2) << "a child was killed or failed by a signal meant for us";
+  EXPECT_NE(rc, 99) << "a spawn never returned (a child stopped before exec?)";
+  EXPECT_EQ(rc, 0);
+}
+
+// dtrain started with stdin and stdout closed: pipe2 then returns 0 and 1, and the child's
+// dup2s must neither leave them close-on-exec nor overwrite one with another.
+TEST(SpawnProcess, WorksWithStdioClosed) {
+  int rc = inOwnProcessGroup([] {
+    ::close(STDIN_FILENO);
+    ::close(STDOUT_FILENO);
+    Spawned c = spawnProcess(shell("echo out; echo err >&2"));
+    if (readAll(c.out) != "out\n") return 1;
+    if (readAll(c.err) != "err\n") return 2;
+    int st = 0;
+    return ::waitpid(c.pid, &st, 0) == c.pid && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 3;
+  });
+  EXPECT_EQ(rc, 0) << "1: stdout lost, 2: stderr lost, 3: bad exit";
+}
+
+// An executable without #! runs under /bin/sh (execvpe copies argv onto the child's stack
+// for it: the stack is sized by argc), as a shell would.
+TEST(SpawnProcess, ScriptWithoutInterpreterLineAndManyArguments) {
+  char path[] = "/tmp/dtrain-script-XXXXXX";
+  int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::string body = "echo $# \"$1\" \"$40000\"\n";
+  ASSERT_EQ(::write(fd, body.data(), body.size()), static_cast<ssize_t>(body.size()));
+  ::fchmod(fd, 0700);
+  ::close(fd);
+  SpawnOptions so = shell("");
+  so.argv = {path};
+  for (int i = 1; i <= 40000; ++i) so.argv.push_back("a" + std::to_string(i));
+  Spawned c = spawnProcess(so);
+  EXPECT_EQ(readAll(c.out), "40000 a1 a40000\n");
+  EXPECT_EQ(waitExit(c.pid), 0);
+  ::unlink(path);
+}
 }  // namespace
 }  // namespace dtrain::launch

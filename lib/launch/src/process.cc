@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <tuple>
 
@@ -70,49 +71,88 @@ struct ChildArgs {
   const ErrnoTexts* texts;
 };
 
+[[noreturn]] void childFail(const ChildArgs& a, const char* what, int e, int code) {
+  writeStr(STDERR_FILENO, what);
+  writeErrno(STDERR_FILENO, *a.texts, e);
+  writeStr(STDERR_FILENO, "\n");
+  ::_exit(code);
+}
+
 // Runs on its own stack in our address space (CLONE_VM | CLONE_VFORK) until it exec's or
 // exits: system calls only, no writes to memory of ours but its own stack (and errno).
+// Every signal stays blocked until just before exec.
 int childMain(void* p) {
   const ChildArgs& a = *static_cast<const ChildArgs*>(p);
-  // Signal dispositions are the child's own (no CLONE_SIGHAND): reset ours while every signal
-  // is still blocked, so that no handler of dtrain's ever runs here.
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+  // Signal dispositions are the child's own (no CLONE_SIGHAND). A handler of ours (dtrain's,
+  // or a library's) must never run here, on our memory: every caught signal goes back to
+  // SIG_DFL, and SIGPIPE, which dtrain ignores, too, as a worker expects. What arrives for
+  // those before exec was meant for dtrain (sent to its process group, which the child is
+  // in until setpgid), so it is dropped below rather than delivered with the default action;
+  // so are terminal stop signals, which would stop the child while we wait for its exec.
+  sigset_t drop;
+  sigemptyset(&drop);
+  for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU}) sigaddset(&drop, sig);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction cur {};
+    if (::sigaction(sig, nullptr, &cur) != 0) continue;  // glibc's internal ones: EINVAL
+    if (cur.sa_handler == SIG_DFL || (cur.sa_handler == SIG_IGN && sig != SIGPIPE)) continue;
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     ::sigaction(sig, &dfl, nullptr);
+    if (sig != SIGPIPE) sigaddset(&drop, sig);
   }
-  ::sigprocmask(SIG_SETMASK, &a.mask, nullptr);
-  ::setpgid(0, 0);
+  // Its own process group, so that dtrain can signal a worker with everything it started.
+  if (::setpgid(0, 0) != 0) childFail(a, "dtrain: error: cannot start a worker: setpgid: ", errno, 126);
   // The child dies with dtrain; the getppid check closes the race where dtrain died before
   // prctl ran.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != a.parent) ::_exit(1);
-  ::dup2(a.outFd, STDOUT_FILENO);
-  ::dup2(a.errFd, STDERR_FILENO);
-  if (a.inFd >= 0) {
-    ::dup2(a.inFd, STDIN_FILENO);
-  } else {
-    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  // The parent keeps these three above 2, so no dup2 below overwrites a later source.
+  if (::dup2(a.outFd, STDOUT_FILENO) < 0 || ::dup2(a.errFd, STDERR_FILENO) < 0)
+    childFail(a, "dtrain: error: cannot start a worker: dup2: ", errno, 126);
+  int in = a.inFd >= 0 ? a.inFd : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (in < 0 || ::dup2(in, STDIN_FILENO) < 0) childFail(a, "dtrain: error: cannot start a worker: stdin: ", errno, 126);
+  if (a.cwd && ::chdir(a.cwd) != 0) childFail(a, "dtrain: error: cannot chdir to cwd: ", errno, 126);
+  struct timespec zero {};
+  while (::sigtimedwait(&drop, nullptr, &zero) > 0) {
   }
-  if (a.cwd && ::chdir(a.cwd) != 0) {
-    int e = errno;
-    writeStr(STDERR_FILENO, "dtrain: error: cannot chdir to cwd: ");
-    writeErrno(STDERR_FILENO, *a.texts, e);
-    writeStr(STDERR_FILENO, "\n");
-    ::_exit(126);
-  }
+  ::sigprocmask(SIG_SETMASK, &a.mask, nullptr);
   ::execvpe(a.argv[0], a.argv, a.envp);
   int e = errno;
   (void)!::write(STDERR_FILENO, a.execError->data(), a.execError->size());
-  writeErrno(STDERR_FILENO, *a.texts, e);
-  writeStr(STDERR_FILENO, "\n");
-  ::_exit(e == ENOENT ? 127 : 126);
+  childFail(a, "", e, e == ENOENT ? 127 : 126);
 }
 
-// The child's stack: execvpe puts the PATH candidate (<= PATH_MAX + NAME_MAX) and, for a
-// script without #!, a copy of argv on it.
-constexpr size_t kChildStack = 256 * 1024;
+// The child's stack, with a PROT_NONE guard page below it. execvpe puts the PATH candidate
+// (<= PATH_MAX + NAME_MAX) on it and, for a script without #!, a copy of argv.
+class ChildStack {
+ public:
+  explicit ChildStack(size_t argc) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    size_t want = 64 * 1024 + PATH_MAX + NAME_MAX + (argc + 3) * sizeof(char*);
+    size_ = (want + page - 1) / page * page + page;
+    base_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (base_ == MAP_FAILED) throwErrno("mmap (a stack to start a worker on)");
+    ::mprotect(base_, page, PROT_NONE);
+  }
+  ~ChildStack() { ::munmap(base_, size_); }
+  ChildStack(const ChildStack&) = delete;
+  ChildStack& operator=(const ChildStack&) = delete;
+  void* top() const { return static_cast<char*>(base_) + size_; }
+
+ private:
+  void* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Moves fd above stdin/stdout/stderr (dtrain may have been started with some of them
+// closed, and then pipe2 hands those numbers out), keeping it close-on-exec.
+void aboveStdio(Fd& fd) {
+  if (!fd || fd.get() > STDERR_FILENO) return;
+  int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+  if (moved < 0) throwErrno("fcntl(F_DUPFD_CLOEXEC)");
+  fd = Fd(moved);
+}
 
 }  // namespace
 
@@ -121,6 +161,9 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   auto [errR, errW] = makePipe();
   Fd inR, inW;
   if (opts.stdin_pipe) std::tie(inR, inW) = makePipe();
+  aboveStdio(outW);
+  aboveStdio(errW);
+  aboveStdio(inR);
   std::vector<std::string> envStrings = opts.env;
   std::vector<std::string> args = opts.argv;
   std::vector<char*> envp, argv;
@@ -140,20 +183,18 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   ca.execError = &execError;
   ca.texts = &errnoTexts();
 
-  void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-  if (stack == MAP_FAILED) throwErrno("mmap (child stack)");
+  ChildStack stack(argv.size());
   // clone(CLONE_VM | CLONE_VFORK) as posix_spawn does, not fork: the child borrows our
   // address space until exec, so no page tables are copied and no copy-on-write faults
   // follow; the launcher's cost per worker fell from ~4.5 ms to ~1 ms (docs/PERFORMANCE.md).
-  // We are suspended until the child has exec'ed or exited. posix_spawn itself cannot set
-  // PR_SET_PDEATHSIG.
+  // posix_spawn itself cannot set PR_SET_PDEATHSIG. This thread is suspended until the
+  // child has exec'ed or exited (an exec from a hung network mount holds it up too).
   sigset_t all;
   sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, &ca.mask);  // no handler of ours may run in the child
-  pid_t pid = ::clone(childMain, static_cast<char*>(stack) + kChildStack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ca);
+  pid_t pid = ::clone(childMain, stack.top(), CLONE_VM | CLONE_VFORK | SIGCHLD, &ca);
   int cloneErrno = errno;  // the child shares our errno until it exec'ed: read only on failure
   ::pthread_sigmask(SIG_SETMASK, &ca.mask, nullptr);
-  ::munmap(stack, kChildStack);
   if (pid < 0) {
     errno = cloneErrno;
     throwErrno("clone");

@@ -26,7 +26,9 @@ struct Spawned {
 
 // clone(CLONE_VM | CLONE_VFORK) + exec, as posix_spawn does: returns once the child has
 // exec'ed. A program that cannot be run exits 127 (not found) or 126 with one line on its
-// stderr, as a shell would. Throws IoError when clone or pipe fail. Thread-safe.
+// stderr, as a shell would. Throws IoError when clone or pipe fail. Thread-safe; the child
+// is SIGKILLed when the calling *thread* ends (PR_SET_PDEATHSIG), so spawn from a thread
+// that outlives the workers (dtrain's main thread).
 Spawned spawnProcess(const SpawnOptions& opts);
 
 // A pipe with both ends close-on-exec.
