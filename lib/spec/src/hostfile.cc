@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
@@ -390,6 +391,8 @@ bool addressesAreLocal(const std::vector<Address>& addrs, const std::vector<Addr
   return false;
 }
 
+std::atomic<bool> nameLookups{true};
+
 std::vector<bool> localFlags(const std::vector<std::string>& hostsIn) {
   std::vector<bool> out(hostsIn.size(), false);
   std::vector<std::vector<Address>> addrs(hostsIn.size());
@@ -398,7 +401,7 @@ std::vector<bool> localFlags(const std::vector<std::string>& hostsIn) {
     std::string host = normalized(hostsIn[i]);
     int quick = quickAnswer(host, addrs[i]);
     if (quick == 1) out[i] = true;
-    if (quick != -1) continue;
+    if (quick != -1 || !nameLookups) continue;
     std::lock_guard<std::mutex> lock(cacheMu);
     if (auto it = lookupCache().find(host); it != lookupCache().end())
       addrs[i] = it->second;
@@ -434,6 +437,8 @@ std::vector<bool> localFlags(const std::vector<std::string>& hostsIn) {
 }  // namespace
 
 namespace detail {
+void setNameLookups(bool enabled) { nameLookups = enabled; }
+
 void markLocal(std::vector<NodeSpec>& nodes) {
   std::vector<std::string> hosts;
   for (const auto& n : nodes) hosts.push_back(n.host);

@@ -504,6 +504,20 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   } catch (const json::parse_error& e) {
     auto [line, col] = lineColumn(text, e.byte);
     throw SpecError(fmt::format("{}:{}:{}: invalid JSON: {}", source, line, col, stripJsonPrefix(e.what())));
+  } catch (const json::out_of_range& e) {
+    // A number beyond double's range: "[json.exception.out_of_range.406] number overflow
+    // parsing '1e808'", without a position; find the number for one.
+    std::string what = e.what();
+    std::string number;
+    if (auto a = what.find("parsing '"); a != std::string::npos)
+      if (auto b = what.find('\'', a + 9); b != std::string::npos) number = what.substr(a + 9, b - a - 9);
+    size_t at = number.empty() ? std::string::npos : text.find(number);
+    auto [line, col] = lineColumn(text, at == std::string::npos ? 0 : at + 1);
+    throw SpecError(fmt::format("{}:{}:{}: invalid JSON: the number {} is out of range; write a number within "
+                                "+-1.7e308 (no field takes anything near that)",
+                                source, line, col, number.empty() ? "here" : number));
+  } catch (const json::exception& e) {
+    throw SpecError(fmt::format("{}: invalid JSON: {}; fix the file's JSON syntax", source, stripJsonPrefix(e.what())));
   }
   if (!root.is_object()) c.fail("/", fmt::format("expected a JSON object at the top level, got {}", typeName(root)));
   c.checkKeys(root, "", kTopKeys);

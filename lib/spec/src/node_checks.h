@@ -29,6 +29,10 @@ int findDuplicate(const std::vector<NodeSpec>& nodes, const NodeSpec& n);
 // deadline rather than one per host).
 void markLocal(std::vector<NodeSpec>& nodes);
 
+// Off: names that would need a DNS lookup count as remote, without one (the fuzz target:
+// random names must not reach the resolver). On by default; thread-safe.
+void setNameLookups(bool enabled);
+
 // `host "h1"` or `host "h1" (port 2222)`, for messages.
 std::string hostLabel(const NodeSpec& n);
 

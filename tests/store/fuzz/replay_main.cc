@@ -1,4 +1,6 @@
-// Replays fuzz inputs (files or directories of files) through the fuzz target.
+// Replays fuzz inputs (files, directories of files, or .packed files) through the fuzz target.
+// A .packed file holds many inputs, each as "<decimal byte count>\n<bytes>\n" (written by
+// tests/spec/fuzz/pack.py), so that a merged corpus of thousands of inputs is one file.
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -8,6 +10,34 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+namespace {
+
+size_t run(const std::string& data) {
+  LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  return 1;
+}
+
+// Returns the number of inputs, or -1 when the file is not well formed.
+long replayPacked(const std::string& text) {
+  long n = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) return -1;
+    size_t len = 0;
+    for (size_t i = pos; i < nl; ++i) {
+      if (text[i] < '0' || text[i] > '9') return -1;
+      len = len * 10 + static_cast<size_t>(text[i] - '0');
+    }
+    if (nl == pos || nl + 1 + len + 1 > text.size() || text[nl + 1 + len] != '\n') return -1;
+    n += static_cast<long>(run(text.substr(nl + 1, len)));
+    pos = nl + 1 + len + 1;
+  }
+  return n;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   size_t n = 0;
@@ -21,8 +51,16 @@ int main(int argc, char** argv) {
     for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
       std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(data.data()), data.size());
-      ++n;
+      if (f.extension() == ".packed") {
+        long k = replayPacked(data);
+        if (k < 0) {
+          std::fprintf(stderr, "%s: not a packed corpus (\"<count>\\n<bytes>\\n\" entries)\n", f.c_str());
+          return 1;
+        }
+        n += static_cast<size_t>(k);
+      } else {
+        n += run(data);
+      }
     }
   }
   std::printf("replayed %zu inputs\n", n);
