@@ -39,20 +39,22 @@ expect_eq "$(cat "$T/check")" "True True True True True" "progress bar on a term
 # Same seed, same data, same world size -> the same weights.
 "$DTRAIN" run configs/quickstart.json --env DTRAIN_UNUSED=1 >"$T/out2" 2>&1
 expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/out2")" "$(grep -o 'sha256 [0-9a-f]*' "$T/out")" "training is deterministic"
-# Batches loaded one step ahead on a thread (data.prefetch) or inline: the same weights; the
-# start line says which ("auto" here: 2 workers with 1 BLAS thread each on this node's cores).
-for pf in true false '"auto"'; do
-  sed "s/\"eval_samples\": 64}/\"eval_samples\": 64, \"prefetch\": $pf}/" "$T/tiny2.json" >"$T/pf.json"
-  "$DTRAIN" run "$T/pf.json" --env OMP_NUM_THREADS=1 --env OPENBLAS_NUM_THREADS=1 >"$T/pf.$pf.out" 2>&1
-  expect_eq "$?" 0 "prefetch $pf: exits 0"
+# Batches loaded one step ahead on a thread (data.prefetch) or inline, gradients reduced
+# during backward (overlap) or after it: the same weights; the start line says which ("auto"
+# here: 2 workers with 1 BLAS thread each, on this node's cores).
+for v in true false '"auto"'; do
+  sed "s/\"eval_samples\": 64}/\"eval_samples\": 64, \"prefetch\": $v}, \"overlap\": $v/" "$T/tiny2.json" >"$T/pf.json"
+  "$DTRAIN" run "$T/pf.json" --env OMP_NUM_THREADS=1 --env OPENBLAS_NUM_THREADS=1 >"$T/pf.$v.out" 2>&1
+  expect_eq "$?" 0 "prefetch and overlap $v: exits 0"
 done
-expect_grep "^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches prefetched$" "$T/pf.true.out" "prefetch true: said"
-expect_grep "^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches loaded inline$" "$T/pf.false.out" "prefetch false: said"
+line="^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches"
+expect_grep "$line prefetched, gradients reduced during backward$" "$T/pf.true.out" "prefetch and overlap true: said"
+expect_grep "$line loaded inline, gradients reduced after backward$" "$T/pf.false.out" "prefetch and overlap false: said"
 # (nproc counts the CPUs this process may use, unless OMP_NUM_THREADS/OMP_THREAD_LIMIT say otherwise)
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
-auto=$([ "$cores" -gt 2 ] && echo prefetched || echo "loaded inline")
-expect_grep "^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches $auto$" "$T/pf.\"auto\".out" "prefetch auto: $auto with $cores cores"
-expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.true.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.false.out")" "prefetched batches train the same weights"
+auto=$([ "$cores" -gt 2 ] && echo "prefetched, gradients reduced during" || echo "loaded inline, gradients reduced after")
+expect_grep "$line $auto backward$" "$T/pf.\"auto\".out" "prefetch and overlap auto: $auto with $cores cores"
+expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.true.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.false.out")" "prefetch and overlap do not change the weights"
 # dry run shows the trainer as each worker's command.
 "$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1
 expect_grep " train .*/configs/quickstart.json$" "$T/out" "dry run: workers run dtrain train"

@@ -240,30 +240,35 @@ TEST(Trainer, PrefetchedBatchesAreTheInlineOnes) {
 
 // "auto": a loader thread for GPU math, and for CPU math only when the node has a core beyond
 // its workers' BLAS threads.
-TEST(Trainer, PrefetchAutoWantsASpareCore) {
+// trainer.data.prefetch and trainer.overlap: as set, else ("auto") on for GPU math, and on
+// CPUs only with a core that no worker's BLAS thread computes on.
+TEST(Trainer, PrefetchAndOverlapAutoWantASpareCore) {
   cpu_set_t set;
   ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
   const int cores = CPU_COUNT(&set);
   auto envOr = [](const char* name) { const char* v = std::getenv(name); return v ? std::string(v) : std::string(); };
   const std::string saved[3] = {envOr("LOCAL_WORLD_SIZE"), envOr("OPENBLAS_NUM_THREADS"), envOr("OMP_NUM_THREADS")};
   const char* names[3] = {"LOCAL_WORLD_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"};
-  EXPECT_TRUE(prefetchBatches(true, false));
-  EXPECT_FALSE(prefetchBatches(false, true));
-  EXPECT_TRUE(prefetchBatches(std::nullopt, true));
-  ::unsetenv("OPENBLAS_NUM_THREADS");
-  ::unsetenv("OMP_NUM_THREADS");
-  EXPECT_FALSE(prefetchBatches(std::nullopt, false)) << "an unset thread count: the BLAS takes every core";
-  ::setenv("OMP_NUM_THREADS", "1", 1);
-  ::setenv("LOCAL_WORLD_SIZE", std::to_string(cores).c_str(), 1);
-  EXPECT_FALSE(prefetchBatches(std::nullopt, false)) << "one worker per core";
-  const int fewer = std::max(1, cores - 1);
-  ::setenv("LOCAL_WORLD_SIZE", std::to_string(fewer).c_str(), 1);
-  EXPECT_EQ(prefetchBatches(std::nullopt, false), cores > fewer) << "a core left over";
-  ::setenv("OPENBLAS_NUM_THREADS", "2", 1);  // wins over OMP_NUM_THREADS, as in OpenBLAS
-  EXPECT_EQ(prefetchBatches(std::nullopt, false), cores > 2 * fewer);
-  for (int i = 0; i < 3; ++i) {
-    if (saved[i].empty()) ::unsetenv(names[i]);
-    else ::setenv(names[i], saved[i].c_str(), 1);
+  for (auto* decide : {&prefetchBatches, &overlapGradients}) {
+    SCOPED_TRACE(decide == &prefetchBatches ? "prefetch" : "overlap");
+    EXPECT_TRUE(decide(true, false));
+    EXPECT_FALSE(decide(false, true));
+    EXPECT_TRUE(decide(std::nullopt, true));
+    ::unsetenv("OPENBLAS_NUM_THREADS");
+    ::unsetenv("OMP_NUM_THREADS");
+    EXPECT_FALSE(decide(std::nullopt, false)) << "an unset thread count: the BLAS takes every core";
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    ::setenv("LOCAL_WORLD_SIZE", std::to_string(cores).c_str(), 1);
+    EXPECT_FALSE(decide(std::nullopt, false)) << "one worker per core";
+    const int fewer = std::max(1, cores - 1);
+    ::setenv("LOCAL_WORLD_SIZE", std::to_string(fewer).c_str(), 1);
+    EXPECT_EQ(decide(std::nullopt, false), cores > fewer) << "a core left over";
+    ::setenv("OPENBLAS_NUM_THREADS", "2", 1);  // wins over OMP_NUM_THREADS, as in OpenBLAS
+    EXPECT_EQ(decide(std::nullopt, false), cores > 2 * fewer);
+    for (int i = 0; i < 3; ++i) {
+      if (saved[i].empty()) ::unsetenv(names[i]);
+      else ::setenv(names[i], saved[i].c_str(), 1);
+    }
   }
 }
 

@@ -294,7 +294,11 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
   if (t.contains("device")) ts.device = oneOf(c, t["device"], P + "/device", {"auto", "cpu", "cuda"});
   if (t.contains("seed")) ts.seed = static_cast<unsigned long long>(c.integer(t["seed"], P + "/seed", 0, INT64_MAX, "an integer >= 0"));
   if (t.contains("bucket_mb")) ts.bucket_mb = c.number(t["bucket_mb"], P + "/bucket_mb", 0.001, 4096, "megabytes between 0.001 and 4096");
-  if (t.contains("overlap")) ts.overlap = c.boolean(t["overlap"], P + "/overlap");
+  if (t.contains("overlap") && !(t["overlap"].is_string() && t["overlap"] == "auto")) {
+    if (!t["overlap"].is_boolean())
+      c.fail(P + "/overlap", fmt::format("expected true, false or \"auto\", got {}", typeName(t["overlap"])));
+    ts.overlap = t["overlap"].get<bool>();
+  }
   if (t.contains("log_every_steps"))
     ts.log_every_steps = static_cast<int>(c.integer(t["log_every_steps"], P + "/log_every_steps", 1, 1 << 30, "an integer >= 1"));
   if (t.contains("checkpoint")) {
@@ -860,7 +864,7 @@ std::string serializeForNode(const JobSpec& spec) {
     tj["device"] = t.device;
     tj["seed"] = t.seed;
     tj["bucket_mb"] = t.bucket_mb;
-    tj["overlap"] = t.overlap;
+    tj["overlap"] = t.overlap ? json(*t.overlap) : json("auto");
     tj["log_every_steps"] = t.log_every_steps;
     if (!t.checkpoint.dir.empty()) tj["checkpoint"] = {{"dir", t.checkpoint.dir}, {"every_steps", t.checkpoint.every_steps}};
     json par = {{"pipeline_stages", t.parallel.pipeline_stages}, {"micro_batches", t.parallel.micro_batches},

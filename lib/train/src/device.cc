@@ -63,14 +63,28 @@ int envInt(const char* name, int fallback) {
 int localRankFromEnv(int fallback) { return envInt("LOCAL_RANK", fallback); }
 int localWorldSizeFromEnv(int fallback) { return envInt("LOCAL_WORLD_SIZE", fallback); }
 
-bool prefetchBatches(const std::optional<bool>& setting, bool gpu) {
-  if (setting) return *setting;
-  if (gpu) return true;
+namespace {
+
+// A CPU (of this worker's affinity) that none of this node's workers' BLAS threads computes
+// on: LOCAL_WORLD_SIZE x (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS; unset: every core).
+bool spareCore() {
   cpu_set_t set;
   if (::sched_getaffinity(0, sizeof(set), &set) != 0) return false;
   const int cores = CPU_COUNT(&set);
   const int threads = envInt("OPENBLAS_NUM_THREADS", envInt("OMP_NUM_THREADS", 0));
   return threads > 0 && cores > localWorldSizeFromEnv(1) * threads;
+}
+
+}  // namespace
+
+bool prefetchBatches(const std::optional<bool>& setting, bool gpu) {
+  if (setting) return *setting;
+  return gpu || spareCore();
+}
+
+bool overlapGradients(const std::optional<bool>& setting, bool gpu) {
+  if (setting) return *setting;
+  return gpu || spareCore();
 }
 
 DeviceChoice resolveDevice(const std::string& device, int localRank, int localWorldSize) {

@@ -757,7 +757,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     }
     gradWork.push_back(stageOwned->allreduceAsync(g, count, comm::DataType::kFloat32, comm::ReduceOp::kAvg));
   };
-  const bool overlapGrads = D > 1 && ts.overlap;
+  const bool overlapGrads = D > 1 && overlapGradients(ts.overlap, dev.cuda);
   // Backward of micro-batch m; returns the gradient of the stage's input (nullptr on the
   // first stage) without sending it.
   auto backwardOnly = [&](int m) {

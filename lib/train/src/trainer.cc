@@ -100,9 +100,11 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   std::vector<float> params(P), momentum(be->stateSize());
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
+  const bool overlap = overlapGradients(ts.overlap, dev.cuda);
   if (rank == 0 && opts.log)
-    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator, batches {}", world, world == 1 ? "" : "s",
-                         be->describe(), comm.backend(), prefetch ? "prefetched" : "loaded inline"));
+    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator, batches {}{}", world, world == 1 ? "" : "s",
+                         be->describe(), comm.backend(), prefetch ? "prefetched" : "loaded inline",
+                         world == 1 ? "" : overlap ? ", gradients reduced during backward" : ", gradients reduced after backward"));
   // A whole backend buffer broadcast from rank 0, staged through the host when needed.
   auto broadcastBuffer = [&](float* buf, std::vector<float>& host, void (detail::MathBackend::*store)(float*),
                              void (detail::MathBackend::*load)(const float*)) {
@@ -230,7 +232,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         }
       };
       be->backward([&](int layer) {
-        if (!ts.overlap || next >= buckets.size() || buckets[next].closes_at != layer) return;
+        if (!overlap || next >= buckets.size() || buckets[next].closes_at != layer) return;
         // CPU: the bucket is final now. GPU: it is only enqueued; launched below.
         if (be->asyncCompute()) closed.push_back(next++);
         else launch(buckets[next++]);

@@ -87,7 +87,7 @@ struct TrainerSpec {
   std::string device = "auto";  // auto | cpu | cuda
   unsigned long long seed = 0;
   double bucket_mb = 25;
-  bool overlap = true;           // all-reduce buckets during backward
+  std::optional<bool> overlap;   // all-reduce buckets during backward; unset = "auto"
   int log_every_steps = 50;
   struct Checkpoint {
     std::string dir;

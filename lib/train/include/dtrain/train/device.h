@@ -34,6 +34,11 @@ int localRankFromEnv(int fallback);
 // threads (LOCAL_WORLD_SIZE x OPENBLAS_NUM_THREADS or OMP_NUM_THREADS; unset: the BLAS takes
 // every core), so that the loader thread has a core no worker computes on.
 bool prefetchBatches(const std::optional<bool>& setting, bool gpu);
+// Whether gradient buckets are all-reduced during backward (trainer.overlap): as set, else
+// ("auto") for GPU math (NCCL runs on its own stream), or on CPUs under the same spare-core
+// rule as prefetchBatches. Without a spare core the all-reduce thread only takes turns with
+// backward on the same cores: measured 4-12% slower than reducing after backward.
+bool overlapGradients(const std::optional<bool>& setting, bool gpu);
 int localWorldSizeFromEnv(int fallback);
 
 }  // namespace dtrain::train
