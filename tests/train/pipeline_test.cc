@@ -177,6 +177,7 @@ TEST(Pipeline, StagesHoldTheirShareAndOneFOneBStashesLess) {
 TEST(Pipeline, StageGroupReductionOverlapOnAndOffAreBitIdentical) {
   auto t = model(2, 4, "1f1b");
   t.batch_size = 16;
+  t.overlap = true;  // not "auto": that depends on this machine's cores
   auto on = run(6, t);
   t.overlap = false;
   auto off = run(6, t);

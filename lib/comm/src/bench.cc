@@ -172,7 +172,7 @@ std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, 
                                 name(o.collective), worldSize, backend, transport, name(o.dtype), redopName(o));
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    out += fmt::format("{}{{\"bytes\": {}, \"count\": {}, \"time_us\": {:.3f}, \"algbw_gbps\": {:.6f}, \"busbw_gbps\": {:.6f}, \"wrong\": {}}}",
+    out += fmt::format("{}{{\"bytes\": {}, \"count\": {}, \"time_us\": {}, \"algbw_gbps\": {}, \"busbw_gbps\": {}, \"wrong\": {}}}",
                        i ? ", " : "", r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong);
   }
   return out + "]}\n";

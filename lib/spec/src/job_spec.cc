@@ -134,6 +134,23 @@ std::string stripJsonPrefix(const std::string& what) {
   return rest;
 }
 
+// The first occurrence of token in text that is not inside a JSON string literal.
+size_t numberOutsideStrings(const std::string& text, const std::string& token) {
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char ch = text[i];
+    if (inString) {
+      if (ch == '\\') ++i;
+      else if (ch == '"') inString = false;
+    } else if (ch == '"') {
+      inString = true;
+    } else if (text.compare(i, token.size(), token) == 0) {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+
 bool isDirectory(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -515,7 +532,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     std::string number;
     if (auto a = what.find("parsing '"); a != std::string::npos)
       if (auto b = what.find('\'', a + 9); b != std::string::npos) number = what.substr(a + 9, b - a - 9);
-    size_t at = number.empty() ? std::string::npos : text.find(number);
+    size_t at = number.empty() ? std::string::npos : numberOutsideStrings(text, number);
     auto [line, col] = lineColumn(text, at == std::string::npos ? 0 : at + 1);
     throw SpecError(fmt::format("{}:{}:{}: invalid JSON: the number {} is out of range; write a number within "
                                 "+-1.7e308 (no field takes anything near that)",

@@ -506,6 +506,13 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const int prevStage = p - 1, nextStage = p + 1;
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
+  bool overlapGrads = D > 1 && overlapGradients(ts.overlap, dev.cuda);
+  if (D > 1 && !ts.overlap.has_value()) {
+    // "auto" is decided per node (its cores): every stage group overlaps only if all would.
+    int32_t all = overlapGrads ? 1 : 0;
+    worldComm.allreduceHost(&all, 1, comm::DataType::kInt32, comm::ReduceOp::kMin);
+    overlapGrads = all == 1;
+  }
 
   if (rank == 0 && opts.log) {
     std::string parts;
@@ -513,9 +520,10 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       parts += fmt::format("{}{}-{} ({} params)", s ? ", " : "", first[static_cast<size_t>(s)],
                            first[static_cast<size_t>(s) + 1] - 1, stageSize[static_cast<size_t>(s)]);
     opts.log(fmt::format("trainer: {} workers = {} replica{} x {} pipeline stages (layers {}), {} micro-batches of {}, "
-                         "schedule {}, math on {}, {} communicator, batches {}",
+                         "schedule {}, math on {}, {} communicator, batches {}{}",
                          world, D, D == 1 ? "" : "s", P, parts, M, mb, ts.parallel.schedule, model.describe(),
-                         comm.backend(), prefetch ? "prefetched" : "loaded inline"));
+                         comm.backend(), prefetch ? "prefetched" : "loaded inline",
+                         D == 1 ? "" : overlapGrads ? ", gradients reduced during backward" : ", gradients reduced after backward"));
   }
 
   // Resume: the replica-0 rank of each stage reads its stage's newest checkpoint from
@@ -757,7 +765,6 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     }
     gradWork.push_back(stageOwned->allreduceAsync(g, count, comm::DataType::kFloat32, comm::ReduceOp::kAvg));
   };
-  const bool overlapGrads = D > 1 && overlapGradients(ts.overlap, dev.cuda);
   // Backward of micro-batch m; returns the gradient of the stage's input (nullptr on the
   // first stage) without sending it.
   auto backwardOnly = [&](int m) {

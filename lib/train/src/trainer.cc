@@ -100,7 +100,14 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   std::vector<float> params(P), momentum(be->stateSize());
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
-  const bool overlap = overlapGradients(ts.overlap, dev.cuda);
+  bool overlap = overlapGradients(ts.overlap, dev.cuda);
+  if (world > 1 && !ts.overlap.has_value()) {
+    // "auto" is decided per node (its cores): every rank overlaps only if all would, so that
+    // the start line speaks for all of them.
+    int32_t all = overlap ? 1 : 0;
+    hostComm.allreduce(&all, 1, comm::DataType::kInt32, comm::ReduceOp::kMin);
+    overlap = all == 1;
+  }
   if (rank == 0 && opts.log)
     opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator, batches {}{}", world, world == 1 ? "" : "s",
                          be->describe(), comm.backend(), prefetch ? "prefetched" : "loaded inline",

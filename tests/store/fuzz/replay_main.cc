@@ -25,12 +25,13 @@ long replayPacked(const std::string& text) {
   while (pos < text.size()) {
     size_t nl = text.find('\n', pos);
     if (nl == std::string::npos) return -1;
+    if (nl == pos || nl - pos > 12) return -1;  // no input is a terabyte
     size_t len = 0;
     for (size_t i = pos; i < nl; ++i) {
       if (text[i] < '0' || text[i] > '9') return -1;
       len = len * 10 + static_cast<size_t>(text[i] - '0');
     }
-    if (nl == pos || nl + 1 + len + 1 > text.size() || text[nl + 1 + len] != '\n') return -1;
+    if (len >= text.size() - nl - 1 || text[nl + 1 + len] != '\n') return -1;
     n += static_cast<long>(run(text.substr(nl + 1, len)));
     pos = nl + 1 + len + 1;
   }
@@ -50,6 +51,10 @@ int main(int argc, char** argv) {
     }
     for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
+      if (!in) {
+        std::fprintf(stderr, "%s: cannot read it\n", f.c_str());
+        return 1;
+      }
       std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       if (f.extension() == ".packed") {
         long k = replayPacked(data);
