@@ -18,6 +18,7 @@ struct RendezvousSpec {
   std::string master_addr;
   // Multi-node: a node whose agent has not heartbeat for this long is lost.
   double heartbeat_timeout_s = 15;
+  bool operator==(const RendezvousSpec&) const = default;
 };
 
 // One host of a multi-node job: a hostfile line, a "nodes" entry or a --hosts item.
@@ -30,6 +31,7 @@ struct NodeSpec {
   std::vector<int> gpus;  // CUDA_VISIBLE_DEVICES for this node's workers; empty = leave as is
   bool local = false;     // resolved: this machine (localhost, 127.x, ::1, its host name); no ssh
   std::string origin;     // where it was given, for messages: "hosts:3", "job.json: /nodes/2", "--hosts"
+  bool operator==(const NodeSpec&) const = default;
 };
 
 // How the launcher reaches remote nodes (OpenSSH client, BatchMode).
@@ -41,6 +43,7 @@ struct SshSpec {
   std::vector<std::string> options;      // extra ssh arguments, verbatim (e.g. "-F", "cfg")
   std::string host_key_checking = "accept-new";  // StrictHostKeyChecking: yes | no | accept-new
   std::string dtrain_path;               // dtrain binary on the remote hosts; "" = this binary's path
+  bool operator==(const SshSpec&) const = default;
 };
 
 // The built-in trainer (docs/job-spec.md, "trainer").
@@ -50,6 +53,7 @@ struct TrainerSpec {
     std::vector<int> layers;           // input, hidden..., output
     std::string activation = "relu";   // relu | gelu
     std::string loss = "cross_entropy";  // cross_entropy | mse
+    bool operator==(const Model&) const = default;
   } model;
   struct Data {
     std::string type = "synthetic";  // synthetic | csv | idx
@@ -64,6 +68,7 @@ struct TrainerSpec {
     // Load the next batch on a thread of its own while a step computes; unset = "auto" (on for
     // GPU math, and for CPU math when the node has a core beyond the workers' BLAS threads).
     std::optional<bool> prefetch;
+    bool operator==(const Data&) const = default;
   } data;
   int batch_size = 128;  // per worker
   int epochs = 1;
@@ -75,6 +80,7 @@ struct TrainerSpec {
     bool nesterov = false;     // sgd
     double weight_decay = 0.0; // sgd: L2 added to the gradient; adamw: decoupled (default 0.01)
     double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+    bool operator==(const Optimizer&) const = default;
   } optimizer;
   struct LrSchedule {
     std::string type = "constant";  // constant | step | warmup_cosine
@@ -82,6 +88,7 @@ struct TrainerSpec {
     double gamma = 0.1;
     long long warmup_steps = 0;     // warmup_cosine: linear warm-up, then cosine to min_lr
     double min_lr = 0.0;
+    bool operator==(const LrSchedule&) const = default;
   } lr_schedule;
   double grad_clip_norm = 0;  // clip gradients to this global L2 norm; 0 = off
   std::string device = "auto";  // auto | cpu | cuda
@@ -92,6 +99,7 @@ struct TrainerSpec {
   struct Checkpoint {
     std::string dir;
     int every_steps = 0;
+    bool operator==(const Checkpoint&) const = default;
   } checkpoint;
   // Pipeline (model) parallelism, combined with data parallelism: world = D x
   // pipeline_stages. docs/trainer.md, "Pipeline parallelism".
@@ -100,7 +108,9 @@ struct TrainerSpec {
     int micro_batches = 0;           // 0 = pipeline_stages (resolved by the parser)
     std::string schedule = "1f1b";   // gpipe | 1f1b
     std::vector<int> stage_layers;   // weight layers per stage; empty = balanced by parameters
+    bool operator==(const Parallel&) const = default;
   } parallel;
+  bool operator==(const TrainerSpec&) const = default;
 };
 
 struct JobSpec {
@@ -136,6 +146,7 @@ struct JobSpec {
   // inherit everything anyway). Default: kDefaultEnvForward.
   std::vector<std::string> env_forward;
   std::string env_file;                       // KEY=VALUE lines merged under env (env wins)
+  bool operator==(const JobSpec&) const = default;
 };
 
 inline const std::vector<std::string> kDefaultEnvForward = {"NCCL_", "GLOO_", "OMP_", "OPENBLAS_", "MKL_",
