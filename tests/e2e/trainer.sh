@@ -55,6 +55,11 @@ cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 auto=$([ "$cores" -gt 2 ] && echo "prefetched, gradients reduced during" || echo "loaded inline, gradients reduced after")
 expect_grep "$line $auto backward$" "$T/pf.\"auto\".out" "prefetch and overlap auto: $auto with $cores cores"
 expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.true.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.false.out")" "prefetch and overlap do not change the weights"
+# validate prints the trainer's settings as the workers will use them.
+"$DTRAIN" validate configs/quickstart.json >"$T/out" 2>&1
+expect_grep "^trainer: +mlp 784-256-256-10, relu, cross_entropy$" "$T/out" "validate: the model"
+expect_grep "^  data: +synthetic, 60000 train / 10000 eval samples, seed 1, prefetch auto$" "$T/out" "validate: the data"
+expect_grep "^  device: +auto, seed 0, bucket_mb 25, overlap auto, log every 100 steps$" "$T/out" "validate: device and overlap"
 # dry run shows the trainer as each worker's command.
 "$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1
 expect_grep " train .*/configs/quickstart.json$" "$T/out" "dry run: workers run dtrain train"

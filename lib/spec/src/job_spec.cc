@@ -898,6 +898,54 @@ std::string serializeForNode(const JobSpec& spec) {
   }
 }
 
+namespace {
+
+std::string autoOr(const std::optional<bool>& v) { return v ? (*v ? "true" : "false") : "auto"; }
+
+// The trainer section of `dtrain validate`: every setting as the workers will use it.
+std::string describeTrainer(const TrainerSpec& t) {
+  std::ostringstream os;
+  os << fmt::format("trainer:            {} {}, {}, {}\n", t.model.type, fmt::join(t.model.layers, "-"), t.model.activation,
+                    t.model.loss);
+  const auto& d = t.data;
+  std::string data;
+  if (d.type == "synthetic") {
+    data = fmt::format("synthetic, {} train / {} eval samples, seed {}", d.train_samples, d.eval_samples, d.seed);
+  } else {
+    data = fmt::format("{} {}{}", d.type, d.path, d.labels_path.empty() ? "" : " + " + d.labels_path);
+    if (d.type == "csv") data += fmt::format(", label column {}, header {}", d.label_column, d.header);
+    data += d.eval_path.empty() ? ", last 10% held out"
+                                : fmt::format(", eval {}{}", d.eval_path, d.eval_labels_path.empty() ? "" : " + " + d.eval_labels_path);
+  }
+  os << fmt::format("  data:             {}, prefetch {}\n", data, autoOr(d.prefetch));
+  os << fmt::format("  batch_size:       {} per worker, {} epoch{}{}\n", t.batch_size, t.epochs, t.epochs == 1 ? "" : "s",
+                    t.max_steps > 0 ? fmt::format(", at most {} steps", t.max_steps) : "");
+  const auto& o = t.optimizer;
+  os << fmt::format("  optimizer:        {}\n",
+                    o.type == "adamw" ? fmt::format("adamw lr {}, betas {} {}, eps {}, weight_decay {}", o.lr, o.beta1,
+                                                    o.beta2, o.eps, o.weight_decay)
+                                      : fmt::format("sgd lr {}, momentum {}{}, weight_decay {}", o.lr, o.momentum,
+                                                    o.nesterov ? " (nesterov)" : "", o.weight_decay));
+  const auto& l = t.lr_schedule;
+  std::string sched = l.type;
+  if (l.type == "step") sched += fmt::format(", x{} every {} steps", l.gamma, l.step_size);
+  if (l.type == "warmup_cosine") sched += fmt::format(", {} warm-up steps, min_lr {}", l.warmup_steps, l.min_lr);
+  os << fmt::format("  lr_schedule:      {}\n", sched);
+  if (t.grad_clip_norm > 0) os << fmt::format("  grad_clip_norm:   {}\n", t.grad_clip_norm);
+  os << fmt::format("  device:           {}, seed {}, bucket_mb {}, overlap {}, log every {} steps\n", t.device, t.seed,
+                    t.bucket_mb, autoOr(t.overlap), t.log_every_steps);
+  os << fmt::format("  checkpoint:       {}\n", t.checkpoint.dir.empty() ? std::string("(none)")
+                                                  : fmt::format("{} every {} steps", t.checkpoint.dir, t.checkpoint.every_steps));
+  const auto& p = t.parallel;
+  if (p.pipeline_stages > 1)
+    os << fmt::format("  parallel:         {} pipeline stages{}, {} micro-batches, {}\n", p.pipeline_stages,
+                      p.stage_layers.empty() ? "" : fmt::format(" (layers {})", fmt::join(p.stage_layers, ",")),
+                      p.micro_batches, p.schedule);
+  return os.str();
+}
+
+}  // namespace
+
 std::string describe(const JobSpec& spec) {
   std::ostringstream os;
   std::vector<std::string> argv;
@@ -918,6 +966,7 @@ std::string describe(const JobSpec& spec) {
   if (!spec.console_ranks.empty()) os << fmt::format("console_ranks:      {}\n", fmt::join(spec.console_ranks, ","));
   for (const auto& [k, v] : spec.env) os << fmt::format("env:                {}={}\n", k, v);
   if (!spec.env_file.empty()) os << fmt::format("env_file:           {} (under env)\n", spec.env_file);
+  if (spec.trainer) os << describeTrainer(*spec.trainer);
   if (spec.nodes.empty()) return os.str();
 
   if (!spec.rendezvous.addr.empty()) os << fmt::format("rendezvous.addr:    {}\n", spec.rendezvous.addr);
