@@ -46,6 +46,15 @@ expect_eq "$(jq_ "$T/s4.json" "(d['restarts'], [r['exit_code'] for r in d['ranks
 expect_eq "$?" 5 "two nodes: budget exhausted exits with the worker's code"
 expect_grep "restart budget exhausted: 1 restart\(s\) of 1 used" "$T/err" "two nodes: budget message"
 
+# A worker that fails before another node has reported starting the round still restarts
+# the job (its failure used to be dropped as a consequence of the restart, and the job then
+# waited forever on the other node's healthy workers). The hook holds localhost's report back.
+fast='if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exec sleep 60; exit 0'
+DTRAIN_TEST_REPORT_DELAY=localhost:700 timeout 50 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 \
+  -- sh -c "$fast" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "two nodes: a failure before the other node reported its round restarts the job"
+expect_grep "rank 1 on 127.0.0.1 exited with code 3; restart 1 of 1" "$T/err" "early failure: restart event"
+
 # A real PyTorch script that fails on its first attempt restarts and succeeds.
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   cat > "$T/flaky.py" <<'PY'

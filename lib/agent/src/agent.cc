@@ -167,6 +167,17 @@ std::string storeAddrFromSsh() {
   return parts.empty() ? "" : parts[0];
 }
 
+// Test hook: DTRAIN_TEST_REPORT_DELAY="<node>:<ms>" holds that node's report of a started
+// round back, staging a node that is slow to start its workers (tests/e2e/elastic.sh).
+void reportDelayForTests(const std::string& node) {
+  const char* v = std::getenv("DTRAIN_TEST_REPORT_DELAY");
+  if (!v) return;
+  std::string s(v);
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || s.substr(0, colon) != node) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(s.c_str() + colon + 1)));
+}
+
 }  // namespace
 
 int runAgent(const AgentOptions& opts) {
@@ -370,6 +381,7 @@ int runAgent(const AgentOptions& opts) {
       rc = fail({"io", fmt::format("node {}: rendezvous failed: {}", opts.node, e.what())});
       break;
     }
+    reportDelayForTests(opts.node);
     send(proto::record('N', {std::to_string(round.node_rank), std::to_string(round.nnodes),
                              std::to_string(round.world_size), std::to_string(round.rank_offset), plan.master_addr,
                              std::to_string(plan.master_port), std::to_string(round.round)}));

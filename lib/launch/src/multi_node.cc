@@ -234,6 +234,10 @@ class MultiNodeRunner {
   int openRound_ = 0;       // the rendezvous round agents join next / are in
   int activeRound_ = -1;    // the round whose workers run (all members reported it)
   bool restarting_ = true;  // members told to join openRound_, not all there yet
+  // Failures of openRound_'s workers seen while restarting_ (their node had started the
+  // round, another had not reported it yet): handled once the round is active. Dropping
+  // them left the job waiting forever for the slower node's healthy workers.
+  std::vector<std::pair<Node*, WorkerExit>> earlyFailures_;
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
   std::optional<Clock::time_point> minNodesDeadline_;
@@ -404,6 +408,7 @@ void MultiNodeRunner::scheduleRestart(double delayS) {
   if (!pending_ || at > pendingAt_) pendingAt_ = at;
   pending_ = true;
   restarting_ = true;  // failures until the next round starts are consequences, not causes
+  earlyFailures_.clear();
 }
 
 void MultiNodeRunner::tryRestart() {
@@ -474,6 +479,10 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       if (all) {
         restarting_ = false;
         activeRound_ = openRound_;
+        auto early = std::move(earlyFailures_);
+        earlyFailures_.clear();
+        for (auto& [node, w] : early)
+          if (!stopping_ && !finishing_ && !restarting_ && node->member && node->round == activeRound_) workerFailed(*node, w);
       }
       return;
     }
@@ -483,7 +492,12 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       w->host = n.name;
       n.exits.push_back(*w);
       bool failed = (w->signal || w->exit_code) && !w->stopped_by_dtrain;
-      if (failed && !stopping_ && !finishing_ && !restarting_ && n.round == activeRound_) workerFailed(n, *w);
+      if (!failed || stopping_ || finishing_) return;
+      if (!restarting_ && n.round == activeRound_) {
+        workerFailed(n, *w);
+      } else if (restarting_ && !pending_ && n.round == openRound_) {
+        earlyFailures_.emplace_back(&n, *w);  // the round is starting: a cause, not a consequence
+      }
       return;
     }
     case 'D':
