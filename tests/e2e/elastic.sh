@@ -50,10 +50,13 @@ expect_grep "restart budget exhausted: 1 restart\(s\) of 1 used" "$T/err" "two n
 # the job (its failure used to be dropped as a consequence of the restart, and the job then
 # waited forever on the other node's healthy workers). The hook holds localhost's report back.
 fast='if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exec sleep 60; exit 0'
-DTRAIN_TEST_REPORT_DELAY=localhost:700 timeout 50 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 \
+DTRAIN_TEST_REPORT_DELAY=localhost:700 timeout -k 5 20 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 \
   -- sh -c "$fast" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "two nodes: a failure before the other node reported its round restarts the job"
 expect_grep "rank 1 on 127.0.0.1 exited with code 3; restart 1 of 1" "$T/err" "early failure: restart event"
+DTRAIN_TEST_REPORT_DELAY=localhost:700 timeout -k 5 20 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 \
+  -- sh -c "$fast" >"$T/out" 2>"$T/err"
+expect_eq "$?" 3 "two nodes, no restarts: an early failure ends the job with the worker's code"
 
 # A real PyTorch script that fails on its first attempt restarts and succeeds.
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then

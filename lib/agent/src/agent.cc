@@ -175,7 +175,10 @@ void reportDelayForTests(const std::string& node) {
   std::string s(v);
   auto colon = s.rfind(':');
   if (colon == std::string::npos || s.substr(0, colon) != node) return;
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(s.c_str() + colon + 1)));
+  char* end = nullptr;
+  long ms = std::strtol(s.c_str() + colon + 1, &end, 10);
+  if (!end || *end != '\0' || ms <= 0 || ms > 60000) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 }  // namespace

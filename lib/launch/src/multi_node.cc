@@ -342,6 +342,8 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
     fallbackExit_ = exitCode;
   }
   if (worker && !failedWorker_) failedWorker_ = worker;
+  // A worker that failed before its round became active is still the first failure.
+  if (!failedWorker_ && !earlyFailures_.empty()) failedWorker_ = earlyFailures_.front().second;
   stopAll("stop");
 }
 
