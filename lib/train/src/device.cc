@@ -75,17 +75,14 @@ bool spareCore() {
   return threads > 0 && cores > localWorldSizeFromEnv(1) * threads;
 }
 
+// A true/false/"auto" trainer setting for work on a thread beside the worker's math: as
+// set, else on for GPU math or with a spare core.
+bool onGpuOrSpareCore(const std::optional<bool>& setting, bool gpu) { return setting ? *setting : gpu || spareCore(); }
+
 }  // namespace
 
-bool prefetchBatches(const std::optional<bool>& setting, bool gpu) {
-  if (setting) return *setting;
-  return gpu || spareCore();
-}
-
-bool overlapGradients(const std::optional<bool>& setting, bool gpu) {
-  if (setting) return *setting;
-  return gpu || spareCore();
-}
+bool prefetchBatches(const std::optional<bool>& setting, bool gpu) { return onGpuOrSpareCore(setting, gpu); }
+bool overlapGradients(const std::optional<bool>& setting, bool gpu) { return onGpuOrSpareCore(setting, gpu); }
 
 DeviceChoice resolveDevice(const std::string& device, int localRank, int localWorldSize) {
   DeviceChoice c;
