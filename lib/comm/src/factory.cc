@@ -1,9 +1,12 @@
+#include <dlfcn.h>
+
 #include <cstdlib>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "dtrain/comm/communicator.h"
+#include "dtrain/common/dynlib.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/tcp_store.h"
@@ -14,6 +17,27 @@ namespace dtrain::comm {
 std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size,
                                                      const CommOptions& opts);
 bool ncclAvailable() { return true; }
+
+#ifdef DTRAIN_NCCL_PLUGIN_LOADER
+// The NCCL backend is libdtrain_comm_nccl.so next to the executable (see the end of
+// nccl_communicator.cc for why), loaded here on first use. Thread-safe: a function-local static.
+std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size,
+                                                     const CommOptions& opts) {
+  using Factory = Communicator* (*)(const std::shared_ptr<store::Store>*, int, int, const CommOptions*);
+  static const auto factory = [] {
+    const char* entry = "dtrain_create_nccl_communicator";
+    std::string errors;
+    void* h = openLibrary(pluginCandidates("libdtrain_comm_nccl.so"), entry, &errors);
+    if (!h)
+      throw IoError(fmt::format("backend \"nccl\": cannot load libdtrain_comm_nccl.so (built with dtrain in CUDA "
+                                "builds; needs NCCL's libnccl.so.2 and CUDA's libcudart): {}; install them or use "
+                                "backend \"tcp\"",
+                                errors));
+    return reinterpret_cast<Factory>(::dlsym(h, entry));
+  }();
+  return std::unique_ptr<Communicator>(factory(&store, rank, size, &opts));
+}
+#endif
 #else
 bool ncclAvailable() { return false; }
 #endif

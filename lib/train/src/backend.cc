@@ -2,13 +2,13 @@
 // call returns, so waitLayer() and synchronize() have nothing to wait for. Also the loader of
 // the GPU plugin (makeCudaBackend, makeCudaStage).
 #include <dlfcn.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "dtrain/common/dynlib.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/train/backend.h"
 #include "stage_math.h"
@@ -139,19 +139,10 @@ namespace {
 // static. The library counts as found when it has the data-parallel factory.
 void* cudaPluginSymbol(const char* name) {
   static void* handle = [] {
-    char exe[4096];
-    ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
-    dir = dir.substr(0, dir.rfind('/') + 1);
-    std::string tried;
-    for (const std::string& path : {dir + "libdtrain_train_cuda.so", dir + "../lib/libdtrain_train_cuda.so",
-                                    std::string("libdtrain_train_cuda.so")}) {
-      if (void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-        if (::dlsym(h, "dtrain_make_cuda_backend")) return h;
-      }
-      tried += fmt::format("; {}: {}", path, ::dlerror());
-    }
-    throw IoError("cannot load the GPU trainer (libdtrain_train_cuda.so, built with dtrain in CUDA builds)" + tried);
+    std::string errors;
+    void* h = openLibrary(pluginCandidates("libdtrain_train_cuda.so"), "dtrain_make_cuda_backend", &errors);
+    if (!h) throw IoError("cannot load the GPU trainer (libdtrain_train_cuda.so, built with dtrain in CUDA builds): " + errors);
+    return h;
   }();
   void* f = ::dlsym(handle, name);
   if (!f)

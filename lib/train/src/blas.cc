@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/common/dynlib.h"
 #include "dtrain/common/errors.h"
 
 namespace dtrain::train::detail {
@@ -17,15 +18,8 @@ SgemmFn resolve() {
   // The runtime library's soname first (libopenblas0 alone, no -dev package, provides it),
   // then the library the build found.
   std::string errors;
-  for (const char* lib : {"libopenblas.so.0", DTRAIN_BLAS_LIBRARY}) {
-    void* h = ::dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      errors += fmt::format("{}{}", errors.empty() ? "" : "; ", ::dlerror());
-      continue;
-    }
-    if (void* f = ::dlsym(h, "cblas_sgemm")) return reinterpret_cast<SgemmFn>(f);
-    errors += fmt::format("{}{}: no cblas_sgemm", errors.empty() ? "" : "; ", lib);
-  }
+  if (void* h = openLibrary({"libopenblas.so.0", DTRAIN_BLAS_LIBRARY}, "cblas_sgemm", &errors))
+    return reinterpret_cast<SgemmFn>(::dlsym(h, "cblas_sgemm"));
   throw IoError(fmt::format("the CPU trainer needs OpenBLAS and could not load it ({}); install libopenblas0 "
                             "(scripts/setup.sh does)", errors));
 }

@@ -10,6 +10,11 @@
 #ifdef DTRAIN_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
+#ifdef DTRAIN_CUDART_SONAME
+#include <dlfcn.h>
+
+#include "dtrain/common/dynlib.h"
+#endif
 
 #include "dtrain/common/errors.h"
 
@@ -25,15 +30,63 @@ bool cudaBuild() {
 
 namespace {
 
+#if defined(DTRAIN_CUDART_SONAME)
+// cudart, loaded for the probe instead of linked (lib/train/CMakeLists.txt). The GPU
+// plugins link the same soname, so they share this copy. Resolved once; thread-safe.
+struct Cudart {
+  decltype(&cudaGetDeviceCount) getDeviceCount = nullptr;
+  decltype(&cudaGetLastError) getLastError = nullptr;
+  decltype(&cudaGetErrorString) getErrorString = nullptr;
+  std::string missing;  // why it could not be loaded
+};
+
+const Cudart& cudart() {
+  static const Cudart c = [] {
+    Cudart r;
+    void* h = openLibrary({DTRAIN_CUDART_SONAME, DTRAIN_CUDART_PATH}, "cudaGetDeviceCount", &r.missing);
+    if (!h) {
+      r.missing = "CUDA's runtime is not installed (" + r.missing + ")";
+      return r;
+    }
+    r.getDeviceCount = reinterpret_cast<decltype(&cudaGetDeviceCount)>(::dlsym(h, "cudaGetDeviceCount"));
+    r.getLastError = reinterpret_cast<decltype(&cudaGetLastError)>(::dlsym(h, "cudaGetLastError"));
+    r.getErrorString = reinterpret_cast<decltype(&cudaGetErrorString)>(::dlsym(h, "cudaGetErrorString"));
+    if (!r.getLastError || !r.getErrorString) {
+      r.getDeviceCount = nullptr;
+      r.missing = std::string(DTRAIN_CUDART_SONAME) + " lacks cudaGetLastError or cudaGetErrorString";
+    }
+    return r;
+  }();
+  return c;
+}
+#elif defined(DTRAIN_HAVE_CUDA)
+// Linked directly: the GPU emulation (tests/train/gpu_emulation) provides these.
+struct Cudart {
+  decltype(&cudaGetDeviceCount) getDeviceCount = &cudaGetDeviceCount;
+  decltype(&cudaGetLastError) getLastError = &cudaGetLastError;
+  decltype(&cudaGetErrorString) getErrorString = &cudaGetErrorString;
+  std::string missing;
+};
+const Cudart& cudart() {
+  static const Cudart c;
+  return c;
+}
+#endif
+
 // The visible GPU count, and why there are none (the driver's words) in *why.
 int probeGpus(std::string* why) {
 #ifdef DTRAIN_HAVE_CUDA
+  const Cudart& rt = cudart();
+  if (!rt.getDeviceCount) {
+    if (why) *why = rt.missing;
+    return 0;
+  }
   int n = 0;
   // No driver, no device, or CUDA_VISIBLE_DEVICES hiding all: an error code, not an exception.
-  cudaError_t e = cudaGetDeviceCount(&n);
+  cudaError_t e = rt.getDeviceCount(&n);
   if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the (non-sticky) error so later calls start clean
-    if (why) *why = cudaGetErrorString(e);
+    (void)rt.getLastError();  // clear the (non-sticky) error so later calls start clean
+    if (why) *why = rt.getErrorString(e);
     return 0;
   }
   if (n == 0 && why) *why = "0 devices";

@@ -1,4 +1,4 @@
-// NCCL backend (CUDA builds only). Buffers are device pointers. Collectives run on one
+// NCCL backend (CUDA builds only; a plugin loaded on first use, see the end of this file). Buffers are device pointers. Collectives run on one
 // dedicated stream; each returns a Work whose wait() polls its CUDA event together with
 // ncclCommGetAsyncError, and aborts the communicator when the operation outlives the
 // timeout, so a lost peer becomes a PeerLostError instead of a hang.
@@ -215,9 +215,15 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size,
-                                                     const CommOptions& opts) {
-  return std::make_unique<NcclCommunicator>(std::move(store), rank, size, opts);
+// Built into libdtrain_comm_nccl.so, which dtrain loads only when an NCCL communicator is
+// made (factory.cc): linking NCCL and cudart cost every dtrain process (launcher, agents,
+// CPU workers) ~3 ms of start-up and tied a CUDA build to hosts that have them. A distinct
+// name: the executable's createNcclCommunicator (the loader) must not interpose it.
+// Exceptions cross the boundary (same compiler and C++ runtime); dtrain's own symbols
+// resolve against the executable (ENABLE_EXPORTS).
+extern "C" __attribute__((visibility("default"))) Communicator* dtrain_create_nccl_communicator(
+    const std::shared_ptr<store::Store>* store, int rank, int size, const CommOptions* opts) {
+  return new NcclCommunicator(*store, rank, size, *opts);
 }
 
 }  // namespace dtrain::comm
