@@ -120,9 +120,19 @@ int runTrainCommand() {
                                                    train::localWorldSizeFromEnv(0));
   comm::CommOptions co;
   co.backend = dev.cuda ? "nccl" : "tcp";
+  // "auto" is a job-wide choice: GPUs only when every rank has one (NCCL ranks and TCP
+  // ranks would never meet), else the CPU everywhere.
+  co.tcp_fallback = s.trainer->device == "auto";
   std::unique_ptr<comm::Communicator> comm;
   if (std::getenv("DTRAIN_STORE_ADDR")) {
     comm = comm::createFromEnvironment(co);
+    if (dev.cuda && std::string(comm->backend()) != "nccl") {
+      std::cout << fmt::format("trainer.device \"auto\": some ranks of the job have no GPU, so this one trains on the "
+                               "CPU too (set trainer.device to \"cpu\" to say so, or run on GPU hosts only)")
+                << std::endl;
+      dev = train::DeviceChoice{};
+      dev.name = "cpu";
+    }
   } else {
     // Alone (run by hand): a one-rank TCP communicator on either device. With one rank there
     // is nothing to average, so GPU gradients never leave the device.

@@ -195,3 +195,52 @@ TEST(CommGroup, GroupRankValidation) {
 
 }  // namespace
 }  // namespace dtrain::comm
+
+namespace dtrain::comm {
+namespace {
+
+// Every rank offers a backend through one store; returns each rank's result ("!" + the
+// error when it threw).
+std::vector<std::string> agree(const std::vector<std::pair<std::string, bool>>& offers) {
+  auto store = std::make_shared<store::HashStore>();
+  store->setTimeout(std::chrono::seconds(10));
+  std::vector<std::string> out(offers.size());
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < offers.size(); ++r)
+    ts.emplace_back([&, r] {
+      CommOptions o;
+      o.backend = offers[r].first;
+      o.tcp_fallback = offers[r].second;
+      try {
+        out[r] = agreeOnBackend(*store, static_cast<int>(r), static_cast<int>(offers.size()), o);
+      } catch (const SpecError& e) {
+        out[r] = std::string("!") + e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+TEST(BackendAgreement, SameOffersKeepTheirBackend) {
+  EXPECT_EQ(agree({{"nccl", false}, {"nccl", false}, {"nccl", true}}), (std::vector<std::string>(3, "nccl")));
+  EXPECT_EQ(agree({{"tcp", false}, {"tcp", true}}), (std::vector<std::string>(2, "tcp")));
+  EXPECT_EQ(agree({{"nccl", false}}), (std::vector<std::string>{"nccl"}));
+}
+
+// trainer.device "auto" on a cluster where some hosts have no GPU: all fall back to TCP.
+TEST(BackendAgreement, NcclRanksThatAcceptTcpFallBackWhenSomeCannot) {
+  EXPECT_EQ(agree({{"nccl", true}, {"tcp", true}, {"nccl", true}, {"tcp", false}}), (std::vector<std::string>(4, "tcp")));
+}
+
+// Otherwise they would wait for each other until the timeout: a clear error on every rank.
+TEST(BackendAgreement, MixedOffersWithoutFallbackFailEveryRankAtOnce) {
+  const auto out = agree({{"nccl", false}, {"nccl", false}, {"tcp", false}, {"nccl", true}, {"tcp", false}});
+  for (size_t r = 0; r < out.size(); ++r) {
+    EXPECT_EQ(out[r].rfind("!communicator \"default\": the ranks ask for different backends (ranks 0-1, 3 \"nccl\"; "
+                           "ranks 2, 4 \"tcp\")", 0), 0u)
+        << "rank " << r << ": " << out[r];
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::comm

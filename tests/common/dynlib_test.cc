@@ -11,19 +11,21 @@ namespace {
 
 TEST(Dynlib, OpensTheFirstCandidateThatHasTheSymbol) {
   std::string errors = "untouched";
-  // The first does not exist, the second lacks the symbol, the third has it.
-  void* h = openLibrary({"libdtrain_no_such_library.so", "libm.so.6", "libc.so.6"}, "getpid", &errors);
+  // The first does not exist, the second lacks the symbol (dlsym also searches a library's
+  // dependencies, so libc: it depends on nothing that has cos), the third has it.
+  void* h = openLibrary({"libdtrain_no_such_library.so", "libc.so.6", "libm.so.6"}, "cos", &errors);
   ASSERT_NE(h, nullptr);
-  using GetPid = pid_t (*)();
-  EXPECT_EQ(reinterpret_cast<GetPid>(::dlsym(h, "getpid"))(), ::getpid());
+  EXPECT_EQ(h, ::dlopen("libm.so.6", RTLD_NOW | RTLD_NOLOAD));
+  using Cos = double (*)(double);
+  EXPECT_EQ(reinterpret_cast<Cos>(::dlsym(h, "cos"))(0.0), 1.0);
   EXPECT_EQ(errors, "untouched");  // only written on failure
 }
 
 TEST(Dynlib, SaysWhyEachCandidateFailed) {
   std::string errors;
-  EXPECT_EQ(openLibrary({"libdtrain_no_such_library.so", "libm.so.6"}, "dtrain_no_such_symbol", &errors), nullptr);
+  EXPECT_EQ(openLibrary({"libdtrain_no_such_library.so", "libc.so.6"}, "cos", &errors), nullptr);
   EXPECT_NE(errors.find("libdtrain_no_such_library.so: cannot open shared object file"), std::string::npos) << errors;
-  EXPECT_NE(errors.find("; libm.so.6: has no dtrain_no_such_symbol"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("; libc.so.6: has no cos"), std::string::npos) << errors;
   EXPECT_EQ(openLibrary({}, "x", &errors), nullptr);
   EXPECT_EQ(errors, "");
 }

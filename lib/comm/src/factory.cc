@@ -1,6 +1,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -29,9 +30,10 @@ std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Stor
     std::string errors;
     void* h = openLibrary(pluginCandidates("libdtrain_comm_nccl.so"), entry, &errors);
     if (!h)
-      throw IoError(fmt::format("backend \"nccl\": cannot load libdtrain_comm_nccl.so (built with dtrain in CUDA "
-                                "builds; needs NCCL's libnccl.so.2 and CUDA's libcudart): {}; install them or use "
-                                "backend \"tcp\"",
+      throw IoError(fmt::format("backend \"nccl\": cannot load libdtrain_comm_nccl.so ({}); it is built beside the "
+                                "dtrain binary in CUDA builds (copy it along with dtrain, also to ssh.dtrain_path on "
+                                "remote hosts) and needs NCCL (libnccl.so.2) and CUDA's runtime; or train on the CPU "
+                                "(trainer.device \"cpu\", bench --backend tcp)",
                                 errors));
     return reinterpret_cast<Factory>(::dlsym(h, entry));
   }();
@@ -63,25 +65,60 @@ int envInt(const char* name, const char* hint) {
 
 }  // namespace
 
-int groupRank(const std::vector<int>& ranks, int rank, int size, const std::string& name) {
-  if (name.empty()) throw SpecError("communicator group: the name is empty; give every group its own name");
-  if (ranks.empty()) throw SpecError(fmt::format("communicator group \"{}\": the rank list is empty", name));
-  std::vector<bool> seen(static_cast<size_t>(size), false);
-  int mine = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const int r = ranks[i];
-    if (r < 0 || r >= size)
-      throw SpecError(fmt::format("communicator group \"{}\": rank {} is not a rank of the parent communicator (size {})",
-                                  name, r, size));
-    if (seen[static_cast<size_t>(r)])
-      throw SpecError(fmt::format("communicator group \"{}\": rank {} is listed twice", name, r));
-    seen[static_cast<size_t>(r)] = true;
-    if (r == rank) mine = static_cast<int>(i);
+namespace {
+
+// "0-3, 6, 9-10"
+std::string rankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ", ", i == j ? fmt::format("{}", ranks[i])
+                                                                : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
   }
-  if (mine < 0)
-    throw SpecError(fmt::format("communicator group \"{}\": rank {} is not in it ({}); only the listed ranks may create it",
-                                name, rank, fmt::join(ranks, ", ")));
-  return mine;
+  return out;
+}
+
+}  // namespace
+
+std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOptions& opts) {
+  if (size <= 1) return opts.backend;
+  const std::string prefix = "comm/" + opts.name + "/backend/";
+  // An offer: the backend, and "+tcp" when this rank accepts tcp instead.
+  const std::string offer = opts.backend + (opts.tcp_fallback && opts.backend != "tcp" ? "+tcp" : "");
+  store.set(prefix + std::to_string(rank), offer);
+  if (rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+    const std::vector<std::string> offers = store.multiGet(keys);
+    std::map<std::string, std::vector<int>> byBackend;  // backend -> ranks asking for it
+    bool allAcceptTcp = true;
+    for (int r = 0; r < size; ++r) {
+      const std::string& o = offers[static_cast<size_t>(r)];
+      const size_t plus = o.find('+');
+      byBackend[o.substr(0, plus)].push_back(r);
+      allAcceptTcp = allAcceptTcp && (plus != std::string::npos || o == "tcp");
+    }
+    std::string decision;
+    if (byBackend.size() == 1) {
+      decision = byBackend.begin()->first;
+    } else if (allAcceptTcp) {
+      decision = "tcp";
+    } else {
+      std::string who;
+      for (const auto& [b, rs] : byBackend) who += fmt::format("{}{} {} \"{}\"", who.empty() ? "" : "; ",
+                                                             rs.size() == 1 ? "rank" : "ranks", rankList(rs), b);
+      decision = fmt::format("!communicator \"{}\": the ranks ask for different backends ({}), and NCCL ranks "
+                             "cannot meet TCP ranks; give every rank a GPU, or use the CPU (trainer.device \"cpu\", "
+                             "backend \"tcp\") on all",
+                             opts.name, who);
+    }
+    store.set(prefix + "decision", decision);
+  }
+  const std::string decision = store.get(prefix + "decision");
+  if (!decision.empty() && decision[0] == '!') throw SpecError(decision.substr(1));
+  return decision;
 }
 
 std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
@@ -111,6 +148,9 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
   auto store = std::make_shared<store::PrefixStore>(
       fmt::format("{}/{}/{}", run ? run : "run", restart ? restart : "0", round ? round : "0"), tcp);
   store->setTimeout(opts.timeout);
+  if (o.backend != "tcp" && o.backend != "nccl")
+    throw SpecError(fmt::format("unknown backend \"{}\"; use \"tcp\" or \"nccl\"", o.backend));
+  o.backend = agreeOnBackend(*store, rank, size, o);
   if (o.backend == "tcp") return createTcpCommunicator(store, rank, size, o);
   if (o.backend == "nccl") {
 #ifdef DTRAIN_HAVE_CUDA

@@ -141,7 +141,10 @@ void* cudaPluginSymbol(const char* name) {
   static void* handle = [] {
     std::string errors;
     void* h = openLibrary(pluginCandidates("libdtrain_train_cuda.so"), "dtrain_make_cuda_backend", &errors);
-    if (!h) throw IoError("cannot load the GPU trainer (libdtrain_train_cuda.so, built with dtrain in CUDA builds): " + errors);
+    if (!h)
+      throw IoError("cannot load the GPU trainer, libdtrain_train_cuda.so (" + errors +
+                    "); it is built beside the dtrain binary in CUDA builds (copy it along with dtrain, also to "
+                    "ssh.dtrain_path on remote hosts) and needs CUDA's runtime and cuBLAS; or use trainer.device \"cpu\"");
     return h;
   }();
   void* f = ::dlsym(handle, name);

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -44,10 +45,7 @@ const Cudart& cudart() {
   static const Cudart c = [] {
     Cudart r;
     void* h = openLibrary({DTRAIN_CUDART_SONAME, DTRAIN_CUDART_PATH}, "cudaGetDeviceCount", &r.missing);
-    if (!h) {
-      r.missing = "CUDA's runtime is not installed (" + r.missing + ")";
-      return r;
-    }
+    if (!h) return r;
     r.getDeviceCount = reinterpret_cast<decltype(&cudaGetDeviceCount)>(::dlsym(h, "cudaGetDeviceCount"));
     r.getLastError = reinterpret_cast<decltype(&cudaGetLastError)>(::dlsym(h, "cudaGetLastError"));
     r.getErrorString = reinterpret_cast<decltype(&cudaGetErrorString)>(::dlsym(h, "cudaGetErrorString"));
@@ -73,13 +71,14 @@ const Cudart& cudart() {
 }
 #endif
 
-// The visible GPU count, and why there are none (the driver's words) in *why.
+// The visible GPU count, and why there are none (the driver's words) in *why; -1 when CUDA's
+// runtime itself cannot be loaded (*why: the loader's words).
 int probeGpus(std::string* why) {
 #ifdef DTRAIN_HAVE_CUDA
   const Cudart& rt = cudart();
   if (!rt.getDeviceCount) {
     if (why) *why = rt.missing;
-    return 0;
+    return -1;
   }
   int n = 0;
   // No driver, no device, or CUDA_VISIBLE_DEVICES hiding all: an error code, not an exception.
@@ -99,7 +98,7 @@ int probeGpus(std::string* why) {
 
 }  // namespace
 
-int visibleGpus() { return probeGpus(nullptr); }
+int visibleGpus() { return std::max(0, probeGpus(nullptr)); }
 
 namespace {
 
@@ -151,6 +150,13 @@ DeviceChoice resolveDevice(const std::string& device, int localRank, int localWo
   }
   std::string why;
   const int gpus = probeGpus(&why);
+  if (gpus < 0) {
+    if (device == "cuda")
+      throw SpecError(fmt::format("trainer.device is \"cuda\" but CUDA's runtime cannot be loaded on this host ({}); "
+                                  "install it or use \"auto\" or \"cpu\"",
+                                  why));
+    return c;
+  }
   if (gpus == 0) {
     if (device == "cuda")
       throw SpecError(fmt::format("trainer.device is \"cuda\" but no GPU is visible to this worker ({}; check the "

@@ -23,7 +23,8 @@ for lib in comm store spec common; do
   [ -f "$BUILD/lib/$lib/libdtrain_$lib.a" ] || { echo "no $BUILD/lib/$lib/libdtrain_$lib.a: build $BUILD first (CPU build)"; exit 2; }
 done
 # (a CUDA build's libdtrain_comm has the real NCCL backend, which would clash with the fake)
-nm "$BUILD/lib/comm/libdtrain_comm.a" 2>/dev/null | grep -q ncclAllReduce &&
+# (the NCCL backend is a plugin, but the archive then defines createNcclCommunicator, its loader)
+nm -C "$BUILD/lib/comm/libdtrain_comm.a" 2>/dev/null | grep -q " T dtrain::comm::createNcclCommunicator" &&
   { echo "$BUILD is a CUDA build; use a -DDTRAIN_WITH_CUDA=OFF one"; exit 2; }
 cp "$ROOT/lib/train/src/cuda/cuda_util.h" "$ROOT/lib/train/src/cuda/kernels.h" "$OUT/"
 python3 "$HERE/gen_kernels.py" "$ROOT/lib/train/src/cuda/kernels.cu" "$OUT/kernels.cc"

@@ -132,6 +132,11 @@ struct CommOptions {
   // TCP; send/recv and liveness stay on the sockets. Every rank must allow it, otherwise
   // all use TCP. createFromEnvironment: DTRAIN_COMM_SHM=0 turns it off.
   bool shm = true;
+  // backend "nccl": when some rank of the job cannot use NCCL (asks for "tcp"), every rank
+  // uses "tcp" instead of failing. createFromEnvironment checks that all ranks ask for the
+  // same backend (NCCL and TCP ranks would never meet) and fails at once, naming the ranks,
+  // when they differ and this does not allow the fallback.
+  bool tcp_fallback = false;
 };
 
 // Checks a group() rank list against a communicator of `size` ranks and returns this rank's
@@ -146,6 +151,12 @@ std::unique_ptr<Communicator> createTcpCommunicator(std::shared_ptr<store::Store
 // TOKEN, DTRAIN_RUN_ID, TORCHELASTIC_RESTART_COUNT, and DTRAIN_COMM_SHM (0: no shared memory,
 // see CommOptions::shm). Throws SpecError naming a missing variable.
 std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts);
+
+// The backend every rank of a communicator about to be created will use (createFromEnvironment
+// calls it, through the same store): each rank offers its opts.backend (and tcp_fallback);
+// rank 0 decides, all read the decision. Throws SpecError on all ranks, naming who asked for
+// what, when the offers cannot agree. One set and one get per rank (rank 0: a multiGet).
+std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOptions& opts);
 
 // True when this build has the NCCL backend.
 bool ncclAvailable();

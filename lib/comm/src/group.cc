@@ -1,0 +1,32 @@
+// groupRank: its own file because the NCCL plugin (libdtrain_comm_nccl.so) compiles it in
+// too, so the plugin needs nothing from dtrain_comm and loads into any executable.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
+
+namespace dtrain::comm {
+
+int groupRank(const std::vector<int>& ranks, int rank, int size, const std::string& name) {
+  if (name.empty()) throw SpecError("communicator group: the name is empty; give every group its own name");
+  if (ranks.empty()) throw SpecError(fmt::format("communicator group \"{}\": the rank list is empty", name));
+  std::vector<bool> seen(static_cast<size_t>(size), false);
+  int mine = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= size)
+      throw SpecError(fmt::format("communicator group \"{}\": rank {} is not a rank of the parent communicator (size {})",
+                                  name, r, size));
+    if (seen[static_cast<size_t>(r)])
+      throw SpecError(fmt::format("communicator group \"{}\": rank {} is listed twice", name, r));
+    seen[static_cast<size_t>(r)] = true;
+    if (r == rank) mine = static_cast<int>(i);
+  }
+  if (mine < 0)
+    throw SpecError(fmt::format("communicator group \"{}\": rank {} is not in it ({}); only the listed ranks may create it",
+                                name, rank, fmt::join(ranks, ", ")));
+  return mine;
+}
+
+}  // namespace dtrain::comm
