@@ -22,4 +22,15 @@ done
 expect_grep "nope.json: cannot open job spec: no such file; check the path" "$T/err" "missing file message"
 "$DTRAIN" validate "$T" 2>"$T/err"; expect_eq "$?" 2 "directory exit 2"
 expect_grep "is a directory" "$T/err" "directory message"
+# Not a file at all: an endless device is refused after a bounded read (not by exhausting
+# memory), and a pipe, as from bash's <(...), is read to its end.
+timeout 20 "$DTRAIN" validate /dev/zero 2>"$T/err"; expect_eq "$?" 2 "/dev/zero as a spec: exit 2"
+expect_grep "^dtrain: error: /dev/zero: too large for a job spec \(more than the 16 MiB limit\)" "$T/err" "/dev/zero message"
+timeout 20 "$DTRAIN" run --hostfile /dev/zero -- true 2>"$T/err"; expect_eq "$?" 2 "--hostfile /dev/zero: exit 2"
+expect_grep "/dev/zero: too large for a hostfile" "$T/err" "--hostfile /dev/zero message"
+"$DTRAIN" validate <(cat "$SRC/configs/quickstart.json") >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a spec from <(...) validates"
+expect_grep "trainer" "$T/out" "the piped spec was read whole"
+"$DTRAIN" run --hostfile <(echo "localhost slots=2") --dry-run -- true >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "a hostfile from <(...) is read"
+expect_eq "$(grep -c " true$" "$T/out")" 2 "2 ranks from the piped hostfile"
 finish

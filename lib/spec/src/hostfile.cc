@@ -26,6 +26,7 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
+#include "input_file.h"
 #include "node_checks.h"
 
 namespace dtrain::spec {
@@ -225,17 +226,20 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
 }
 
 std::vector<NodeSpec> loadHostfile(const std::string& path) {
-  struct stat st {};
-  bool there = ::stat(path.c_str(), &st) == 0;
-  if (there && S_ISDIR(st.st_mode))
-    throw SpecError(fmt::format("{}: is a directory; give a hostfile (one host per line)", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw SpecError(fmt::format("{}: cannot open hostfile: {}; check the path (relative to the directory dtrain runs in)",
-                                path, there ? "permission denied" : "no such file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseHostfile(ss.str(), path);
+  using S = detail::InputFile::Status;
+  detail::InputFile f = detail::readInputFile(path);
+  switch (f.status) {
+    case S::kOk: return parseHostfile(f.text, path);
+    case S::kDirectory: throw SpecError(fmt::format("{}: is a directory; give a hostfile (one host per line)", path));
+    case S::kMissing:
+    case S::kDenied:
+      throw SpecError(fmt::format("{}: cannot open hostfile: {}; check the path (relative to the directory dtrain runs in)",
+                                  path, f.reason));
+    case S::kTooLarge:
+      throw SpecError(fmt::format("{}: too large for a hostfile ({}); give a file with one host per line", path, f.reason));
+    case S::kReadError: break;
+  }
+  throw SpecError(fmt::format("{}: cannot read hostfile: {}; check the path", path, f.reason));
 }
 
 std::vector<NodeSpec> parseHostList(const std::string& list) {

@@ -18,6 +18,7 @@
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
+#include "input_file.h"
 #include "node_checks.h"
 
 namespace dtrain::spec {
@@ -636,11 +637,17 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   if (root.contains("nodes")) spec.nodes = parseNodes(c, root["nodes"]);
   if (root.contains("hostfile")) {
     spec.hostfile = c.str(root["hostfile"], "/hostfile", false);
-    if (!exists(spec.hostfile))
+    using S = detail::InputFile::Status;
+    detail::InputFile f = detail::readInputFile(spec.hostfile);
+    if (f.status == S::kMissing)
       c.fail("/hostfile", fmt::format("hostfile \"{}\" does not exist; the path is relative to the directory dtrain runs in",
                                       spec.hostfile));
-    if (isDirectory(spec.hostfile)) c.fail("/hostfile", fmt::format("\"{}\" is a directory; give a hostfile", spec.hostfile));
-    spec.nodes = loadHostfile(spec.hostfile);  // errors name the hostfile and line
+    if (f.status == S::kDirectory) c.fail("/hostfile", fmt::format("\"{}\" is a directory; give a hostfile", spec.hostfile));
+    if (f.status == S::kTooLarge)
+      c.fail("/hostfile", fmt::format("\"{}\" is too large for a hostfile ({}); give a file with one host per line",
+                                      spec.hostfile, f.reason));
+    if (f.status != S::kOk) c.fail("/hostfile", fmt::format("cannot read hostfile \"{}\": {}", spec.hostfile, f.reason));
+    spec.nodes = parseHostfile(f.text, spec.hostfile);  // errors name the hostfile and line
   }
   if (root.contains("ssh")) spec.ssh = parseSsh(c, root["ssh"]);
   if (root.contains("env_forward")) {
@@ -658,28 +665,36 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   }
   if (root.contains("env_file")) {
     spec.env_file = c.str(root["env_file"], "/env_file", false);
-    if (!exists(spec.env_file) || isDirectory(spec.env_file))
+    using S = detail::InputFile::Status;
+    detail::InputFile f = detail::readInputFile(spec.env_file);
+    if (f.status == S::kMissing || f.status == S::kDirectory)
       c.fail("/env_file", fmt::format("file \"{}\" does not exist; the path is relative to the directory dtrain runs in",
                                       spec.env_file));
-    std::ifstream in(spec.env_file, std::ios::binary);
-    if (!in) c.fail("/env_file", fmt::format("cannot read \"{}\": permission denied; check its mode", spec.env_file));
-    std::stringstream ss;
-    ss << in.rdbuf();
+    if (f.status == S::kDenied)
+      c.fail("/env_file", fmt::format("cannot read \"{}\": permission denied; check its mode", spec.env_file));
+    if (f.status == S::kTooLarge)
+      c.fail("/env_file", fmt::format("\"{}\" is too large for an env file ({}); point it at a KEY=VALUE file",
+                                      spec.env_file, f.reason));
+    if (f.status != S::kOk) c.fail("/env_file", fmt::format("cannot read \"{}\": {}", spec.env_file, f.reason));
     // The spec's own env wins over the file.
-    for (auto& [k, v] : parseEnvFile(ss.str(), spec.env_file)) spec.env.emplace(k, v);
+    for (auto& [k, v] : parseEnvFile(f.text, spec.env_file)) spec.env.emplace(k, v);
   }
   return spec;
 }
 
 JobSpec loadJobSpec(const std::string& path) {
-  if (isDirectory(path)) throw SpecError(fmt::format("{}: is a directory; give a job spec file (.json)", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw SpecError(fmt::format("{}: cannot open job spec: {}; check the path", path, exists(path) ? "permission denied" : "no such file"));
+  using S = detail::InputFile::Status;
+  detail::InputFile f = detail::readInputFile(path);
+  switch (f.status) {
+    case S::kOk: return parseJobSpec(f.text, path);
+    case S::kDirectory: throw SpecError(fmt::format("{}: is a directory; give a job spec file (.json)", path));
+    case S::kMissing:
+    case S::kDenied: throw SpecError(fmt::format("{}: cannot open job spec: {}; check the path", path, f.reason));
+    case S::kTooLarge:
+      throw SpecError(fmt::format("{}: too large for a job spec ({}); give the JSON job spec file", path, f.reason));
+    case S::kReadError: break;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseJobSpec(ss.str(), path);
+  throw SpecError(fmt::format("{}: cannot read job spec: {}; check the path", path, f.reason));
 }
 
 void applyOverrides(JobSpec& spec, const Overrides& o) {
