@@ -66,6 +66,18 @@ expect_grep "has 4 feature columns but /trainer/model/layers starts with 5" "$T/
 sed 's|"layers": \[64, 32, 4\]|"layers": [64, 32, 3]|' "$T/idx.json" > "$T/cls.json"
 "$DTRAIN" run "$T/cls.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "label out of range exits 2"
 expect_grep "is not a class index in 0..2" "$T/err" "label range explained"
+# A corrupt count in the idx headers (4 billion images): "truncated", not terabytes allocated.
+python3 - "$T" <<'PY'
+import sys
+t = sys.argv[1]
+for src, dst in (("train-images.idx3-ubyte", "huge-images.idx3-ubyte"), ("train-labels.idx1-ubyte", "huge-labels.idx1-ubyte")):
+    b = bytearray(open(f"{t}/{src}", "rb").read())
+    b[4:8] = (0xFFFFFFF0).to_bytes(4, "big")
+    open(f"{t}/{dst}", "wb").write(b)
+PY
+sed 's|train-images|huge-images|; s|train-labels|huge-labels|' "$T/idx.json" > "$T/huge.json"
+(ulimit -v 4000000; timeout 60 "$DTRAIN" run "$T/huge.json" >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "idx with a corrupt count exits 2"
+expect_grep "huge-images.idx3-ubyte: truncated: the header says 4294967280 images, the file holds 2000" "$T/err" "corrupt count explained"
 sed 's|t10k-labels|nope-labels|' "$T/idx.json" > "$T/missing.json"
 "$DTRAIN" run "$T/missing.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "missing file exits 2"
 expect_grep "/trainer/data/eval_labels_path: file \".*nope-labels.idx1-ubyte\" does not exist" "$T/err" "missing file named"

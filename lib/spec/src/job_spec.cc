@@ -160,6 +160,11 @@ bool exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
 }
+// A device or socket: data that never ends (/dev/zero) or is not a file's.
+bool isSpecialFile(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode));
+}
 
 void parseNproc(const std::string& value, JobSpec& spec, const std::function<void(const std::string&)>& bad) {
   if (value == "auto") {
@@ -234,6 +239,8 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
       if (!d.contains(key)) return;
       out = c.str(d[key], P + "/data/" + key, false);
       if (!exists(out) || isDirectory(out)) c.fail(P + "/data/" + key, fmt::format("file \"{}\" does not exist", out));
+      if (isSpecialFile(out))
+        c.fail(P + "/data/" + key, fmt::format("\"{}\" is a device, not a data file; give a file (or a pipe)", out));
     };
     file("path", ts.data.path);
     file("labels_path", ts.data.labels_path);

@@ -226,6 +226,19 @@ uint32_t be32(std::istream& in) {
   return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
 }
 
+// Up to `bytes` from `in`, in chunks: memory follows what the stream holds, not `bytes`.
+std::vector<unsigned char> readUpTo(std::istream& in, uint64_t bytes) {
+  std::vector<unsigned char> out;
+  constexpr uint64_t kChunk = 4u << 20;
+  while (out.size() < bytes && in) {
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(std::min(kChunk, bytes - at)));
+    in.read(reinterpret_cast<char*>(out.data() + at), static_cast<std::streamsize>(out.size() - at));
+    out.resize(at + static_cast<size_t>(in.gcount()));
+  }
+  return out;
+}
+
 std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& images, const std::string& labels) {
   std::ifstream fi(images, std::ios::binary), fl(labels, std::ios::binary);
   if (!fi) throw SpecError(fmt::format("{}: cannot open idx images file", images));
@@ -243,11 +256,16 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
   if (static_cast<uint64_t>(rows) * cols != static_cast<uint64_t>(inputs))
     throw SpecError(fmt::format("{}: images are {}x{} = {} pixels but /trainer/model/layers starts with {}", images, rows,
                                 cols, static_cast<uint64_t>(rows) * cols, inputs));
-  std::vector<unsigned char> px(static_cast<size_t>(n) * rows * cols), lb(n);
-  fi.read(reinterpret_cast<char*>(px.data()), static_cast<std::streamsize>(px.size()));
-  fl.read(reinterpret_cast<char*>(lb.data()), static_cast<std::streamsize>(lb.size()));
-  if (!fi) throw SpecError(fmt::format("{}: truncated: fewer than {} images", images, n));
-  if (!fl) throw SpecError(fmt::format("{}: truncated: fewer than {} labels", labels, n));
+  // The header's count is not trusted with memory: what is read grows with what the file
+  // holds, so a corrupt count (4 billion images) is a "truncated" error, not an allocation
+  // of terabytes.
+  std::vector<unsigned char> px = readUpTo(fi, static_cast<uint64_t>(n) * rows * cols);
+  std::vector<unsigned char> lb = readUpTo(fl, n);
+  if (px.size() < static_cast<uint64_t>(n) * rows * cols)
+    throw SpecError(fmt::format("{}: truncated: the header says {} images, the file holds {}", images, n,
+                                px.size() / (static_cast<uint64_t>(rows) * cols)));
+  if (lb.size() < n)
+    throw SpecError(fmt::format("{}: truncated: the header says {} labels, the file holds {}", labels, n, lb.size()));
   std::vector<float> x(px.size()), y(n);
   for (size_t i = 0; i < px.size(); ++i) x[i] = static_cast<float>(px[i]) / 255.0f;
   for (uint32_t i = 0; i < n; ++i) {
