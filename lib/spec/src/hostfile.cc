@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -226,20 +225,7 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
 }
 
 std::vector<NodeSpec> loadHostfile(const std::string& path) {
-  using S = detail::InputFile::Status;
-  detail::InputFile f = detail::readInputFile(path);
-  switch (f.status) {
-    case S::kOk: return parseHostfile(f.text, path);
-    case S::kDirectory: throw SpecError(fmt::format("{}: is a directory; give a hostfile (one host per line)", path));
-    case S::kMissing:
-    case S::kDenied:
-      throw SpecError(fmt::format("{}: cannot open hostfile: {}; check the path (relative to the directory dtrain runs in)",
-                                  path, f.reason));
-    case S::kTooLarge:
-      throw SpecError(fmt::format("{}: too large for a hostfile ({}); give a file with one host per line", path, f.reason));
-    case S::kReadError: break;
-  }
-  throw SpecError(fmt::format("{}: cannot read hostfile: {}; check the path", path, f.reason));
+  return parseHostfile(detail::readInputOrThrow(path, "hostfile", "give a hostfile (one host per line)"), path);
 }
 
 std::vector<NodeSpec> parseHostList(const std::string& list) {

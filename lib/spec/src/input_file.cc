@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
 
 namespace dtrain::spec::detail {
@@ -50,6 +51,22 @@ InputFile readInputFile(const std::string& path, size_t maxBytes) {
     out.text.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+std::string readInputOrThrow(const std::string& path, const char* what, const char* give) {
+  using S = InputFile::Status;
+  InputFile f = readInputFile(path);
+  switch (f.status) {
+    case S::kOk: return std::move(f.text);
+    case S::kDirectory: throw SpecError(fmt::format("{}: is a directory; {}", path, give));
+    case S::kTooLarge: throw SpecError(fmt::format("{}: too large for a {} ({}); {}", path, what, f.reason, give));
+    case S::kMissing:
+    case S::kDenied:
+      throw SpecError(fmt::format("{}: cannot open {}: {}; check the path (relative to the directory dtrain runs in)",
+                                  path, what, f.reason));
+    case S::kReadError: break;
+  }
+  throw SpecError(fmt::format("{}: cannot read {}: {}; check the path", path, what, f.reason));
 }
 
 }  // namespace dtrain::spec::detail

@@ -22,4 +22,8 @@ struct InputFile {
 // up to maxBytes.
 InputFile readInputFile(const std::string& path, size_t maxBytes = kMaxInputBytes);
 
+// readInputFile's text, or a SpecError "<path>: ..." saying what is wrong with the `what`
+// ("job spec") and, for a file of the wrong kind, `give` ("give a job spec file (.json)").
+std::string readInputOrThrow(const std::string& path, const char* what, const char* give);
+
 }  // namespace dtrain::spec::detail

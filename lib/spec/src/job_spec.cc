@@ -690,18 +690,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
 }
 
 JobSpec loadJobSpec(const std::string& path) {
-  using S = detail::InputFile::Status;
-  detail::InputFile f = detail::readInputFile(path);
-  switch (f.status) {
-    case S::kOk: return parseJobSpec(f.text, path);
-    case S::kDirectory: throw SpecError(fmt::format("{}: is a directory; give a job spec file (.json)", path));
-    case S::kMissing:
-    case S::kDenied: throw SpecError(fmt::format("{}: cannot open job spec: {}; check the path", path, f.reason));
-    case S::kTooLarge:
-      throw SpecError(fmt::format("{}: too large for a job spec ({}); give the JSON job spec file", path, f.reason));
-    case S::kReadError: break;
-  }
-  throw SpecError(fmt::format("{}: cannot read job spec: {}; check the path", path, f.reason));
+  return parseJobSpec(detail::readInputOrThrow(path, "job spec", "give a job spec file (.json)"), path);
 }
 
 void applyOverrides(JobSpec& spec, const Overrides& o) {
