@@ -3,6 +3,7 @@
 // (docs/errors.md).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/launch/launcher.h"
@@ -50,7 +52,8 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--max-restarts,--max_restarts", a.max_restarts, "Restarts allowed before the job fails");
   cmd->add_option("--nnodes", a.nnodes, "Elastic node range N or MIN:MAX (multi-node; default: all hosts given)");
   cmd->add_option("--log-dir,--log_dir", a.overrides.log_dir, "Directory for per-rank log files (rank_N.log)");
-  cmd->add_option("--env", a.overrides.env, "Extra worker environment KEY=VALUE (repeatable)");
+  // One value per --env: a vector option would otherwise swallow the spec after it.
+  cmd->add_option("--env", a.overrides.env, "Extra worker environment KEY=VALUE (repeatable)")->allow_extra_args(false);
   cmd->add_option("--shutdown-timeout", a.shutdown, "Seconds between SIGTERM and SIGKILL at teardown (default 30)");
   cmd->add_option("--local-ranks-filter,--local_ranks_filter", a.overrides.local_ranks_filter,
                   "Show only these local ranks on the console, e.g. 0,2 (log files still get all)");
@@ -83,12 +86,57 @@ double parseDoubleFlag(const std::string& flag, const std::string& v) {
   return out;
 }
 
+// Where a file or directory dtrain will create must go: its nearest existing ancestor must
+// be a directory this process can write. Throws SpecError naming `what`; creates nothing.
+void checkCreatable(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::absolute(path).lexically_normal();
+  std::error_code ec;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+  if (!fs::is_directory(p, ec))
+    throw SpecError(fmt::format("{}: \"{}\" cannot be created: {} is not a directory; give a path in a directory", what,
+                                path, p.string()));
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    throw SpecError(fmt::format("{}: \"{}\" cannot be created: {}: {}; give a path you can write", what, path, p.string(),
+                                std::strerror(errno)));
+}
+
+// The run's outputs (log directory, summary file) are checked before anything starts, so a
+// typo in a path is exit 2 at once, not a failure reported after a successful job.
+void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!s.log_dir.empty() && !fs::is_directory(s.log_dir, ec)) checkCreatable(s.log_dir, "log_dir (--log-dir)");
+  if (!s.log_dir.empty() && fs::is_directory(s.log_dir, ec) && ::access(s.log_dir.c_str(), W_OK | X_OK) != 0)
+    throw SpecError(fmt::format("log_dir (--log-dir): \"{}\": {}; give a directory you can write", s.log_dir,
+                                std::strerror(errno)));
+  if (!a.summary_json.empty()) {
+    if (fs::is_directory(a.summary_json, ec))
+      throw SpecError(fmt::format("--summary-json: \"{}\" is a directory; give a file path, e.g. {}/summary.json",
+                                  a.summary_json, a.summary_json));
+    const fs::path parent = fs::absolute(a.summary_json).parent_path();
+    if (!fs::is_directory(parent, ec))
+      throw SpecError(fmt::format("--summary-json: \"{}\": directory {} does not exist; create it or give another path",
+                                  a.summary_json, parent.string()));
+    checkCreatable(a.summary_json, "--summary-json");
+  }
+}
+
 spec::JobSpec buildSpec(RunArgs& a) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
     throw SpecError("give either a job spec file or a command after --, not both");
   if (!a.spec_path.empty()) {
-    s = spec::loadJobSpec(a.spec_path);
+    try {
+      s = spec::loadJobSpec(a.spec_path);
+    } catch (const SpecError& e) {
+      // torchrun's habit, `dtrain run train.py`: say how to run a command.
+      const std::string ext = std::filesystem::path(a.spec_path).extension().string();
+      if (ext == ".json" || std::string(e.what()).find("invalid JSON") == std::string::npos) throw;
+      throw SpecError(fmt::format("{}; job specs are JSON files: to run a program, put its command after --, e.g. "
+                                  "dtrain run --nproc-per-node 2 -- python3 {}",
+                                  e.what(), a.spec_path));
+    }
     // A trainer job runs the built-in trainer as every worker's command.
     if (s.trainer) s.command = {launch::selfExecutable(), "train", std::filesystem::absolute(a.spec_path).string()};
   } else if (!a.command.empty()) {
@@ -118,9 +166,15 @@ int cmdRun(RunArgs& a) {
   spec::JobSpec s = buildSpec(a);
   std::string runId = launch::newRunId();
   bool multiNode = !s.nodes.empty();
+  checkOutputs(s, a);
   if (a.dry_run) {
     std::cout << launch::formatPlan(multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId), s);
     return kExitOk;
+  }
+  if (!s.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(s.log_dir, ec);
+    if (ec) throw SpecError(fmt::format("log_dir (--log-dir): cannot create \"{}\": {}", s.log_dir, ec.message()));
   }
   // Asking for GPUs on a machine without them is bad input, said before anything starts
   // (multi-node: each node checks its own).
@@ -170,7 +224,7 @@ int cmdRun(RunArgs& a) {
     {
       std::ofstream f(tmp, std::ios::trunc);
       f << spec::toJson(sum);
-      if (!f) throw IoError(fmt::format("--summary-json: cannot write {}", tmp));
+      if (!f) throw IoError(fmt::format("--summary-json: cannot write {}: {}", tmp, std::strerror(errno)));
     }
     if (std::rename(tmp.c_str(), a.summary_json.c_str()) != 0) throwErrno("--summary-json: rename to " + a.summary_json);
   }
@@ -179,6 +233,38 @@ int cmdRun(RunArgs& a) {
   if (r.received_signal)
     std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
   return r.exit_code;
+}
+
+// A misspelt command name (`dtrain runn`, `dtrain store frob`, `dtrain --verison`): CLI11
+// alone would only say that a subcommand is required. "" when the words name commands.
+std::string unknownCommand(CLI::App& app, const std::vector<std::string>& args) {
+  CLI::App* cur = &app;
+  std::string where = "dtrain";
+  for (const std::string& word : args) {
+    const auto subs = cur->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return "";
+    std::vector<std::string> names, shown;
+    for (CLI::App* sub : subs) {
+      names.push_back(sub->get_name());
+      if (!sub->get_group().empty()) shown.push_back(sub->get_name());
+    }
+    const std::string list = fmt::format("{}", fmt::join(shown, ", "));
+    if (word.rfind('-', 0) == 0) {
+      if (cur != &app || word == "-h" || word == "--help" || word == "--version") return "";
+      const std::string m = closestMatch(word, {"--help", "--version"});
+      return fmt::format("unknown option {}{}; dtrain takes a command first: {}", word,
+                         m.empty() ? "" : fmt::format(" (did you mean {}?)", m), list);
+    }
+    const auto it = std::find(names.begin(), names.end(), word);
+    if (it == names.end()) {
+      const std::string m = closestMatch(word, names);
+      return fmt::format("{}: unknown command \"{}\"{}; the commands are {}", where, word,
+                         m.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", m), list);
+    }
+    cur = subs[static_cast<size_t>(it - names.begin())];
+    where += " " + word;
+  }
+  return "";
 }
 
 }  // namespace
@@ -217,6 +303,14 @@ int main(int argc, char** argv) {
   app::addTrainCommand(app);
   app::addAgentCommand(app);
 
+  if (const std::string bad = unknownCommand(app, args); !bad.empty()) {
+    std::cerr << "dtrain: error: " << bad << "\n";
+    return kExitUsage;
+  }
+  // Words left over after `run`'s spec are most often a command given without "--"
+  // (torchrun's habit); said below with the fix instead of CLI11's generic message.
+  run->allow_extras();
+
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -228,6 +322,26 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "dtrain: error: " << e.what() << "; see dtrain --help\n";
+    return kExitUsage;
+  }
+  if (run->parsed() && !run->remaining().empty()) {
+    const std::vector<std::string> extra = run->remaining();
+    const std::string& sp = runArgs.spec_path;
+    const bool specLike = sp.empty() || (sp.size() >= 5 && sp.compare(sp.size() - 5, 5, ".json") == 0);
+    if (specLike && extra[0].rfind('-', 0) == 0) {
+      const std::string m = closestMatch(extra[0], {"--dry-run", "--summary-json", "--nproc-per-node", "--max-restarts",
+                                                   "--nnodes", "--log-dir", "--env", "--shutdown-timeout",
+                                                   "--local-ranks-filter", "--no-prefix", "--hostfile", "--hosts"});
+      std::cerr << fmt::format("dtrain: error: run: unknown option {}{}; see dtrain run --help\n", extra[0],
+                               m.empty() ? "" : fmt::format(" (did you mean {}?)", m));
+      return kExitUsage;
+    }
+    std::vector<std::string> words;
+    if (!runArgs.spec_path.empty()) words.push_back(runArgs.spec_path);
+    for (const auto& w : extra) words.push_back(shellQuote(w));
+    std::cerr << fmt::format("dtrain: error: run: unexpected arguments \"{}\"; to run a program, put its command after "
+                             "--: dtrain run [options] -- {}\n",
+                             fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(words, " ")));
     return kExitUsage;
   }
   if (!command.empty() && !run->parsed()) {
@@ -243,6 +357,7 @@ int main(int argc, char** argv) {
     if (run->parsed()) return cmdRun(runArgs);
     if (validate->parsed()) {
       spec::JobSpec s = buildSpec(valArgs);
+      checkOutputs(s, valArgs);
       std::cout << valArgs.spec_path << ": OK\n" << spec::describe(s);
       return kExitOk;
     }

@@ -12,6 +12,7 @@
 
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/launch/output.h"
@@ -153,20 +154,32 @@ int runTrainCommand() {
     to.log = [](const std::string& line) { std::cout << "\r\x1b[2K" << line << std::endl; };
   }
   train::TrainResult r = train::train(*s.trainer, *comm, to);
+  // A run that resumed from a checkpoint which already completed the job trains nothing:
+  // its loss and throughput are not measured, and are not reported as zeros.
+  const bool trained = r.steps_run > 0;
+  const std::optional<double> loss = trained ? std::optional<double>(r.final_loss) : std::nullopt;
+  const std::optional<double> sps = r.samples_per_s > 0 ? std::optional<double>(r.samples_per_s) : std::nullopt;
   if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0)
-    spec::writeTrainerOutcome(path, {r.final_loss, r.eval_accuracy, r.samples_per_s, r.steps, r.weights_sha256,
-                                     r.pipeline_stages, r.bubble_fraction, r.stage_ms});
+    spec::writeTrainerOutcome(path, {loss, r.eval_accuracy, sps, r.steps, r.weights_sha256,
+                                     trained ? r.pipeline_stages : 1, r.bubble_fraction, r.stage_ms});
   if (to.status && !std::getenv("DTRAIN_STORE_ADDR")) std::cout << "\n";
-  if (comm->rank() == 0 && r.pipeline_stages > 1) {
+  if (comm->rank() == 0 && r.pipeline_stages > 1 && trained) {
     std::string stages;
     for (size_t i = 0; i < r.stage_ms.size(); ++i) stages += fmt::format("{}{:.2f}", i ? "/" : "", r.stage_ms[i]);
     std::cout << fmt::format("pipeline: {} stages, compute ms/step per stage {}, bubble fraction {:.3f}", r.pipeline_stages,
                              stages, r.bubble_fraction)
               << std::endl;
   }
-  if (comm->rank() == 0)
-    std::cout << fmt::format("trained: {} steps, final loss {:.4f}, eval accuracy {:.2f}%, {:.0f} samples/s, weights sha256 {}",
-                             r.steps, r.final_loss, 100 * r.eval_accuracy, r.samples_per_s, r.weights_sha256)
+  if (comm->rank() == 0 && !trained)
+    std::cout << fmt::format("trained: {} steps, all before this run (its checkpoint completes the job; nothing left to "
+                             "train), eval accuracy {:.2f}%, weights sha256 {}",
+                             r.steps, 100 * r.eval_accuracy, r.weights_sha256)
+              << std::endl;
+  else if (comm->rank() == 0)
+    std::cout << fmt::format("trained: {} steps, final loss {:.4f}, eval accuracy {:.2f}%, {}, weights sha256 {}", r.steps,
+                             r.final_loss, 100 * r.eval_accuracy,
+                             sps ? fmt::format("{:.0f} samples/s", *sps) : std::string("too few steps to time"),
+                             r.weights_sha256)
               << std::endl;
   return 0;
 }

@@ -57,4 +57,31 @@ done
 # Ad-hoc mode passes the worker's own flags through untouched.
 "$DTRAIN" run --nproc-per-node 1 -- sh -c 'echo "$@"' sh --lr 0.1 --help >"$T/out" 2>&1
 expect_eq "$(cat "$T/out")" "[rank 0] --lr 0.1 --help" "worker flags after -- untouched"
+
+# torchrun habits and typos get the fix, exit 2, and nothing runs.
+echo 'print("ran")' > "$T/train.py"
+"$DTRAIN" run --nproc-per-node 2 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a script as the spec exits 2"
+expect_grep "invalid JSON.*job specs are JSON files: to run a program, put its command after --, e.g. dtrain run --nproc-per-node 2 -- python3 $T/train.py$" "$T/err" "a script as the spec: how to run it"
+"$DTRAIN" run --nproc-per-node 1 python3 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a command without -- exits 2"
+expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py\"; to run a program, put its command after --: dtrain run \[options\] -- python3 $T/train.py$" "$T/err" "a command without --: the fix, in order"
+expect_eq "$(cat "$T/out")" "" "nothing ran"
+"$DTRAIN" runn "$SRC/configs/env_dump.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt command exits 2"
+expect_grep "^dtrain: error: dtrain: unknown command \"runn\" \(did you mean \"run\"\?\); the commands are run, validate, store, bench, train$" "$T/err" "misspelt command: did you mean"
+"$DTRAIN" store frob >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt store verb exits 2"
+expect_grep "dtrain store: unknown command \"frob\"; the commands are serve, set, get, add" "$T/err" "store verbs listed"
+"$DTRAIN" --verison >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt --version exits 2"
+expect_grep "unknown option --verison \(did you mean --version\?\)" "$T/err" "did you mean --version"
+# --env takes one value: the spec after it stays the spec.
+"$DTRAIN" run --env A=1 "$SRC/configs/env_dump.json" --dry-run >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "--env before the spec"
+# Outputs are checked before anything starts.
+"$DTRAIN" run --nproc-per-node 1 --summary-json "$T/no/such/dir/s.json" -- touch "$T/ran2" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "--summary-json in a missing directory exits 2"
+expect_grep "^dtrain: error: --summary-json: .*directory .*/no/such/dir does not exist" "$T/err" "--summary-json: missing directory named"
+[ -e "$T/ran2" ] && fail "the job ran before its summary path was checked" || pass "nothing ran"
+"$DTRAIN" run --nproc-per-node 1 --summary-json "$T" -- true 2>"$T/err"; expect_eq "$?" 2 "--summary-json a directory exits 2"
+expect_grep "is a directory; give a file path" "$T/err" "--summary-json directory message"
+"$DTRAIN" run --nproc-per-node 1 --log-dir /etc/passwd/x -- true 2>"$T/err"; expect_eq "$?" 2 "--log-dir under a file exits 2"
+expect_grep "^dtrain: error: log_dir \(--log-dir\): \"/etc/passwd/x\" cannot be created: /etc/passwd is not a directory" "$T/err" "--log-dir under a file explained"
+"$DTRAIN" validate "$SRC/configs/env_dump.json" --log-dir /etc/passwd/x 2>"$T/err"; expect_eq "$?" 2 "validate checks the log dir"
 finish

@@ -98,6 +98,14 @@ mkspec "$T/a.json" "$T/ckpt-a"; mkspec "$T/b.json" "$T/ckpt-b"
 expect_eq "$?" 0 "uninterrupted run"
 ls "$T/ckpt-a" | grep -q "ckpt-0000000468.bin" && pass "final checkpoint written" || fail "no final checkpoint: $(ls "$T/ckpt-a")"
 expect_eq "$(ls "$T/ckpt-a" | wc -l)" 3 "keeps the newest 3 checkpoints"
+# Run again: the checkpoint completes the job, so nothing is trained and nothing is measured
+# (no made-up zero loss or throughput), the weights are the same.
+"$DTRAIN" run "$T/a.json" --summary-json "$T/again.json" >"$T/again.out" 2>&1
+expect_eq "$?" 0 "re-run of a completed job"
+expect_grep "^\[rank 0\] trained: 468 steps, all before this run \(its checkpoint completes the job; nothing left to train\), eval accuracy [0-9.]+%, weights sha256" "$T/again.out" "re-run says nothing was left to train"
+expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/again.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/a.out")" "re-run keeps the weights"
+python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['trainer']; print(t['final_loss'], t['samples_per_s'], t['steps'])" "$T/again.json" >"$T/check"
+expect_eq "$(cat "$T/check")" "None None 468" "re-run summary: loss and throughput null"
 "$DTRAIN" run "$T/b.json" >"$T/b1.out" 2>&1 &
 DTRAIN_PID=$!
 for _ in $(seq 300); do ls "$T/ckpt-b" 2>/dev/null | grep -q "ckpt-000000016[0-9].bin" && break; sleep 0.1; done

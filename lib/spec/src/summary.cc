@@ -15,9 +15,10 @@ using nlohmann::json;
 namespace {
 
 json trainerJson(const TrainerOutcome& t) {
-  json j{{"final_loss", t.final_loss},
+  auto orNull = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+  json j{{"final_loss", orNull(t.final_loss)},
          {"eval_accuracy", t.eval_accuracy},
-         {"samples_per_s", t.samples_per_s},
+         {"samples_per_s", orNull(t.samples_per_s)},
          {"steps", t.steps},
          {"weights_sha256", t.weights_sha256}};
   if (t.pipeline_stages > 1) {
@@ -88,9 +89,12 @@ std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
   TrainerOutcome t;
   try {
-    t.final_loss = j.at("final_loss").get<double>();
+    auto optional = [&](const char* key) {
+      return j.at(key).is_null() ? std::optional<double>() : std::optional<double>(j.at(key).get<double>());
+    };
+    t.final_loss = optional("final_loss");
     t.eval_accuracy = j.at("eval_accuracy").get<double>();
-    t.samples_per_s = j.at("samples_per_s").get<double>();
+    t.samples_per_s = optional("samples_per_s");
     t.steps = j.at("steps").get<long long>();
     t.weights_sha256 = j.at("weights_sha256").get<std::string>();
     if (j.contains("pipeline_stages")) {

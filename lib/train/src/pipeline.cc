@@ -950,6 +950,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   trace.setOn(false);
   trace.write();
   result.steps = step;
+  result.steps_run = step - firstStep;
   result.samples_per_s = progress.samplesPerSecond(step);
   {
     // Whole-run timing: each stage's compute per step (replica 0) and the mean bubble.

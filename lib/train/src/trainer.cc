@@ -303,6 +303,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     }
   }
   result.steps = step;
+  result.steps_run = step - firstStep;
   result.samples_per_s = progress.samplesPerSecond(step);
 
   // Held-out evaluation, sharded round-robin over the ranks.

@@ -8,9 +8,11 @@
 namespace dtrain::spec {
 
 struct TrainerOutcome {
-  double final_loss = 0;
+  // Absent (JSON null) when this run trained no step (its checkpoint already completed the
+  // job) or too few to time: not 0, which would read as a measurement.
+  std::optional<double> final_loss;
   double eval_accuracy = 0;
-  double samples_per_s = 0;
+  std::optional<double> samples_per_s;
   long long steps = 0;
   std::string weights_sha256;
   // Pipeline parallelism (only written when pipeline_stages > 1): the bubble fraction and

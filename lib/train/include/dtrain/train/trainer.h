@@ -16,6 +16,7 @@ struct TrainResult {
   double eval_loss = 0;
   double samples_per_s = 0;    // global, over the whole run after the first step
   long long steps = 0;
+  long long steps_run = 0;     // steps trained by this run (0: its checkpoint already completed the job)
   std::string weights_sha256;  // identical on every rank (checked)
   // Pipeline parallelism (trainer.parallel.pipeline_stages > 1; pipeline.h); defaults otherwise.
   int pipeline_stages = 1;
