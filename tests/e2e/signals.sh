@@ -23,6 +23,8 @@ run_case() {  # signal expected_rc
   expect_eq "$rc" "$2" "SIG$1 gives exit $2"
   for r in 0 1 2; do expect_eq "$(cat "$T/got.$r" 2>/dev/null)" "SIG$1" "rank $r got SIG$1"; done
   expect_grep "stopped by" "$T/err" "SIG$1 reported"
+  # Said at once: what happens next, and (Ctrl-C) how to cut the wait short.
+  expect_grep "^dtrain: SIG$1: stopping 3 workers \(SIG$1 to the workers now, SIGKILL after 30 s\)$([ "$1" = INT ] && echo '; Ctrl-C again to kill now')$" "$T/err" "SIG$1 teardown announced"
 }
 run_case INT 130
 run_case TERM 143

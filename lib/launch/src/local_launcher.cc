@@ -326,10 +326,20 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     if (fds[0].revents & POLLIN) {
       signals.drain([&](int sig) {
         if (!result_.received_signal) result_.received_signal = sig;
+        const bool console = !opts_.line_sink;  // an agent's launcher: the user's console is elsewhere
         if (stopping_ && sig == SIGINT && !killed_) {
           // A second Ctrl-C means "now".
           killed_ = true;
           signalAll(SIGKILL);
+          if (console) writeAll(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
+        }
+        if (!stopping_ && console) {
+          const size_t running = static_cast<size_t>(
+              std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
+          if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
+          writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "worker", signalName(sig),
+                                                         spec_->shutdown_timeout_s, sig == SIGINT));
+          if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
         }
         startShutdown(sig, spec_->shutdown_timeout_s);
       });

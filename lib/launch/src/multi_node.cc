@@ -664,6 +664,14 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
       signals.drain([&](int sig) {
         if (!result_.received_signal) result_.received_signal = sig;
         bool again = stopping_ && sig == SIGINT;
+        if (!stopping_) {
+          const size_t running =
+              static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running; }));
+          writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "node", "SIGTERM", spec_.shutdown_timeout_s,
+                                                         sig == SIGINT));
+        } else if (again) {
+          writeAll(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
+        }
         stopAll(again ? "kill" : "stop");  // a second Ctrl-C means "now"
       });
     }

@@ -27,6 +27,14 @@ inline void onSignal(int sig) {
   errno = saved;
 }
 
+// The line a user sees when a signal starts the teardown (stderr of the console owner): what
+// happens next, when, and how to cut the grace period short.
+inline std::string shutdownNotice(const std::string& signal, size_t workers, const char* what, const std::string& sent,
+                                  double graceS, bool interrupt) {
+  return fmt::format("dtrain: {}: stopping {} {}{} ({} to the workers now, SIGKILL after {:g} s){}\n", signal, workers,
+                     what, workers == 1 ? "" : "s", sent, graceS, interrupt ? "; Ctrl-C again to kill now" : "");
+}
+
 // Installs the handlers for the lifetime of a run and restores the old ones after.
 class SignalScope {
  public:
