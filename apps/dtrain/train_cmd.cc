@@ -154,6 +154,7 @@ int runTrainCommand() {
     to.log = [](const std::string& line) { std::cout << "\r\x1b[2K" << line << std::endl; };
   }
   train::TrainResult r = train::train(*s.trainer, *comm, to);
+  if (to.status && comm->rank() == 0) to.status("");  // the bar is done: the summary lines replace it
   // A run that resumed from a checkpoint which already completed the job trains nothing:
   // its loss and throughput are not measured, and are not reported as zeros.
   const bool trained = r.steps_run > 0;
@@ -162,7 +163,6 @@ int runTrainCommand() {
   if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0)
     spec::writeTrainerOutcome(path, {loss, r.eval_accuracy, sps, r.steps, r.weights_sha256,
                                      trained ? r.pipeline_stages : 1, r.bubble_fraction, r.stage_ms});
-  if (to.status && !std::getenv("DTRAIN_STORE_ADDR")) std::cout << "\n";
   if (comm->rank() == 0 && r.pipeline_stages > 1 && trained) {
     std::string stages;
     for (size_t i = 0; i < r.stage_ms.size(); ++i) stages += fmt::format("{}{:.2f}", i ? "/" : "", r.stage_ms[i]);

@@ -33,9 +33,10 @@ script -qfc "$DTRAIN run $T/tiny2.json" "$T/tty.txt" >/dev/null 2>&1 <<<"" || tr
 python3 - "$T/tty.txt" >"$T/check" <<'PY2'
 import sys
 d = open(sys.argv[1], "rb").read()
-print(d.count(b"\r\x1b[2K") > 2, b"dtrain-status" not in d, b"[rank 0] epoch 1/1 [" in d, b"100% step 60/60" in d, b"trained: 60 steps" in d)
+print(d.count(b"\r\x1b[2K") > 2, b"dtrain-status" not in d, b"[rank 0] epoch 1/1 [" in d, b"100% step 60/60" in d, b"trained: 60 steps" in d,
+      d.rfind(b"step 60/60") < d.find(b"trained: 60 steps"))  # the bar is gone, not drawn again below the summary
 PY2
-expect_eq "$(cat "$T/check")" "True True True True True" "progress bar on a terminal"
+expect_eq "$(cat "$T/check")" "True True True True True True" "progress bar on a terminal"
 # Same seed, same data, same world size -> the same weights.
 "$DTRAIN" run configs/quickstart.json --env DTRAIN_UNUSED=1 >"$T/out2" 2>&1
 expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/out2")" "$(grep -o 'sha256 [0-9a-f]*' "$T/out")" "training is deterministic"

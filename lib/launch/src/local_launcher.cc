@@ -111,7 +111,9 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   if (!isErr && line.substr(0, kStatusPrefix.size()) == kStatusPrefix) {
     if (!consoleTty_) return;
     std::string text(line.substr(kStatusPrefix.size()));
-    statusLine_ = (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
+    // An empty status ends the bar: nothing is drawn again below later lines.
+    statusLine_ = text.empty() ? std::string()
+                               : (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
     writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }

@@ -309,7 +309,8 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
   std::string prefix = spec_.prefix_output ? fmt::format("[{} rank {}] ", n.name, rank) : std::string();
   if (!isErr && text.substr(0, kStatusPrefix.size()) == kStatusPrefix) {
     if (!consoleTty_) return;
-    statusLine_ = prefix + std::string(text.substr(kStatusPrefix.size()));
+    const std::string_view status = text.substr(kStatusPrefix.size());
+    statusLine_ = status.empty() ? std::string() : prefix + std::string(status);  // empty: the bar is done
     writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }

@@ -8,7 +8,8 @@
 namespace dtrain::launch {
 
 // A worker line starting with this is a status update (a progress bar): on a terminal the
-// launcher draws it in place of the previous one; elsewhere, and in log files, it is dropped.
+// launcher draws it in place of the previous one (an empty one removes it); elsewhere, and in
+// log files, it is dropped.
 inline constexpr std::string_view kStatusPrefix = "\x1b]dtrain-status;";
 
 // Splits a byte stream into lines. A line longer than kMaxLine is cut into kMaxLine pieces so
