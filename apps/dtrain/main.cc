@@ -270,10 +270,14 @@ std::string unknownCommand(CLI::App& app, const std::vector<std::string>& args) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Everything after the first "--" is the worker's argv, untouched by CLI11.
+  // For `dtrain run`, everything after the first "--" is the worker's argv, untouched by
+  // CLI11. Other commands leave "--" to CLI11, where it ends the options so that a
+  // positional may start with '-' (dtrain store set -- -key value).
   std::vector<std::string> args(argv + 1, argv + argc);
   std::vector<std::string> command;
-  for (size_t i = 0; i < args.size(); ++i) {
+  auto verb = std::find_if(args.begin(), args.end(), [](const std::string& w) { return w.empty() || w[0] != '-'; });
+  bool isRun = verb != args.end() && *verb == "run";
+  for (size_t i = 0; isRun && i < args.size(); ++i) {
     if (args[i] == "--") {
       command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
       args.resize(i);
@@ -321,7 +325,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "dtrain: error: " << e.what() << "; see dtrain --help\n";
+    std::string hint = app::storeParseHint(args);
+    std::cerr << "dtrain: error: " << e.what() << (hint.empty() ? "; see dtrain --help" : hint) << "\n";
     return kExitUsage;
   }
   if (run->parsed() && !run->remaining().empty()) {

@@ -3,12 +3,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/store/tcp_store.h"
 #include "dtrain/store/token.h"
 
@@ -19,27 +22,40 @@ struct StoreArgs {
   CLI::App* store = nullptr;
   CLI::App *serve = nullptr, *set = nullptr, *get = nullptr, *add = nullptr, *wait = nullptr, *check = nullptr,
            *del = nullptr;
+  // Numbers are taken as text and parsed here (parseInteger, parseSeconds): CLI11's own
+  // conversion clamps out-of-range values and reads "010" as octal.
   // serve
-  int port = 29400;
+  std::string port = "29400";
   std::string bind = "127.0.0.1";
   // client
   std::string endpoint;
   std::string token_file;
-  double timeout_s = 30;
-  double connect_timeout_s = 10;
+  std::string timeout_s = "30";
+  std::string connect_timeout_s = "10";
   std::string key;                // single-key verbs
   std::vector<std::string> keys;  // wait, check
   std::string value;
-  long long delta = 1;
+  std::string delta = "1";
 };
+
+// Longest --timeout / --connect-timeout: a year. Bounded so that seconds * 1000 fits the
+// millisecond durations and the deadlines computed from them.
+constexpr double kMaxTimeoutS = 365 * 86400.0;
 
 StoreArgs gArgs;
 
 std::string token(bool serving) {
   auto& a = gArgs;
   if (!a.token_file.empty()) {
-    if (serving && ::access(a.token_file.c_str(), F_OK) != 0) return store::createTokenFile(a.token_file);
-    return store::readTokenFile(a.token_file);
+    try {
+      // Created only when nothing is there; anything else (a directory, a dangling link, a
+      // path we may not search) goes to readTokenFile or the O_EXCL create, which name it.
+      if (serving && ::access(a.token_file.c_str(), F_OK) != 0 && errno == ENOENT)
+        return store::createTokenFile(a.token_file);
+      return store::readTokenFile(a.token_file);
+    } catch (const SpecError& e) {
+      throw SpecError(fmt::format("--token-file {}", e.what()));
+    }
   }
   if (const char* t = std::getenv("DTRAIN_STORE_TOKEN"); t && *t) return t;
   throw SpecError("no store token: set DTRAIN_STORE_TOKEN or pass --token-file FILE");
@@ -58,28 +74,27 @@ store::TcpStoreOptions clientOptions() {
   auto colon = ep.rfind(':');
   int port = 0;
   try {
-    port = colon == std::string::npos ? 0 : std::stoi(ep.substr(colon + 1));
-  } catch (...) {
+    if (colon != std::string::npos) port = static_cast<int>(parseInteger(ep.substr(colon + 1), "port", 1, 65535));
+  } catch (const SpecError&) {
     port = 0;
   }
-  if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535)
-    throw SpecError(fmt::format("--endpoint: expected HOST:PORT, got \"{}\"", ep));
+  if (colon == std::string::npos || colon == 0 || port == 0)
+    throw SpecError(fmt::format("--endpoint: expected HOST:PORT with a port from 1 to 65535, got \"{}\"", ep));
   o.host = ep.substr(0, colon);
   if (o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']') o.host = o.host.substr(1, o.host.size() - 2);
   o.port = port;
   o.token = token(false);
-  if (!(a.timeout_s >= 0)) throw SpecError("--timeout: expected seconds >= 0");
-  o.timeout = store::Duration(static_cast<long long>(a.timeout_s * 1000));
-  o.connect_timeout = store::Duration(static_cast<long long>(a.connect_timeout_s * 1000));
+  o.timeout = store::Duration(static_cast<long long>(parseSeconds(a.timeout_s, "--timeout", kMaxTimeoutS) * 1000));
+  o.connect_timeout = store::Duration(
+      static_cast<long long>(parseSeconds(a.connect_timeout_s, "--connect-timeout", kMaxTimeoutS) * 1000));
   return o;
 }
 
 int serve() {
   auto& a = gArgs;
-  if (a.port < 0 || a.port > 65535) throw SpecError(fmt::format("--port: expected 0..65535, got {}", a.port));
   store::TcpStoreServerOptions o;
   o.bind = a.bind;
-  o.port = a.port;
+  o.port = static_cast<int>(parseInteger(a.port, "--port", 0, 65535));
   o.token = token(true);
   // Signals are taken synchronously below; block them before the server thread starts so
   // that it inherits the mask.
@@ -111,8 +126,9 @@ void addStoreCommands(CLI::App& app) {
   auto client = [&](CLI::App* c) {
     c->add_option("--endpoint", a.endpoint, "HOST:PORT (default: DTRAIN_STORE_ADDR:DTRAIN_STORE_PORT)");
     c->add_option("--token-file", a.token_file, "Token file (default: DTRAIN_STORE_TOKEN)");
-    c->add_option("--timeout", a.timeout_s, "Seconds to wait for keys (default 30)");
-    c->add_option("--connect-timeout", a.connect_timeout_s, "Seconds to keep retrying the connection (default 10)");
+    c->add_option("--timeout", a.timeout_s, "Seconds to wait for keys (default 30; at most a year, 31536000)");
+    c->add_option("--connect-timeout", a.connect_timeout_s,
+                  "Seconds to keep retrying the connection (default 10; at most 31536000)");
   };
   a.set = a.store->add_subcommand("set", "Set KEY to VALUE");
   a.set->add_option("key", a.key, "Key")->required();
@@ -121,7 +137,7 @@ void addStoreCommands(CLI::App& app) {
   a.get->add_option("key", a.key, "Key")->required();
   a.add = a.store->add_subcommand("add", "Add DELTA (default 1) to the counter at KEY; prints the new value");
   a.add->add_option("key", a.key, "Key")->required();
-  a.add->add_option("delta", a.delta, "Delta");
+  a.add->add_option("delta", a.delta, "Delta: an integer; the sum must fit in int64");
   a.wait = a.store->add_subcommand("wait", "Wait until every KEY exists (exit 3 on timeout)");
   a.wait->add_option("keys", a.keys, "Keys")->required();
   a.check = a.store->add_subcommand("check", "Exit 0 when every KEY exists, 1 otherwise");
@@ -131,11 +147,38 @@ void addStoreCommands(CLI::App& app) {
   for (auto* c : {a.set, a.get, a.add, a.wait, a.check, a.del}) client(c);
 }
 
+std::string storeParseHint(const std::vector<std::string>& args) {
+  auto word = [](const std::string& w) { return w.empty() || w[0] != '-'; };
+  auto store = std::find_if(args.begin(), args.end(), word);
+  if (store == args.end() || *store != "store") return "";
+  auto verb = std::find_if(store + 1, args.end(), word);
+  std::string example = verb == args.end() ? "set" : *verb;
+  for (auto it = store; it != args.end() && *it != "--"; ++it) {
+    const std::string& w = *it;
+    // Negative numbers (add k -2) already parse as positionals; an unknown --word is more
+    // likely a mistyped option than a key.
+    if (w.size() < 2 || w[0] != '-' || w[1] == '-' || (w[1] >= '0' && w[1] <= '9')) continue;
+    std::string name = w.substr(0, w.find('='));
+    bool known = false;
+    for (auto* c : gArgs.store->get_subcommands({}))
+      known = known || c->get_option_no_throw(name) != nullptr;
+    if (!known && name != "-h" && name != "--help")
+      return fmt::format("; a key or value that starts with '-' goes after the options and --, as in: dtrain store "
+                         "{} [options] -- {}", example, w);
+  }
+  return "";
+}
+
 int runStoreCommand() {
   auto& a = gArgs;
   if (!a.store || !a.store->parsed()) return -1;
+  // serve is not a client verb: its errors take main's codes (2 bad flags or token file,
+  // 1 cannot listen), not "store unreachable".
+  if (a.serve->parsed()) return serve();
+  // Arguments are checked before connecting, so that bad input is exit 2 even when the
+  // store is down.
+  int64_t delta = a.add->parsed() ? parseInteger(a.delta, "delta") : 0;
   try {
-    if (a.serve->parsed()) return serve();
     store::TcpStore s(clientOptions());
     if (a.set->parsed()) {
       s.set(a.key, a.value);
@@ -144,7 +187,7 @@ int runStoreCommand() {
       std::cout << v;
       if (v.empty() || v.back() != '\n') std::cout << '\n';
     } else if (a.add->parsed()) {
-      std::cout << s.add(a.key, a.delta) << '\n';
+      std::cout << s.add(a.key, delta) << '\n';
     } else if (a.wait->parsed()) {
       s.wait(a.keys);
     } else if (a.check->parsed()) {
@@ -162,9 +205,14 @@ int runStoreCommand() {
   } catch (const IoError& e) {
     std::cerr << "dtrain: error: " << e.what() << "\n";
     return 4;
+  } catch (const store::RequestRefusedError& e) {
+    // Refused as given (add on a value that is not a number, a sum beyond int64, a key over
+    // the limits): retrying cannot help, so it is bad input.
+    std::cerr << "dtrain: error: " << e.what() << "\n";
+    return kExitUsage;
   } catch (const store::StoreError& e) {
     std::cerr << "dtrain: error: " << e.what() << "\n";
-    return 1;
+    return kExitFailure;
   }
 }
 

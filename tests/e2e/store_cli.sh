@@ -35,6 +35,75 @@ expect_grep "chmod 600" "$T/err" "token file fix named"
 expect_grep "store 127.0.0.1:1: cannot connect" "$T/err" "unreachable message"
 "$DTRAIN" store get greeting --endpoint nonsense --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "bad endpoint -> 2"
 env -u DTRAIN_STORE_TOKEN "$DTRAIN" store get greeting --endpoint "$EP" 2>"$T/err"; expect_eq "$?" 2 "no token -> 2"
+
+# Refused requests and bad arguments: exit 2 with exactly one line naming what is wrong.
+one_line() { expect_eq "$(wc -l <"$1")" 1 "$2: one line"; expect_grep "^dtrain: error: " "$1" "$2: dtrain: error: prefix"; }
+expect_eq "$(S add ov 9223372036854775807)" 9223372036854775807 "add up to INT64_MAX"
+S add ov 1 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "add past INT64_MAX refused -> 2"
+expect_grep "add on key 'ov': 9223372036854775807 \+ 1 would overflow int64; the value is unchanged" "$T/err" "overflow message"
+one_line "$T/err" "overflow"
+expect_eq "$(cat "$T/out")" "" "overflow prints no value"
+expect_eq "$(S get ov)" 9223372036854775807 "overflowing add left the value"
+S delete ov; expect_eq "$(S add ov -9223372036854775808)" -9223372036854775808 "add down to INT64_MIN"
+S add ov -1 2>"$T/err"; expect_eq "$?" 2 "add below INT64_MIN refused -> 2"
+expect_grep "would overflow int64" "$T/err" "underflow message"
+S add n 99999999999999999999 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "delta beyond int64 -> 2"
+expect_grep "^dtrain: error: delta: 99999999999999999999 is out of range; expected an integer from -9223372036854775808 to 9223372036854775807$" "$T/err" "delta out of range named"
+one_line "$T/err" "delta out of range"
+S check n; expect_eq "$?" 1 "refused delta created no key"
+S add n 0x10 2>"$T/err"; expect_eq "$?" 2 "hex delta -> 2"
+expect_grep "delta: expected an integer" "$T/err" "hex delta message"
+S get greeting --timeout 1e999 2>"$T/err"; expect_eq "$?" 2 "--timeout beyond range -> 2"
+expect_grep "^dtrain: error: --timeout: expected seconds from 0 to 31536000, got \"1e999\"$" "$T/err" "--timeout named"
+S get greeting --timeout 99999999999999999999 2>"$T/err"; expect_eq "$?" 2 "huge --timeout -> 2"
+S get greeting --timeout nan 2>"$T/err"; expect_eq "$?" 2 "--timeout nan -> 2"
+S get greeting --connect-timeout -1 2>"$T/err"; expect_eq "$?" 2 "negative --connect-timeout -> 2"
+expect_grep "^dtrain: error: --connect-timeout: expected seconds" "$T/err" "--connect-timeout named"
+"$DTRAIN" store get greeting --endpoint "${EP}x" --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "endpoint port with trailing text -> 2"
+expect_grep "^dtrain: error: --endpoint: expected HOST:PORT" "$T/err" "endpoint port message"
+"$DTRAIN" store serve --port 99999999999999999999 --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "serve --port beyond range -> 2"
+expect_grep "^dtrain: error: --port: 99999999999999999999 is out of range; expected an integer from 0 to 65535$" "$T/err" "serve --port named"
+
+# add on a value that is not a number: one line, the key named, exit 2 (refused as given).
+S add greeting 1 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "add on a non-integer -> 2"
+expect_grep "add on key 'greeting': its value is not an integer" "$T/err" "non-integer names the key"
+expect_eq "$(grep -o 'not an integer' "$T/err" | wc -l)" 1 "non-integer said once"
+one_line "$T/err" "non-integer"
+expect_eq "$(S get greeting)" "hello world" "refused add left the value"
+
+# Keys and values starting with '-' after --.
+SP() { "$DTRAIN" store "$1" --endpoint "$EP" --token-file "$T/tok" "${@:2}"; }
+SP set -- -k -v 2>"$T/err"; expect_eq "$?" 0 "set -- -k -v"
+expect_eq "$(SP get -- -k)" "-v" "get -- -k"
+expect_eq "$(SP add -- -n -3)" -3 "add -- -n -3"
+SP check -- -k -n; expect_eq "$?" 0 "check -- -k -n"
+SP delete -- -k; expect_eq "$?" 0 "delete -- -k"
+S set -k v 2>"$T/err"; expect_eq "$?" 2 "a '-' key without -- -> 2"
+expect_grep "goes after the options and --, as in: dtrain store set \[options\] -- -k$" "$T/err" "'-' key: -- suggested"
+
+# Token files: each problem named with the fix that fits it (never chmod for a directory).
+for d in /tmp "$T"; do
+  "$DTRAIN" store get greeting --endpoint "$EP" --token-file "$d" 2>"$T/err"; expect_eq "$?" 2 "token file $d (directory) -> 2"
+  expect_grep "^dtrain: error: --token-file $d: is a directory; give the token file$" "$T/err" "directory $d named as such"
+  grep -q chmod "$T/err" && fail "directory $d: chmod advised" || pass "directory $d: no chmod advice"
+done
+"$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/absent" 2>"$T/err"; expect_eq "$?" 2 "missing token file -> 2"
+expect_grep "^dtrain: error: --token-file $T/absent: no such token file; check the path$" "$T/err" "missing token file message"
+: >"$T/empty"; chmod 600 "$T/empty"
+"$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/empty" 2>"$T/err"; expect_eq "$?" 2 "empty token file -> 2"
+expect_grep "token file is empty" "$T/err" "empty token file message"
+"$DTRAIN" store get greeting --endpoint "$EP" --token-file /dev/null 2>"$T/err"; expect_eq "$?" 2 "device as token file -> 2"
+expect_grep "/dev/null: is not a regular file" "$T/err" "device named as such"
+if [ "$(id -u)" != 0 ]; then  # root reads mode-000 files
+  echo x >"$T/locked"; chmod 000 "$T/locked"
+  "$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/locked" 2>"$T/err"; expect_eq "$?" 2 "unreadable token file -> 2"
+  expect_grep "permission denied" "$T/err" "unreadable token file message"
+fi
+"$DTRAIN" store serve --port 0 --token-file /nonexist/tok 2>"$T/err"; expect_eq "$?" 2 "serve: token file in a missing directory -> 2"
+expect_grep "^dtrain: error: --token-file /nonexist/tok: cannot create the token file: its directory does not exist; check the path$" "$T/err" "serve names the token path"
+"$DTRAIN" store serve --port 0 --token-file "$T" 2>"$T/err"; expect_eq "$?" 2 "serve: token file is a directory -> 2"
+expect_grep "is a directory; give the token file" "$T/err" "serve: directory named as such"
+
 kill -TERM $SERVE; wait $SERVE; expect_eq "$?" 0 "serve stops on SIGTERM with 0"
 
 # Workers meet through the job's store, found from DTRAIN_STORE_* alone.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <thread>
 
@@ -40,6 +41,50 @@ TEST(HashStore, AddAppendMulti) {
   s.multiSet({"m1", "m2"}, {"1", "2"});
   EXPECT_EQ(s.multiGet({"m2", "m1"}), (std::vector<Bytes>{"2", "1"}));
   EXPECT_THROW(s.multiSet({"x"}, {}), StoreError);
+}
+
+// add() refuses what it cannot represent instead of wrapping, and stores nothing then.
+TEST(HashStore, AddRefusesOverflowAndNonIntegers) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  HashStore s;
+  EXPECT_EQ(s.add("ov", kMax), kMax);
+  try {
+    s.add("ov", 1);
+    FAIL() << "overflow not refused";
+  } catch (const OutOfRangeError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'ov'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("would overflow int64"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.get("ov"), std::to_string(kMax));
+  EXPECT_EQ(s.add("ov", 0), kMax);
+  EXPECT_EQ(s.add("neg", kMin), kMin);
+  EXPECT_THROW(s.add("neg", -1), OutOfRangeError);
+  EXPECT_EQ(s.get("neg"), std::to_string(kMin));
+  EXPECT_EQ(s.add("neg", kMax), -1);  // opposite signs never overflow
+  s.set("text", "abc");
+  try {
+    s.add("text", 1);
+    FAIL() << "non-integer not refused";
+  } catch (const NotIntegerError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("key 'text'"), std::string::npos) << m;
+    EXPECT_EQ(m.find("not an integer"), m.rfind("not an integer")) << "said twice: " << m;
+  }
+  EXPECT_EQ(s.get("text"), "abc");
+}
+
+// The one add() rule every Store uses (HashStore and the TCP server).
+TEST(HashStore, AddToCounterIsTheSharedRule) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  Bytes v = "41", big = std::to_string(kMax), small = std::to_string(kMin), junk = "12x";
+  Bytes tooLong = "99999999999999999999";
+  EXPECT_EQ(addToCounter("k", nullptr, 5), 5);
+  EXPECT_EQ(addToCounter("k", &v, 1), 42);
+  EXPECT_EQ(addToCounter("k", &big, -1), kMax - 1);
+  EXPECT_THROW(addToCounter("k", &big, 1), OutOfRangeError);
+  EXPECT_THROW(addToCounter("k", &small, -1), OutOfRangeError);
+  EXPECT_THROW(addToCounter("k", &junk, 1), NotIntegerError);
+  EXPECT_THROW(addToCounter("k", &tooLong, 1), NotIntegerError);  // a stored value beyond int64
 }
 
 TEST(HashStore, CompareSetFollowsC10d) {

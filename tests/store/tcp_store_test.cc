@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include "dtrain/common/errors.h"
@@ -120,6 +121,63 @@ TEST_F(TcpStoreTest, AllOperations) {
   s->set("text", "abc");
   EXPECT_THROW(s->add("text", 1), StoreError);
   s->ping();  // the connection survives a typed error
+}
+
+// The server shares HashStore's add rule: overflow and non-integers are typed errors that
+// leave the value as it was, and the message says what is wrong once.
+TEST_F(TcpStoreTest, AddRefusesOverflowAndNonIntegers) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  auto s = client();
+  EXPECT_EQ(s->add("ov", kMax), kMax);
+  try {
+    s->add("ov", 1);
+    FAIL() << "overflow not refused";
+  } catch (const OutOfRangeError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("add on key 'ov': 9223372036854775807 + 1 would overflow int64"), std::string::npos) << m;
+  }
+  EXPECT_EQ(s->get("ov"), std::to_string(kMax));
+  EXPECT_EQ(s->add("neg", kMin), kMin);
+  EXPECT_THROW(s->add("neg", -1), OutOfRangeError);
+  EXPECT_EQ(s->get("neg"), std::to_string(kMin));
+  s->set("text", "abc");
+  try {
+    s->add("text", 1);
+    FAIL() << "non-integer not refused";
+  } catch (const NotIntegerError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("key 'text'"), std::string::npos) << m;
+    EXPECT_EQ(m.find("not an integer"), m.rfind("not an integer")) << "said twice: " << m;
+  }
+  EXPECT_EQ(s->get("text"), "abc");
+  // On the wire: OUT_OF_RANGE (10), connection kept.
+  Raw r(server_->port());
+  r.auth();
+  ASSERT_EQ(r.read()->op, Op::kOk);
+  r.send(wire::encodeRequest({Op::kAdd, {"ov"}, {}, kMax}));
+  auto rep = r.read();
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->op, Op::kError);
+  EXPECT_EQ(rep->code, ErrorCode::kOutOfRange);
+  r.send(wire::encodeRequest({Op::kPing, {}, {}, 0}));
+  EXPECT_EQ(r.read()->op, Op::kOk);
+}
+
+// A timeout_ms too large for the server's clock (network bytes) waits as long as the clock
+// can, not a wrapped-around amount that could be already past.
+TEST_F(TcpStoreTest, HugeWaitTimeoutIsNotWrapped) {
+  for (int64_t t : {std::numeric_limits<int64_t>::max(), int64_t{1} << 53}) {
+    Raw r(server_->port());
+    r.auth();
+    ASSERT_EQ(r.read()->op, Op::kOk);
+    std::string key = "later" + std::to_string(t);
+    r.send(wire::encodeRequest({Op::kGet, {key}, {}, t}));
+    EXPECT_FALSE(r.read(300ms)) << "timeout " << t << " ms replied at once";
+    client()->set(key, "v");
+    auto rep = r.read();
+    ASSERT_TRUE(rep);
+    EXPECT_EQ(rep->op, Op::kValue);
+  }
 }
 
 TEST_F(TcpStoreTest, CounterExactAcross16Clients) {

@@ -44,6 +44,9 @@ TEST(Wire, ReplyRoundTrips) {
   Reply d = decodeReply(body(encodeReply(e)), lim);
   EXPECT_EQ(d.code, ErrorCode::kQuota);
   EXPECT_EQ(d.message, "store is full");
+  Reply o = decodeReply(body(encodeReply(errorReply(ErrorCode::kOutOfRange, "would overflow"))), lim);
+  EXPECT_EQ(o.code, ErrorCode::kOutOfRange);
+  EXPECT_STREQ(errorCodeName(ErrorCode::kOutOfRange), "out of range");
   Reply i;
   i.op = Op::kInt;
   i.num = -123456789012345;

@@ -1,6 +1,8 @@
 #include "dtrain/common/strings.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 
@@ -90,6 +92,28 @@ size_t parseSize(const std::string& text, const std::string& what) {
   if (!used || !mult || text[0] == '-')
     throw SpecError(fmt::format("{}: expected a size like 4096, 4K, 256M or 1G, got \"{}\"", what, text));
   return static_cast<size_t>(v * mult);
+}
+
+int64_t parseInteger(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ptr != end || text.empty() || (ec != std::errc() && ec != std::errc::result_out_of_range))
+    throw SpecError(fmt::format("{}: expected an integer from {} to {}, got \"{}\"", what, lo, hi, text));
+  // from_chars reads every digit before it reports a range error, so a number too long for
+  // int64 gets here and is refused, never clamped.
+  if (ec == std::errc::result_out_of_range || v < lo || v > hi)
+    throw SpecError(fmt::format("{}: {} is out of range; expected an integer from {} to {}", what, text, lo, hi));
+  return v;
+}
+
+double parseSeconds(const std::string& text, const std::string& what, double max) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end || text.empty() || !std::isfinite(v) || v < 0 || v > max)
+    throw SpecError(fmt::format("{}: expected seconds from 0 to {}, got \"{}\"", what, max, text));
+  return v;
 }
 
 }  // namespace dtrain

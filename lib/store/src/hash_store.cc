@@ -44,8 +44,7 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
-    int64_t cur = it == map_.end() ? 0 : parseCounter(key, it->second);
-    v = cur + delta;
+    v = addToCounter(key, it == map_.end() ? nullptr : &it->second, delta);
     map_[key] = std::to_string(v);
   }
   cv_.notify_all();

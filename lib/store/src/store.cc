@@ -18,8 +18,18 @@ int64_t parseCounter(const std::string& key, const Bytes& value) {
   int64_t v = 0;
   auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   if (ec != std::errc() || ptr != value.data() + value.size() || value.empty())
-    throw StoreError(fmt::format("add on key '{}': its value is not an integer", key));
+    throw NotIntegerError(fmt::format("add on key '{}': its value is not an integer; set it to a decimal number "
+                                      "or count under another key", key));
   return v;
+}
+
+int64_t addToCounter(const std::string& key, const Bytes* current, int64_t delta) {
+  int64_t cur = current ? parseCounter(key, *current) : 0;
+  int64_t sum = 0;
+  if (__builtin_add_overflow(cur, delta, &sum))
+    throw OutOfRangeError(fmt::format("add on key '{}': {} + {} would overflow int64; the value is unchanged", key,
+                                      cur, delta));
+  return sum;
 }
 
 }  // namespace dtrain::store

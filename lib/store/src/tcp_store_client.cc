@@ -218,8 +218,10 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
 // server's own typed timeout normally arrives first.
 wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
   Duration budget = std::chrono::seconds(30);
-  if (serverWait > Duration::zero()) budget += serverWait;
-  auto deadline = serverWait == kNoTimeout ? Clock::time_point::max() : Clock::now() + budget;
+  // Past a century the sum below could overflow the clock; such a wait is unbounded anyway.
+  bool unbounded = serverWait == kNoTimeout || serverWait > Duration(std::chrono::hours(24 * 365 * 100));
+  if (!unbounded && serverWait > Duration::zero()) budget += serverWait;
+  auto deadline = unbounded ? Clock::time_point::max() : Clock::now() + budget;
   sendRequest(req, deadline);
   return readReply(deadline);
 }
@@ -230,6 +232,10 @@ namespace {
   std::string msg = fmt::format("store {}: {}", ep, r.message);
   switch (r.code) {
     case ErrorCode::kTimeout: throw TimeoutError(msg);
+    // The server's message already says what was wrong; the code's name would repeat it.
+    case ErrorCode::kNotInteger: throw NotIntegerError(msg);
+    case ErrorCode::kOutOfRange: throw OutOfRangeError(msg);
+    case ErrorCode::kTooLarge: throw RequestRefusedError(fmt::format("{} ({})", msg, wire::errorCodeName(r.code)));
     default: throw StoreError(fmt::format("{} ({})", msg, wire::errorCodeName(r.code)));
   }
 }

@@ -4,6 +4,7 @@
 
 #include <boost/asio.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <list>
 #include <thread>
@@ -227,20 +228,20 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       case Op::kAdd: {
         auto it = st.map.find(q.keys[0]);
-        int64_t cur = 0;
-        if (it != st.map.end()) {
-          try {
-            cur = parseCounter(q.keys[0], it->second);
-          } catch (const StoreError& e) {
-            return error(ErrorCode::kNotInteger, e.what());
-          }
+        int64_t sum = 0;
+        try {
+          sum = addToCounter(q.keys[0], it == st.map.end() ? nullptr : &it->second, q.num);
+        } catch (const NotIntegerError& e) {
+          return error(ErrorCode::kNotInteger, e.what());
+        } catch (const OutOfRangeError& e) {
+          return error(ErrorCode::kOutOfRange, e.what());
         }
-        std::string v = std::to_string(cur + q.num);
+        std::string v = std::to_string(sum);
         if (!admit(q.keys[0], v.size())) return;
         put(q.keys[0], v);
         wire::Reply r;
         r.op = Op::kInt;
-        r.num = cur + q.num;
+        r.num = sum;
         return reply(r);
       }
       case Op::kCompareSet: {
@@ -307,7 +308,9 @@ class Session : public std::enable_shared_from_this<Session> {
     keyWritten();
     if (!waiting_) return;
     if (q.num >= 0) {
-      waitFor_ = Duration(q.num);
+      // The timer counts nanoseconds: a timeout_ms beyond ~292 years would wrap in the
+      // conversion, possibly to a deadline already past. A century is as good as forever.
+      waitFor_ = std::min(Duration(q.num), Duration(std::chrono::hours(24 * 365 * 100)));
       waitTimer_.expires_after(waitFor_);
       auto self = shared_from_this();
       waitTimer_.async_wait([this, self](boost::system::error_code ec) {

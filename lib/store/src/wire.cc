@@ -96,6 +96,7 @@ const char* errorCodeName(ErrorCode c) {
     case ErrorCode::kTimeout: return "timeout";
     case ErrorCode::kNotInteger: return "not an integer";
     case ErrorCode::kVersion: return "unsupported protocol version";
+    case ErrorCode::kOutOfRange: return "out of range";
   }
   return "unknown error";
 }

@@ -1,4 +1,6 @@
 #pragma once
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,5 +23,14 @@ std::string shellQuote(std::string_view word);
 
 // "4096", "4K", "256M", "1G" (powers of 1024) -> bytes. Throws SpecError naming `what`.
 size_t parseSize(const std::string& text, const std::string& what);
+
+// A decimal integer in [lo, hi], nothing else: no base prefixes ("010" is ten, "0x10" is
+// refused), no trailing text, and out-of-range values are refused rather than clamped.
+// Throws SpecError naming `what` (the flag or argument).
+int64_t parseInteger(const std::string& text, const std::string& what, int64_t lo = std::numeric_limits<int64_t>::min(),
+                     int64_t hi = std::numeric_limits<int64_t>::max());
+
+// Decimal seconds in [0, max] ("2", "0.5"); no "inf" or "nan". Throws SpecError naming `what`.
+double parseSeconds(const std::string& text, const std::string& what, double max);
 
 }  // namespace dtrain

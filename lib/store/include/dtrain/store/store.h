@@ -25,6 +25,26 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The store refused the request as given and changed nothing: sending it again cannot
+// succeed, so callers treat it as bad input (`dtrain store` exits 2), not as a failure.
+class RequestRefusedError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
+// add() on a value that is not a decimal integer (wire NOT_INTEGER).
+class NotIntegerError : public RequestRefusedError {
+ public:
+  using RequestRefusedError::RequestRefusedError;
+};
+
+// add() whose result would not fit in int64 (wire OUT_OF_RANGE). Refused rather than
+// wrapped: a counter that silently turns negative breaks every rank that reads it.
+class OutOfRangeError : public RequestRefusedError {
+ public:
+  using RequestRefusedError::RequestRefusedError;
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -61,7 +81,12 @@ class Store {
 // "timed out after 1.5 s waiting for key 'a'" (or "keys 'a', 'b'").
 std::string describeWaitTimeout(Duration waited, const std::vector<std::string>& missing);
 
-// Parses the decimal integer add() stores. Throws StoreError naming the key.
+// Parses the decimal integer add() stores. Throws NotIntegerError naming the key.
 int64_t parseCounter(const std::string& key, const Bytes& value);
+
+// add()'s arithmetic, shared by every Store (HashStore, the TCP server) so that they refuse
+// the same requests: the counter at `key` (`current`, nullptr when absent = 0) plus delta.
+// Throws NotIntegerError or OutOfRangeError naming the key; the caller then stores nothing.
+int64_t addToCounter(const std::string& key, const Bytes* current, int64_t delta);
 
 }  // namespace dtrain::store

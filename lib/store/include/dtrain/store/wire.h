@@ -48,6 +48,7 @@ enum class ErrorCode : uint16_t {
   kTimeout = 7,
   kNotInteger = 8,
   kVersion = 9,
+  kOutOfRange = 10,
 };
 
 const char* errorCodeName(ErrorCode c);

@@ -1,0 +1,61 @@
+#include "dtrain/common/strings.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain {
+namespace {
+
+std::string refusal(const std::string& text, int64_t lo = std::numeric_limits<int64_t>::min(),
+                    int64_t hi = std::numeric_limits<int64_t>::max()) {
+  try {
+    parseInteger(text, "delta", lo, hi);
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "\"" << text << "\" was accepted";
+  return "";
+}
+
+TEST(ParseInteger, StrictDecimalInRange) {
+  EXPECT_EQ(parseInteger("42", "x"), 42);
+  EXPECT_EQ(parseInteger("-7", "x"), -7);
+  EXPECT_EQ(parseInteger("010", "x"), 10);  // decimal, not octal
+  EXPECT_EQ(parseInteger("9223372036854775807", "x"), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(parseInteger("-9223372036854775808", "x"), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(parseInteger("65535", "--port", 0, 65535), 65535);
+}
+
+TEST(ParseInteger, OutOfRangeIsRefusedNeverClamped) {
+  EXPECT_EQ(refusal("99999999999999999999"),
+            "delta: 99999999999999999999 is out of range; expected an integer from -9223372036854775808 to "
+            "9223372036854775807");
+  EXPECT_NE(refusal("-99999999999999999999").find("is out of range"), std::string::npos);
+  EXPECT_NE(refusal("9223372036854775808").find("is out of range"), std::string::npos);
+  EXPECT_EQ(refusal("65536", 0, 65535), "delta: 65536 is out of range; expected an integer from 0 to 65535");
+  EXPECT_NE(refusal("-1", 0, 65535).find("is out of range"), std::string::npos);
+}
+
+TEST(ParseInteger, NonNumbersAreRefused) {
+  for (const char* bad : {"", "x", "1x", "0x10", " 1", "1 ", "+", "-", "1.5", "1e3"})
+    EXPECT_NE(refusal(bad).find("delta: expected an integer from"), std::string::npos) << bad;
+}
+
+TEST(ParseSeconds, FiniteAndBounded) {
+  EXPECT_DOUBLE_EQ(parseSeconds("0.5", "--timeout", 100), 0.5);
+  EXPECT_DOUBLE_EQ(parseSeconds("0", "--timeout", 100), 0);
+  EXPECT_DOUBLE_EQ(parseSeconds("100", "--timeout", 100), 100);
+  for (const char* bad : {"", "-1", "101", "1e400", "inf", "nan", "1s", "99999999999999999999"})
+    EXPECT_THROW(parseSeconds(bad, "--timeout", 100), SpecError) << bad;
+  try {
+    parseSeconds("-1", "--timeout", 100);
+  } catch (const SpecError& e) {
+    EXPECT_STREQ(e.what(), "--timeout: expected seconds from 0 to 100, got \"-1\"");
+  }
+}
+
+}  // namespace
+}  // namespace dtrain
