@@ -48,7 +48,7 @@ struct RunArgs {
 
 
 void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
-  cmd->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Workers on this node: a positive integer or \"auto\"");
+  cmd->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Workers on this node: 1..4096 or \"auto\"");
   cmd->add_option("--max-restarts,--max_restarts", a.max_restarts, "Restarts allowed before the job fails");
   cmd->add_option("--nnodes", a.nnodes, "Elastic node range N or MIN:MAX (multi-node; default: all hosts given)");
   cmd->add_option("--log-dir,--log_dir", a.overrides.log_dir, "Directory for per-rank log files (rank_N.log)");
@@ -62,16 +62,17 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--hosts", a.hosts, "Run across these hosts: h1:2,h2:2 (replaces the spec's nodes)");
 }
 
-int parseIntFlag(const std::string& flag, const std::string& v) {
+int parseIntFlag(const std::string& flag, const std::string& v, int lo, int hi) {
   size_t used = 0;
-  int out = 0;
+  long long out = 0;
   try {
-    out = std::stoi(v, &used);
+    out = std::stoll(v, &used);
   } catch (...) {
     used = 0;
   }
-  if (used != v.size() || v.empty()) throw SpecError(fmt::format("{}: expected an integer, got \"{}\"", flag, v));
-  return out;
+  if (used != v.size() || v.empty() || out < lo || out > hi)
+    throw SpecError(fmt::format("{}: expected an integer between {} and {}, got \"{}\"", flag, lo, hi, v));
+  return static_cast<int>(out);
 }
 
 double parseDoubleFlag(const std::string& flag, const std::string& v) {
@@ -149,7 +150,7 @@ spec::JobSpec buildSpec(RunArgs& a) {
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
   if (!a.hosts.empty()) a.overrides.hosts = a.hosts;
   if (!a.nnodes.empty()) a.overrides.nnodes = a.nnodes;
-  if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts);
+  if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts, 0, spec::kMaxRestarts);
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
   spec::resolve(s);

@@ -370,7 +370,7 @@ TEST(SpecNodes, Errors) {
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "port": 0}]})"),
             "job.json: /nodes/0/port: expected an ssh port between 1 and 65535, got 0");
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "gpus": [0, -1]}]})"),
-            "job.json: /nodes/0/gpus/1: expected a GPU index >= 0, got -1");
+            "job.json: /nodes/0/gpus/1: expected a GPU index between 0 and 1023, got -1");
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1", "gpus": [0, 1, 0]}]})"),
             "job.json: /nodes/0/gpus/2: GPU 0 is listed twice (also /nodes/0/gpus/0); list each GPU once");
   EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "h1"}, {"host": "h2"}, {"host": "H1"}]})"),

@@ -53,13 +53,13 @@ TEST(JobSpec, DefaultsAreTorchrunLike) {
 
 TEST(JobSpec, ErrorsNameFilePointerAndFix) {
   EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": -1})"),
-            "job.json: /nproc_per_node: expected a positive integer or \"auto\", got -1");
+            "job.json: /nproc_per_node: expected a worker count between 1 and 4096 or \"auto\", got -1");
   EXPECT_EQ(errorOf(R"({"command": ["true"], "max_restart": 1})"),
             "job.json: /max_restart: unknown key \"max_restart\"; did you mean \"max_restarts\"?");
   EXPECT_EQ(errorOf("{\n  \"command\": [\"true\"\n}"),
             "job.json:3:1: invalid JSON: syntax error while parsing array - unexpected '}'; expected ']'");
   EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": 18446744073709551615})"),
-            "job.json: /nproc_per_node: expected a positive integer or \"auto\", got 18446744073709551615");
+            "job.json: /nproc_per_node: expected a worker count between 1 and 4096 or \"auto\", got 18446744073709551615");
 }
 
 TEST(JobSpec, AutoResolvesToCpusWithoutGpus) {
@@ -146,7 +146,126 @@ TEST(JobSpec, MultiNodeKeysAreChecked) {
   EXPECT_EQ(errorOf(R"({"command": ["true"], "rendezvous": {"addr": "a b"}})"),
             "job.json: /rendezvous/addr: host name \"a b\" contains ' '; give an IP address or host name");
   EXPECT_EQ(errorOf(R"({"command": ["true"], "env_forward": ["A=B"]})"),
-            "job.json: /env_forward/0: a variable-name prefix cannot contain '='");
+            "job.json: /env_forward/0: bad variable-name prefix \"A=B\"; prefixes are letters, digits and '_', not starting with a "
+            "digit");
+}
+
+TEST(JobSpec, DuplicateKeysAreRefusedWithPathAndPosition) {
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": 2, "nproc_per_node": 8})"),
+            "job.json: /: key \"nproc_per_node\" is given twice (line 1, column 23, then line 1, column 44); the second would "
+            "silently override the first; keep one of them");
+  EXPECT_EQ(errorOf("{\"command\": [\"true\"],\n \"env\": {\"A\": \"1\",\n         \"A\": \"2\"}}"),
+            "job.json: /env: key \"A\" is given twice (line 2, column 10, then line 3, column 10); the second would silently "
+            "override the first; keep one of them");
+  // Paths through arrays, and keys with escapes (the position is the key's opening quote).
+  EXPECT_NE(errorOf(R"({"command": ["true"], "nodes": [{"host": "a"}, {"host": "b", "slots": 1, "slots": 2}]})")
+                .find("job.json: /nodes/1: key \"slots\" is given twice"),
+            std::string::npos);
+  EXPECT_NE(errorOf(R"({"command": ["true"], "env": {"a\"b": "1", "a\"b": "2"}})")
+                .find("job.json: /env: key \"a\\\"b\" is given twice (line 1, column 31, then line 1, column 44)"),
+            std::string::npos);
+  // The same key in different objects is fine.
+  EXPECT_NO_THROW(parseJobSpec(R"({"command": ["true"], "rendezvous": {"port": 0}, "ssh": {"port": 22}})", "job.json"));
+}
+
+TEST(JobSpec, NulInAnyStringIsRefused) {
+  const std::string nul = "contains a NUL character (\\u0000), which a command line, environment or path cannot carry; remove it";
+  EXPECT_EQ(errorOf(R"({"command": ["x\u0000y"]})"), "job.json: /command/0: " + nul);
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "env": {"A": "x\u0000"}})"), "job.json: /env/A: " + nul);
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "cwd": "/tmp\u0000/x"})"), "job.json: /cwd: " + nul);
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "name": "a\u0000"})"), "job.json: /name: " + nul);
+  // Keys: env names follow the name rule; other keys are unknown keys. Either way, one line.
+  EXPECT_NE(errorOf(R"({"command": ["true"], "env": {"A\u0000B": "1"}})").find("/env/A\\x00B: bad variable name \"A\\u0000B\""),
+            std::string::npos);
+}
+
+TEST(JobSpec, RangeMessagesStateTheRange) {
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 100000000, 4]}}})"),
+            "job.json: /trainer/model/layers/1: expected a layer width between 1 and 1048576, got 100000000");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "max_restarts": 18446744073709551615})"),
+            "job.json: /max_restarts: expected an integer between 0 and 1000000, got 18446744073709551615");
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "epochs": 1e9}})"),
+            "job.json: /trainer/epochs: expected an integer between 1 and 1000000, got 1000000000.0");
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "epochs": 2.0}})"),
+            "job.json: /trainer/epochs: expected an integer between 1 and 1000000, got 2.0; write it without a decimal point "
+            "or exponent");
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "seed": 1e30}})"),
+            "job.json: /trainer/seed: expected an integer between 0 and 9223372036854775807, got 1e+30");
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"lr": 1e300}}})"),
+            "job.json: /trainer/optimizer/lr: expected a learning rate between 0 and 1000000, got 1e+300");
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"momentum": 1}}})"),
+            "job.json: /trainer/optimizer/momentum: expected a momentum in [0, 1), got 1");
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"type": "adamw", "eps": 0}}})"),
+            "job.json: /trainer/optimizer/eps: expected an epsilon in (0, 1], got 0");
+  // Half-open ranges take everything up to the open end.
+  EXPECT_NO_THROW(parseJobSpec(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"momentum": 0.9999999}}})", "job.json"));
+}
+
+TEST(JobSpec, NumbersAreJsonNumbers) {
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": "2"})"),
+            "job.json: /nproc_per_node: expected a worker count between 1 and 4096 or \"auto\", got the string \"2\"; numbers "
+            "are JSON numbers: write it without quotes");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "max_restarts": "3"})"),
+            "job.json: /max_restarts: expected an integer between 0 and 1000000, got the string \"3\"; numbers are JSON "
+            "numbers: write it without quotes");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "shutdown_timeout_s": "2.5"})"),
+            "job.json: /shutdown_timeout_s: expected seconds between 0 and 86400, got the string \"2.5\"; numbers are JSON "
+            "numbers: write it without quotes");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": "many"})"),
+            "job.json: /nproc_per_node: expected a worker count between 1 and 4096 or \"auto\", got the string \"many\"");
+  EXPECT_TRUE(parseJobSpec(R"({"command": ["true"], "nproc_per_node": "auto"})", "job.json").nproc_auto);
+}
+
+TEST(JobSpec, OneVariableNameRuleForEnvEnvFileAndCli) {
+  const std::string rule = "bad variable name \"1A\"; names are letters, digits and '_', not starting with a digit";
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "env": {"1A": "x"}})"), "job.json: /env/1A: " + rule);
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  Overrides o;
+  o.env = {"1A=x"};
+  try {
+    applyOverrides(s, o);
+    ADD_FAILURE() << "--env 1A=x accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(std::string(e.what()), "--env: " + rule);
+  }
+  try {
+    parseEnvFile("1A=x\n", "vars.env");
+    ADD_FAILURE() << "1A=x accepted in an env file";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(std::string(e.what()), "vars.env:1: " + rule + " (no spaces around '=')");
+  }
+  for (const char* name : {"A.B", "A-B", "A B", "É"})
+    EXPECT_NE(errorOf(std::string(R"({"command": ["true"], "env": {")") + name + R"(": "x"}})").find("bad variable name"),
+              std::string::npos)
+        << name;
+  EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env": {"_a1": "x"}})", "job.json").env.at("_a1"), "x");
+}
+
+TEST(JobSpec, CwdThatIsAFileIsNotADirectory) {
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "cwd": "/etc/passwd"})"),
+            "job.json: /cwd: \"/etc/passwd\" is not a directory; give the directory the workers start in");
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "cwd": "/nonexistent/dir"})"), "job.json: /cwd: directory \"/nonexistent/dir\" does not exist");
+}
+
+TEST(JobSpec, CliRangesAreStated) {
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  auto cliError = [&](const Overrides& o) -> std::string {
+    try {
+      applyOverrides(s, o);
+    } catch (const SpecError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  Overrides nproc;
+  nproc.nproc_per_node = "5000";
+  EXPECT_EQ(cliError(nproc), "--nproc-per-node: expected a worker count between 1 and 4096 or \"auto\", got \"5000\"");
+  Overrides restarts;
+  restarts.max_restarts = 2000000;
+  EXPECT_EQ(cliError(restarts), "--max-restarts: expected an integer between 0 and 1000000, got 2000000");
+  Overrides nnodes;
+  nnodes.nnodes = "1:5000";
+  EXPECT_EQ(cliError(nnodes), "--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX <= 4096, got \"1:5000\"");
 }
 
 TEST(Strings, ClosestMatch) {

@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
+#include <iterator>
+#include <map>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -47,16 +51,61 @@ const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nest
 const std::vector<std::string> kScheduleKeys = {"type", "step_size", "gamma", "warmup_steps", "min_lr"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps"};
 
+// Messages are one line: control characters (a newline in a key or value) are shown escaped.
+std::string oneLine(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (ch == '\n') out += "\\n";
+    else if (ch == '\t') out += "\\t";
+    else if (ch < 0x20 || ch == 0x7f) out += fmt::format("\\x{:02x}", ch);
+    else out += static_cast<char>(ch);
+  }
+  return out;
+}
+
+// A key as a JSON pointer token (RFC 6901): '~' is written ~0 and '/' ~1.
+std::string pointerToken(const std::string& key) {
+  std::string out;
+  for (char ch : key) out += ch == '~' ? std::string("~0") : ch == '/' ? std::string("~1") : std::string(1, ch);
+  return out;
+}
+
+// A string as JSON writes it: quoted, with escapes.
+std::string jsonQuoted(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
+
 std::string typeName(const json& j) {
   switch (j.type()) {
     case json::value_t::null: return "null";
     case json::value_t::boolean: return j.get<bool>() ? "true" : "false";
-    case json::value_t::string: return fmt::format("the string {}", j.dump());
+    case json::value_t::string: return fmt::format("the string {}", jsonQuoted(j.get<std::string>()));
     case json::value_t::array: return "an array";
     case json::value_t::object: return "an object";
     default: return j.dump();
   }
 }
+
+// "; write the number without quotes" when a field that takes a number got one as a string.
+std::string quotedNumberHint(const json& j) {
+  if (!j.is_string()) return "";
+  const std::string s = j.get<std::string>();
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return "";
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() ? "; numbers are JSON numbers: write it without quotes" : "";
+}
+
+// Environment variable names, wherever they are given (spec "env", "env_file", --env): what
+// a POSIX shell takes, [A-Za-z_][A-Za-z0-9_]*. "" when fine, else the problem.
+std::string envNameProblem(const std::string& name) {
+  auto letter = [](char ch) { return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || ch == '_'; };
+  bool ok = !name.empty() && letter(name[0]) &&
+            std::all_of(name.begin(), name.end(), [&](char ch) { return letter(ch) || (ch >= '0' && ch <= '9'); });
+  if (ok) return "";
+  return fmt::format("bad variable name {}; names are letters, digits and '_', not starting with a digit", jsonQuoted(name));
+}
+
+// The bounds a number field accepts: [lo, hi], or open at one end.
+enum class Bounds { kClosed, kOpenLow, kOpenHigh };
 
 // Collects the file name so that every error reads "<file>: <pointer>: <problem>".
 class Checker {
@@ -64,42 +113,60 @@ class Checker {
   explicit Checker(std::string source) : source_(std::move(source)) {}
 
   [[noreturn]] void fail(const std::string& pointer, const std::string& msg) const {
-    throw SpecError(fmt::format("{}: {}: {}", source_, pointer, msg));
+    throw SpecError(oneLine(fmt::format("{}: {}: {}", source_, pointer, msg)));
   }
 
   void checkKeys(const json& obj, const std::string& pointer, const std::vector<std::string>& allowed) const {
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       if (std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end()) continue;
       std::string hint = closestMatch(it.key(), allowed);
-      std::string where = pointer + "/" + it.key();
+      std::string where = pointer + "/" + pointerToken(it.key());
       if (!hint.empty())
         fail(where, fmt::format("unknown key \"{}\"; did you mean \"{}\"?", it.key(), hint));
       fail(where, fmt::format("unknown key \"{}\"; known keys: {}", it.key(), fmt::join(allowed, ", ")));
     }
   }
 
+  // Every string of a spec ends up in a command line, the environment, a path or a name,
+  // none of which can carry a NUL: "x", NUL, "y" would silently become "x".
   std::string str(const json& j, const std::string& pointer, bool allowEmpty = true) const {
     if (!j.is_string()) fail(pointer, fmt::format("expected a string, got {}", typeName(j)));
     std::string s = j.get<std::string>();
     if (!allowEmpty && s.empty()) fail(pointer, "expected a non-empty string, got \"\"");
+    if (s.find('\0') != std::string::npos)
+      fail(pointer, "contains a NUL character (\\u0000), which a command line, environment or path cannot carry; remove it");
     return s;
   }
 
-  long long integer(const json& j, const std::string& pointer, long long lo, long long hi,
-                    const std::string& what) const {
-    if (!j.is_number_integer() && !j.is_number_unsigned())
-      fail(pointer, fmt::format("expected {}, got {}", what, typeName(j)));
+  // An integer in lo..hi, written as a JSON number. `what` names it ("a worker count"); the
+  // message adds the range, then `alt` (e.g. " or \"auto\"").
+  long long integer(const json& j, const std::string& pointer, long long lo, long long hi, const std::string& what,
+                    const std::string& alt = "") const {
+    const std::string expected = fmt::format("expected {} between {} and {}{}", what, lo, hi, alt);
+    if (j.is_number_float()) {
+      double d = j.get<double>();
+      bool whole = d == std::floor(d) && d >= static_cast<double>(lo) && d <= static_cast<double>(hi);
+      fail(pointer, fmt::format("{}, got {}{}", expected, j.dump(), whole ? "; write it without a decimal point or exponent" : ""));
+    }
+    if (!j.is_number()) fail(pointer, fmt::format("{}, got {}{}", expected, typeName(j), quotedNumberHint(j)));
     if (j.is_number_unsigned() && j.get<unsigned long long>() > static_cast<unsigned long long>(hi))
-      fail(pointer, fmt::format("expected {}, got {}", what, j.dump()));
+      fail(pointer, fmt::format("{}, got {}", expected, j.dump()));
     long long v = j.get<long long>();
-    if (v < lo || v > hi) fail(pointer, fmt::format("expected {}, got {}", what, v));
+    if (v < lo || v > hi) fail(pointer, fmt::format("{}, got {}", expected, v));
     return v;
   }
 
-  double number(const json& j, const std::string& pointer, double lo, double hi, const std::string& what) const {
-    if (!j.is_number()) fail(pointer, fmt::format("expected {}, got {}", what, typeName(j)));
+  // A number in [lo, hi] (or open at one end), written as a JSON number; messages as integer's.
+  double number(const json& j, const std::string& pointer, double lo, double hi, const std::string& what,
+                const std::string& alt = "", Bounds b = Bounds::kClosed) const {
+    std::string range = b == Bounds::kOpenLow    ? fmt::format("in ({}, {}]", lo, hi)
+                        : b == Bounds::kOpenHigh ? fmt::format("in [{}, {})", lo, hi)
+                                                 : fmt::format("between {} and {}", lo, hi);
+    const std::string expected = fmt::format("expected {} {}{}", what, range, alt);
+    if (!j.is_number()) fail(pointer, fmt::format("{}, got {}{}", expected, typeName(j), quotedNumberHint(j)));
     double v = j.get<double>();
-    if (!(v >= lo && v <= hi)) fail(pointer, fmt::format("expected {}, got {}", what, j.dump()));
+    bool ok = (b == Bounds::kOpenLow ? v > lo : v >= lo) && (b == Bounds::kOpenHigh ? v < hi : v <= hi);
+    if (!ok) fail(pointer, fmt::format("{}, got {}", expected, j.dump()));
     return v;
   }
 
@@ -152,6 +219,103 @@ size_t numberOutsideStrings(const std::string& text, const std::string& token) {
   return std::string::npos;
 }
 
+// Feeds the parser one byte at a time and remembers the last byte it read, so that the parser
+// callback knows where in the text it is (nlohmann's callback gets no position).
+class TrackingIterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+  TrackingIterator(const char* p, const char** last) : p_(p), last_(last) {}
+  reference operator*() const {
+    *last_ = p_;
+    return *p_;
+  }
+  TrackingIterator& operator++() {
+    ++p_;
+    return *this;
+  }
+  TrackingIterator operator++(int) {
+    TrackingIterator before = *this;
+    ++p_;
+    return before;
+  }
+  bool operator==(const TrackingIterator& o) const { return p_ == o.p_; }
+  bool operator!=(const TrackingIterator& o) const { return p_ != o.p_; }
+
+ private:
+  const char* p_;
+  const char** last_;
+};
+
+// The byte offset of the opening quote of the string literal whose closing quote is at `close`.
+size_t stringStart(const std::string& text, size_t close) {
+  for (size_t i = close; i-- > 0;) {
+    if (text[i] != '"') continue;
+    size_t backslashes = 0;
+    while (backslashes < i && text[i - 1 - backslashes] == '\\') ++backslashes;
+    if (backslashes % 2 == 0) return i;
+  }
+  return 0;
+}
+
+// json::parse, except that a key given twice in one object is an error: nlohmann keeps the
+// last one, so {"nproc_per_node": 2, "nproc_per_node": 8} would silently run 8.
+json parseRefusingDuplicateKeys(const std::string& text, const Checker& c) {
+  struct Frame {
+    bool object;
+    std::string path;                     // JSON pointer of this object or array
+    std::map<std::string, size_t> keys;   // object: keys seen, at the byte offset of their quote
+    std::string key;                      // object: the key of the value being read
+    size_t index = 0;                     // array: the index of the next element
+  };
+  std::vector<Frame> stack;
+  const char* last = text.data();
+  auto childPath = [&]() -> std::string {
+    if (stack.empty()) return "";
+    Frame& f = stack.back();
+    return f.object ? f.path + "/" + pointerToken(f.key) : f.path + "/" + std::to_string(f.index++);
+  };
+  auto where = [&](size_t byte) {
+    auto [line, col] = lineColumn(text, byte + 1);
+    return fmt::format("line {}, column {}", line, col);
+  };
+  using E = json::parse_event_t;
+  json::parser_callback_t callback = [&](int, E event, json& parsed) -> bool {
+    switch (event) {
+      case E::object_start:
+      case E::array_start: {
+        std::string path = childPath();
+        stack.push_back(Frame{event == E::object_start, std::move(path), {}, {}, 0});
+        break;
+      }
+      case E::key: {
+        Frame& f = stack.back();
+        std::string key = parsed.get<std::string>();
+        size_t at = stringStart(text, static_cast<size_t>(last - text.data()));
+        auto [first, fresh] = f.keys.emplace(key, at);
+        if (!fresh)
+          c.fail(f.path.empty() ? "/" : f.path,
+                 fmt::format("key {} is given twice ({}, then {}); the second would silently override the first; "
+                             "keep one of them", jsonQuoted(key), where(first->second), where(at)));
+        f.key = std::move(key);
+        break;
+      }
+      case E::value:
+        if (!stack.empty() && !stack.back().object) ++stack.back().index;
+        break;
+      case E::object_end:
+      case E::array_end:
+        stack.pop_back();
+        break;
+    }
+    return true;
+  };
+  return json::parse(TrackingIterator(text.data(), &last), TrackingIterator(text.data() + text.size(), &last), callback);
+}
+
 bool isDirectory(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -166,6 +330,7 @@ bool isSpecialFile(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode));
 }
 
+// --nproc-per-node's text (the spec's nproc_per_node is a JSON number or "auto").
 void parseNproc(const std::string& value, JobSpec& spec, const std::function<void(const std::string&)>& bad) {
   if (value == "auto") {
     spec.nproc_auto = true;
@@ -178,8 +343,8 @@ void parseNproc(const std::string& value, JobSpec& spec, const std::function<voi
   } catch (...) {
     used = 0;
   }
-  if (used != value.size() || value.empty() || v < 1 || v > 4096)
-    bad(fmt::format("expected a positive integer or \"auto\", got \"{}\"", value));
+  if (used != value.size() || value.empty() || v < 1 || v > kMaxProcsPerNode)
+    bad(fmt::format("expected a worker count between 1 and {} or \"auto\", got \"{}\"", kMaxProcsPerNode, value));
   spec.nproc_auto = false;
   spec.nproc_per_node = static_cast<int>(v);
 }
@@ -194,8 +359,9 @@ std::vector<int> parseRankList(const std::string& value, const std::function<voi
     } catch (...) {
       used = 0;
     }
-    if (part.empty() || used != part.size() || v < 0)
-      bad(fmt::format("expected comma-separated local ranks like \"0,2\", got \"{}\"", value));
+    if (part.empty() || used != part.size() || v < 0 || v > kMaxProcsPerNode - 1)
+      bad(fmt::format("expected comma-separated local ranks between 0 and {} like \"0,2\", got \"{}\"",
+                      kMaxProcsPerNode - 1, value));
     out.push_back(static_cast<int>(v));
   }
   return out;
@@ -226,7 +392,7 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
   const json& layers = m["layers"];
   if (layers.size() < 2) c.fail(P + "/model/layers", "needs at least an input and an output width");
   for (size_t i = 0; i < layers.size(); ++i)
-    ts.model.layers.push_back(static_cast<int>(c.integer(layers[i], fmt::format("{}/model/layers/{}", P, i), 1, 1 << 20, "a width >= 1")));
+    ts.model.layers.push_back(static_cast<int>(c.integer(layers[i], fmt::format("{}/model/layers/{}", P, i), 1, 1 << 20, "a layer width")));
   if (m.contains("activation")) ts.model.activation = oneOf(c, m["activation"], P + "/model/activation", {"relu", "gelu"});
   if (m.contains("loss")) ts.model.loss = oneOf(c, m["loss"], P + "/model/loss", {"cross_entropy", "mse"});
   if (t.contains("data")) {
@@ -238,7 +404,8 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     auto file = [&](const char* key, std::string& out) {
       if (!d.contains(key)) return;
       out = c.str(d[key], P + "/data/" + key, false);
-      if (!exists(out) || isDirectory(out)) c.fail(P + "/data/" + key, fmt::format("file \"{}\" does not exist", out));
+      if (!exists(out)) c.fail(P + "/data/" + key, fmt::format("file \"{}\" does not exist", out));
+      if (isDirectory(out)) c.fail(P + "/data/" + key, fmt::format("\"{}\" is a directory, not a data file; give a file", out));
       if (isSpecialFile(out))
         c.fail(P + "/data/" + key, fmt::format("\"{}\" is a device, not a data file; give a file (or a pipe)", out));
     };
@@ -258,8 +425,10 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     if (d.contains("label_column")) {
       if (ty != "csv") c.fail(P + "/data/label_column", "only csv data has a label column");
       const json& lc = d["label_column"];
-      ts.data.label_column = lc.is_number_integer() ? std::to_string(c.integer(lc, P + "/data/label_column", 0, 1 << 20, "a column index >= 0"))
-                                                    : c.str(lc, P + "/data/label_column", false);
+      if (!lc.is_number() && !lc.is_string())
+        c.fail(P + "/data/label_column", fmt::format("expected a header name or a 0-based column index, got {}", typeName(lc)));
+      ts.data.label_column = lc.is_number() ? std::to_string(c.integer(lc, P + "/data/label_column", 0, 1 << 20, "a column index"))
+                                            : c.str(lc, P + "/data/label_column", false);
     }
     if (d.contains("header")) ts.data.header = c.boolean(d["header"], P + "/data/header");
     if (d.contains("prefetch") && !(d["prefetch"].is_string() && d["prefetch"] == "auto")) {
@@ -268,15 +437,15 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
       ts.data.prefetch = d["prefetch"].get<bool>();
     }
     if (d.contains("train_samples"))
-      ts.data.train_samples = c.integer(d["train_samples"], P + "/data/train_samples", 1, 1ll << 40, "a sample count >= 1");
+      ts.data.train_samples = c.integer(d["train_samples"], P + "/data/train_samples", 1, 1ll << 40, "a sample count");
     if (d.contains("eval_samples"))
-      ts.data.eval_samples = c.integer(d["eval_samples"], P + "/data/eval_samples", 0, 1ll << 40, "a sample count >= 0");
-    if (d.contains("seed")) ts.data.seed = static_cast<unsigned long long>(c.integer(d["seed"], P + "/data/seed", 0, INT64_MAX, "an integer >= 0"));
+      ts.data.eval_samples = c.integer(d["eval_samples"], P + "/data/eval_samples", 0, 1ll << 40, "a sample count");
+    if (d.contains("seed")) ts.data.seed = static_cast<unsigned long long>(c.integer(d["seed"], P + "/data/seed", 0, INT64_MAX, "an integer"));
   }
-  if (t.contains("batch_size")) ts.batch_size = static_cast<int>(c.integer(t["batch_size"], P + "/batch_size", 1, 1 << 20, "a per-worker batch size >= 1"));
-  if (t.contains("epochs")) ts.epochs = static_cast<int>(c.integer(t["epochs"], P + "/epochs", 1, 1000000, "an integer >= 1"));
+  if (t.contains("batch_size")) ts.batch_size = static_cast<int>(c.integer(t["batch_size"], P + "/batch_size", 1, 1 << 20, "a per-worker batch size"));
+  if (t.contains("epochs")) ts.epochs = static_cast<int>(c.integer(t["epochs"], P + "/epochs", 1, 1000000, "an integer"));
   if (t.contains("max_steps") && !t["max_steps"].is_null())
-    ts.max_steps = c.integer(t["max_steps"], P + "/max_steps", 1, 1ll << 40, "a step count >= 1, or null");
+    ts.max_steps = c.integer(t["max_steps"], P + "/max_steps", 1, 1ll << 40, "a step count", ", or null");
   if (t.contains("optimizer")) {
     const json& o = t["optimizer"];
     const std::string OP = P + "/optimizer";
@@ -292,14 +461,14 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     if (o.contains("betas")) {
       const json& b = o["betas"];
       if (!b.is_array() || b.size() != 2) c.fail(OP + "/betas", "expected [beta1, beta2], e.g. [0.9, 0.999]");
-      ts.optimizer.beta1 = c.number(b[0], OP + "/betas/0", 0, 0.999999, "a beta in [0, 1)");
-      ts.optimizer.beta2 = c.number(b[1], OP + "/betas/1", 0, 0.999999, "a beta in [0, 1)");
+      ts.optimizer.beta1 = c.number(b[0], OP + "/betas/0", 0, 1, "a beta", "", Bounds::kOpenHigh);
+      ts.optimizer.beta2 = c.number(b[1], OP + "/betas/1", 0, 1, "a beta", "", Bounds::kOpenHigh);
     }
-    if (o.contains("eps")) ts.optimizer.eps = c.number(o["eps"], OP + "/eps", 1e-30, 1, "an epsilon in (0, 1]");
-    if (o.contains("lr")) ts.optimizer.lr = c.number(o["lr"], OP + "/lr", 0, 1e6, "a learning rate >= 0");
-    if (o.contains("momentum")) ts.optimizer.momentum = c.number(o["momentum"], OP + "/momentum", 0, 0.999999, "a momentum in [0, 1)");
+    if (o.contains("eps")) ts.optimizer.eps = c.number(o["eps"], OP + "/eps", 0, 1, "an epsilon", "", Bounds::kOpenLow);
+    if (o.contains("lr")) ts.optimizer.lr = c.number(o["lr"], OP + "/lr", 0, 1e6, "a learning rate");
+    if (o.contains("momentum")) ts.optimizer.momentum = c.number(o["momentum"], OP + "/momentum", 0, 1, "a momentum", "", Bounds::kOpenHigh);
     if (o.contains("nesterov")) ts.optimizer.nesterov = c.boolean(o["nesterov"], OP + "/nesterov");
-    if (o.contains("weight_decay")) ts.optimizer.weight_decay = c.number(o["weight_decay"], OP + "/weight_decay", 0, 1e3, "a weight decay >= 0");
+    if (o.contains("weight_decay")) ts.optimizer.weight_decay = c.number(o["weight_decay"], OP + "/weight_decay", 0, 1e3, "a weight decay");
     if (ts.optimizer.nesterov && ts.optimizer.momentum == 0) c.fail(OP + "/nesterov", "Nesterov needs a momentum > 0");
   }
   if (t.contains("lr_schedule")) {
@@ -309,30 +478,30 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     c.checkKeys(l, LP, kScheduleKeys);
     if (l.contains("type")) ts.lr_schedule.type = oneOf(c, l["type"], LP + "/type", {"constant", "step", "warmup_cosine"});
     const auto& ty = ts.lr_schedule.type;
-    if (l.contains("step_size")) ts.lr_schedule.step_size = c.integer(l["step_size"], LP + "/step_size", 1, 1ll << 40, "a step count >= 1");
-    if (l.contains("gamma")) ts.lr_schedule.gamma = c.number(l["gamma"], LP + "/gamma", 0, 1e6, "a factor >= 0");
-    if (l.contains("warmup_steps")) ts.lr_schedule.warmup_steps = c.integer(l["warmup_steps"], LP + "/warmup_steps", 0, 1ll << 40, "a step count >= 0");
-    if (l.contains("min_lr")) ts.lr_schedule.min_lr = c.number(l["min_lr"], LP + "/min_lr", 0, 1e6, "a learning rate >= 0");
+    if (l.contains("step_size")) ts.lr_schedule.step_size = c.integer(l["step_size"], LP + "/step_size", 1, 1ll << 40, "a step count");
+    if (l.contains("gamma")) ts.lr_schedule.gamma = c.number(l["gamma"], LP + "/gamma", 0, 1e6, "a factor");
+    if (l.contains("warmup_steps")) ts.lr_schedule.warmup_steps = c.integer(l["warmup_steps"], LP + "/warmup_steps", 0, 1ll << 40, "a step count");
+    if (l.contains("min_lr")) ts.lr_schedule.min_lr = c.number(l["min_lr"], LP + "/min_lr", 0, 1e6, "a learning rate");
     if (ty == "step" && ts.lr_schedule.step_size == 0) c.fail(LP + "/step_size", "missing; the step schedule needs step_size");
   }
-  if (t.contains("grad_clip_norm")) ts.grad_clip_norm = c.number(t["grad_clip_norm"], P + "/grad_clip_norm", 0, 1e12, "a norm >= 0 (0 = off)");
+  if (t.contains("grad_clip_norm")) ts.grad_clip_norm = c.number(t["grad_clip_norm"], P + "/grad_clip_norm", 0, 1e12, "a norm", " (0 = off)");
   if (t.contains("device")) ts.device = oneOf(c, t["device"], P + "/device", {"auto", "cpu", "cuda"});
-  if (t.contains("seed")) ts.seed = static_cast<unsigned long long>(c.integer(t["seed"], P + "/seed", 0, INT64_MAX, "an integer >= 0"));
-  if (t.contains("bucket_mb")) ts.bucket_mb = c.number(t["bucket_mb"], P + "/bucket_mb", 0.001, 4096, "megabytes between 0.001 and 4096");
+  if (t.contains("seed")) ts.seed = static_cast<unsigned long long>(c.integer(t["seed"], P + "/seed", 0, INT64_MAX, "an integer"));
+  if (t.contains("bucket_mb")) ts.bucket_mb = c.number(t["bucket_mb"], P + "/bucket_mb", 0.001, 4096, "megabytes");
   if (t.contains("overlap") && !(t["overlap"].is_string() && t["overlap"] == "auto")) {
     if (!t["overlap"].is_boolean())
       c.fail(P + "/overlap", fmt::format("expected true, false or \"auto\", got {}", typeName(t["overlap"])));
     ts.overlap = t["overlap"].get<bool>();
   }
   if (t.contains("log_every_steps"))
-    ts.log_every_steps = static_cast<int>(c.integer(t["log_every_steps"], P + "/log_every_steps", 1, 1 << 30, "an integer >= 1"));
+    ts.log_every_steps = static_cast<int>(c.integer(t["log_every_steps"], P + "/log_every_steps", 1, 1 << 30, "an integer"));
   if (t.contains("checkpoint")) {
     const json& k = t["checkpoint"];
     if (!k.is_object()) c.fail(P + "/checkpoint", fmt::format("expected an object, got {}", typeName(k)));
     c.checkKeys(k, P + "/checkpoint", kCheckpointKeys);
     if (k.contains("dir")) ts.checkpoint.dir = c.str(k["dir"], P + "/checkpoint/dir", false);
     if (k.contains("every_steps"))
-      ts.checkpoint.every_steps = static_cast<int>(c.integer(k["every_steps"], P + "/checkpoint/every_steps", 0, 1 << 30, "an integer >= 0"));
+      ts.checkpoint.every_steps = static_cast<int>(c.integer(k["every_steps"], P + "/checkpoint/every_steps", 0, 1 << 30, "an integer"));
     if (!k.contains("dir")) c.fail(P + "/checkpoint/dir", "missing; give a directory for checkpoints");
   }
   if (ts.model.loss == "cross_entropy" && ts.model.layers.back() < 2)
@@ -345,13 +514,13 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     c.checkKeys(q, QP, kParallelKeys);
     const int weightLayers = static_cast<int>(ts.model.layers.size()) - 1;
     if (q.contains("pipeline_stages"))
-      par.pipeline_stages = static_cast<int>(c.integer(q["pipeline_stages"], QP + "/pipeline_stages", 1, 64, "a stage count between 1 and 64"));
+      par.pipeline_stages = static_cast<int>(c.integer(q["pipeline_stages"], QP + "/pipeline_stages", 1, 64, "a stage count"));
     if (par.pipeline_stages > weightLayers)
       c.fail(QP + "/pipeline_stages", fmt::format("{} stages but the model has only {} weight layer{} (/trainer/model/layers); "
                                                   "a stage needs at least one", par.pipeline_stages, weightLayers,
                                                   weightLayers == 1 ? "" : "s"));
     if (q.contains("micro_batches"))
-      par.micro_batches = static_cast<int>(c.integer(q["micro_batches"], QP + "/micro_batches", 1, 4096, "a micro-batch count between 1 and 4096"));
+      par.micro_batches = static_cast<int>(c.integer(q["micro_batches"], QP + "/micro_batches", 1, 4096, "a micro-batch count"));
     if (q.contains("schedule")) par.schedule = oneOf(c, q["schedule"], QP + "/schedule", {"gpipe", "1f1b"});
     if (q.contains("stage_layers")) {
       const json& sl = q["stage_layers"];
@@ -360,7 +529,7 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
         c.fail(QP + "/stage_layers", fmt::format("has {} entries; expected one per stage ({})", sl.size(), par.pipeline_stages));
       int sum = 0;
       for (size_t i = 0; i < sl.size(); ++i) {
-        par.stage_layers.push_back(static_cast<int>(c.integer(sl[i], fmt::format("{}/stage_layers/{}", QP, i), 1, 1 << 20, "a layer count >= 1")));
+        par.stage_layers.push_back(static_cast<int>(c.integer(sl[i], fmt::format("{}/stage_layers/{}", QP, i), 1, 1 << 20, "a layer count")));
         sum += par.stage_layers.back();
       }
       if (sum != weightLayers)
@@ -408,9 +577,9 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
       n.user = user;
     }
     if (e.contains("slots"))
-      n.slots = static_cast<int>(c.integer(e["slots"], P + "/slots", 1, 4096, "a worker count between 1 and 4096"));
+      n.slots = static_cast<int>(c.integer(e["slots"], P + "/slots", 1, kMaxProcsPerNode, "a worker count"));
     if (e.contains("port"))
-      n.port = static_cast<int>(c.integer(e["port"], P + "/port", 1, 65535, "an ssh port between 1 and 65535"));
+      n.port = static_cast<int>(c.integer(e["port"], P + "/port", 1, 65535, "an ssh port"));
     if (e.contains("address")) {
       n.address = c.str(e["address"], P + "/address", false);
       if (auto p = detail::hostProblem(n.address); !p.empty())
@@ -421,7 +590,7 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
       if (!g.is_array()) c.fail(P + "/gpus", fmt::format("expected an array of GPU indices like [0, 1], got {}", typeName(g)));
       for (size_t k = 0; k < g.size(); ++k) {
         std::string gp = fmt::format("{}/gpus/{}", P, k);
-        int v = static_cast<int>(c.integer(g[k], gp, 0, 1023, "a GPU index >= 0"));
+        int v = static_cast<int>(c.integer(g[k], gp, 0, 1023, "a GPU index"));
         auto prev = std::find(n.gpus.begin(), n.gpus.end(), v);
         if (prev != n.gpus.end())
           c.fail(gp, fmt::format("GPU {} is listed twice (also {}/gpus/{}); list each GPU once", v, P, prev - n.gpus.begin()));
@@ -453,14 +622,16 @@ SshSpec parseSsh(const Checker& c, const json& j) {
     s.user = c.str(j["user"], P + "/user", false);
     if (auto p = detail::userProblem(s.user); !p.empty()) c.fail(P + "/user", p + "; give the login name");
   }
-  if (j.contains("port")) s.port = static_cast<int>(c.integer(j["port"], P + "/port", 1, 65535, "an ssh port between 1 and 65535"));
+  if (j.contains("port")) s.port = static_cast<int>(c.integer(j["port"], P + "/port", 1, 65535, "an ssh port"));
   if (j.contains("identity_file")) {
     s.identity_file = expandHome(c.str(j["identity_file"], P + "/identity_file", false));
-    if (!exists(s.identity_file) || isDirectory(s.identity_file))
+    if (!exists(s.identity_file))
       c.fail(P + "/identity_file", fmt::format("file \"{}\" does not exist; give the private key ssh should use (-i)", s.identity_file));
+    if (isDirectory(s.identity_file))
+      c.fail(P + "/identity_file", fmt::format("\"{}\" is a directory; give the private key file ssh should use (-i)", s.identity_file));
   }
   if (j.contains("connect_timeout_s"))
-    s.connect_timeout_s = c.number(j["connect_timeout_s"], P + "/connect_timeout_s", 0.1, 3600, "seconds between 0.1 and 3600");
+    s.connect_timeout_s = c.number(j["connect_timeout_s"], P + "/connect_timeout_s", 0.1, 3600, "seconds");
   if (j.contains("options")) {
     const json& o = j["options"];
     if (!o.is_array())
@@ -497,7 +668,7 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
   int lineNo = 0;
   while (std::getline(in, line)) {
     ++lineNo;
-    auto fail = [&](const std::string& msg) { throw SpecError(fmt::format("{}:{}: {}", source, lineNo, msg)); };
+    auto fail = [&](const std::string& msg) { throw SpecError(oneLine(fmt::format("{}:{}: {}", source, lineNo, msg))); };
     size_t b = line.find_first_not_of(" \t");
     size_t e = line.find_last_not_of(" \t\r");
     if (b == std::string::npos || e == std::string::npos || line[b] == '#') continue;
@@ -509,11 +680,10 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
     if (eq == std::string::npos)
       fail(fmt::format("expected KEY=VALUE, got \"{}\"; write one KEY=VALUE per line ('#' starts a comment line)", body));
     std::string key = body.substr(0, eq);
-    bool keyOk = !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
-                 std::all_of(key.begin(), key.end(), [](unsigned char ch) { return std::isalnum(ch) || ch == '_'; });
-    if (!keyOk)
-      fail(fmt::format("bad variable name \"{}\"; names are letters, digits and '_', not starting with a digit (no spaces around '=')", key));
+    if (auto problem = envNameProblem(key); !problem.empty()) fail(problem + " (no spaces around '=')");
     std::string value = body.substr(eq + 1);
+    if (value.find('\0') != std::string::npos)
+      fail(fmt::format("the value of {} contains a NUL byte, which the environment cannot carry; remove it", key));
     if (!value.empty() && (value[0] == '"' || value[0] == '\'')) {
       if (value.size() < 2 || value.back() != value[0])
         fail(fmt::format("unterminated quote in the value of {}; values are one line: close the {} quote", key,
@@ -529,7 +699,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   Checker c(source);
   json root;
   try {
-    root = json::parse(text);
+    root = parseRefusingDuplicateKeys(text, c);
   } catch (const json::parse_error& e) {
     auto [line, col] = lineColumn(text, e.byte);
     throw SpecError(fmt::format("{}:{}:{}: invalid JSON: {}", source, line, col, stripJsonPrefix(e.what())));
@@ -574,24 +744,24 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     const json& env = root["env"];
     if (!env.is_object()) c.fail("/env", fmt::format("expected an object of strings, got {}", typeName(env)));
     for (auto it = env.begin(); it != env.end(); ++it) {
-      std::string p = "/env/" + it.key();
-      if (it.key().empty() || it.key().find('=') != std::string::npos)
-        c.fail(p, "variable names must be non-empty and contain no '='");
+      std::string p = "/env/" + pointerToken(it.key());
+      if (auto problem = envNameProblem(it.key()); !problem.empty()) c.fail(p, problem);
       spec.env[it.key()] = c.str(it.value(), p);
     }
   }
   if (root.contains("cwd")) {
     spec.cwd = c.str(root["cwd"], "/cwd", false);
-    if (!isDirectory(spec.cwd)) c.fail("/cwd", fmt::format("directory \"{}\" does not exist", spec.cwd));
+    if (!exists(spec.cwd)) c.fail("/cwd", fmt::format("directory \"{}\" does not exist", spec.cwd));
+    if (!isDirectory(spec.cwd))
+      c.fail("/cwd", fmt::format("\"{}\" is not a directory; give the directory the workers start in", spec.cwd));
   }
   if (root.contains("nproc_per_node")) {
+    // A JSON number, or the one word "auto" (a count in quotes is refused like any other number field's).
     const json& n = root["nproc_per_node"];
-    auto bad = [&](const std::string& m) { c.fail("/nproc_per_node", m); };
-    if (n.is_string()) {
-      parseNproc(n.get<std::string>(), spec, bad);
-    } else {
-      spec.nproc_per_node = static_cast<int>(c.integer(n, "/nproc_per_node", 1, 4096, "a positive integer or \"auto\""));
-    }
+    if (n.is_string() && n.get<std::string>() == "auto")
+      spec.nproc_auto = true;
+    else
+      spec.nproc_per_node = static_cast<int>(c.integer(n, "/nproc_per_node", 1, kMaxProcsPerNode, "a worker count", " or \"auto\""));
   }
   if (root.contains("log_dir")) {
     spec.log_dir = c.str(root["log_dir"], "/log_dir", false);
@@ -599,23 +769,23 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
       c.fail("/log_dir", fmt::format("\"{}\" exists and is not a directory", spec.log_dir));
   }
   if (root.contains("max_restarts"))
-    spec.max_restarts = static_cast<int>(c.integer(root["max_restarts"], "/max_restarts", 0, 1000000, "an integer >= 0"));
+    spec.max_restarts = static_cast<int>(c.integer(root["max_restarts"], "/max_restarts", 0, kMaxRestarts, "an integer"));
   if (root.contains("min_nodes"))
-    spec.min_nodes = static_cast<int>(c.integer(root["min_nodes"], "/min_nodes", 1, 4096, "a node count between 1 and 4096"));
+    spec.min_nodes = static_cast<int>(c.integer(root["min_nodes"], "/min_nodes", 1, kMaxNodes, "a node count"));
   if (root.contains("max_nodes"))
-    spec.max_nodes = static_cast<int>(c.integer(root["max_nodes"], "/max_nodes", 1, 4096, "a node count between 1 and 4096"));
+    spec.max_nodes = static_cast<int>(c.integer(root["max_nodes"], "/max_nodes", 1, kMaxNodes, "a node count"));
   if (root.contains("worker_timeout_s"))
-    spec.worker_timeout_s = c.number(root["worker_timeout_s"], "/worker_timeout_s", 0, 86400, "seconds between 0 (off) and 86400");
+    spec.worker_timeout_s = c.number(root["worker_timeout_s"], "/worker_timeout_s", 0, 86400, "seconds", " (0 = off)");
   if (root.contains("restart_backoff_s"))
-    spec.restart_backoff_s = c.number(root["restart_backoff_s"], "/restart_backoff_s", 0, 3600, "seconds between 0 and 3600");
+    spec.restart_backoff_s = c.number(root["restart_backoff_s"], "/restart_backoff_s", 0, 3600, "seconds");
   if (root.contains("shutdown_timeout_s"))
-    spec.shutdown_timeout_s = c.number(root["shutdown_timeout_s"], "/shutdown_timeout_s", 0, 86400, "seconds between 0 and 86400");
+    spec.shutdown_timeout_s = c.number(root["shutdown_timeout_s"], "/shutdown_timeout_s", 0, 86400, "seconds");
   if (root.contains("prefix_output")) spec.prefix_output = c.boolean(root["prefix_output"], "/prefix_output");
   if (root.contains("console_ranks")) {
     const json& r = root["console_ranks"];
     if (!r.is_array()) c.fail("/console_ranks", fmt::format("expected an array of local ranks, got {}", typeName(r)));
     for (size_t i = 0; i < r.size(); ++i)
-      spec.console_ranks.push_back(static_cast<int>(c.integer(r[i], fmt::format("/console_ranks/{}", i), 0, 4095, "a local rank >= 0")));
+      spec.console_ranks.push_back(static_cast<int>(c.integer(r[i], fmt::format("/console_ranks/{}", i), 0, kMaxProcsPerNode - 1, "a local rank")));
   }
   if (root.contains("rendezvous")) {
     const json& r = root["rendezvous"];
@@ -628,12 +798,12 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     if (!r.is_object()) c.fail("/rendezvous", fmt::format("expected an object, got {}", typeName(r)));
     c.checkKeys(r, "/rendezvous", kRendezvousKeys);
     if (r.contains("port"))
-      spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 0, 65535, "a TCP port between 1 and 65535, or 0 for a free one"));
+      spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 0, 65535, "a TCP port", " (0 = a free one)"));
     if (r.contains("timeout_s"))
-      spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "seconds between 1 and 86400"));
+      spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "seconds"));
     if (r.contains("heartbeat_timeout_s"))
       spec.rendezvous.heartbeat_timeout_s =
-          c.number(r["heartbeat_timeout_s"], "/rendezvous/heartbeat_timeout_s", 1, 3600, "seconds between 1 and 3600");
+          c.number(r["heartbeat_timeout_s"], "/rendezvous/heartbeat_timeout_s", 1, 3600, "seconds");
     addr("addr", spec.rendezvous.addr);
     addr("master_addr", spec.rendezvous.master_addr);
   }
@@ -664,7 +834,9 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     for (size_t i = 0; i < f.size(); ++i) {
       std::string p = fmt::format("/env_forward/{}", i);
       std::string prefix = c.str(f[i], p, false);
-      if (prefix.find('=') != std::string::npos) c.fail(p, "a variable-name prefix cannot contain '='");
+      if (!envNameProblem(prefix).empty())
+        c.fail(p, fmt::format("bad variable-name prefix {}; prefixes are letters, digits and '_', not starting with a digit",
+                              jsonQuoted(prefix)));
       spec.env_forward.push_back(prefix);
     }
   } else {
@@ -674,9 +846,10 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     spec.env_file = c.str(root["env_file"], "/env_file", false);
     using S = detail::InputFile::Status;
     detail::InputFile f = detail::readInputFile(spec.env_file);
-    if (f.status == S::kMissing || f.status == S::kDirectory)
+    if (f.status == S::kMissing)
       c.fail("/env_file", fmt::format("file \"{}\" does not exist; the path is relative to the directory dtrain runs in",
                                       spec.env_file));
+    if (f.status == S::kDirectory) c.fail("/env_file", fmt::format("\"{}\" is a directory; give a file of KEY=VALUE lines", spec.env_file));
     if (f.status == S::kDenied)
       c.fail("/env_file", fmt::format("cannot read \"{}\": permission denied; check its mode", spec.env_file));
     if (f.status == S::kTooLarge)
@@ -698,7 +871,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     parseNproc(*o.nproc_per_node, spec, [](const std::string& m) { throw SpecError("--nproc-per-node: " + m); });
   if (o.nnodes) {
     auto bad = [&]() -> SpecError {
-      return SpecError(fmt::format("--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got \"{}\"", *o.nnodes));
+      return SpecError(fmt::format("--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX <= {}, got \"{}\"", kMaxNodes, *o.nnodes));
     };
     auto parts = split(*o.nnodes, ':');
     if (parts.empty() || parts.size() > 2) throw bad();
@@ -711,7 +884,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
       } catch (...) {
         throw bad();
       }
-      if (used != p.size() || x < 1) throw bad();
+      if (used != p.size() || x < 1 || x > kMaxNodes) throw bad();
       v.push_back(x);
     }
     spec.min_nodes = v[0];
@@ -719,7 +892,8 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     if (spec.min_nodes > spec.max_nodes) throw bad();
   }
   if (o.max_restarts) {
-    if (*o.max_restarts < 0) throw SpecError(fmt::format("--max-restarts: expected an integer >= 0, got {}", *o.max_restarts));
+    if (*o.max_restarts < 0 || *o.max_restarts > kMaxRestarts)
+      throw SpecError(fmt::format("--max-restarts: expected an integer between 0 and {}, got {}", kMaxRestarts, *o.max_restarts));
     spec.max_restarts = *o.max_restarts;
   }
   if (o.log_dir) {
@@ -736,7 +910,11 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
   for (const auto& kv : o.env) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw SpecError(fmt::format("--env: expected KEY=VALUE, got \"{}\"", kv));
+      throw SpecError(oneLine(fmt::format("--env: expected KEY=VALUE, got \"{}\"", kv)));
+    if (auto problem = envNameProblem(kv.substr(0, eq)); !problem.empty()) throw SpecError("--env: " + problem);
+    if (kv.find('\0') != std::string::npos)
+      throw SpecError(fmt::format("--env: the value of {} contains a NUL character, which the environment cannot carry; remove it",
+                                  kv.substr(0, eq)));
     spec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   if (o.local_ranks_filter)

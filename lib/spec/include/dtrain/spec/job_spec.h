@@ -149,6 +149,11 @@ struct JobSpec {
   bool operator==(const JobSpec&) const = default;
 };
 
+// Limits shared by the spec and the command line (docs/job-spec.md).
+inline constexpr int kMaxProcsPerNode = 4096;  // nproc_per_node, slots; local ranks are below it
+inline constexpr int kMaxNodes = 4096;         // min_nodes, max_nodes, --nnodes
+inline constexpr int kMaxRestarts = 1000000;   // max_restarts, --max-restarts
+
 inline const std::vector<std::string> kDefaultEnvForward = {"NCCL_", "GLOO_", "OMP_", "OPENBLAS_", "MKL_",
                                                             "PYTHON", "TORCH_", "HF_", "WANDB_"};
 
