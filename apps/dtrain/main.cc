@@ -156,9 +156,22 @@ spec::JobSpec buildSpec(RunArgs& a) {
   spec::resolve(s);
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
-  if (s.trainer && s.trainer->data.type != "synthetic") {
-    train::openDataset(*s.trainer, false);
-    train::openDataset(*s.trainer, true);
+  if (s.trainer) {
+    const auto trainSet = train::openDataset(*s.trainer, false);
+    if (s.trainer->data.type != "synthetic") train::openDataset(*s.trainer, true);
+    // One global batch must fit in the training set: said here, not by every worker after
+    // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
+    const auto& t = *s.trainer;
+    if (s.nodes.empty()) {
+      const uint64_t world = launch::makeLocalPlan(s, "check").workers.size();
+      const uint64_t stages = static_cast<uint64_t>(std::max(1, t.parallel.pipeline_stages));
+      const uint64_t global = static_cast<uint64_t>(t.batch_size) * (world / stages);
+      if (world % stages == 0 && trainSet->size() < global)
+        throw SpecError(fmt::format("{}: /trainer/batch_size: the training set ({} samples) is smaller than one global "
+                                    "batch ({} = batch_size {} x {} data-parallel workers); use more samples, a smaller "
+                                    "batch or fewer workers",
+                                    s.source, trainSet->size(), global, t.batch_size, world / stages));
+    }
   }
   return s;
 }
@@ -329,6 +342,23 @@ int main(int argc, char** argv) {
     std::string hint = app::storeParseHint(args);
     std::cerr << "dtrain: error: " << e.what() << (hint.empty() ? "; see dtrain --help" : hint) << "\n";
     return kExitUsage;
+  }
+  // A path or list option given as "" (an unset shell variable) must not quietly mean "not
+  // given": `--summary-json "$OUT"` would then write no summary and say nothing.
+  for (CLI::App* cmd : {run, validate}) {
+    if (!cmd->parsed()) continue;
+    for (const char* name : {"--summary-json", "--log-dir", "--hostfile", "--hosts", "--nnodes", "--nproc-per-node",
+                             "--max-restarts", "--shutdown-timeout", "--local-ranks-filter"}) {
+      const CLI::Option* o = cmd->get_option_no_throw(name);
+      if (!o || o->count() == 0) continue;
+      const auto& given = o->results();
+      if (std::any_of(given.begin(), given.end(), [](const std::string& v) { return v.empty(); })) {
+        std::cerr << fmt::format("dtrain: error: {}: the value is empty (an unset variable?); give a value or leave the "
+                                 "option out\n",
+                                 name);
+        return kExitUsage;
+      }
+    }
   }
   if (run->parsed() && !run->remaining().empty()) {
     const std::vector<std::string> extra = run->remaining();

@@ -90,4 +90,9 @@ expect_grep "is a directory; give a file path" "$T/err" "--summary-json director
 "$DTRAIN" run --nproc-per-node 1 --log-dir /etc/passwd/x -- true 2>"$T/err"; expect_eq "$?" 2 "--log-dir under a file exits 2"
 expect_grep "^dtrain: error: log_dir \(--log-dir\): \"/etc/passwd/x\" cannot be created: /etc/passwd is not a directory" "$T/err" "--log-dir under a file explained"
 "$DTRAIN" validate "$SRC/configs/env_dump.json" --log-dir /etc/passwd/x 2>"$T/err"; expect_eq "$?" 2 "validate checks the log dir"
+# An empty value (an unset shell variable) is not "option not given".
+for opt in --summary-json --hosts --log-dir; do
+  "$DTRAIN" run --nproc-per-node 1 "$opt" "" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "$opt \"\" exits 2"
+  expect_grep "^dtrain: error: $opt: the value is empty" "$T/err" "$opt \"\" explained"
+done
 finish

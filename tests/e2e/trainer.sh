@@ -130,6 +130,10 @@ cat > "$T/few.json" <<JSON
 {"nproc_per_node": 2, "trainer": {"model": {"layers": [16, 3]}, "data": {"train_samples": 10}, "batch_size": 16}}
 JSON
 "$DTRAIN" run "$T/few.json" >"$T/out" 2>"$T/err"
-[ "$?" -ne 0 ] && pass "too few samples fails" || fail "too few samples succeeded"
-expect_grep "smaller than one global batch" "$T/err" "too few samples explained"
+expect_eq "$?" 2 "too few samples: exit 2 before any worker starts"
+expect_eq "$(cat "$T/err")" "dtrain: error: $T/few.json: /trainer/batch_size: the training set (10 samples) is smaller than one global batch (32 = batch_size 16 x 2 data-parallel workers); use more samples, a smaller batch or fewer workers" "too few samples explained in one line"
+expect_eq "$(cat "$T/out")" "" "no worker started"
+"$DTRAIN" validate "$T/few.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate refuses too few samples"
+"$DTRAIN" validate "$T/few.json" --nproc-per-node 1 >"$T/out" 2>"$T/err"
+expect_grep "smaller than one global batch \(16 = batch_size 16 x 1 " "$T/err" "the check follows --nproc-per-node"
 finish
