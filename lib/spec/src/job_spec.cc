@@ -723,7 +723,15 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
 
   JobSpec spec;
   spec.source = source;
-  if (root.contains("name")) spec.name = c.str(root["name"], "/name", false);
+  if (root.contains("name")) {
+    spec.name = c.str(root["name"], "/name", false);
+    // The name is part of one-line messages and summaries read by scripts and terminals.
+    for (unsigned char ch : spec.name)
+      if (ch < 0x20 || ch == 0x7f)
+        c.fail("/name", fmt::format("contains the control character U+{:04X}; a job name appears in one-line messages "
+                                    "and on terminals: use printable characters",
+                                    static_cast<unsigned>(ch)));
+  }
 
   bool hasTrainer = root.contains("trainer");
   if (hasTrainer && root.contains("command"))
