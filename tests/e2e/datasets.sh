@@ -60,6 +60,12 @@ expect_grep "trained: 120 steps" "$T/out" "idx: 2000 / 50 x 3 epochs"
 sed "s|train.csv|bad.csv|" "$T/csv.json" > "$T/bad.json"
 "$DTRAIN" run "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bad csv exits 2"
 expect_grep "^dtrain: error: .*bad.csv:3: column 4 is not a number \(\"x3\"\)$" "$T/err" "bad csv names line and column"
+# inf, nan and numbers beyond float's range would turn every weight into NaN and still "succeed".
+for v in inf nan 1e400; do
+  printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n1,%s,1,3,4\n' "$v" > "$T/bad.csv"
+  "$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "csv value $v exits 2"
+  expect_grep "bad.csv:3: column 2 is not a finite number within float's range \(\"$v\"\)" "$T/err" "csv value $v named"
+done
 sed 's|"layers": \[4, 32, 3\]|"layers": [5, 32, 3]|' "$T/csv.json" > "$T/wide.json"
 "$DTRAIN" validate "$T/wide.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "feature count mismatch exits 2"
 expect_grep "has 4 feature columns but /trainer/model/layers starts with 5" "$T/err" "feature count mismatch explained"

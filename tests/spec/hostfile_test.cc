@@ -648,7 +648,7 @@ TEST(SerializeForNode, TrainerEveryFieldRoundTrips) {
       "data": {"type": "synthetic", "train_samples": 1234, "eval_samples": 0, "seed": 18446744073},
       "batch_size": 7, "epochs": 3, "max_steps": 99,
       "optimizer": {"type": "sgd", "lr": 0.123456789012345, "momentum": 0.85, "nesterov": true, "weight_decay": 0.0001},
-      "lr_schedule": {"type": "step", "step_size": 10, "gamma": 0.3, "warmup_steps": 2, "min_lr": 1e-7},
+      "lr_schedule": {"type": "step", "step_size": 10, "gamma": 0.3},
       "grad_clip_norm": 1.5, "device": "cpu", "seed": 42, "bucket_mb": 0.5, "overlap": false, "log_every_steps": 3,
       "checkpoint": {"dir": "/tmp/dtrain-serialize-ckpt", "every_steps": 5}}})",
                            "job.json");

@@ -1,6 +1,7 @@
 #include "dtrain/comm/bench.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 
@@ -53,6 +54,20 @@ double expectedAllreduce(int n, size_t i, ReduceOp op, DataType t) {
     if (t == DataType::kInt32 || t == DataType::kInt64) acc = static_cast<double>(static_cast<long long>(acc));
   }
   return acc;
+}
+
+// Relative rounding of one result of type t (its machine epsilon); integers divide exactly
+// (truncated, as expectedAllreduce does).
+double avgTolerance(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return 0x1p-23;
+    case DataType::kFloat64: return 0x1p-52;
+    case DataType::kFloat16: return 0x1p-10;
+    case DataType::kBFloat16: return 0x1p-7;
+    case DataType::kInt32:
+    case DataType::kInt64: return 0;
+  }
+  return 0;
 }
 
 const char* redopName(const BenchOptions& o) { return o.collective == Collective::kAllreduce ? name(o.op) : "none"; }
@@ -122,7 +137,14 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
         case Collective::kAllgather: expect = pattern(static_cast<int>(i / sendCount), i % sendCount); break;
         case Collective::kSendRecv: expect = pattern(1 - rank, i); break;
       }
-      if (read(buf, i, o.dtype) != expect) ++wrong;
+      // avg divides by n: exact only when n is a power of two, so other sizes get the
+      // type's rounding (one unit in the last place of the result, twice for safety).
+      const double got = read(buf, i, o.dtype);
+      if (o.collective == Collective::kAllreduce && o.op == ReduceOp::kAvg && n & (n - 1)) {
+        if (std::abs(got - expect) > 2 * avgTolerance(o.dtype) * std::max(1.0, std::abs(expect))) ++wrong;
+      } else if (got != expect) {
+        ++wrong;
+      }
     }
     comm.allreduce(&wrong, 1, DataType::kInt64, ReduceOp::kSum);
 

@@ -136,7 +136,7 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
     std::string v = shm;
     if (v == "0" || v == "false" || v == "off" || v == "no") o.shm = false;
     else if (v == "1" || v == "true" || v == "on" || v == "yes" || v.empty()) o.shm = opts.shm;
-    else throw SpecError(fmt::format("DTRAIN_COMM_SHM=\"{}\": expected 0 or 1", v));
+    else throw SpecError(fmt::format("DTRAIN_COMM_SHM=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", v));
   }
   if (o.advertise_addr.empty()) o.advertise_addr = tcp->localAddress();
   const char* run = std::getenv("DTRAIN_RUN_ID");

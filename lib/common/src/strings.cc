@@ -91,6 +91,9 @@ size_t parseSize(const std::string& text, const std::string& what) {
                                                             : 0;
   if (!used || !mult || text[0] == '-')
     throw SpecError(fmt::format("{}: expected a size like 4096, 4K, 256M or 1G, got \"{}\"", what, text));
+  // Wrapping past 2^64 would turn an absurd size into a small one without a word.
+  if (v > (1ull << 50) / mult)
+    throw SpecError(fmt::format("{}: \"{}\" is out of range; sizes go up to 1024T (2^50 bytes)", what, text));
   return static_cast<size_t>(v * mult);
 }
 

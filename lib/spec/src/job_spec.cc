@@ -483,6 +483,16 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     if (l.contains("warmup_steps")) ts.lr_schedule.warmup_steps = c.integer(l["warmup_steps"], LP + "/warmup_steps", 0, 1ll << 40, "a step count");
     if (l.contains("min_lr")) ts.lr_schedule.min_lr = c.number(l["min_lr"], LP + "/min_lr", 0, 1e6, "a learning rate");
     if (ty == "step" && ts.lr_schedule.step_size == 0) c.fail(LP + "/step_size", "missing; the step schedule needs step_size");
+    // A key of another schedule would be silently ignored (as the optimizer's are not).
+    for (const auto& [key, owner] : std::vector<std::pair<std::string, std::string>>{
+             {"step_size", "step"}, {"gamma", "step"}, {"warmup_steps", "warmup_cosine"}, {"min_lr", "warmup_cosine"}})
+      if (l.contains(key) && ty != owner)
+        c.fail(LP + "/" + key, fmt::format("belongs to the {} schedule, not {}; remove it or set /type to \"{}\"", owner,
+                                           ty, owner));
+    if (ty == "warmup_cosine" && ts.lr_schedule.min_lr > ts.optimizer.lr)
+      c.fail(LP + "/min_lr", fmt::format("{} is above the optimizer's lr {}: the schedule would raise the learning rate; "
+                                         "give a min_lr <= lr",
+                                         ts.lr_schedule.min_lr, ts.optimizer.lr));
   }
   if (t.contains("grad_clip_norm")) ts.grad_clip_norm = c.number(t["grad_clip_norm"], P + "/grad_clip_norm", 0, 1e12, "a norm", " (0 = off)");
   if (t.contains("device")) ts.device = oneOf(c, t["device"], P + "/device", {"auto", "cpu", "cuda"});
@@ -499,7 +509,12 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     const json& k = t["checkpoint"];
     if (!k.is_object()) c.fail(P + "/checkpoint", fmt::format("expected an object, got {}", typeName(k)));
     c.checkKeys(k, P + "/checkpoint", kCheckpointKeys);
-    if (k.contains("dir")) ts.checkpoint.dir = c.str(k["dir"], P + "/checkpoint/dir", false);
+    if (k.contains("dir")) {
+      ts.checkpoint.dir = c.str(k["dir"], P + "/checkpoint/dir", false);
+      if (exists(ts.checkpoint.dir) && !isDirectory(ts.checkpoint.dir))
+        c.fail(P + "/checkpoint/dir", fmt::format("\"{}\" is a file, not a directory; give a directory for checkpoints",
+                                                  ts.checkpoint.dir));
+    }
     if (k.contains("every_steps"))
       ts.checkpoint.every_steps = static_cast<int>(c.integer(k["every_steps"], P + "/checkpoint/every_steps", 0, 1 << 30, "an integer"));
     if (!k.contains("dir")) c.fail(P + "/checkpoint/dir", "missing; give a directory for checkpoints");
@@ -1070,9 +1085,15 @@ std::string serializeForNode(const JobSpec& spec) {
       o["nesterov"] = t.optimizer.nesterov;
     }
     tj["optimizer"] = o;
-    json l = {{"type", t.lr_schedule.type}, {"gamma", t.lr_schedule.gamma}, {"warmup_steps", t.lr_schedule.warmup_steps},
-              {"min_lr", t.lr_schedule.min_lr}};
-    if (t.lr_schedule.step_size > 0) l["step_size"] = t.lr_schedule.step_size;
+    // Only the keys of its type (the parser refuses the others).
+    json l = {{"type", t.lr_schedule.type}};
+    if (t.lr_schedule.type == "step") {
+      l["gamma"] = t.lr_schedule.gamma;
+      if (t.lr_schedule.step_size > 0) l["step_size"] = t.lr_schedule.step_size;
+    } else if (t.lr_schedule.type == "warmup_cosine") {
+      l["warmup_steps"] = t.lr_schedule.warmup_steps;
+      l["min_lr"] = t.lr_schedule.min_lr;
+    }
     tj["lr_schedule"] = l;
     tj["grad_clip_norm"] = t.grad_clip_norm;
     tj["device"] = t.device;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -208,6 +209,11 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
       double v = std::strtod(cell.c_str(), &end);
       if (cell.empty() || end == cell.c_str() || *end != '\0')
         throw SpecError(fmt::format("{}:{}: column {} is not a number (\"{}\")", path, lineNo, i + 1, cell));
+      // inf, nan, or beyond float's range: one such value turns every weight into NaN.
+      if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max())
+        throw SpecError(fmt::format("{}:{}: column {} is not a finite number within float's range (\"{}\"); fix or "
+                                    "drop the row",
+                                    path, lineNo, i + 1, cell.size() > 40 ? cell.substr(0, 40) + "..." : cell));
       if (i == labelCol) {
         checkLabel(t, v, fmt::format("{}:{}", path, lineNo));
         y.push_back(static_cast<float>(v));

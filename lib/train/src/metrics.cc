@@ -1,6 +1,7 @@
 #include "dtrain/train/metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +10,13 @@
 #include "dtrain/common/errors.h"
 
 namespace dtrain::train {
+namespace {
+
+// A JSON number, or null for NaN/inf (a diverged loss): "nan" would make the line unreadable
+// to every JSON parser.
+std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string("null"); }
+
+}  // namespace
 
 MetricsLog::MetricsLog(const std::string& dir) : dir_(dir) {
   if (dir_.empty()) return;
@@ -26,17 +34,20 @@ MetricsLog::~MetricsLog() {
 void MetricsLog::record(const MetricsPoint& p) {
   if (!f_) return;
   points_.push_back(p);
-  std::fprintf(f_,
-               "{\"type\": \"train\", \"step\": %lld, \"epoch\": %d, \"loss\": %.6g, \"accuracy\": %.6g, "
-               "\"samples_per_s\": %.6g, \"lr\": %.6g, \"elapsed_s\": %.6g}\n",
-               p.step, p.epoch, p.loss, p.accuracy, p.samples_per_s, p.lr, p.elapsed_s);
+  const std::string line = fmt::format(
+      "{{\"type\": \"train\", \"step\": {}, \"epoch\": {}, \"loss\": {}, \"accuracy\": {}, \"samples_per_s\": {}, "
+      "\"lr\": {}, \"elapsed_s\": {}}}\n",
+      p.step, p.epoch, num(p.loss), num(p.accuracy), num(p.samples_per_s), num(p.lr), num(p.elapsed_s));
+  std::fputs(line.c_str(), f_);
   std::fflush(f_);
 }
 
 void MetricsLog::recordEval(long long step, double loss, double accuracy) {
   if (!f_) return;
   evalAccuracy_ = accuracy;
-  std::fprintf(f_, "{\"type\": \"eval\", \"step\": %lld, \"loss\": %.6g, \"accuracy\": %.6g}\n", step, loss, accuracy);
+  const std::string line = fmt::format("{{\"type\": \"eval\", \"step\": {}, \"loss\": {}, \"accuracy\": {}}}\n", step,
+                                       num(loss), num(accuracy));
+  std::fputs(line.c_str(), f_);
   std::fflush(f_);
 }
 
@@ -54,13 +65,14 @@ std::string metricsSvg(const std::vector<MetricsPoint>& pts, double evalAccuracy
   double maxLoss = 1e-9;
   for (const auto& p : pts) {
     maxStep = std::max(maxStep, p.step);
-    maxLoss = std::max(maxLoss, p.loss);
+    if (std::isfinite(p.loss)) maxLoss = std::max(maxLoss, p.loss);
   }
   auto x = [&](long long s) { return L + pw * static_cast<double>(s) / static_cast<double>(maxStep); };
   auto yLoss = [&](double v) { return T + ph * (1 - v / maxLoss); };
   auto yAcc = [&](double v) { return T + ph * (1 - v); };
   std::string loss, acc;
   for (const auto& p : pts) {
+    if (!std::isfinite(p.loss)) continue;  // a diverged loss has no place on the curve
     loss += fmt::format("{:.1f},{:.1f} ", x(p.step), yLoss(p.loss));
     acc += fmt::format("{:.1f},{:.1f} ", x(p.step), yAcc(p.accuracy));
   }
