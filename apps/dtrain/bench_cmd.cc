@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <filesystem>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -44,7 +45,12 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
     throw SpecError(fmt::format("-b/-e: need 0 < minbytes <= maxbytes, got {} and {}", a.minBytes, a.maxBytes));
   if (a.factor < 2) throw SpecError(fmt::format("-f/--stepfactor: expected an integer >= 2, got {}", a.factor));
+  if (a.factor > (1u << 20)) throw SpecError(fmt::format("-f/--stepfactor: expected an integer from 2 to 1048576, got {}", a.factor));
   if (a.iters < 1 || a.warmup < 0) throw SpecError("-n must be >= 1 and -w >= 0");
+  if (a.backend != "tcp" && a.backend != "nccl")
+    throw SpecError(fmt::format("--backend: expected tcp or nccl, got \"{}\"", a.backend));
+  if (!(a.timeout_s > 0 && a.timeout_s <= 86400.0 * 365))
+    throw SpecError(fmt::format("--timeout: expected seconds above 0 (up to a year), got {}", a.timeout_s));
   o.factor = a.factor;
   o.iters = a.iters;
   o.warmup = a.warmup;
@@ -60,11 +66,20 @@ int worker(comm::Collective c) {
   co.backend = a.backend;
   co.timeout = comm::Duration(static_cast<long long>(a.timeout_s * 1000));
   auto comm = comm::createFromEnvironment(co);
-  auto rows = comm::runBench(*comm, o);
+  // Rank 0 prints the table as it goes, a row per size as soon as it is measured (as
+  // nccl-tests does): a long sweep shows progress, and an interrupted one keeps its rows.
+  const bool printer = comm->rank() == 0;
+  if (printer)
+    std::cout << comm::formatBenchHeader(o, comm->size(), comm->backend(),
+                                         c == comm::Collective::kSendRecv ? comm->p2pTransport() : comm->transport())
+              << std::flush;
+  auto rows = comm::runBench(*comm, o, [&](const comm::BenchRow& r) {
+    if (printer) std::cout << comm::formatBenchRow(r, o) << std::flush;
+  });
   long long wrong = 0;
   for (const auto& r : rows) wrong += r.wrong;
-  if (comm->rank() == 0) {
-    std::cout << comm::formatBench(rows, o, comm->size(), comm->backend()) << std::flush;
+  if (printer) {
+    std::cout << comm::formatBenchFooter(rows) << std::flush;
     if (!a.json.empty()) {
       std::ofstream f(a.json);
       f << comm::benchJson(rows, o, comm->size(), comm->backend());
@@ -77,6 +92,16 @@ int worker(comm::Collective c) {
 int launch(comm::Collective c, CLI::App* sub) {
   auto& a = gArgs;
   benchOptions(c);  // refuse bad flags before starting anything
+  if (!a.json.empty() && a.hostfile.empty() && a.hosts.empty()) {
+    // Local ranks: rank 0 writes it here, so a bad path is said now, not after the sweep.
+    std::error_code ec;
+    const auto parent = std::filesystem::absolute(a.json).parent_path();
+    if (std::filesystem::is_directory(a.json, ec))
+      throw SpecError(fmt::format("--json: \"{}\" is a directory; give a file path", a.json));
+    if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK | X_OK) != 0)
+      throw SpecError(fmt::format("--json: \"{}\": cannot write in {}; give a path in a directory you can write", a.json,
+                                  parent.string()));
+  }
   if (c == comm::Collective::kSendRecv && a.hostfile.empty() && a.hosts.empty() && a.nproc != "2")
     throw SpecError(fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}", a.nproc));
   spec::JobSpec s;

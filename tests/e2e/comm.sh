@@ -32,6 +32,15 @@ for spec in "broadcast -d int64" "allgather -d half" "allreduce -d bfloat16 -o m
   "$DTRAIN" bench $spec --nproc-per-node 3 -b 2K -e 64K -f 8 -n 2 -w 0 >"$T/out" 2>"$T/err"
   expect_eq "$?" 0 "bench $spec verified"
 done
+# Rows are printed as they are measured (nccl-tests style): a sweep interrupted by Ctrl-C
+# keeps the rows it finished. Bad flags are refused before any rank starts.
+timeout --preserve-status -s INT 4 "$DTRAIN" bench allreduce -b 4K -e 1G -n 1 -w 0 >"$T/out" 2>"$T/err"
+expect_eq "$?" 130 "interrupted sweep exits 130"
+expect_grep "^ +4096 +1024 +float +sum " "$T/out" "interrupted sweep kept its first rows"
+for bad in "--backend foo" "--timeout 0" "--json /nonexistent-dir/x.json" "-f 4000000"; do
+  "$DTRAIN" bench allreduce $bad >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench $bad exits 2"
+  expect_eq "$(wc -l <"$T/err")" 1 "bench $bad: one line"
+done
 # Point to point: 2-rank ping-pong down to 8 bytes, payloads verified both ways, over the
 # per-pair shared-memory channels by default and over the sockets with DTRAIN_COMM_SHM=0.
 for transport in shm tcp; do

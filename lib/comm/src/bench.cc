@@ -84,7 +84,7 @@ const char* name(Collective c) {
   return "?";
 }
 
-std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
+std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const std::function<void(const BenchRow&)>& onRow) {
   const int n = comm.size(), rank = comm.rank();
   const size_t es = elementSize(o.dtype);
   const bool p2p = o.collective == Collective::kSendRecv;
@@ -160,32 +160,44 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o) {
     r.wrong = wrong;
     r.transport = p2p ? comm.p2pTransport() : comm.transport();
     rows.push_back(r);
+    if (onRow) onRow(r);
     if (o.factor < 2) break;
   }
   return rows;
 }
 
-std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
-  std::string transport = rows.empty() || rows[0].transport.empty() ? backend : rows[0].transport;
+std::string formatBenchHeader(const BenchOptions& o, int worldSize, const char* backend, const std::string& transport) {
   std::string out = fmt::format("# dtrain bench {}: {} ranks, backend {}, {} iterations after {} warm-up\n",
                                 name(o.collective), worldSize, backend, o.iters, o.warmup);
-  out += fmt::format("# transport: {}\n#\n", transport);
+  out += fmt::format("# transport: {}\n#\n", transport.empty() ? backend : transport);
   out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "size", "count", "type", "redop", "time",
                      "algbw", "busbw", "#wrong");
   out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "(B)", "(elements)", "", "", "(us)",
                      "(GB/s)", "(GB/s)", "");
+  return out;
+}
+
+std::string formatBenchRow(const BenchRow& r, const BenchOptions& o) {
+  return fmt::format("  {:>10} {:>12} {:>8} {:>6} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", r.bytes, r.count, name(o.dtype),
+                     redopName(o), r.time_us, r.algbw, r.busbw, r.wrong);
+}
+
+std::string formatBenchFooter(const std::vector<BenchRow>& rows) {
   long long wrong = 0;
   double bus = 0;
-  const char* redop = redopName(o);
   for (const auto& r : rows) {
-    out += fmt::format("  {:>10} {:>12} {:>8} {:>6} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", r.bytes, r.count, name(o.dtype),
-                       redop, r.time_us, r.algbw, r.busbw, r.wrong);
     wrong += r.wrong;
     bus += r.busbw;
   }
-  out += fmt::format("# Out of bounds values : {} {}\n", wrong, wrong ? "FAILED" : "OK");
+  std::string out = fmt::format("# Out of bounds values : {} {}\n", wrong, wrong ? "FAILED" : "OK");
   out += fmt::format("# Avg bus bandwidth    : {:.3f}\n", rows.empty() ? 0.0 : bus / static_cast<double>(rows.size()));
   return out;
+}
+
+std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
+  std::string out = formatBenchHeader(o, worldSize, backend, rows.empty() ? std::string() : rows[0].transport);
+  for (const auto& r : rows) out += formatBenchRow(r, o);
+  return out + formatBenchFooter(rows);
 }
 
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {

@@ -1,6 +1,7 @@
 #pragma once
 // Collective benchmarks in the style of nccl-tests, run on every rank of a communicator.
 // kSendRecv is point to point: a ping-pong between exactly 2 ranks (see runBench).
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,10 +38,16 @@ struct BenchRow {
 // kSendRecv needs exactly 2 ranks (SpecError otherwise): rank 0 sends, rank 1 receives and
 // sends back the same size; time = half the round trip, busbw = algbw = bytes / time;
 // #wrong counts received elements (both directions) that differ from the sender's pattern.
-std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& opts);
+// onRow, when given, sees each row as soon as every rank has finished it (a live table).
+std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& opts,
+                               const std::function<void(const BenchRow&)>& onRow = {});
 
-// "size count type redop time algbw busbw #wrong" table with the nccl-tests footer.
+// "size count type redop time algbw busbw #wrong" table with the nccl-tests footer; also in
+// its three parts, for printing rows as they come.
 std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend);
+std::string formatBenchHeader(const BenchOptions& opts, int worldSize, const char* backend, const std::string& transport);
+std::string formatBenchRow(const BenchRow& row, const BenchOptions& opts);
+std::string formatBenchFooter(const std::vector<BenchRow>& rows);
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend);
 
 const char* name(Collective c);
