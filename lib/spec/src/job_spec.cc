@@ -1001,6 +1001,10 @@ void resolve(JobSpec& spec) {
   if (spec.min_nodes > spec.max_nodes)
     throw SpecError(fmt::format("{}: /min_nodes: {} is more than max_nodes {}; make min_nodes <= max_nodes", source,
                                 spec.min_nodes, spec.max_nodes));
+  if (spec.max_nodes < hosts)
+    throw SpecError(fmt::format("{}: /max_nodes: {} node(s) at most, but {} host(s) given, and dtrain starts every host "
+                                "it is given; list only the hosts to use, or raise max_nodes / --nnodes to {}",
+                                source, spec.max_nodes, hosts, hosts));
   if (spec.max_nodes > hosts)
     throw SpecError(fmt::format("{}: /max_nodes: {} node(s) asked for but {} host(s) given; list more hosts (hostfile, "
                                 "nodes, --hosts) or lower max_nodes / --nnodes",
