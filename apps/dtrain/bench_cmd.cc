@@ -1,9 +1,6 @@
 #include "bench_cmd.h"
 
-#include <unistd.h>
-
 #include <fstream>
-#include <filesystem>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -13,6 +10,7 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
+#include "output_file.h"
 #include "version.h"
 #include "dtrain/launch/plan.h"
 
@@ -93,14 +91,7 @@ int launch(comm::Collective c, CLI::App* sub) {
   auto& a = gArgs;
   benchOptions(c);  // refuse bad flags before starting anything
   if (!a.json.empty() && a.hostfile.empty() && a.hosts.empty()) {
-    // Local ranks: rank 0 writes it here, so a bad path is said now, not after the sweep.
-    std::error_code ec;
-    const auto parent = std::filesystem::absolute(a.json).parent_path();
-    if (std::filesystem::is_directory(a.json, ec))
-      throw SpecError(fmt::format("--json: \"{}\" is a directory; give a file path", a.json));
-    if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK | X_OK) != 0)
-      throw SpecError(fmt::format("--json: \"{}\": cannot write in {}; give a path in a directory you can write", a.json,
-                                  parent.string()));
+    checkOutputFile(a.json, "--json");  // local ranks: rank 0 writes it here
   }
   if (c == comm::Collective::kSendRecv && a.hostfile.empty() && a.hosts.empty() && a.nproc != "2")
     throw SpecError(fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}", a.nproc));

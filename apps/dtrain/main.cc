@@ -29,6 +29,7 @@
 #include "agent_cmd.h"
 #include "version.h"
 #include "bench_cmd.h"
+#include "output_file.h"
 #include "train_cmd.h"
 #include "store_cmd.h"
 
@@ -87,8 +88,8 @@ double parseDoubleFlag(const std::string& flag, const std::string& v) {
   return out;
 }
 
-// Where a file or directory dtrain will create must go: its nearest existing ancestor must
-// be a directory this process can write. Throws SpecError naming `what`; creates nothing.
+// A directory dtrain will use or create: it, or its nearest existing ancestor, must be a
+// directory this process can write. Throws SpecError naming `what`; creates nothing.
 void checkCreatable(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
   fs::path p = fs::absolute(path).lexically_normal();
@@ -105,22 +106,8 @@ void checkCreatable(const std::string& path, const std::string& what) {
 // The run's outputs (log directory, summary file) are checked before anything starts, so a
 // typo in a path is exit 2 at once, not a failure reported after a successful job.
 void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!s.log_dir.empty() && !fs::is_directory(s.log_dir, ec)) checkCreatable(s.log_dir, "log_dir (--log-dir)");
-  if (!s.log_dir.empty() && fs::is_directory(s.log_dir, ec) && ::access(s.log_dir.c_str(), W_OK | X_OK) != 0)
-    throw SpecError(fmt::format("log_dir (--log-dir): \"{}\": {}; give a directory you can write", s.log_dir,
-                                std::strerror(errno)));
-  if (!a.summary_json.empty()) {
-    if (fs::is_directory(a.summary_json, ec))
-      throw SpecError(fmt::format("--summary-json: \"{}\" is a directory; give a file path, e.g. {}/summary.json",
-                                  a.summary_json, a.summary_json));
-    const fs::path parent = fs::absolute(a.summary_json).parent_path();
-    if (!fs::is_directory(parent, ec))
-      throw SpecError(fmt::format("--summary-json: \"{}\": directory {} does not exist; create it or give another path",
-                                  a.summary_json, parent.string()));
-    checkCreatable(a.summary_json, "--summary-json");
-  }
+  if (!s.log_dir.empty()) checkCreatable(s.log_dir, "log_dir (--log-dir)");
+  if (!a.summary_json.empty()) app::checkOutputFile(a.summary_json, "--summary-json");
 }
 
 spec::JobSpec buildSpec(RunArgs& a) {
@@ -365,9 +352,10 @@ int main(int argc, char** argv) {
     const std::string& sp = runArgs.spec_path;
     const bool specLike = sp.empty() || (sp.size() >= 5 && sp.compare(sp.size() - 5, 5, ".json") == 0);
     if (specLike && extra[0].rfind('-', 0) == 0) {
-      const std::string m = closestMatch(extra[0], {"--dry-run", "--summary-json", "--nproc-per-node", "--max-restarts",
-                                                   "--nnodes", "--log-dir", "--env", "--shutdown-timeout",
-                                                   "--local-ranks-filter", "--no-prefix", "--hostfile", "--hosts"});
+      std::vector<std::string> known;
+      for (const CLI::Option* o : run->get_options())
+        for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+      const std::string m = closestMatch(extra[0], known);
       std::cerr << fmt::format("dtrain: error: run: unknown option {}{}; see dtrain run --help\n", extra[0],
                                m.empty() ? "" : fmt::format(" (did you mean {}?)", m));
       return kExitUsage;

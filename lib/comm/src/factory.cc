@@ -152,14 +152,11 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
     throw SpecError(fmt::format("unknown backend \"{}\"; use \"tcp\" or \"nccl\"", o.backend));
   o.backend = agreeOnBackend(*store, rank, size, o);
   if (o.backend == "tcp") return createTcpCommunicator(store, rank, size, o);
-  if (o.backend == "nccl") {
 #ifdef DTRAIN_HAVE_CUDA
-    return createNcclCommunicator(store, rank, size, o);
+  return createNcclCommunicator(store, rank, size, o);
 #else
-    throw SpecError("backend \"nccl\" is not in this build (a CPU build); rebuild with -DDTRAIN_WITH_CUDA=ON or use \"tcp\"");
+  throw SpecError("backend \"nccl\" is not in this build (a CPU build); rebuild with -DDTRAIN_WITH_CUDA=ON or use \"tcp\"");
 #endif
-  }
-  throw SpecError(fmt::format("unknown backend \"{}\"; use \"tcp\" or \"nccl\"", o.backend));
 }
 
 }  // namespace dtrain::comm

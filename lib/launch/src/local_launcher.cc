@@ -59,6 +59,8 @@ class LocalLauncher final : public Launcher {
  private:
   void spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base);
   void emitLine(Worker& w, bool isErr, std::string_view line);
+  // Writes `text` to `fd` above the status line (lifted out of the way and drawn again below).
+  void writeAboveStatus(int fd, const std::string& text);
   void signalAll(int sig);
   void reap();
   void drain(Worker& w);
@@ -131,9 +133,12 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   if (spec_->prefix_output) rec = fmt::format("[rank {}] ", w.slot.global_rank);
   rec.append(line);
   rec.push_back('\n');
-  // Lift the status line out of the way, print, and draw it again below.
+  writeAboveStatus(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+}
+
+void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
-  writeAll(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+  writeAll(fd, text);
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 
@@ -338,10 +343,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         if (!stopping_ && console) {
           const size_t running = static_cast<size_t>(
               std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
-          if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
-          writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "worker", signalName(sig),
-                                                         spec_->shutdown_timeout_s, sig == SIGINT));
-          if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
+          writeAboveStatus(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "worker", signalName(sig),
+                                                                 spec_->shutdown_timeout_s, sig == SIGINT));
         }
         startShutdown(sig, spec_->shutdown_timeout_s);
       });

@@ -1,0 +1,32 @@
+#pragma once
+// Output files named on the command line (--summary-json, bench --json) are checked before a
+// job starts, so a typo in a path is exit 2 at once, not a failure after the work is done.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain::app {
+
+// `path` can be written (created, or replaced if it exists) by this process; throws SpecError
+// naming `flag` otherwise. Creates nothing.
+inline void checkOutputFile(const std::string& path, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw SpecError(fmt::format("{}: \"{}\" is a directory; give a file path", flag, path));
+  const fs::path parent = fs::absolute(path, ec).parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw SpecError(fmt::format("{}: \"{}\": directory {} does not exist; create it or give another path", flag, path,
+                                parent.string()));
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    throw SpecError(fmt::format("{}: \"{}\": cannot write in {}: {}; give a path in a directory you can write", flag, path,
+                                parent.string(), std::strerror(errno)));
+}
+
+}  // namespace dtrain::app
