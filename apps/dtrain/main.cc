@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/files.h"
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/plan.h"
 #include "dtrain/common/strings.h"
@@ -110,7 +111,24 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   if (!a.summary_json.empty()) app::checkOutputFile(a.summary_json, "--summary-json");
 }
 
-spec::JobSpec buildSpec(RunArgs& a) {
+// A file of the run's own, removed when the run ends however it ends.
+struct RemoveOnExit {
+  std::string path;
+  RemoveOnExit() = default;
+  RemoveOnExit(const RemoveOnExit&) = delete;
+  RemoveOnExit& operator=(const RemoveOnExit&) = delete;
+  ~RemoveOnExit() {
+    if (!path.empty()) std::remove(path.c_str());
+  }
+};
+
+// Where a run keeps its trainer's spec snapshot: private to the user (the spec's env may
+// carry secrets from an env_file), removed when the run ends.
+std::string trainerSpecPath(const std::string& runId) {
+  return (std::filesystem::temp_directory_path() / fmt::format("dtrain-spec-{}.json", runId)).string();
+}
+
+spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
     throw SpecError("give either a job spec file or a command after --, not both");
@@ -125,8 +143,6 @@ spec::JobSpec buildSpec(RunArgs& a) {
                                   "dtrain run --nproc-per-node 2 -- python3 {}",
                                   e.what(), a.spec_path));
     }
-    // A trainer job runs the built-in trainer as every worker's command.
-    if (s.trainer) s.command = {launch::selfExecutable(), "train", std::filesystem::absolute(a.spec_path).string()};
   } else if (!a.command.empty()) {
     s.command = a.command;
     s.name = a.command[0].substr(a.command[0].rfind('/') + 1);
@@ -141,6 +157,13 @@ spec::JobSpec buildSpec(RunArgs& a) {
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
   spec::resolve(s);
+  // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the
+  // resolved spec (cmdRun writes it): absolute paths whatever `cwd` says, the overrides
+  // included, and unchanged by edits to the spec file while the job runs.
+  // (validate, with no run: the spec file itself, which is what `dtrain train` takes by hand)
+  if (s.trainer)
+    s.command = {launch::selfExecutable(), "train",
+                 runId.empty() ? std::filesystem::absolute(a.spec_path).string() : trainerSpecPath(runId)};
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
   if (s.trainer) {
@@ -164,8 +187,8 @@ spec::JobSpec buildSpec(RunArgs& a) {
 }
 
 int cmdRun(RunArgs& a) {
-  spec::JobSpec s = buildSpec(a);
-  std::string runId = launch::newRunId();
+  const std::string runId = launch::newRunId();
+  spec::JobSpec s = buildSpec(a, runId);
   bool multiNode = !s.nodes.empty();
   checkOutputs(s, a);
   if (a.dry_run) {
@@ -192,8 +215,16 @@ int cmdRun(RunArgs& a) {
 
   // The trainer's rank 0 leaves its outcome here for the summary.
   std::string resultFile;
+  RemoveOnExit snapshot, resultCleanup;
   if (s.trainer) {
+    if (!multiNode) {  // (each node's agent writes its own from what the launcher sends)
+      spec::JobSpec shipped = s;
+      shipped.command.clear();
+      snapshot.path = s.command.back();
+      writePrivateFile(snapshot.path, spec::serializeForNode(shipped));
+    }
     resultFile = (std::filesystem::temp_directory_path() / fmt::format("dtrain-result-{}.json", runId)).string();
+    resultCleanup.path = resultFile;
     s.env["DTRAIN_RESULT_FILE"] = resultFile;
   }
   auto started = std::chrono::steady_clock::now();
@@ -229,7 +260,6 @@ int cmdRun(RunArgs& a) {
     }
     if (std::rename(tmp.c_str(), a.summary_json.c_str()) != 0) throwErrno("--summary-json: rename to " + a.summary_json);
   }
-  if (!resultFile.empty()) std::remove(resultFile.c_str());
   if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s) << std::flush;
   if (r.received_signal)
     std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
@@ -380,7 +410,7 @@ int main(int argc, char** argv) {
     if (int rc = app::runAgentCommand(); rc >= 0) return rc;
     if (run->parsed()) return cmdRun(runArgs);
     if (validate->parsed()) {
-      spec::JobSpec s = buildSpec(valArgs);
+      spec::JobSpec s = buildSpec(valArgs, "");
       checkOutputs(s, valArgs);
       std::cout << valArgs.spec_path << ": OK\n" << spec::describe(s);
       return kExitOk;

@@ -63,7 +63,7 @@ expect_grep "^  data: +synthetic, 60000 train / 10000 eval samples, seed 1, pref
 expect_grep "^  device: +auto, seed 0, bucket_mb 25, overlap auto, log every 100 steps$" "$T/out" "validate: device and overlap"
 # dry run shows the trainer as each worker's command.
 "$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1
-expect_grep " train .*/configs/quickstart.json$" "$T/out" "dry run: workers run dtrain train"
+expect_grep " train /.*/dtrain-spec-[0-9a-f]+\.json$" "$T/out" "dry run: workers run dtrain train on the run's spec snapshot"
 # A worker of the trainer run by hand trains alone.
 cat > "$T/tiny.json" <<JSON
 {"trainer": {"model": {"layers": [16, 8, 3]}, "data": {"train_samples": 512, "eval_samples": 64},
@@ -110,7 +110,7 @@ expect_eq "$(cat "$T/check")" "None None 468" "re-run summary: loss and throughp
 "$DTRAIN" run "$T/b.json" >"$T/b1.out" 2>&1 &
 DTRAIN_PID=$!
 for _ in $(seq 300); do ls "$T/ckpt-b" 2>/dev/null | grep -q "ckpt-000000016[0-9].bin" && break; sleep 0.1; done
-victim=$(pgrep -f "train $T/b.json" | tail -1)
+victim=$(pgrep -P "$DTRAIN_PID" -f " train " | tail -1)  # a worker: the launcher's child
 [ -n "$victim" ] && kill -9 "$victim"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 [ "$rc" -ne 0 ] && pass "interrupted run fails (rc $rc)" || fail "interrupted run exited 0"
@@ -124,6 +124,32 @@ printf 'garbage' > "$newest"
 "$DTRAIN" run "$T/b.json" >"$T/b3.out" 2>&1
 expect_eq "$?" 0 "run with a damaged newest checkpoint"
 expect_grep "warning: checkpoint .* is (not a dtrain checkpoint or truncated|truncated|corrupt).*skipping it" "$T/b3.out" "damaged checkpoint skipped"
+
+# Relative paths mean what they mean where dtrain is started, whatever `cwd` says: data,
+# checkpoints, rank logs and metrics all land beside the spec, nothing in the workers' cwd.
+mkdir -p "$T/rel/wd"
+python3 -c "
+import random
+random.seed(3)
+with open('$T/rel/d.csv', 'w') as f:
+    for i in range(300):
+        x = [random.gauss(0, 1) for _ in range(4)]
+        f.write(','.join('%.3f' % v for v in x) + ',%d\n' % int(x[0] > 0))
+"
+cat > "$T/rel/job.json" <<JSON
+{"nproc_per_node": 2, "cwd": "wd", "log_dir": "logs", "env": {"OMP_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [4, 8, 2]}, "data": {"type": "csv", "path": "d.csv", "label_column": 4},
+  "batch_size": 16, "epochs": 1, "checkpoint": {"dir": "ck", "every_steps": 4}}}
+JSON
+DTRAIN_ABS=$(readlink -f "$DTRAIN")
+(cd "$T/rel" && "$DTRAIN_ABS" run job.json --summary-json sum.json >"$T/out" 2>&1)
+expect_eq "$?" 0 "relative cwd, data, log_dir and checkpoint dir"
+( cd "$T/rel" && ls logs/rank_0.log logs/rank_1.log logs/metrics.jsonl && ls ck/ckpt-*.bin ) >/dev/null 2>"$T/err"
+expect_eq "$(cat "$T/err")" "" "logs, metrics and checkpoints beside the spec"
+expect_eq "$(ls -A "$T/rel/wd")" "" "nothing written in the workers' cwd"
+run_id=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$T/rel/sum.json")
+[ -n "$run_id" ] && [ ! -e "${TMPDIR:-/tmp}/dtrain-spec-$run_id.json" ] && pass "the run's spec snapshot is removed" ||
+  fail "spec snapshot of run '$run_id' left behind"
 
 # Too few samples for one global batch is a clear error.
 cat > "$T/few.json" <<JSON

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/files.h"
 #include "dtrain/common/fd.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/agent_protocol.h"
@@ -231,6 +232,8 @@ int runAgent(const AgentOptions& opts) {
     spec = spec::parseJobSpec(specText, source);
   } catch (const SpecError& e) {
     return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});
+  } catch (const IoError& e) {
+    return fail({"io", fmt::format("node {}: {}", opts.node, e.what())});
   } catch (const std::exception& e) {
     return fail({"io", fmt::format("node {}: cannot use the launcher's store at {}:{}: {}", opts.node, storeAddr,
                                    opts.store_port, e.what())});
@@ -256,7 +259,7 @@ int runAgent(const AgentOptions& opts) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
       auto tmp = std::filesystem::temp_directory_path();
       specFile = (tmp / fmt::format("dtrain-{}-{}.json", opts.run_id, ::getpid())).string();
-      std::ofstream(specFile) << specText;
+      writePrivateFile(specFile, specText);  // its env may carry secrets
       resultFile = (tmp / fmt::format("dtrain-result-{}-{}.json", opts.run_id, ::getpid())).string();
       spec.env["DTRAIN_RESULT_FILE"] = resultFile;
       spec.command = {launch::selfExecutable(), "train", specFile};

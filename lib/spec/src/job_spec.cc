@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <map>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -622,6 +623,23 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
 }
 
 // "~/x" as ssh reads it, so that the existence check looks where ssh will.
+// Every path a spec names means what it means in the directory dtrain is started in, where
+// it is checked; `cwd` only moves the workers' command. Made absolute after the checks, so
+// workers started in `cwd` or on other hosts read the same files (and messages keep the
+// path as the user wrote it).
+void makeAbsolute(std::string& path) {
+  if (!path.empty() && path.front() != '/') path = std::filesystem::absolute(path).lexically_normal().string();
+}
+
+void makePathsAbsolute(JobSpec& spec) {
+  for (std::string* p : {&spec.cwd, &spec.log_dir, &spec.hostfile, &spec.env_file, &spec.ssh.identity_file}) makeAbsolute(*p);
+  if (spec.trainer) {
+    TrainerSpec::Data& d = spec.trainer->data;
+    for (std::string* p : {&d.path, &d.labels_path, &d.eval_path, &d.eval_labels_path, &spec.trainer->checkpoint.dir})
+      makeAbsolute(*p);
+  }
+}
+
 std::string expandHome(const std::string& path) {
   if (path.rfind("~/", 0) != 0) return path;
   const char* home = std::getenv("HOME");
@@ -882,6 +900,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     // The spec's own env wins over the file.
     for (auto& [k, v] : parseEnvFile(f.text, spec.env_file)) spec.env.emplace(k, v);
   }
+  makePathsAbsolute(spec);
   return spec;
 }
 
@@ -924,6 +943,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     if (exists(*o.log_dir) && !isDirectory(*o.log_dir))
       throw SpecError(fmt::format("--log-dir: \"{}\" exists and is not a directory", *o.log_dir));
     spec.log_dir = *o.log_dir;
+    makeAbsolute(spec.log_dir);
   }
   if (o.shutdown_timeout_s) {
     if (!(*o.shutdown_timeout_s >= 0 && *o.shutdown_timeout_s <= 86400))
@@ -952,6 +972,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
       throw SpecError(std::string("--hostfile: ") + e.what());
     }
     spec.hostfile = *o.hostfile;
+    makeAbsolute(spec.hostfile);
   }
   if (o.hosts) {
     spec.nodes = parseHostList(*o.hosts);

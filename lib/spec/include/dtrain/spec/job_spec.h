@@ -113,6 +113,9 @@ struct TrainerSpec {
   bool operator==(const TrainerSpec&) const = default;
 };
 
+// Paths (cwd, log_dir, hostfile, env_file, ssh.identity_file, the trainer's data files and
+// checkpoint.dir) are absolute once parsed: a relative one means what it means in the
+// directory dtrain is started in, whatever `cwd` says.
 struct JobSpec {
   std::string name = "job";
   std::vector<std::string> command;           // argv; command[0] looked up on PATH

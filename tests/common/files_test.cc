@@ -1,0 +1,69 @@
+#include "dtrain/common/files.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "dtrain/common/errors.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "dtrain-files-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+mode_t modeOf(const fs::path& p) {
+  struct stat st {};
+  EXPECT_EQ(::stat(p.c_str(), &st), 0);
+  return st.st_mode & 07777;
+}
+
+TEST(WritePrivateFile, OwnerOnlyEvenWhenTheFileWasReadable) {
+  TempDir d;
+  const fs::path p = d.path / "spec.json";
+  writePrivateFile(p, "{\"env\": {\"TOKEN\": \"secret\"}}");
+  EXPECT_EQ(slurp(p), "{\"env\": {\"TOKEN\": \"secret\"}}");
+  EXPECT_EQ(modeOf(p), 0600u);
+  ::chmod(p.c_str(), 0644);
+  writePrivateFile(p, "short");  // truncated, and private again
+  EXPECT_EQ(slurp(p), "short");
+  EXPECT_EQ(modeOf(p), 0600u);
+}
+
+TEST(WritePrivateFile, RefusesASymlinkAndNamesThePath) {
+  TempDir d;
+  const fs::path target = d.path / "elsewhere";
+  std::ofstream(target) << "keep";
+  fs::create_symlink(target, d.path / "link");
+  try {
+    writePrivateFile(d.path / "link", "x");
+    FAIL() << "a symlink was followed";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find((d.path / "link").string()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(target), "keep");
+  EXPECT_THROW(writePrivateFile(d.path / "no-such-dir" / "f", "x"), IoError);
+}
+
+}  // namespace
+}  // namespace dtrain
