@@ -16,6 +16,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/launch/output.h"
+#include "dtrain/launch/plan.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
@@ -143,6 +144,10 @@ int runTrainCommand() {
   to.device = dev.cuda ? "cuda" : "cpu";
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
   if (const char* d = std::getenv("DTRAIN_LOG_DIR"); d && *d) to.metrics_dir = d;
+  // Metrics rows name their run; one run by hand gets an id of its own.
+  const char* runId = std::getenv("DTRAIN_RUN_ID");
+  to.run_id = runId && *runId ? runId : launch::newRunId();
+  if (const char* n = std::getenv("DTRAIN_RESTART_COUNT"); n && *n) to.attempt = std::atoi(n);
   if (const char* d = std::getenv("DTRAIN_TRACE_DIR"); d && *d) to.trace_dir = d;
   installStepHooks(to, comm->rank());
   // A live progress bar: drawn by the launcher when its console is a terminal, or in place

@@ -84,6 +84,33 @@ print(len(train) > 0, train[-1]["step"], all(0 <= r["accuracy"] <= 1 and r["loss
 PY2
 expect_eq "$(cat "$T/check")" "True 16 True 1 True" "metrics.jsonl: train rows to the last step, one eval row"
 expect_grep "^<svg .*</svg>|polyline" "$T/logs/metrics.svg" "metrics.svg has the curves"
+# Runs and restarts that share a log directory stay apart: every row names its run and
+# attempt, each attempt begins with a "start" row at the step it resumed from, and the SVG
+# is the whole run's curve (attempt 0 up to the checkpoint, then attempt 1), once per step.
+cat > "$T/restarts.json" <<JSON
+{"nproc_per_node": 2, "max_restarts": 1, "restart_backoff_s": 0, "log_dir": "$T/logs",
+ "trainer": {"model": {"layers": [16, 8, 3]}, "data": {"train_samples": 512, "eval_samples": 64},
+  "batch_size": 16, "epochs": 1, "log_every_steps": 1, "checkpoint": {"dir": "$T/ck-restarts", "every_steps": 4}}}
+JSON
+DTRAIN_DEBUG_KILL_AT=1:10 "$DTRAIN" run "$T/restarts.json" --summary-json "$T/restarts.sum" >"$T/out" 2>&1
+expect_eq "$?" 0 "a restarted run logging into the same directory"
+python3 - "$T/logs/metrics.jsonl" "$T/restarts.sum" "$T/logs/metrics.svg" >"$T/check" <<'PY2'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+run = json.load(open(sys.argv[2]))["run_id"]
+runs = []
+for r in rows:
+    if r["run_id"] not in runs: runs.append(r["run_id"])
+mine = [r for r in rows if r["run_id"] == run]
+starts = [(r["attempt"], r["step"], r["world_size"]) for r in mine if r["type"] == "start"]
+a0 = [r["step"] for r in mine if r["type"] == "train" and r["attempt"] == 0]
+a1 = [r["step"] for r in mine if r["type"] == "train" and r["attempt"] == 1]
+svg = open(sys.argv[3]).read()
+loss = re.findall(r'<polyline[^>]*points="([^"]*)"', svg)[0].split()
+print(len(runs), runs[-1] == run, starts, a0 == list(range(1, 11)), a1 == list(range(9, 17)), len(loss))
+PY2
+expect_eq "$(cat "$T/check")" "2 True [(0, 0, 2), (1, 8, 2)] True True 16" \
+  "metrics.jsonl: two runs apart, the restart's start row at its checkpoint, the SVG one point per step"
 # kill -9 of a worker, then a restart from its checkpoint: the same weights as a run that
 # was never interrupted.
 mkspec() {  # file checkpoint-dir

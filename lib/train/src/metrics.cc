@@ -4,58 +4,52 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/time.h"
 
 namespace dtrain::train {
-namespace {
 
-// A JSON number, or null for NaN/inf (a diverged loss): "nan" would make the line unreadable
-// to every JSON parser.
-std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string("null"); }
-
-}  // namespace
-
-MetricsLog::MetricsLog(const std::string& dir) : dir_(dir) {
+MetricsLog::MetricsLog(const std::string& dir, const MetricsRun& run) : dir_(dir), run_(run) {
   if (dir_.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   std::string path = (std::filesystem::path(dir_) / "metrics.jsonl").string();
   f_ = std::fopen(path.c_str(), "a");
   if (!f_) throwErrno("open " + path);
+  write(spec::metricsStartLine(run_, utcNow()));
 }
 
 MetricsLog::~MetricsLog() {
   if (f_) std::fclose(f_);
 }
 
-void MetricsLog::record(const MetricsPoint& p) {
-  if (!f_) return;
-  points_.push_back(p);
-  const std::string line = fmt::format(
-      "{{\"type\": \"train\", \"step\": {}, \"epoch\": {}, \"loss\": {}, \"accuracy\": {}, \"samples_per_s\": {}, "
-      "\"lr\": {}, \"elapsed_s\": {}}}\n",
-      p.step, p.epoch, num(p.loss), num(p.accuracy), num(p.samples_per_s), num(p.lr), num(p.elapsed_s));
+void MetricsLog::write(const std::string& line) {
+  // One whole line per write, flushed: a reader (tail -f, a dashboard) never sees half a row.
   std::fputs(line.c_str(), f_);
   std::fflush(f_);
 }
 
+void MetricsLog::record(const MetricsPoint& p) {
+  if (f_) write(spec::metricsTrainLine(run_, p));
+}
+
 void MetricsLog::recordEval(long long step, double loss, double accuracy) {
-  if (!f_) return;
-  evalAccuracy_ = accuracy;
-  const std::string line = fmt::format("{{\"type\": \"eval\", \"step\": {}, \"loss\": {}, \"accuracy\": {}}}\n", step,
-                                       num(loss), num(accuracy));
-  std::fputs(line.c_str(), f_);
-  std::fflush(f_);
+  if (f_) write(spec::metricsEvalLine(run_, step, loss, accuracy));
 }
 
 void MetricsLog::finish() {
   if (!f_) return;
+  std::ifstream in(std::filesystem::path(dir_) / "metrics.jsonl");
+  std::stringstream text;
+  text << in.rdbuf();
+  const spec::MetricsCurve curve = spec::readMetricsRun(text.str(), run_.run_id);
   std::string path = (std::filesystem::path(dir_) / "metrics.svg").string();
   std::ofstream out(path, std::ios::trunc);
-  out << metricsSvg(points_, evalAccuracy_);
+  out << metricsSvg(curve.points, curve.eval_accuracy);
 }
 
 std::string metricsSvg(const std::vector<MetricsPoint>& pts, double evalAccuracy) {

@@ -827,7 +827,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   result.pipeline_stages = P;
   result.stage_params = nParams;
   const long long firstStep = step;
-  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string());
+  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string(), {opts.run_id, opts.attempt, world, firstStep});
   const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   double windowCompute = 0, windowSchedule = 0;  // this rank, since the last log

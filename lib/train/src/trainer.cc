@@ -202,7 +202,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
 
   TrainResult result;
   const long long firstStep = step;
-  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string());
+  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string(), {opts.run_id, opts.attempt, world, firstStep});
   const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   detail::Progress progress(firstStep, totalSteps, globalBatch);

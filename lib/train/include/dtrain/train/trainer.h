@@ -36,6 +36,9 @@ struct TrainOptions {
   std::function<void(const std::string&)> status;
   // Rank 0 writes metrics.jsonl and metrics.svg here; "" = none.
   std::string metrics_dir;
+  // What metrics.jsonl's rows name: the run (DTRAIN_RUN_ID) and attempt (restart count).
+  std::string run_id;
+  int attempt = 0;
   // When set, called as each step begins, with the global step (0-based): a heartbeat.
   std::function<void(long long)> on_step;
   // When set, sees every batch this rank trains on: (epoch, sample indices, count).
