@@ -1,6 +1,8 @@
 #include "bench_cmd.h"
 
+#include <cstdlib>
 #include <fstream>
+#include <new>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -60,6 +62,10 @@ comm::BenchOptions benchOptions(comm::Collective c) {
 int worker(comm::Collective c) {
   auto& a = gArgs;
   comm::BenchOptions o = benchOptions(c);
+  // Across hosts, each host's ranks check their own memory (the launcher checked its own).
+  const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+  if (auto problem = comm::benchMemoryProblem(o, lws ? std::atoi(lws) : 1, comm::physicalMemoryBytes()); !problem.empty())
+    throw SpecError(problem);
   comm::CommOptions co;
   co.backend = a.backend;
   co.timeout = comm::Duration(static_cast<long long>(a.timeout_s * 1000));
@@ -71,9 +77,16 @@ int worker(comm::Collective c) {
     std::cout << comm::formatBenchHeader(o, comm->size(), comm->backend(),
                                          c == comm::Collective::kSendRecv ? comm->p2pTransport() : comm->transport())
               << std::flush;
-  auto rows = comm::runBench(*comm, o, [&](const comm::BenchRow& r) {
-    if (printer) std::cout << comm::formatBenchRow(r, o) << std::flush;
-  });
+  std::vector<comm::BenchRow> rows;
+  try {
+    rows = comm::runBench(*comm, o, [&](const comm::BenchRow& r) {
+      if (printer) std::cout << comm::formatBenchRow(r, o) << std::flush;
+    });
+  } catch (const std::bad_alloc&) {
+    // The memory check passed but the memory was not there (other processes use it).
+    throw IoError(fmt::format("rank {}: out of memory for the buffers of a size up to {} bytes; lower -e/--maxbytes",
+                              comm->rank(), o.max_bytes));
+  }
   long long wrong = 0;
   for (const auto& r : rows) wrong += r.wrong;
   if (printer) {
@@ -115,6 +128,11 @@ int launch(comm::Collective c, CLI::App* sub) {
   s.shutdown_timeout_s = 5;
   s.env["OMP_NUM_THREADS"] = "1";
   spec::resolve(s);
+  if (s.nodes.empty()) {
+    if (auto problem = comm::benchMemoryProblem(benchOptions(c), s.nproc_per_node, comm::physicalMemoryBytes());
+        !problem.empty())
+      throw SpecError(problem);
+  }
   launch::RunResult r;
   if (!s.nodes.empty()) {
     // Across hosts: one agent per host over ssh, as dtrain run does; rank 0 (node 0)

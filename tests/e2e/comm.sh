@@ -70,6 +70,10 @@ expect_grep "^dtrain: error: --nproc-per-node: bench sendrecv is a 2-rank ping-p
 "$DTRAIN" bench allreduce -b 1X 2>"$T/err"; expect_eq "$?" 2 "bad size exits 2"
 expect_grep "expected a size like 4096, 4K" "$T/err" "bad size message"
 "$DTRAIN" bench allreduce -d complex 2>"$T/err"; expect_eq "$?" 2 "bad type exits 2"
+# A size the machine cannot hold is refused up front (it was a worker's std::bad_alloc, exit 1).
+"$DTRAIN" bench allreduce -b 4K -e 1048576G >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench -e beyond memory exits 2"
+expect_grep "^dtrain: error: -e/--maxbytes: the largest size \(1125899906842624 bytes\) needs about .* per rank .* for the 2 rank\(s\) on this host, more than its [0-9.]+ GiB of memory; lower -e$" "$T/err" "bench -e beyond memory: one line naming -e"
+expect_eq "$(cat "$T/out")" "" "bench -e beyond memory: no rank started"
 "$DTRAIN" bench allreduce --backend nccl -n 1 -b 4K -e 4K >"$T/out" 2>"$T/err"
 [ "$?" -ne 0 ] && pass "nccl backend without a GPU fails" || fail "nccl without GPU succeeded"
 expect_grep "(no CUDA device is visible|not in this build)" "$T/err" "nccl says why"

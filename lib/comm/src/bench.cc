@@ -1,5 +1,7 @@
 #include "dtrain/comm/bench.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -210,6 +212,22 @@ std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, 
                        i ? ", " : "", r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong);
   }
   return out + "]}\n";
+}
+
+std::string benchMemoryProblem(const BenchOptions& o, int ranksOnHost, unsigned long long memBytes) {
+  if (memBytes == 0) return "";
+  const long double perRank = 3.0L * static_cast<long double>(o.max_bytes);
+  const long double total = perRank * std::max(1, ranksOnHost);
+  if (total <= static_cast<long double>(memBytes)) return "";
+  auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1024.0L * 1024 * 1024))); };
+  return fmt::format("-e/--maxbytes: the largest size ({} bytes) needs about {} per rank (the buffers and the backend's "
+                     "scratch, ~3x the size), {} for the {} rank(s) on this host, more than its {} of memory; lower -e",
+                     o.max_bytes, gib(perRank), gib(total), std::max(1, ranksOnHost), gib(memBytes));
+}
+
+unsigned long long physicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<unsigned long long>(pages) * static_cast<unsigned long long>(page) : 0;
 }
 
 }  // namespace dtrain::comm
