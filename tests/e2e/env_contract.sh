@@ -4,7 +4,7 @@ cat > "$T/job.json" <<JSON
 {"name": "envtest", "command": ["sh", "-c", "env > $T/env.\$RANK"], "nproc_per_node": 3,
  "max_restarts": 4, "env": {"FROM_SPEC": "yes", "ROLE_NAME": "trainer-overridden"}}
 JSON
-env -u OMP_NUM_THREADS "$DTRAIN" run "$T/job.json" --env FROM_CLI=1 --env "WITH_EQ=a=b" >"$T/out" 2>"$T/err"
+env -u OMP_NUM_THREADS -u PYTHONUNBUFFERED NCCL_ASYNC_ERROR_HANDLING=0 "$DTRAIN" run "$T/job.json" --env FROM_CLI=1 --env "WITH_EQ=a=b" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "3 workers exit 0"
 expect_grep "OMP_NUM_THREADS=1 for each of the 3 workers" "$T/err" "OMP notice printed"
 ports=()
@@ -25,6 +25,9 @@ for r in 0 1 2; do
   expect_eq "$(v TORCHELASTIC_MAX_RESTARTS)" 4 "rank $r max restarts"
   expect_eq "$(v TORCHELASTIC_USE_AGENT_STORE)" False "rank $r agent store"
   expect_eq "$(v OMP_NUM_THREADS)" 1 "rank $r OMP_NUM_THREADS"
+  expect_eq "$(v PYTHONUNBUFFERED)" 1 "rank $r PYTHONUNBUFFERED (torchrun's python -u)"
+  expect_eq "$(v TORCH_NCCL_ASYNC_ERROR_HANDLING)" 1 "rank $r TORCH_NCCL_ASYNC_ERROR_HANDLING"
+  expect_eq "$(v NCCL_ASYNC_ERROR_HANDLING)" 0 "rank $r the user's NCCL_ASYNC_ERROR_HANDLING kept"
   expect_eq "$(v FROM_SPEC)" yes "rank $r spec env"
   expect_eq "$(v FROM_CLI)" 1 "rank $r --env"
   expect_eq "$(v WITH_EQ)" "a=b" "rank $r --env value with ="

@@ -45,6 +45,13 @@ EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan
     set("DTRAIN_STORE_TOKEN", plan.store_token);
   }
   if (setsOmpThreads(base, spec)) set("OMP_NUM_THREADS", "1");
+  // What torchrun gives every worker, unless the user chose otherwise: Python output that
+  // is not held in a block buffer (workers write to pipes: lines would arrive late, and the
+  // last ones before a crash be lost; torchrun runs `python -u`), and NCCL errors that
+  // abort the collective instead of hanging it (torch 1.x reads the first name, 2.x the
+  // second).
+  for (const char* k : {"PYTHONUNBUFFERED", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+    if (!base.count(k)) set(k, "1");
   for (const auto& [k, v] : spec.env) env[k] = v;
   return env;
 }
