@@ -21,6 +21,7 @@
 #include "dtrain/common/files.h"
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/plan.h"
+#include "dtrain/launch/process.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
@@ -128,6 +129,81 @@ std::string trainerSpecPath(const std::string& runId) {
   return (std::filesystem::temp_directory_path() / fmt::format("dtrain-spec-{}.json", runId)).string();
 }
 
+// A command job's name, for messages ("job 'train.py' failed"): the program, or for an
+// interpreter the script (or -m module) it runs, as torchrun names its jobs.
+std::string jobNameOf(const std::vector<std::string>& cmd) {
+  auto base = [](const std::string& p) { return p.substr(p.rfind('/') + 1); };
+  const std::string prog = base(cmd.at(0));
+  const bool interpreter = prog.rfind("python", 0) == 0 || prog == "sh" || prog == "bash" || prog == "perl" ||
+                           prog == "ruby" || prog == "node" || prog == "Rscript";
+  if (!interpreter) return prog;
+  for (size_t i = 1; i < cmd.size(); ++i) {
+    if ((cmd[i] == "-m" || cmd[i] == "-c") && i + 1 < cmd.size()) return cmd[i] == "-m" ? cmd[i + 1] : prog;
+    if (!cmd[i].empty() && cmd[i][0] != '-') return base(cmd[i]);
+  }
+  return prog;
+}
+
+// What dtrain does instead of a torchrun option it does not take (torchrun's own spelling
+// or dashed); "" for other words. Options dtrain shares (--nproc_per_node, --nnodes,
+// --max_restarts, --log_dir) never get here.
+std::string torchrunFlagHint(const std::string& flag) {
+  std::string f = flag.substr(flag.find_first_not_of('-') == std::string::npos ? flag.size() : flag.find_first_not_of('-'));
+  std::replace(f.begin(), f.end(), '-', '_');
+  static const std::vector<std::pair<std::vector<std::string>, std::string>> kHints = {
+      {{"standalone"}, "dtrain needs nothing for it: one node with its own rendezvous store is the default"},
+      {{"master_port", "master_addr"},
+       "dtrain picks a free port and the first host itself; to fix the port workers see, use --env MASTER_PORT=N "
+       "(a spec's rendezvous.master_addr sets the address)"},
+      {{"node_rank", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout", "local_addr"},
+       "dtrain starts every node itself from one command: give the hosts with --hosts h1:N,h2:N or --hostfile FILE "
+       "(ssh), and no per-node rank or rendezvous endpoint"},
+      {{"no_python", "run_path"}, "dtrain adds nothing to the command: put the whole command after --"},
+      {{"m", "module"}, "dtrain adds nothing to the command: run a module as -- python3 -m pkg.module"},
+      {{"redirects", "tee", "r", "t"},
+       "workers' output reaches the console with [rank N] prefixes; --log-dir DIR also writes DIR/rank_N.log, and "
+       "--local-ranks-filter picks the ranks shown"},
+      {{"monitor_interval"}, "dtrain waits on its workers directly; there is nothing to poll"},
+      {{"role", "start_method", "max_restarts_per_node"}, "dtrain has no such setting; see dtrain run --help"},
+  };
+  for (const auto& [names, hint] : kHints)
+    if (std::find(names.begin(), names.end(), f) != names.end()) return hint;
+  return "";
+}
+
+// A local job's program must be one exec can run: said here, once, with the fix (exit 2),
+// rather than by every worker as exit 127 (and a restart budget spent on it). torchrun's
+// habit of naming the script alone gets the python3 it needs.
+void checkProgram(const spec::JobSpec& s, bool fromSpec) {
+  const std::string& prog = s.command.at(0);
+  auto env = s.env.find("PATH");
+  const char* ours = std::getenv("PATH");
+  const std::string pathVar = env != s.env.end() ? env->second : ours ? ours : "/bin:/usr/bin";
+  if (!launch::findProgram(prog, pathVar, s.cwd).empty()) return;
+  const std::string where = fromSpec ? fmt::format("{}: /command/0", s.source) : std::string("the command after --");
+  const std::filesystem::path dir = s.cwd.empty() ? std::filesystem::current_path() : std::filesystem::path(s.cwd);
+  const std::filesystem::path file = dir / prog;
+  std::error_code ec;
+  const bool isFile = std::filesystem::is_regular_file(file, ec);
+  const std::string ext = file.extension().string();
+  const bool executable = isFile && ::access(file.c_str(), X_OK) == 0;
+  std::string fix;
+  if (isFile && ext == ".py")
+    fix = fmt::format("it is a Python script in {}, and dtrain runs the command as given (it adds no python, unlike "
+                      "torchrun): run python3 {}",
+                      dir.string(), prog);
+  else if (executable)
+    fix = fmt::format("it is not on PATH; to run the one in {}, give ./{}", dir.string(), prog);
+  else if (isFile)
+    fix = fmt::format("{} is not executable: chmod +x it, or run it with its interpreter (e.g. bash {})", file.string(), prog);
+  else if (prog.find('/') != std::string::npos)
+    fix = prog[0] == '/' ? std::string("no such file; check the path")
+                         : fmt::format("no such file (relative to {}); check the path", dir.string());
+  else
+    fix = "no such program on PATH; check the name, or give its path";
+  throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, fix));
+}
+
 spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
@@ -145,7 +221,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
     }
   } else if (!a.command.empty()) {
     s.command = a.command;
-    s.name = a.command[0].substr(a.command[0].rfind('/') + 1);
+    s.name = jobNameOf(a.command);
   } else {
     throw SpecError("nothing to run; give a job spec (dtrain run job.json) or a command (dtrain run -- python3 train.py)");
   }
@@ -157,6 +233,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
   spec::resolve(s);
+  if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
   // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the
   // resolved spec (cmdRun writes it): absolute paths whatever `cwd` says, the overrides
   // included, and unchanged by edits to the spec file while the job runs.
@@ -380,13 +457,20 @@ int main(int argc, char** argv) {
   if (run->parsed() && !run->remaining().empty()) {
     const std::vector<std::string> extra = run->remaining();
     const std::string& sp = runArgs.spec_path;
-    const bool specLike = sp.empty() || (sp.size() >= 5 && sp.compare(sp.size() - 5, 5, ".json") == 0);
-    if (specLike && extra[0].rfind('-', 0) == 0) {
+    // An unknown option comes first, whatever else is left: an option's value would
+    // otherwise have been taken for the spec (`--master_port 29501` -> spec "29501").
+    auto opt = std::find_if(extra.begin(), extra.end(), [](const std::string& w) { return w.size() > 1 && w[0] == '-'; });
+    if (opt != extra.end()) {
+      const std::string word = opt->substr(0, opt->find('='));
+      if (const std::string hint = torchrunFlagHint(word); !hint.empty()) {
+        std::cerr << fmt::format("dtrain: error: run: {} is a torchrun option; {}\n", word, hint);
+        return kExitUsage;
+      }
       std::vector<std::string> known;
       for (const CLI::Option* o : run->get_options())
         for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
-      const std::string m = closestMatch(extra[0], known);
-      std::cerr << fmt::format("dtrain: error: run: unknown option {}{}; see dtrain run --help\n", extra[0],
+      const std::string m = closestMatch(word, known);
+      std::cerr << fmt::format("dtrain: error: run: unknown option {}{}; see dtrain run --help\n", word,
                                m.empty() ? "" : fmt::format(" (did you mean {}?)", m));
       return kExitUsage;
     }

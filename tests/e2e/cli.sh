@@ -71,6 +71,18 @@ expect_grep "invalid JSON.*job specs are JSON files: to run a program, put its c
 "$DTRAIN" run --nproc-per-node 1 python3 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a command without -- exits 2"
 expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py\"; to run a program, put its command after --: dtrain run \[options\] -- python3 $T/train.py$" "$T/err" "a command without --: the fix, in order"
 expect_eq "$(cat "$T/out")" "" "nothing ran"
+# torchrun's options that dtrain does not take: what to do instead, never the value taken
+# for a spec ("unexpected arguments \"29501 --master_port\"" before).
+"$DTRAIN" run --nproc_per_node 2 --master_port 29501 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "torchrun's --master_port exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: --master_port is a torchrun option; dtrain picks a free port and the first host itself; to fix the port workers see, use --env MASTER_PORT=N (a spec's rendezvous.master_addr sets the address)" "--master_port: what to do instead"
+for f in "--standalone" "--node_rank 1" "--rdzv-endpoint h1:29400" "-m pkg.mod" "--tee 3" "--no_python"; do
+  "$DTRAIN" run $f -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
+  expect_eq "$?" 2 "torchrun's $f exits 2"
+  expect_grep "^dtrain: error: run: ${f%% *} is a torchrun option; " "$T/err" "torchrun's $f: named, with what to do"
+done
+"$DTRAIN" run --frob 3 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: unknown option --frob; see dtrain run --help" "an unknown option with a value: the option, not its value"
 "$DTRAIN" runn "$SRC/configs/env_dump.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt command exits 2"
 expect_grep "^dtrain: error: dtrain: unknown command \"runn\" \(did you mean \"run\"\?\); the commands are run, validate, store, bench, train$" "$T/err" "misspelt command: did you mean"
 "$DTRAIN" store frob >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt store verb exits 2"

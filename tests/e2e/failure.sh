@@ -1,5 +1,6 @@
 # A failing worker stops the others and its exit code, stderr and error file reach the user.
 source "$(dirname "$0")/lib.sh"
+DTRAIN_ABS=$(readlink -f "$DTRAIN")
 cat > "$T/w.sh" <<'SH'
 echo $$ > "$D/pid.$RANK"
 if [ "$RANK" = 1 ]; then sleep 0.5; echo "about to fail" >&2; printf 'last words' >&2; exit 3; fi
@@ -11,7 +12,7 @@ rc=$?
 took=$(( $(date +%s) - start ))
 expect_eq "$rc" 3 "exit code is the failing worker's"
 [ "$took" -lt 10 ] && pass "others stopped promptly (${took}s)" || fail "took ${took}s"
-expect_grep "job 'bash' failed: rank 1 exited with code 3" "$T/err" "summary headline"
+expect_grep "job 'w.sh' failed: rank 1 exited with code 3" "$T/err" "summary headline names the script (bash w.sh)"
 expect_grep "rank: +1 \(local rank 1\)" "$T/err" "summary rank"
 expect_grep "pid: +$(cat "$T/pid.1")" "$T/err" "summary pid"
 expect_grep "host: +$(hostname)" "$T/err" "summary host"
@@ -40,10 +41,25 @@ expect_eq "$?" 1 "error-file worker exit code"
 expect_grep "error: +ValueError: learning rate must be positive" "$T/err" "error file message"
 expect_grep "File \"train.py\", line 7" "$T/err" "error file traceback"
 
-# A program that does not exist: 127, and the reason.
-"$DTRAIN" run --nproc-per-node 1 -- /nonexistent/prog >"$T/out" 2>"$T/err"
-expect_eq "$?" 127 "missing program gives 127"
-expect_grep "cannot run '/nonexistent/prog': No such file or directory" "$T/err" "missing program named"
+# A program that does not exist is refused before any worker starts (exit 2, with the fix;
+# torchrun's habit of naming the script alone gets its python3).
+"$DTRAIN" run --nproc-per-node 2 -- /nonexistent/prog >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "missing program: exit 2"
+expect_eq "$(cat "$T/err")" 'dtrain: error: the command after --: cannot run "/nonexistent/prog": no such file; check the path' "missing program: one line"
+expect_eq "$(cat "$T/out")" "" "missing program: no worker started"
+printf 'print(1)\n' > "$T/ddp.py"
+(cd "$T" && "$DTRAIN_ABS" run -- ddp.py) >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a script named alone: exit 2"
+expect_grep "^dtrain: error: the command after --: cannot run \"ddp.py\": it is a Python script in .*, and dtrain runs the command as given \(it adds no python, unlike torchrun\): run python3 ddp.py$" "$T/err" "a script named alone: the fix"
+printf '{"command": ["pyhton3", "x.py"]}' > "$T/typo.json"
+"$DTRAIN" run "$T/typo.json" --max-restarts 3 >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a misspelt program in a spec: exit 2, no restarts spent"
+expect_eq "$(cat "$T/err")" "dtrain: error: $T/typo.json: /command/0: cannot run \"pyhton3\": no such program on PATH; check the name, or give its path" "misspelt program: names the JSON path"
+# A program that passes that check but cannot be exec'ed (a bad #! line): 127, and the reason.
+printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
+"$DTRAIN" run --nproc-per-node 1 -- "$T/badinterp" >"$T/out" 2>"$T/err"
+expect_eq "$?" 127 "unrunnable program gives 127"
+expect_grep "cannot run '$T/badinterp': No such file or directory" "$T/err" "unrunnable program named"
 
 # --summary-json for a failed command job.
 "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/sum.json" -- sh -c '[ "$RANK" = 1 ] && kill -KILL $$; sleep 30' >"$T/out" 2>"$T/err"

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <tuple>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 
 namespace dtrain::launch {
 
@@ -207,6 +209,28 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   s.out = std::move(outR);
   s.err = std::move(errR);
   return s;
+}
+
+std::string findProgram(const std::string& program, const std::string& pathVar, const std::string& cwd) {
+  auto runnable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  auto under = [&](const std::string& dir, const std::string& name) {
+    if (!name.empty() && name[0] == '/') return name;
+    const std::string base = dir.empty() ? (cwd.empty() ? std::string(".") : cwd) : (dir[0] == '/' || cwd.empty() ? dir : cwd + "/" + dir);
+    return base + "/" + name;
+  };
+  if (program.empty()) return "";
+  if (program.find('/') != std::string::npos) {
+    const std::string p = under("", program);
+    return runnable(p) ? p : "";
+  }
+  for (const std::string& dir : split(pathVar, ':')) {
+    const std::string p = under(dir, program);
+    if (runnable(p)) return p;
+  }
+  return "";
 }
 
 }  // namespace dtrain::launch

@@ -344,6 +344,10 @@ void parseNproc(const std::string& value, JobSpec& spec, const std::function<voi
   } catch (...) {
     used = 0;
   }
+  if (value == "gpu" || value == "cpu")
+    bad(fmt::format("expected a worker count or \"auto\", got torchrun's \"{}\"; dtrain's \"auto\" is one worker "
+                    "per visible GPU, else per CPU core, or give the count",
+                    value));
   if (used != value.size() || value.empty() || v < 1 || v > kMaxProcsPerNode)
     bad(fmt::format("expected a worker count between 1 and {} or \"auto\", got \"{}\"", kMaxProcsPerNode, value));
   spec.nproc_auto = false;

@@ -31,6 +31,11 @@ struct Spawned {
 // that outlives the workers (dtrain's main thread).
 Spawned spawnProcess(const SpawnOptions& opts);
 
+// Where exec would find `program`, as execvp looks it up: with a '/', the path itself
+// (relative to `cwd`, "" = ours); without, the first executable regular file in `pathVar`'s
+// directories (an empty entry is `cwd`). "" when there is none.
+std::string findProgram(const std::string& program, const std::string& pathVar, const std::string& cwd);
+
 // A pipe with both ends close-on-exec.
 std::pair<Fd, Fd> makePipe();
 
