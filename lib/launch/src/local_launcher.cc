@@ -22,6 +22,7 @@
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/process.h"
+#include "orphan_guard.h"
 #include "signal_scope.h"
 #include "dtrain/spec/error_file.h"
 
@@ -78,6 +79,7 @@ class LocalLauncher final : public Launcher {
   bool controlClosed_ = false;
   bool consoleTty_ = false;
   std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
+  detail::OrphanGuard* guard_ = nullptr;  // run()'s, while it runs
 };
 
 void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base) {
@@ -182,6 +184,7 @@ void LocalLauncher::reap() {
       }
       // Whatever is left in the process group (grandchildren) goes with the worker.
       ::kill(-pid, SIGKILL);
+      guard_->unwatch(pid);
       if (opts_.on_exit) {
         // Reported now, not at the end: a remote launcher must learn of the first failure
         // before this node's teardown (and other nodes' knock-on failures) play out.
@@ -290,9 +293,12 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
                          "machine; set it in the spec's env or with --env to tune\n",
                          spec.nproc_per_node));
 
+  detail::OrphanGuard guard;
+  guard_ = &guard;
   for (auto& w : workers_) {
     if (stopping_) break;
     spawn(w, plan, spec, base);
+    guard.watch(w.pid);
   }
 
   std::vector<char> buf(65536);
@@ -393,6 +399,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     const auto& f = result_.workers[result_.first_failure];
     result_.exit_code = f.signal ? 128 + f.signal : f.exit_code;
   }
+  guard_ = nullptr;
   return result_;
 }
 
