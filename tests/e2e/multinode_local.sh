@@ -63,6 +63,22 @@ kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 130 "SIGINT: exit 130"
 expect_eq "$(ranks_ "$T/int.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', None, 'SIGTERM', True)]" "SIGINT: every rank in the summary"
 
+# A second Ctrl-C kills at once on every node, as it says (the agents used to give workers
+# that ignore SIGTERM the 2 s grace of a lost launcher).
+rm -f "$T"/pid.*
+printf '%s\n' 'trap "" TERM INT HUP' 'echo $$ > "$D/pid.$RANK"' 'while true; do sleep 0.2; done' > "$T/ignore.sh"
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --summary-json "$T/int2.json" -- bash "$T/ignore.sh" >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+kill -INT "$DTRAIN_PID"; sleep 0.5
+start=$(date +%s%N); kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+expect_eq "$rc" 130 "second SIGINT: exit 130"
+expect_grep "killing the workers now \(SIGKILL\)" "$T/err" "second SIGINT announced"
+[ "$ms" -lt 1500 ] && pass "second SIGINT killed every node at once (${ms} ms)" || fail "second SIGINT took ${ms} ms"
+expect_eq "$(ranks_ "$T/int2.json")" "[(0, 'localhost', None, 'SIGKILL', True), (1, 'localhost', None, 'SIGKILL', True), (2, '127.0.0.1', None, 'SIGKILL', True)]" "second SIGINT: every rank SIGKILLed"
+for r in 0 1 2; do alive "$(cat "$T/pid.$r")" && { fail "rank $r survived"; kill -9 "$(cat "$T/pid.$r")"; } || pass "rank $r killed"; done
+
 # A node really lost (its agent SIGKILLed): still a lost node, and the other node's ranks
 # are in the summary.
 rm -f "$T"/pid.*

@@ -353,7 +353,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     if (opts_.control_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       ControlAction a = opts_.on_control ? opts_.on_control() : ControlAction::kNone;
       if (a == ControlAction::kStop) startShutdown(SIGTERM, spec.shutdown_timeout_s);
-      if (a == ControlAction::kKill) {
+      if (a == ControlAction::kKill) startShutdown(SIGKILL, 0);  // or, already stopping, SIGKILL now
+      if (a == ControlAction::kLost) {
         controlClosed_ = true;  // the controller is gone: nothing more to read
         startShutdown(SIGTERM, std::min(spec.shutdown_timeout_s, kLostControllerGraceS));
       }

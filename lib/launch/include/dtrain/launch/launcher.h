@@ -51,7 +51,8 @@ class Launcher {
 enum class ControlAction {
   kNone,
   kStop,  // teardown as for SIGTERM: SIGTERM, then SIGKILL after shutdown_timeout_s
-  kKill,  // the controller is gone: SIGTERM, then SIGKILL within kLostControllerGrace
+  kKill,  // the user asked for it now (a second Ctrl-C): SIGKILL at once
+  kLost,  // the controller is gone: SIGTERM, then SIGKILL within kLostControllerGraceS
 };
 inline constexpr double kLostControllerGraceS = 2.0;
 
