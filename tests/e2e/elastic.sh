@@ -22,6 +22,21 @@ expect_eq "$(jq_ "$T/s2.json" "d['restarts']")" 2 "summary: restarts 2"
 expect_grep "restart budget exhausted: 2 restart\(s\) of 2 used" "$T/err" "summary says the budget is spent"
 [ "$took" -lt 10 ] && pass "back-off 1 s + 2 s (${took}s)" || fail "took ${took}s"
 
+# Ctrl-C during a restart's back-off: the restart the events announce is counted, and
+# stderr says once that the user stopped it and after which failure (it said "restarts": 0,
+# and printed a "job failed" block and a separate "stopped by" line).
+echo '{"name": "bo", "command": ["sh", "-c", "exit 4"], "max_restarts": 3, "restart_backoff_s": 20}' > "$T/bo_spec.json"
+"$DTRAIN" run "$T/bo_spec.json" --nproc-per-node 1 --summary-json "$T/bo.json" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q "event restart" "$T/err" && break; sleep 0.1; done
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "signal in the back-off: exit 130"
+expect_eq "$(jq_ "$T/bo.json" "(d['restarts'], [e['reason'] for e in d['events']], d['stopped_by'])")" \
+  "(1, ['rank 0 exited with code 4; restart 1 of 3'], 'SIGINT')" "signal in the back-off: restarts agree with the events"
+expect_grep "^dtrain: job 'bo' stopped by Interrupt during the back-off before restart 1 of 3, after rank 0 exited with code 4; exit code 130$" "$T/err" "signal in the back-off: one headline"
+expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the back-off: no second verdict"
+expect_grep "^  first failure:" "$T/err" "signal in the back-off: the failure's details"
+
 # A stopped worker that armed its watchdog is killed as hung and restarted.
 cat > "$T/hang.sh" <<'SH'
 touch "$DTRAIN_WATCHDOG_FILE"

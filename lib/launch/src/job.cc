@@ -92,6 +92,8 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
         if (::read(signals.fd(), &sig, 1) == 1 && sig != SIGCHLD) {
           r.received_signal = sig;
           r.exit_code = 128 + sig;
+          r.restarts = attempt + 1;  // announced by the restart event: it spent the budget
+          r.stopped_in_backoff = true;
           return r;
         }
       }

@@ -417,6 +417,10 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   }
   std::string how = f.signal ? fmt::format("killed by {}", signalName(f.signal)) : fmt::format("exited with code {}", f.exit_code);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
+  if (result.received_signal && result.stopped_in_backoff)
+    out = fmt::format("dtrain: job '{}' stopped by {} during the back-off before restart {} of {}, after rank {} {}; exit code {}",
+                      spec.name, strsignal(result.received_signal), result.restarts, spec.max_restarts, f.global_rank,
+                      how, result.exit_code);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
   out += "\n";
   out += "  first failure:\n";

@@ -30,6 +30,8 @@ struct WorkerExit {
 struct RunResult {
   int exit_code = 0;         // what dtrain should exit with
   int received_signal = 0;   // SIGINT/SIGTERM/SIGHUP that stopped the job, else 0
+  // received_signal came in the pause before a restart: first_failure is why it restarted.
+  bool stopped_in_backoff = false;
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
   // Multi-node: a failure that is not a worker's (a node lost, an agent's error), "" if none.
@@ -71,7 +73,8 @@ struct LocalRunOptions {
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 
-// The failure summary printed when a worker fails.
+// The failure summary printed when a worker fails; after a signal in a restart's back-off,
+// one headline for both (the stop and the failure it was restarting from).
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec);
 
 }  // namespace dtrain::launch
