@@ -403,6 +403,28 @@ std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts) {
   return std::make_unique<LocalLauncher>(std::move(opts));
 }
 
+std::string exitReason(const WorkerExit& w) {
+  if (w.hung) return "hung";  // its message is the watchdog's, said by the worker_hung event
+  std::string out = w.signal ? "killed by " + signalName(w.signal) : fmt::format("exited with code {}", w.exit_code);
+  // One line whatever the worker wrote: the first non-blank one, control characters as spaces.
+  std::string msg;
+  for (const auto& l : split(w.error_message, '\n')) {
+    msg = l;
+    for (char& c : msg)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    msg.erase(0, msg.find_first_not_of(' '));
+    msg.erase(msg.find_last_not_of(' ') + 1);
+    if (!msg.empty()) break;
+  }
+  if (msg.empty()) return out;
+  if (msg.size() > kExitReasonMessageMax) {
+    size_t cut = kExitReasonMessageMax;
+    while (cut > 0 && (static_cast<unsigned char>(msg[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+    msg = msg.substr(0, cut) + "...";
+  }
+  return out + " (" + msg + ")";
+}
+
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   if (result.first_failure < 0) {
     if (result.failure_message.empty()) return {};

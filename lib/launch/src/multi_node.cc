@@ -350,7 +350,7 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
 }
 
 void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
-  std::string what = w.hung ? "hung" : w.signal ? "killed by " + signalName(w.signal) : fmt::format("exited with code {}", w.exit_code);
+  std::string what = exitReason(w);
   if (w.hung) event("worker_hung", activeRound_, w.error_message, n.name, w.global_rank);
   if (result_.restarts >= spec_.max_restarts) {
     finalFailure(spec_.max_restarts > 0 ? fmt::format("restart budget exhausted: {} restart(s) of {} used",

@@ -73,6 +73,12 @@ struct LocalRunOptions {
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 
+// How a worker ended, for a restart event's reason: "exited with code 3", "killed by SIGKILL",
+// "hung"; a failure with a TORCHELASTIC_ERROR_FILE adds its message's first line, at most
+// kExitReasonMessageMax bytes: "exited with code 1 (ValueError: lr must be positive)".
+inline constexpr size_t kExitReasonMessageMax = 160;
+std::string exitReason(const WorkerExit& w);
+
 // The failure summary printed when a worker fails; after a signal in a restart's back-off,
 // one headline for both (the stop and the failure it was restarting from).
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec);
