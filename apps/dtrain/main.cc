@@ -338,7 +338,7 @@ int cmdRun(RunArgs& a) {
     if (std::rename(tmp.c_str(), a.summary_json.c_str()) != 0) throwErrno("--summary-json: rename to " + a.summary_json);
   }
   if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s) << std::flush;
-  if (r.received_signal)
+  if (r.received_signal && !(r.stopped_in_backoff && r.first_failure >= 0))  // else said in the headline above
     std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
   return r.exit_code;
 }

@@ -22,6 +22,40 @@ expect_eq "$(jq_ "$T/s2.json" "d['restarts']")" 2 "summary: restarts 2"
 expect_grep "restart budget exhausted: 2 restart\(s\) of 2 used" "$T/err" "summary says the budget is spent"
 [ "$took" -lt 10 ] && pass "back-off 1 s + 2 s (${took}s)" || fail "took ${took}s"
 
+# A worker that wrote a TORCHELASTIC_ERROR_FILE (PyTorch's @record): the restart event says
+# its message, one line, cut at 160 bytes (it said only "exited with code 1").
+cat > "$T/rec.py" <<'PY'
+import json, os, sys
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+    msg = sys.argv[1] + "\nsecond line"
+    with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+        json.dump({"message": {"message": msg, "extraInfo": {"py_callstack": "Traceback", "timestamp": "0"}}}, f)
+    sys.exit(1)
+PY
+"$DTRAIN" run --nproc-per-node 2 --max-restarts 1 --summary-json "$T/rec.json" -- python3 "$T/rec.py" "ValueError: learning rate must be positive" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "error file: restarted and succeeded"
+expect_eq "$(jq_ "$T/rec.json" "d['events'][0]['reason']")" "rank 1 exited with code 1 (ValueError: learning rate must be positive); restart 1 of 1" "error file: its message in the restart event"
+expect_grep "event restart \(round 1\) host .* rank 1: rank 1 exited with code 1 \(ValueError: learning rate must be positive\); restart 1 of 1$" "$T/err" "error file: restart event line"
+long=$(printf 'RuntimeError: %0300d' 0)
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --summary-json "$T/rec2.json" -- python3 "$T/rec.py" "$long" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "error file, two nodes: restarted and succeeded"
+expect_eq "$(jq_ "$T/rec2.json" "d['events'][0]['reason']")" "rank 1 on 127.0.0.1 exited with code 1 (${long:0:160}...); restart 1 of 1" "error file, two nodes: message cut to one short line"
+
+# Ctrl-C during a restart's back-off: the restart the events announce is counted, and
+# stderr says once that the user stopped it and after which failure (it said "restarts": 0,
+# and printed a "job failed" block and a separate "stopped by" line).
+echo '{"name": "bo", "command": ["sh", "-c", "exit 4"], "max_restarts": 3, "restart_backoff_s": 20}' > "$T/bo_spec.json"
+"$DTRAIN" run "$T/bo_spec.json" --nproc-per-node 1 --summary-json "$T/bo.json" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q "event restart" "$T/err" && break; sleep 0.1; done
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "signal in the back-off: exit 130"
+expect_eq "$(jq_ "$T/bo.json" "(d['restarts'], [e['reason'] for e in d['events']], d['stopped_by'])")" \
+  "(1, ['rank 0 exited with code 4; restart 1 of 3'], 'SIGINT')" "signal in the back-off: restarts agree with the events"
+expect_grep "^dtrain: job 'bo' stopped by Interrupt during the back-off before restart 1 of 3, after rank 0 exited with code 4; exit code 130$" "$T/err" "signal in the back-off: one headline"
+expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the back-off: no second verdict"
+expect_grep "^  first failure:" "$T/err" "signal in the back-off: the failure's details"
+
 # A stopped worker that armed its watchdog is killed as hung and restarted.
 cat > "$T/hang.sh" <<'SH'
 touch "$DTRAIN_WATCHDOG_FILE"

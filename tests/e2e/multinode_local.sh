@@ -32,7 +32,7 @@ expect_grep "^127.0.0.1 +1 +0 +2 " "$T/plan" "plan row for node 1"
 
 # A worker failing on node 1 stops node 0's workers; the summary names host and rank.
 start=$(date +%s)
-"$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'if [ "$RANK" = 2 ]; then sleep 0.5; echo "disk full" >&2; exit 3; fi; exec sleep 60' >"$T/out" 2>"$T/err"
+"$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 --summary-json "$T/fail.json" -- sh -c 'if [ "$RANK" = 2 ]; then sleep 0.5; echo "disk full" >&2; exit 3; fi; exec sleep 60' >"$T/out" 2>"$T/err"
 rc=$?
 took=$(( $(date +%s) - start ))
 expect_eq "$rc" 3 "exit code of the failing worker"
@@ -40,6 +40,11 @@ expect_eq "$rc" 3 "exit code of the failing worker"
 expect_grep "failed: rank 2 exited with code 3" "$T/err" "summary names the rank"
 expect_grep "host: +127.0.0.1" "$T/err" "summary names the host"
 expect_grep "\| disk full" "$T/err" "summary has the stderr tail"
+# Every node's ranks are in the summary, not only the failing one (the agents that ended
+# after the stop were taken for lost nodes and their exits dropped).
+expect_grep "failed: rank 2 exited with code 3; 2 other worker\(s\) ended during teardown" "$T/err" "teardown count across nodes"
+ranks_() { python3 -c "import json,sys; print([(r['rank'], r['host'], r['exit_code'], r['signal'], r['stopped_by_dtrain']) for r in json.load(open(sys.argv[1]))['ranks']])" "$1"; }
+expect_eq "$(ranks_ "$T/fail.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', 3, None, False)]" "worker failure: every rank in the summary"
 
 # SIGTERM to the launcher: every node torn down, exit 143.
 D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
@@ -48,6 +53,44 @@ wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
 kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 143 "SIGTERM: exit 143"
 for r in 0 1 2; do alive "$(cat "$T/pid.$r")" && fail "rank $r survived SIGTERM" || pass "rank $r stopped"; done
+
+# Ctrl-C: the summary still lists every node's ranks, each stopped by dtrain.
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 --summary-json "$T/int.json" -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "SIGINT: exit 130"
+expect_eq "$(ranks_ "$T/int.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', None, 'SIGTERM', True)]" "SIGINT: every rank in the summary"
+
+# A second Ctrl-C kills at once on every node, as it says (the agents used to give workers
+# that ignore SIGTERM the 2 s grace of a lost launcher).
+rm -f "$T"/pid.*
+printf '%s\n' 'trap "" TERM INT HUP' 'echo $$ > "$D/pid.$RANK"' 'while true; do sleep 0.2; done' > "$T/ignore.sh"
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --summary-json "$T/int2.json" -- bash "$T/ignore.sh" >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+kill -INT "$DTRAIN_PID"; sleep 0.5
+start=$(date +%s%N); kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+expect_eq "$rc" 130 "second SIGINT: exit 130"
+expect_grep "killing the workers now \(SIGKILL\)" "$T/err" "second SIGINT announced"
+[ "$ms" -lt 1500 ] && pass "second SIGINT killed every node at once (${ms} ms)" || fail "second SIGINT took ${ms} ms"
+expect_eq "$(ranks_ "$T/int2.json")" "[(0, 'localhost', None, 'SIGKILL', True), (1, 'localhost', None, 'SIGKILL', True), (2, '127.0.0.1', None, 'SIGKILL', True)]" "second SIGINT: every rank SIGKILLed"
+for r in 0 1 2; do alive "$(cat "$T/pid.$r")" && { fail "rank $r survived"; kill -9 "$(cat "$T/pid.$r")"; } || pass "rank $r killed"; done
+
+# A node really lost (its agent SIGKILLed): still a lost node, and the other node's ranks
+# are in the summary.
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 --summary-json "$T/lost.json" -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+kill -9 "$(ps --ppid "$DTRAIN_PID" -o pid=,args= | awk '/--node 127.0.0.1 /{print $1}')"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "lost node: exit 1"
+expect_grep "failed: node 127.0.0.1 \(--hosts\) lost: its agent exited with 137" "$T/err" "lost node reported as lost"
+expect_eq "$(ranks_ "$T/lost.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True)]" "lost node: the other node's ranks in the summary"
+p=$(cat "$T/pid.2"); alive "$p" && kill -9 "$p"  # the lost agent's worker, if it outlived it
 
 # SIGKILL of the launcher: agents and workers follow.
 rm -f "$T"/pid.*

@@ -91,7 +91,8 @@ std::string routeSource(const std::string& peer) {
 
 // A command from the launcher (agent_protocol.h).
 struct Command {
-  enum Kind { kStop, kKill, kPause, kRestart, kExit } kind = kStop;
+  // kLost is not a word on the wire: the launcher or its store is gone (stdin EOF, no heartbeat).
+  enum Kind { kStop, kKill, kLost, kPause, kRestart, kExit } kind = kStop;
   int restart_count = 0;
   int nnodes = 0;
 };
@@ -112,7 +113,7 @@ std::optional<Command> parseCommand(const std::string& line) {
   return std::nullopt;
 }
 
-// Commands from the stdin thread (and the heartbeat thread, which posts kKill when the
+// Commands from the stdin thread (and the heartbeat thread, which posts kLost when the
 // store is gone) to the main thread. A pipe byte per command wakes LocalLauncher's poll.
 // Thread-safety: post() from any thread; the rest from the main thread.
 class Control {
@@ -207,7 +208,7 @@ int runAgent(const AgentOptions& opts) {
       auto line = readLine(STDIN_FILENO, std::chrono::hours(24 * 365));
       if (!line) {
         if (!*connectedPtr) ::_exit(128 + SIGHUP);
-        controlPtr->post({Command::kKill});
+        controlPtr->post({Command::kLost});
         return;
       }
       auto cmd = parseCommand(*line);
@@ -289,7 +290,7 @@ int runAgent(const AgentOptions& opts) {
         lastOk = Clock::now();
       } catch (const std::exception&) {
         if (Clock::now() - lastOk > std::chrono::duration<double>(opts.store_lost_s)) {
-          control.post({Command::kKill});
+          control.post({Command::kLost});
           lk.lock();
           return;
         }
@@ -402,9 +403,10 @@ int runAgent(const AgentOptions& opts) {
     lo.on_control = [&control, &next]() {
       if (!control.pending()) return launch::ControlAction::kNone;
       Command c = control.pop();
-      // A later word replaces an earlier one (pause -> restart), but stop and kill stand.
-      if (!next || (next->kind != Command::kStop && next->kind != Command::kKill)) next = c;
-      return c.kind == Command::kKill ? launch::ControlAction::kKill : launch::ControlAction::kStop;
+      // A later word replaces an earlier one (pause -> restart), but stop, kill and lost stand.
+      if (!next || (next->kind != Command::kStop && next->kind != Command::kKill && next->kind != Command::kLost)) next = c;
+      if (c.kind == Command::kKill) return launch::ControlAction::kKill;
+      return c.kind == Command::kLost ? launch::ControlAction::kLost : launch::ControlAction::kStop;
     };
     lo.restart_count = restartCount;
     try {

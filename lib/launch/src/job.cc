@@ -59,7 +59,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
     bool failed = r.first_failure >= 0 && !r.received_signal;
     if (failed) {
       const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
-      std::string what = f.hung ? "hung" : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
+      std::string what = exitReason(f);
       if (f.hung) {
         events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
         writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
@@ -92,6 +92,8 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
         if (::read(signals.fd(), &sig, 1) == 1 && sig != SIGCHLD) {
           r.received_signal = sig;
           r.exit_code = 128 + sig;
+          r.restarts = attempt + 1;  // announced by the restart event: it spent the budget
+          r.stopped_in_backoff = true;
           return r;
         }
       }

@@ -359,7 +359,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     if (opts_.control_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       ControlAction a = opts_.on_control ? opts_.on_control() : ControlAction::kNone;
       if (a == ControlAction::kStop) startShutdown(SIGTERM, spec.shutdown_timeout_s);
-      if (a == ControlAction::kKill) {
+      if (a == ControlAction::kKill) startShutdown(SIGKILL, 0);  // or, already stopping, SIGKILL now
+      if (a == ControlAction::kLost) {
         controlClosed_ = true;  // the controller is gone: nothing more to read
         startShutdown(SIGTERM, std::min(spec.shutdown_timeout_s, kLostControllerGraceS));
       }
@@ -409,6 +410,28 @@ std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts) {
   return std::make_unique<LocalLauncher>(std::move(opts));
 }
 
+std::string exitReason(const WorkerExit& w) {
+  if (w.hung) return "hung";  // its message is the watchdog's, said by the worker_hung event
+  std::string out = w.signal ? "killed by " + signalName(w.signal) : fmt::format("exited with code {}", w.exit_code);
+  // One line whatever the worker wrote: the first non-blank one, control characters as spaces.
+  std::string msg;
+  for (const auto& l : split(w.error_message, '\n')) {
+    msg = l;
+    for (char& c : msg)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    msg.erase(0, msg.find_first_not_of(' '));
+    msg.erase(msg.find_last_not_of(' ') + 1);
+    if (!msg.empty()) break;
+  }
+  if (msg.empty()) return out;
+  if (msg.size() > kExitReasonMessageMax) {
+    size_t cut = kExitReasonMessageMax;
+    while (cut > 0 && (static_cast<unsigned char>(msg[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+    msg = msg.substr(0, cut) + "...";
+  }
+  return out + " (" + msg + ")";
+}
+
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   if (result.first_failure < 0) {
     if (result.failure_message.empty()) return {};
@@ -423,6 +446,10 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   }
   std::string how = f.signal ? fmt::format("killed by {}", signalName(f.signal)) : fmt::format("exited with code {}", f.exit_code);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
+  if (result.received_signal && result.stopped_in_backoff)
+    out = fmt::format("dtrain: job '{}' stopped by {} during the back-off before restart {} of {}, after rank {} {}; exit code {}",
+                      spec.name, strsignal(result.received_signal), result.restarts, spec.max_restarts, f.global_rank,
+                      how, result.exit_code);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
   out += "\n";
   out += "  first failure:\n";

@@ -302,6 +302,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   n.err = Pipe{std::move(child.err), {}};
   n.state = NodeState::kStarting;
   n.lostReason.clear();
+  n.exits.clear();  // of a round it was lost in; not the summary's
   send(n, "token " + token_);
 }
 
@@ -349,7 +350,7 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
 }
 
 void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
-  std::string what = w.hung ? "hung" : w.signal ? "killed by " + signalName(w.signal) : fmt::format("exited with code {}", w.exit_code);
+  std::string what = exitReason(w);
   if (w.hung) event("worker_hung", activeRound_, w.error_message, n.name, w.global_rank);
   if (result_.restarts >= spec_.max_restarts) {
     finalFailure(spec_.max_restarts > 0 ? fmt::format("restart budget exhausted: {} restart(s) of {} used",
@@ -699,8 +700,14 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     }
     reap();
     // An agent that ended (its output read to the end) while it still had a part to play.
+    // Once the job is stopping or finishing, every agent is expected to end: that one is
+    // done, not lost (lost dropped its workers' exits from the summary).
     for (auto& node : nodes_) {
       if (node.running || node.out.fd || node.state == NodeState::kLost || node.state == NodeState::kDone) continue;
+      if (stopping_ || finishing_) {
+        node.state = NodeState::kDone;
+        continue;
+      }
       int code = WIFEXITED(node.status) ? WEXITSTATUS(node.status) : 128 + WTERMSIG(node.status);
       std::string why = node.lostReason;
       if (why.empty()) {
@@ -713,8 +720,9 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
   }
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
   // The summary shows the last round's ranks, in order; first_failure follows its worker.
+  // A node lost in that round (no new round opened since) adds the exits it did report.
   for (const auto& node : nodes_)
-    if (node.member || node.state == NodeState::kDone)
+    if (node.member || node.round == openRound_)
       result_.workers.insert(result_.workers.end(), node.exits.begin(), node.exits.end());
   std::stable_sort(result_.workers.begin(), result_.workers.end(),
                    [](const WorkerExit& a, const WorkerExit& b) { return a.global_rank < b.global_rank; });

@@ -5,7 +5,7 @@
 //   "token <hex>\n"   first line: the job's store secret (never in argv, never in the env
 //                     of ssh); then
 //   "stop\n"          tear the workers down gracefully (SIGTERM, grace, SIGKILL)
-//   "kill\n"          tear down now
+//   "kill\n"          tear down now: SIGKILL at once (a second Ctrl-C)
 //   EOF               the launcher is gone: tear down within kLostControllerGraceS
 //
 // Agent -> launcher, one record per line on the agent's stdout: a type letter and

@@ -30,6 +30,8 @@ struct WorkerExit {
 struct RunResult {
   int exit_code = 0;         // what dtrain should exit with
   int received_signal = 0;   // SIGINT/SIGTERM/SIGHUP that stopped the job, else 0
+  // received_signal came in the pause before a restart: first_failure is why it restarted.
+  bool stopped_in_backoff = false;
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
   // Multi-node: a failure that is not a worker's (a node lost, an agent's error), "" if none.
@@ -51,7 +53,8 @@ class Launcher {
 enum class ControlAction {
   kNone,
   kStop,  // teardown as for SIGTERM: SIGTERM, then SIGKILL after shutdown_timeout_s
-  kKill,  // the controller is gone: SIGTERM, then SIGKILL within kLostControllerGrace
+  kKill,  // the user asked for it now (a second Ctrl-C): SIGKILL at once
+  kLost,  // the controller is gone: SIGTERM, then SIGKILL within kLostControllerGraceS
 };
 inline constexpr double kLostControllerGraceS = 2.0;
 
@@ -70,7 +73,14 @@ struct LocalRunOptions {
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 
-// The failure summary printed when a worker fails.
+// How a worker ended, for a restart event's reason: "exited with code 3", "killed by SIGKILL",
+// "hung"; a failure with a TORCHELASTIC_ERROR_FILE adds its message's first line, at most
+// kExitReasonMessageMax bytes: "exited with code 1 (ValueError: lr must be positive)".
+inline constexpr size_t kExitReasonMessageMax = 160;
+std::string exitReason(const WorkerExit& w);
+
+// The failure summary printed when a worker fails; after a signal in a restart's back-off,
+// one headline for both (the stop and the failure it was restarting from).
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec);
 
 }  // namespace dtrain::launch
