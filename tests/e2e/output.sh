@@ -58,4 +58,31 @@ expect_eq "$(cat "$T/logs2/rank_2.log")" "hello 2" "filtered rank still logged"
 # --no-prefix
 "$DTRAIN" run --nproc-per-node 1 --no-prefix -- echo plain >"$T/out" 2>&1
 expect_eq "$(cat "$T/out")" "plain" "--no-prefix"
+# stdout and stderr to one file (2>&1, a terminal): each rank's lines in the order written,
+# in the console and in its log; with them split, each file still gets its own stream.
+cat > "$T/order.py" <<'PY'
+import sys
+for i in range(200):
+    print(f"out {i}", flush=True)
+    print(f"err {i}", file=sys.stderr, flush=True)
+PY
+order_bad() {  # lines of rank $2 in file $1 that are not out 0, err 0, out 1, ...
+  python3 - "$1" "$2" <<'PY2'
+import re, sys
+seq = [m.group(1) for l in open(sys.argv[1]) for m in [re.search(r"((out|err) \d+)$", l)]
+       if m and (l.startswith(f"[rank {sys.argv[2]}]") or not l.startswith("[rank"))]
+want = [f"{s} {i}" for i in range(200) for s in ("out", "err")]
+print(sum(1 for a, b in zip(seq, want) if a != b) + abs(len(seq) - len(want)))
+PY2
+}
+"$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs3" -- python3 "$T/order.py" >"$T/out" 2>&1
+expect_eq "$(order_bad "$T/out" 0)" 0 "2>&1: rank 0's stdout and stderr lines in order"
+expect_eq "$(order_bad "$T/out" 1)" 0 "2>&1: rank 1's stdout and stderr lines in order"
+expect_eq "$(order_bad "$T/logs3/rank_1.log" 1)" 0 "2>&1: rank log in order"
+"$DTRAIN" run --nproc-per-node 1 -- python3 "$T/order.py" >"$T/out" 2>"$T/err"
+expect_eq "$(grep -c '^\[rank 0\] out' "$T/out") $(grep -c '^\[rank 0\] err' "$T/err")" "200 200" "split: each stream to its own file"
+# The failure summary's tail is then the last lines of both streams.
+"$DTRAIN" run --nproc-per-node 1 -- sh -c 'echo said-on-stdout; echo said-on-stderr >&2; exit 2' >"$T/out" 2>&1
+expect_grep "last output lines:" "$T/out" "2>&1: summary shows the last output lines"
+expect_grep "^      \| said-on-stdout$" "$T/out" "2>&1: stdout line in the summary's tail"
 finish

@@ -229,6 +229,16 @@ TEST(SpawnProcess, SignalsForOurGroupNeverReachTheChildBeforeExec) {
   EXPECT_EQ(rc, 0);
 }
 
+// merge_stderr: one pipe, in the order written.
+TEST(SpawnProcess, MergedStderrKeepsOrder) {
+  SpawnOptions so = shell("for i in 1 2 3; do echo out$i; echo err$i >&2; done");
+  so.merge_stderr = true;
+  Spawned c = spawnProcess(so);
+  EXPECT_FALSE(c.err);
+  EXPECT_EQ(readAll(c.out), "out1\nerr1\nout2\nerr2\nout3\nerr3\n");
+  EXPECT_EQ(waitExit(c.pid), 0);
+}
+
 // dtrain started with stdin and stdout closed: pipe2 then returns 0 and 1, and the child's
 // dup2s must neither leave them close-on-exec nor overwrite one with another.
 TEST(SpawnProcess, WorksWithStdioClosed) {

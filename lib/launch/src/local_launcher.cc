@@ -33,6 +33,13 @@ using detail::utcNow;
 
 using Clock = std::chrono::steady_clock;
 
+// Whether fds a and b are open on the same file (not merely the same kind of file).
+bool sameFile(int a, int b) {
+  struct stat sa {}, sb {};
+  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 struct Stream {
   Fd fd;
   LineSplitter splitter;
@@ -77,6 +84,9 @@ class LocalLauncher final : public Launcher {
   bool killed_ = false;
   bool controlClosed_ = false;
   bool consoleTty_ = false;
+  // dtrain's stdout and stderr are one file (a terminal, 2>&1): each worker gets one pipe
+  // for both, so that its lines keep the order it wrote them in; all of them go to stdout.
+  bool merged_ = false;
   std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
 };
 
@@ -90,6 +100,7 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   so.argv = spec.command;
   for (const auto& [k, v] : env) so.env.push_back(k + "=" + v);
   so.cwd = spec.cwd;
+  so.merge_stderr = merged_;
   Spawned child = spawnProcess(so);
   w.pid = child.pid;
   w.running = true;
@@ -104,7 +115,7 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
 
 void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   if (opts_.line_sink) {
-    if (isErr) w.tail.push(line);
+    if (isErr) w.tail.push(line);  // the agent's launcher never merges
     opts_.line_sink(w.slot, isErr, line);
     return;
   }
@@ -119,7 +130,7 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }
-  if (isErr) w.tail.push(line);
+  if (isErr || merged_) w.tail.push(line);
   if (w.log) {
     std::string rec;
     rec.reserve(line.size() + 1);
@@ -247,6 +258,9 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   SignalScope signals;
   EnvMap base = currentEnvironment();
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
+  // An agent's lines keep their stream: its controller prints them on its own console.
+  merged_ = !opts_.line_sink && sameFile(STDOUT_FILENO, STDERR_FILENO);
+  result_.merged_output = merged_;
   statusLine_.clear();
   // Workers learn whether a live status line can be shown (the trainer's progress bar).
   if (consoleTty_) base["DTRAIN_CONSOLE_TTY"] = "1";
@@ -432,7 +446,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
       if (!l.empty()) out += "      " + l + "\n";
   }
   if (!f.stderr_tail.empty()) {
-    out += "    last stderr lines:\n";
+    out += result.merged_output ? "    last output lines:\n" : "    last stderr lines:\n";
     for (const auto& l : f.stderr_tail) out += "      | " + l + "\n";
   }
   if (failed > 1) out += fmt::format("  {} workers failed in all; see the log for the others\n", failed);

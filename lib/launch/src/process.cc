@@ -158,7 +158,8 @@ void aboveStdio(Fd& fd) {
 
 Spawned spawnProcess(const SpawnOptions& opts) {
   auto [outR, outW] = makePipe();
-  auto [errR, errW] = makePipe();
+  Fd errR, errW;
+  if (!opts.merge_stderr) std::tie(errR, errW) = makePipe();
   Fd inR, inW;
   if (opts.stdin_pipe) std::tie(inR, inW) = makePipe();
   aboveStdio(outW);
@@ -177,7 +178,7 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   ca.envp = envp.data();
   ca.cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
   ca.outFd = outW.get();
-  ca.errFd = errW.get();
+  ca.errFd = opts.merge_stderr ? outW.get() : errW.get();
   ca.inFd = inR ? inR.get() : -1;
   ca.parent = ::getpid();
   ca.execError = &execError;

@@ -15,13 +15,16 @@ struct SpawnOptions {
   std::vector<std::string> env;   // "KEY=VALUE", the whole environment
   std::string cwd;                // "" = ours
   bool stdin_pipe = false;        // false: stdin is /dev/null
+  // One pipe for stdout and stderr (Spawned::err stays empty), so that what the child
+  // writes to both arrives in the order it was written.
+  bool merge_stderr = false;
 };
 
 struct Spawned {
   pid_t pid = -1;
   Fd in;   // write end of the child's stdin (stdin_pipe only)
   Fd out;  // read end of the child's stdout
-  Fd err;  // read end of the child's stderr
+  Fd err;  // read end of the child's stderr (none with merge_stderr)
 };
 
 // clone(CLONE_VM | CLONE_VFORK) + exec, as posix_spawn does: returns once the child has
