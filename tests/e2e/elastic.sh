@@ -22,6 +22,16 @@ expect_eq "$(jq_ "$T/s2.json" "d['restarts']")" 2 "summary: restarts 2"
 expect_grep "restart budget exhausted: 2 restart\(s\) of 2 used" "$T/err" "summary says the budget is spent"
 [ "$took" -lt 10 ] && pass "back-off 1 s + 2 s (${took}s)" || fail "took ${took}s"
 
+# A command that cannot be started is not restarted: every attempt would fail the same way.
+start=$(date +%s)
+"$DTRAIN" run --nproc-per-node 2 --max-restarts 3 --summary-json "$T/s2b.json" -- dtrain-no-such-prog x >"$T/out" 2>"$T/err"
+rc=$?; took=$(( $(date +%s) - start ))
+expect_eq "$rc" 127 "command not found: exit 127"
+expect_eq "$(jq_ "$T/s2b.json" "d['restarts']")" 0 "command not found: no restart spent"
+expect_eq "$(grep -c "cannot run 'dtrain-no-such-prog'" "$T/err")" 3 "one attempt only (2 worker lines + the summary's tail)"
+expect_grep "not restarted: rank [01]'s command 'dtrain-no-such-prog' cannot be started .*fix the command, PATH or cwd" "$T/err" "says why it is not restarted"
+[ "$took" -lt 2 ] && pass "no back-off (${took}s)" || fail "took ${took}s"
+
 # A stopped worker that armed its watchdog is killed as hung and restarted.
 cat > "$T/hang.sh" <<'SH'
 touch "$DTRAIN_WATCHDOG_FILE"

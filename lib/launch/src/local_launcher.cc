@@ -111,6 +111,7 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   w.exit.local_rank = w.slot.local_rank;
   w.exit.host = w.slot.host;
   w.exit.pid = child.pid;
+  w.exit.start_failed = child.start_failed;
 }
 
 void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
