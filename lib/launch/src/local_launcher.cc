@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bitset>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -55,6 +56,9 @@ struct Worker {
   TailBuffer tail{20};
   std::string error_file;
   std::string watchdog_file;  // DTRAIN_WATCHDOG_FILE; armed once the worker first touches it
+  // The signals dtrain sent it during teardown: it was stopped by dtrain only if one of
+  // these ended it.
+  std::bitset<NSIG> sent;
   WorkerExit exit;
 };
 
@@ -155,8 +159,11 @@ void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
 }
 
 void LocalLauncher::signalAll(int sig) {
-  for (auto& w : workers_)
-    if (w.running) ::kill(-w.pid, sig);
+  for (auto& w : workers_) {
+    if (!w.running) continue;
+    ::kill(-w.pid, sig);
+    w.sent.set(static_cast<size_t>(sig));
+  }
 }
 
 void LocalLauncher::startShutdown(int sig, double graceS) {
@@ -187,7 +194,12 @@ void LocalLauncher::reap() {
         w.exit.exit_code = WEXITSTATUS(status);
       }
       bool failed = w.exit.signal != 0 || w.exit.exit_code != 0;
-      if (failed && stopping_) w.exit.stopped_by_dtrain = true;
+      // Ended by dtrain's teardown only if it died of a signal dtrain sent it (or exited
+      // 128+that signal, as a shell does): a worker that failed on its own at the same time
+      // (every rank exiting 127) is a failure too.
+      const int endedBy = w.exit.signal ? w.exit.signal : w.exit.exit_code > 128 ? w.exit.exit_code - 128 : 0;
+      if (failed && endedBy > 0 && endedBy < NSIG && w.sent.test(static_cast<size_t>(endedBy)) && !w.exit.hung)
+        w.exit.stopped_by_dtrain = true;
       if (failed && !stopping_ && result_.first_failure < 0) {
         result_.first_failure = static_cast<int>(i);
         startShutdown(SIGTERM, spec_->shutdown_timeout_s);
