@@ -53,7 +53,17 @@ expect_eq "$(v junk)" 4 "binary junk passed through"
 # --local-ranks-filter: console shows only rank 1, files still get everything.
 "$DTRAIN" run --nproc-per-node 3 --local-ranks-filter 1 --log-dir "$T/logs2" -- sh -c 'echo "hello $RANK"' >"$T/out" 2>"$T/err"
 expect_eq "$(cat "$T/out")" "[rank 1] hello 1" "console filtered to rank 1"
-expect_eq "$(cat "$T/logs2/rank_2.log")" "hello 2" "filtered rank still logged"
+expect_eq "$(grep -v '^==== dtrain run ' "$T/logs2/rank_2.log")" "hello 2" "filtered rank still logged"
+
+# A second run into the same log_dir appends; each run and attempt begins with a header line.
+"$DTRAIN" run --nproc-per-node 1 --max-restarts 1 --log-dir "$T/logs2" --summary-json "$T/s.json" -- \
+  sh -c 'echo "try $TORCHELASTIC_RESTART_COUNT"; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]' >"$T/out" 2>&1
+run2=$(python3 -c "import json; print(json.load(open('$T/s.json'))['run_id'])")
+expect_grep "^==== dtrain run [0-9a-f]+ attempt 0 [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z ====$" "$T/logs2/rank_0.log" "header line"
+expect_eq "$(sed -E 's/ [0-9]{4}-[0-9-]+T[0-9:.]+Z / T /; s/run [0-9a-f]+ /run X /' "$T/logs2/rank_0.log" | tr '\n' '|')" \
+  "==== dtrain run X attempt 0 T ====|hello 0|==== dtrain run X attempt 0 T ====|try 0|==== dtrain run X attempt 1 T ====|try 1|" \
+  "earlier run kept, one header per run and attempt"
+expect_eq "$(grep -c "^==== dtrain run $run2 " "$T/logs2/rank_0.log")" 2 "headers name the run id of --summary-json"
 
 # --no-prefix
 "$DTRAIN" run --nproc-per-node 1 --no-prefix -- echo plain >"$T/out" 2>&1

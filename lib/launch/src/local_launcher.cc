@@ -304,11 +304,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     }
     if (!spec.log_dir.empty() && !opts_.line_sink) {
       auto logPath = std::filesystem::path(spec.log_dir) / fmt::format("rank_{}.log", w.slot.global_rank);
-      // A restart appends to the logs of the attempts before it.
-      int mode = opts_.restart_count > 0 ? O_APPEND : O_TRUNC;
-      int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644);
-      if (fd < 0) throwErrno("open " + logPath.string());
-      w.log = Fd(fd);
+      // Appended to, after a header line: earlier runs and attempts stay.
+      w.log = Fd(openRankLog(logPath.string(), plan.run_id, opts_.restart_count));
     }
   }
   if (setsOmpThreads(base, spec) && !opts_.line_sink && opts_.restart_count == 0)  // an agent's launcher says it once for all nodes

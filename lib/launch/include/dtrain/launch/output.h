@@ -49,6 +49,12 @@ class LineSplitter {
 // the job.
 void writeAll(int fd, std::string_view data);
 
+// Opens (creating it) a rank's log file under log_dir for appending, and writes the line
+// that begins a run's or an attempt's part of it:
+// "==== dtrain run <run_id> attempt <n> <UTC time> ====". Runs sharing a log_dir keep
+// their logs, one after the other. Throws IoError.
+int openRankLog(const std::string& path, std::string_view run_id, int attempt);
+
 // Keeps the last N lines.
 class TailBuffer {
  public:
