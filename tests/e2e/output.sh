@@ -95,4 +95,54 @@ expect_eq "$(grep -c '^\[rank 0\] out' "$T/out") $(grep -c '^\[rank 0\] err' "$T
 "$DTRAIN" run --nproc-per-node 1 -- sh -c 'echo said-on-stdout; echo said-on-stderr >&2; exit 2' >"$T/out" 2>&1
 expect_grep "last output lines:" "$T/out" "2>&1: summary shows the last output lines"
 expect_grep "^      \| said-on-stdout$" "$T/out" "2>&1: stdout line in the summary's tail"
+# Unfinished lines. On a terminal, a rank's unfinished line ("loading...", a '\r' progress
+# bar, on stderr too) is shown in place at once, and printed as one line once complete.
+cat > "$T/partial.py" <<'PY'
+import sys, time
+print("loading model...", end="", flush=True); time.sleep(2); print(" done", flush=True)
+for i in range(5):
+    sys.stderr.write(f"\rprogress {i*25}%"); sys.stderr.flush(); time.sleep(0.4)
+sys.stderr.write("\n")
+PY
+cat > "$T/on_tty.py" <<'PY'
+import os, pty, sys, time, select, re
+dtrain, script = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(dtrain, [dtrain, "run", "--nproc-per-node", "1", "--", "python3", script])
+t0 = time.time(); got = []
+while True:
+    r, _, _ = select.select([fd], [], [], 10)
+    if not r: break
+    try: b = os.read(fd, 4096)
+    except OSError: break
+    if not b: break
+    got.append((time.time() - t0, b))
+os.waitpid(pid, 0)
+def first(pat):
+    acc = b""
+    for t, b in got:
+        acc += b
+        if re.search(pat, acc): return t
+    return None
+allb = b"".join(b for _, b in got)
+lp, dn = first(rb"\x1b\[2K\[rank 0\] loading model\.\.\."), first(rb"done")
+print("partial-shown-early", lp is not None and dn is not None and dn - lp > 1.0)
+print("complete-line", b"[rank 0] loading model... done\r\n" in allb)
+p50, fin = first(rb"\x1b\[2K\[rank 0\] progress 50%"), first(rb"\[rank 0\] progress 100%\r\n")
+print("bar-live", p50 is not None and fin is not None and fin - p50 > 0.5)
+PY
+python3 "$T/on_tty.py" "$DTRAIN" "$T/partial.py" >"$T/check"
+expect_grep "^partial-shown-early True" "$T/check" "terminal: unfinished line shown before it completes"
+expect_grep "^complete-line True" "$T/check" "terminal: completed line printed whole"
+expect_grep "^bar-live True" "$T/check" "terminal: '\\r' progress bar shown as it goes"
+# Off a terminal: an unfinished line idle for 1 s is written out; '\r' segments collapse to
+# the last one.
+"$DTRAIN" run --nproc-per-node 1 --log-dir "$T/logs4" -- python3 "$T/partial.py" >"$T/out" 2>&1 &
+DTRAIN_PID=$!
+sleep 1.8
+expect_eq "$(cat "$T/out")" "[rank 0] loading model..." "file: unfinished line written out after 1 s idle"
+wait "$DTRAIN_PID"; DTRAIN_PID=
+expect_eq "$(cat "$T/out" | tr '\n' '|')" "[rank 0] loading model...|[rank 0]  done|[rank 0] progress 100%|" "file: the rest follows; the bar is one line"
+expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading model...| done|progress 100%|" "log: the same lines"
 finish

@@ -2,6 +2,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +35,16 @@ using detail::utcNow;
 
 using Clock = std::chrono::steady_clock;
 
+// A worker silent this long in mid-line ("loading...", a progress bar off a terminal) has
+// its unfinished line written out as a line, to the console and its log.
+constexpr auto kPartialLineIdle = std::chrono::seconds(1);
+
+// Whether an unfinished line may be the start of a status line (kStatusPrefix).
+bool maybeStatus(std::string_view pending) {
+  size_t n = std::min(pending.size(), kStatusPrefix.size());
+  return pending.substr(0, n) == kStatusPrefix.substr(0, n);
+}
+
 // Whether fds a and b are open on the same file (not merely the same kind of file).
 bool sameFile(int a, int b) {
   struct stat sa {}, sb {};
@@ -45,6 +56,7 @@ struct Stream {
   Fd fd;
   LineSplitter splitter;
   bool is_err = false;
+  Clock::time_point last_data{};  // of the latest read
 };
 
 struct Worker {
@@ -70,6 +82,17 @@ class LocalLauncher final : public Launcher {
  private:
   void spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base);
   void emitLine(Worker& w, bool isErr, std::string_view line);
+  bool onConsole(const Worker& w) const;
+  // On a terminal: shows a worker's unfinished stdout line (its latest '\r' segment) in
+  // place as the status line, until the line is complete.
+  bool livePartial(const Worker& w, const Stream& s) const;
+  void showPartial(Worker& w);
+  // Takes a worker's unfinished line off the status line (it is complete, or gone): another
+  // worker's takes its place, else the progress bar's.
+  void dropPartial();
+  // Off a terminal: writes out unfinished lines idle for kPartialLineIdle; returns the poll
+  // timeout (ms, -1 none) until the next one is due.
+  int flushIdlePartials();
   // Writes `text` to `fd` above the status line (lifted out of the way and drawn again below).
   void writeAboveStatus(int fd, const std::string& text);
   void signalAll(int sig);
@@ -92,6 +115,8 @@ class LocalLauncher final : public Launcher {
   // for both, so that its lines keep the order it wrote them in; all of them go to stdout.
   bool merged_ = false;
   std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
+  std::string barLine_;     // the latest kStatusPrefix bar, shown when no partial line is
+  Worker* partialOwner_ = nullptr;  // whose unfinished line statusLine_ shows, if any
 };
 
 void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base) {
@@ -130,11 +155,15 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     if (!consoleTty_) return;
     std::string text(line.substr(kStatusPrefix.size()));
     // An empty status ends the bar: nothing is drawn again below later lines.
-    statusLine_ = text.empty() ? std::string()
-                               : (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
+    barLine_ = text.empty() ? std::string()
+                            : (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
+    if (partialOwner_ == &w) partialOwner_ = nullptr;  // the bar was its unfinished line
+    if (partialOwner_) return;  // shown once that line is complete
+    statusLine_ = barLine_;
     writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }
+  if (partialOwner_ == &w && !isErr) dropPartial();  // its line is complete: printed below
   if (isErr || merged_) w.tail.push(line);
   if (w.log) {
     std::string rec;
@@ -143,13 +172,72 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     rec.push_back('\n');
     writeAll(w.log.get(), rec);
   }
-  const auto& filter = spec_->console_ranks;
-  if (!filter.empty() && std::find(filter.begin(), filter.end(), w.slot.local_rank) == filter.end()) return;
+  if (!onConsole(w)) return;
   std::string rec;
   if (spec_->prefix_output) rec = fmt::format("[rank {}] ", w.slot.global_rank);
   rec.append(line);
   rec.push_back('\n');
   writeAboveStatus(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+}
+
+bool LocalLauncher::onConsole(const Worker& w) const {
+  const auto& filter = spec_->console_ranks;
+  return filter.empty() || std::find(filter.begin(), filter.end(), w.slot.local_rank) != filter.end();
+}
+
+bool LocalLauncher::livePartial(const Worker& w, const Stream& s) const {
+  return consoleTty_ && !opts_.line_sink && !s.is_err && onConsole(w);
+}
+
+void LocalLauncher::showPartial(Worker& w) {
+  std::string_view p = w.out.splitter.pending();
+  if (p.empty() || maybeStatus(p)) return;
+  std::string text = (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string());
+  text.append(p);
+  // One terminal row, or "\r\x1b[2K" would not erase all of it; not cut inside a UTF-8
+  // character.
+  winsize ws{};
+  size_t cols = ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col : 80;
+  if (text.size() > cols - 1) {
+    size_t n = cols - 1;
+    while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+    text.resize(n);
+  }
+  partialOwner_ = &w;
+  if (text == statusLine_) return;
+  statusLine_ = std::move(text);
+  writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+}
+
+void LocalLauncher::dropPartial() {
+  partialOwner_ = nullptr;
+  statusLine_ = barLine_;
+  for (auto& o : workers_) {
+    if (o.out.splitter.pending().empty() || !livePartial(o, o.out)) continue;
+    showPartial(o);
+    return;
+  }
+  writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+}
+
+int LocalLauncher::flushIdlePartials() {
+  const auto now = Clock::now();
+  long nextMs = -1;
+  for (auto& w : workers_) {
+    for (Stream* s : {&w.out, &w.err}) {
+      std::string_view p = s->splitter.pending();
+      if (p.empty() || maybeStatus(p) || livePartial(w, *s)) continue;
+      auto due = s->last_data + kPartialLineIdle;
+      if (due <= now) {
+        bool isErr = s->is_err;
+        s->splitter.flushPending([&](std::string_view l) { emitLine(w, isErr, l); });
+        continue;
+      }
+      long ms = std::chrono::duration_cast<std::chrono::milliseconds>(due - now).count() + 1;
+      if (nextMs < 0 || ms < nextMs) nextMs = ms;
+    }
+  }
+  return static_cast<int>(nextMs);
 }
 
 void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
@@ -275,6 +363,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   merged_ = !opts_.line_sink && sameFile(STDOUT_FILENO, STDERR_FILENO);
   result_.merged_output = merged_;
   statusLine_.clear();
+  barLine_.clear();
+  partialOwner_ = nullptr;
   // Workers learn whether a live status line can be shown (the trainer's progress bar).
   if (consoleTty_) base["DTRAIN_CONSOLE_TTY"] = "1";
 
@@ -345,6 +435,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     // With every worker gone, a grandchild that kept a pipe open must not hold dtrain up.
     if (!anyRunning) timeoutMs = 200;
     if (spec.worker_timeout_s > 0 && anyRunning && (timeoutMs < 0 || timeoutMs > 250)) timeoutMs = 250;
+    const int partialMs = flushIdlePartials();
+    if (anyRunning && partialMs >= 0 && (timeoutMs < 0 || partialMs < timeoutMs)) timeoutMs = partialMs;
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
     if (n == 0 && !anyRunning) break;
@@ -393,8 +485,10 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         s->fd.reset();
         continue;
       }
+      s->last_data = Clock::now();
       s->splitter.feed(std::string_view(buf.data(), static_cast<size_t>(got)),
                        [&](std::string_view l) { emitLine(*w, isErr, l); });
+      if (livePartial(*w, *s)) showPartial(*w);
     }
     reap();
   }
