@@ -47,6 +47,22 @@ expect_eq "$?" 0 "hung worker detected, restarted, job completes"
 expect_grep "event worker_hung \(round 0\) host .* rank 0: no heartbeat for 2\.[0-2] s \(worker_timeout_s 2\); killed as hung" "$T/err" "hung event within worker_timeout_s + 10%"
 expect_eq "$(jq_ "$T/s3.json" "[e['kind'] for e in d['events']]")" "['worker_hung', 'restart']" "summary events"
 
+# The hung rank is blamed, not the peer that went silent first waiting for it: rank 0 stops
+# beating (as if blocked in an all-reduce), then rank 1 is stopped.
+cat > "$T/blame.sh" <<'SH'
+touch "$DTRAIN_WATCHDOG_FILE"
+if [ "$RANK" = 0 ]; then exec sleep 30; fi
+for i in 1 2 3 4 5; do touch "$DTRAIN_WATCHDOG_FILE"; sleep 0.1; done
+kill -STOP $$
+SH
+cat > "$T/blame.json" <<JSON
+{"name": "blame", "command": ["sh", "$T/blame.sh"], "nproc_per_node": 2, "max_restarts": 0, "worker_timeout_s": 2}
+JSON
+"$DTRAIN" run "$T/blame.json" --summary-json "$T/s3b.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 137 "stopped rank killed as hung"
+expect_grep "event worker_hung \(round 0\) host .* rank 1: no heartbeat for .* killed as hung \(it was stopped: state T\); also silent: rank 0 .*peers blocked in a collective" "$T/err" "the stopped rank is blamed, not the silent peer"
+expect_eq "$(grep -c 'worker_hung' "$T/err")" 1 "only one rank killed as hung"
+
 # Two local nodes: a failure on node 1 restarts both nodes; the budget is the job's.
 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --summary-json "$T/s4.json" -- sh -c "$cmd" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "two nodes: fails once, restarts, succeeds"

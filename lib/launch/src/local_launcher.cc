@@ -46,6 +46,21 @@ bool maybeStatus(std::string_view pending) {
 }
 
 // Whether fds a and b are open on the same file (not merely the same kind of file).
+// Whether process pid is stopped (SIGSTOP, a debugger): state T or t in /proc/PID/stat.
+bool processStopped(pid_t pid) {
+  std::string stat;
+  int fd = ::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  if (n <= 0) return false;
+  stat.assign(buf, static_cast<size_t>(n));
+  size_t paren = stat.rfind(')');  // comm may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
+}
+
 bool sameFile(int a, int b) {
   struct stat sa {}, sb {};
   if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
@@ -109,6 +124,7 @@ class LocalLauncher final : public Launcher {
   bool stopping_ = false;
   Clock::time_point killDeadline_{};
   bool killed_ = false;
+  bool watchdogFired_ = false;  // one worker per attempt is killed as hung; teardown follows
   bool controlClosed_ = false;
   bool consoleTty_ = false;
   // dtrain's stdout and stderr are one file (a terminal, 2>&1): each worker gets one pipe
@@ -306,21 +322,52 @@ void LocalLauncher::reap() {
 }
 
 void LocalLauncher::checkWatchdogs() {
+  if (watchdogFired_) return;
   auto now = std::filesystem::file_time_type::clock::now();
+  struct Armed {
+    Worker* w;
+    double silent;
+  };
+  std::vector<Armed> armed;
+  bool tripped = false;
   for (auto& w : workers_) {
-    if (!w.running || w.watchdog_file.empty() || w.exit.hung) continue;
+    if (!w.running || w.watchdog_file.empty()) continue;
     std::error_code ec;
     auto touched = std::filesystem::last_write_time(w.watchdog_file, ec);
     if (ec) continue;  // not armed: the worker never touched it
-    double silent = std::chrono::duration<double>(now - touched).count();
-    if (silent <= spec_->worker_timeout_s) continue;
-    // Hung (stopped, deadlocked): killed and counted as this worker's failure.
-    w.exit.hung = true;
-    w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}); killed as hung", silent,
-                                       spec_->worker_timeout_s);
-    ::kill(-w.pid, SIGKILL);
-    ::kill(-w.pid, SIGCONT);  // a stopped process group must run to die
+    armed.push_back({&w, std::chrono::duration<double>(now - touched).count()});
+    tripped |= armed.back().silent > spec_->worker_timeout_s;
   }
+  if (!tripped) return;
+  // The first to trip need not be the hung one: peers blocked in a collective waiting for it
+  // go silent too, from about the same moment. A stopped worker (SIGSTOP, a debugger) is
+  // blamed first, else the one silent longest.
+  const Armed* pick = nullptr;
+  bool stopped = false;
+  for (const auto& a : armed) {
+    bool st = processStopped(a.w->pid);
+    if (!pick || (st && !stopped) || (st == stopped && a.silent > pick->silent)) {
+      pick = &a;
+      stopped = st;
+    }
+  }
+  std::string others;
+  for (const auto& a : armed)
+    if (&a != pick && a.silent > spec_->worker_timeout_s / 2)
+      others += fmt::format("{}rank {} {:.1f} s", others.empty() ? "" : ", ", a.w->slot.global_rank, a.silent);
+  // Hung (stopped, deadlocked): killed and counted as this worker's failure.
+  Worker& w = *pick->w;
+  watchdogFired_ = true;
+  w.exit.hung = true;
+  w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}); killed as hung", pick->silent,
+                                     spec_->worker_timeout_s);
+  if (stopped) w.exit.error_message += " (it was stopped: state T)";
+  if (!others.empty())
+    w.exit.error_message += fmt::format(
+        "; also silent: {} (peers blocked in a collective with a hung rank go silent too; blamed: {})", others,
+        stopped ? "the stopped one" : "the one silent longest");
+  ::kill(-w.pid, SIGKILL);
+  ::kill(-w.pid, SIGCONT);  // a stopped process group must run to die
 }
 
 void LocalLauncher::drain(Worker& w) {
@@ -355,7 +402,7 @@ void LocalLauncher::fillExit(Worker& w) {
 RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   spec_ = &spec;
   result_ = {};
-  stopping_ = killed_ = controlClosed_ = false;
+  stopping_ = killed_ = controlClosed_ = watchdogFired_ = false;
   SignalScope signals;
   EnvMap base = currentEnvironment();
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
