@@ -55,6 +55,18 @@ expect_eq "$(jq_ "$T/bo.json" "(d['restarts'], [e['reason'] for e in d['events']
 expect_grep "^dtrain: job 'bo' stopped by Interrupt during the back-off before restart 1 of 3, after rank 0 exited with code 4; exit code 130$" "$T/err" "signal in the back-off: one headline"
 expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the back-off: no second verdict"
 expect_grep "^  first failure:" "$T/err" "signal in the back-off: the failure's details"
+# A command that cannot be started is not restarted: every attempt would fail the same way.
+# (A missing program is refused before the launch; one whose #! interpreter is missing gets
+# as far as exec.)
+printf '#!/nonexistent/interp\n' > "$T/dtrain-no-such-prog"; chmod +x "$T/dtrain-no-such-prog"
+start=$(date +%s)
+"$DTRAIN" run --nproc-per-node 2 --max-restarts 3 --summary-json "$T/s2b.json" -- "$T/dtrain-no-such-prog" x >"$T/out" 2>"$T/err"
+rc=$?; took=$(( $(date +%s) - start ))
+expect_eq "$rc" 127 "command not found: exit 127"
+expect_eq "$(jq_ "$T/s2b.json" "d['restarts']")" 0 "command not found: no restart spent"
+expect_eq "$(grep -c "cannot run '$T/dtrain-no-such-prog'" "$T/err")" 3 "one attempt only (2 worker lines + the summary's tail)"
+expect_grep "not restarted: rank [01]'s command '.*dtrain-no-such-prog' cannot be started .*fix the command, PATH or cwd" "$T/err" "says why it is not restarted"
+[ "$took" -lt 2 ] && pass "no back-off (${took}s)" || fail "took ${took}s"
 
 # A stopped worker that armed its watchdog is killed as hung and restarted.
 cat > "$T/hang.sh" <<'SH'
@@ -70,6 +82,22 @@ start=$(date +%s.%N)
 expect_eq "$?" 0 "hung worker detected, restarted, job completes"
 expect_grep "event worker_hung \(round 0\) host .* rank 0: no heartbeat for 2\.[0-2] s \(worker_timeout_s 2\); killed as hung" "$T/err" "hung event within worker_timeout_s + 10%"
 expect_eq "$(jq_ "$T/s3.json" "[e['kind'] for e in d['events']]")" "['worker_hung', 'restart']" "summary events"
+
+# The hung rank is blamed, not the peer that went silent first waiting for it: rank 0 stops
+# beating (as if blocked in an all-reduce), then rank 1 is stopped.
+cat > "$T/blame.sh" <<'SH'
+touch "$DTRAIN_WATCHDOG_FILE"
+if [ "$RANK" = 0 ]; then exec sleep 30; fi
+for i in 1 2 3 4 5; do touch "$DTRAIN_WATCHDOG_FILE"; sleep 0.1; done
+kill -STOP $$
+SH
+cat > "$T/blame.json" <<JSON
+{"name": "blame", "command": ["sh", "$T/blame.sh"], "nproc_per_node": 2, "max_restarts": 0, "worker_timeout_s": 2}
+JSON
+"$DTRAIN" run "$T/blame.json" --summary-json "$T/s3b.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 137 "stopped rank killed as hung"
+expect_grep "event worker_hung \(round 0\) host .* rank 1: no heartbeat for .* killed as hung \(it was stopped: state T\); also silent: rank 0 .*peers blocked in a collective" "$T/err" "the stopped rank is blamed, not the silent peer"
+expect_eq "$(grep -c 'worker_hung' "$T/err")" 1 "only one rank killed as hung"
 
 # Two local nodes: a failure on node 1 restarts both nodes; the budget is the job's.
 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --summary-json "$T/s4.json" -- sh -c "$cmd" >"$T/out" 2>"$T/err"

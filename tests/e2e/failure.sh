@@ -70,6 +70,16 @@ r = {x['rank']: x for x in d['ranks']}
 print(d['status'], d['exit_code'], r[1]['signal'], r[1]['exit_code'], r[0]['stopped_by_dtrain'], d['trainer'])" >"$T/check"
 expect_eq "$(cat "$T/check")" "failed 137 SIGKILL None True None" "--summary-json for a failed job"
 
+# Both ranks fail on their own (exit 3), rank 1 a moment after dtrain began its teardown
+# (it ignores the SIGTERM): both are failures, neither was stopped by dtrain.
+"$DTRAIN" run --nproc-per-node 2 --summary-json "$T/sum2.json" -- sh -c 'trap "" TERM; sleep 0.3; [ "$RANK" = 1 ] && sleep 0.5; exit 3' >"$T/out" 2>"$T/err"
+expect_eq "$?" 3 "both exit 3: the job exits 3"
+python3 -c "
+import json; d = json.load(open('$T/sum2.json'))
+print(*[(x['rank'], x['exit_code'], x['stopped_by_dtrain']) for x in sorted(d['ranks'], key=lambda x: x['rank'])])" >"$T/check"
+expect_eq "$(cat "$T/check")" "(0, 3, False) (1, 3, False)" "own failures are not credited to dtrain's teardown"
+expect_grep "2 workers failed in all" "$T/err" "summary counts both failures"
+
 # All workers succeed -> 0, no summary.
 "$DTRAIN" run --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "all exit 0"

@@ -53,9 +53,96 @@ expect_eq "$(v junk)" 4 "binary junk passed through"
 # --local-ranks-filter: console shows only rank 1, files still get everything.
 "$DTRAIN" run --nproc-per-node 3 --local-ranks-filter 1 --log-dir "$T/logs2" -- sh -c 'echo "hello $RANK"' >"$T/out" 2>"$T/err"
 expect_eq "$(cat "$T/out")" "[rank 1] hello 1" "console filtered to rank 1"
-expect_eq "$(cat "$T/logs2/rank_2.log")" "hello 2" "filtered rank still logged"
+expect_eq "$(grep -v '^==== dtrain run ' "$T/logs2/rank_2.log")" "hello 2" "filtered rank still logged"
+
+# A second run into the same log_dir appends; each run and attempt begins with a header line.
+"$DTRAIN" run --nproc-per-node 1 --max-restarts 1 --log-dir "$T/logs2" --summary-json "$T/s.json" -- \
+  sh -c 'echo "try $TORCHELASTIC_RESTART_COUNT"; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]' >"$T/out" 2>&1
+run2=$(python3 -c "import json; print(json.load(open('$T/s.json'))['run_id'])")
+expect_grep "^==== dtrain run [0-9a-f]+ attempt 0 [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z ====$" "$T/logs2/rank_0.log" "header line"
+expect_eq "$(sed -E 's/ [0-9]{4}-[0-9-]+T[0-9:.]+Z / T /; s/run [0-9a-f]+ /run X /' "$T/logs2/rank_0.log" | tr '\n' '|')" \
+  "==== dtrain run X attempt 0 T ====|hello 0|==== dtrain run X attempt 0 T ====|try 0|==== dtrain run X attempt 1 T ====|try 1|" \
+  "earlier run kept, one header per run and attempt"
+expect_eq "$(grep -c "^==== dtrain run $run2 " "$T/logs2/rank_0.log")" 2 "headers name the run id of --summary-json"
 
 # --no-prefix
 "$DTRAIN" run --nproc-per-node 1 --no-prefix -- echo plain >"$T/out" 2>&1
 expect_eq "$(cat "$T/out")" "plain" "--no-prefix"
+# stdout and stderr to one file (2>&1, a terminal): each rank's lines in the order written,
+# in the console and in its log; with them split, each file still gets its own stream.
+cat > "$T/order.py" <<'PY'
+import sys
+for i in range(200):
+    print(f"out {i}", flush=True)
+    print(f"err {i}", file=sys.stderr, flush=True)
+PY
+order_bad() {  # lines of rank $2 in file $1 that are not out 0, err 0, out 1, ...
+  python3 - "$1" "$2" <<'PY2'
+import re, sys
+seq = [m.group(1) for l in open(sys.argv[1]) for m in [re.search(r"((out|err) \d+)$", l)]
+       if m and (l.startswith(f"[rank {sys.argv[2]}]") or not l.startswith("[rank"))]
+want = [f"{s} {i}" for i in range(200) for s in ("out", "err")]
+print(sum(1 for a, b in zip(seq, want) if a != b) + abs(len(seq) - len(want)))
+PY2
+}
+"$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs3" -- python3 "$T/order.py" >"$T/out" 2>&1
+expect_eq "$(order_bad "$T/out" 0)" 0 "2>&1: rank 0's stdout and stderr lines in order"
+expect_eq "$(order_bad "$T/out" 1)" 0 "2>&1: rank 1's stdout and stderr lines in order"
+expect_eq "$(order_bad "$T/logs3/rank_1.log" 1)" 0 "2>&1: rank log in order"
+"$DTRAIN" run --nproc-per-node 1 -- python3 "$T/order.py" >"$T/out" 2>"$T/err"
+expect_eq "$(grep -c '^\[rank 0\] out' "$T/out") $(grep -c '^\[rank 0\] err' "$T/err")" "200 200" "split: each stream to its own file"
+# The failure summary's tail is then the last lines of both streams.
+"$DTRAIN" run --nproc-per-node 1 -- sh -c 'echo said-on-stdout; echo said-on-stderr >&2; exit 2' >"$T/out" 2>&1
+expect_grep "last output lines:" "$T/out" "2>&1: summary shows the last output lines"
+expect_grep "^      \| said-on-stdout$" "$T/out" "2>&1: stdout line in the summary's tail"
+# Unfinished lines. On a terminal, a rank's unfinished line ("loading...", a '\r' progress
+# bar, on stderr too) is shown in place at once, and printed as one line once complete.
+cat > "$T/partial.py" <<'PY'
+import sys, time
+print("loading model...", end="", flush=True); time.sleep(2); print(" done", flush=True)
+for i in range(5):
+    sys.stderr.write(f"\rprogress {i*25}%"); sys.stderr.flush(); time.sleep(0.4)
+sys.stderr.write("\n")
+PY
+cat > "$T/on_tty.py" <<'PY'
+import os, pty, sys, time, select, re
+dtrain, script = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(dtrain, [dtrain, "run", "--nproc-per-node", "1", "--", "python3", script])
+t0 = time.time(); got = []
+while True:
+    r, _, _ = select.select([fd], [], [], 10)
+    if not r: break
+    try: b = os.read(fd, 4096)
+    except OSError: break
+    if not b: break
+    got.append((time.time() - t0, b))
+os.waitpid(pid, 0)
+def first(pat):
+    acc = b""
+    for t, b in got:
+        acc += b
+        if re.search(pat, acc): return t
+    return None
+allb = b"".join(b for _, b in got)
+lp, dn = first(rb"\x1b\[2K\[rank 0\] loading model\.\.\."), first(rb"done")
+print("partial-shown-early", lp is not None and dn is not None and dn - lp > 1.0)
+print("complete-line", b"[rank 0] loading model... done\r\n" in allb)
+p50, fin = first(rb"\x1b\[2K\[rank 0\] progress 50%"), first(rb"\[rank 0\] progress 100%\r\n")
+print("bar-live", p50 is not None and fin is not None and fin - p50 > 0.5)
+PY
+python3 "$T/on_tty.py" "$DTRAIN" "$T/partial.py" >"$T/check"
+expect_grep "^partial-shown-early True" "$T/check" "terminal: unfinished line shown before it completes"
+expect_grep "^complete-line True" "$T/check" "terminal: completed line printed whole"
+expect_grep "^bar-live True" "$T/check" "terminal: '\\r' progress bar shown as it goes"
+# Off a terminal: an unfinished line idle for 1 s is written out; '\r' segments collapse to
+# the last one.
+"$DTRAIN" run --nproc-per-node 1 --log-dir "$T/logs4" -- python3 "$T/partial.py" >"$T/out" 2>&1 &
+DTRAIN_PID=$!
+sleep 1.8
+expect_eq "$(cat "$T/out")" "[rank 0] loading model..." "file: unfinished line written out after 1 s idle"
+wait "$DTRAIN_PID"; DTRAIN_PID=
+expect_eq "$(cat "$T/out" | tr '\n' '|')" "[rank 0] loading model...|[rank 0]  done|[rank 0] progress 100%|" "file: the rest follows; the bar is one line"
+expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading model...| done|progress 100%|" "log: the same lines"
 finish

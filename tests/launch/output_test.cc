@@ -40,6 +40,56 @@ TEST(LineSplitter, BinaryBytesPassThrough) {
   EXPECT_EQ(got, std::string("\xff\x00z", 3));
 }
 
+TEST(LineSplitter, CarriageReturnKeepsTheLastSegment) {
+  LineSplitter s;
+  std::vector<std::string> lines;
+  auto emit = [&](std::string_view l) { lines.emplace_back(l); };
+  s.feed("\r 10%", emit);
+  EXPECT_EQ(s.pending(), " 10%");
+  s.feed("\r 20%\r", emit);
+  EXPECT_EQ(s.pending(), " 20%");  // a finished segment shows until overwritten
+  s.feed(" 30%", emit);
+  EXPECT_EQ(s.pending(), " 30%");
+  EXPECT_TRUE(lines.empty());
+  s.feed("\ndone\r\n50%\r\nx\r", emit);
+  EXPECT_EQ(lines, (std::vector<std::string>{" 30%", "done", "50%"}));
+  s.finish(emit);
+  EXPECT_EQ(lines.back(), "x");
+  EXPECT_EQ(s.pending(), "");
+}
+
+TEST(LineSplitter, FlushPendingEmitsAnUnfinishedLineOnce) {
+  LineSplitter s;
+  std::vector<std::string> lines;
+  auto emit = [&](std::string_view l) { lines.emplace_back(l); };
+  s.feed("loading...", emit);
+  EXPECT_EQ(s.pending(), "loading...");
+  s.flushPending(emit);
+  s.flushPending(emit);  // nothing new: nothing emitted
+  EXPECT_EQ(lines, (std::vector<std::string>{"loading..."}));
+  s.feed("\n", emit);  // ends the flushed line: no empty line
+  EXPECT_EQ(lines.size(), 1u);
+  s.feed("\n", emit);  // a real empty line
+  EXPECT_EQ(lines.size(), 2u);
+  s.feed("a", emit);
+  s.flushPending(emit);
+  s.feed(" done\n", emit);
+  EXPECT_EQ(lines, (std::vector<std::string>{"loading...", "", "a", " done"}));
+  s.feed("b", emit);
+  s.flushPending(emit);
+  s.feed("\r\n", emit);
+  EXPECT_EQ(lines.back(), "b");
+  EXPECT_EQ(lines.size(), 5u);
+}
+
+TEST(LineSplitter, ProgressBarMemoryStaysBounded) {
+  LineSplitter s;
+  int emitted = 0;
+  for (int i = 0; i < 100000; ++i) s.feed("\rstep " + std::to_string(i) + " of 100000", [&](std::string_view) { ++emitted; });
+  EXPECT_EQ(emitted, 0);
+  EXPECT_EQ(s.pending(), "step 99999 of 100000");
+}
+
 TEST(TailBuffer, KeepsLastN) {
   TailBuffer t(2);
   t.push("a");

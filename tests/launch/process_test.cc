@@ -229,6 +229,39 @@ TEST(SpawnProcess, SignalsForOurGroupNeverReachTheChildBeforeExec) {
   EXPECT_EQ(rc, 0);
 }
 
+// A program that cannot be run is reported as such, whatever its exit code; one that runs
+// and exits 127 itself is not.
+TEST(SpawnProcess, ReportsAProgramThatCannotBeStarted) {
+  SpawnOptions so = shell("");
+  so.argv = {"dtrain-no-such-program-xyz"};
+  Spawned c = spawnProcess(so);
+  EXPECT_TRUE(c.start_failed);
+  EXPECT_EQ(c.start_errno, ENOENT);
+  EXPECT_NE(readAll(c.err).find("cannot run 'dtrain-no-such-program-xyz'"), std::string::npos);
+  EXPECT_EQ(waitExit(c.pid), 127);
+
+  so = shell("");
+  so.argv = {"true"};
+  so.cwd = "/nonexistent-dtrain-dir";
+  Spawned d = spawnProcess(so);
+  EXPECT_TRUE(d.start_failed);
+  EXPECT_EQ(waitExit(d.pid), 126);
+
+  Spawned e = spawnProcess(shell("exit 127"));
+  EXPECT_FALSE(e.start_failed);
+  EXPECT_EQ(waitExit(e.pid), 127);
+}
+
+// merge_stderr: one pipe, in the order written.
+TEST(SpawnProcess, MergedStderrKeepsOrder) {
+  SpawnOptions so = shell("for i in 1 2 3; do echo out$i; echo err$i >&2; done");
+  so.merge_stderr = true;
+  Spawned c = spawnProcess(so);
+  EXPECT_FALSE(c.err);
+  EXPECT_EQ(readAll(c.out), "out1\nerr1\nout2\nerr2\nout3\nerr3\n");
+  EXPECT_EQ(waitExit(c.pid), 0);
+}
+
 // dtrain started with stdin and stdout closed: pipe2 then returns 0 and 1, and the child's
 // dup2s must neither leave them close-on-exec nor overwrite one with another.
 TEST(SpawnProcess, WorksWithStdioClosed) {

@@ -2,11 +2,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <bitset>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -34,10 +36,43 @@ using detail::utcNow;
 
 using Clock = std::chrono::steady_clock;
 
+// A worker silent this long in mid-line ("loading...", a progress bar off a terminal) has
+// its unfinished line written out as a line, to the console and its log.
+constexpr auto kPartialLineIdle = std::chrono::seconds(1);
+
+// Whether an unfinished line may be the start of a status line (kStatusPrefix).
+bool maybeStatus(std::string_view pending) {
+  size_t n = std::min(pending.size(), kStatusPrefix.size());
+  return pending.substr(0, n) == kStatusPrefix.substr(0, n);
+}
+
+// Whether fds a and b are open on the same file (not merely the same kind of file).
+// Whether process pid is stopped (SIGSTOP, a debugger): state T or t in /proc/PID/stat.
+bool processStopped(pid_t pid) {
+  std::string stat;
+  int fd = ::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  if (n <= 0) return false;
+  stat.assign(buf, static_cast<size_t>(n));
+  size_t paren = stat.rfind(')');  // comm may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
+}
+
+bool sameFile(int a, int b) {
+  struct stat sa {}, sb {};
+  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 struct Stream {
   Fd fd;
   LineSplitter splitter;
   bool is_err = false;
+  Clock::time_point last_data{};  // of the latest read
 };
 
 struct Worker {
@@ -49,6 +84,9 @@ struct Worker {
   TailBuffer tail{20};
   std::string error_file;
   std::string watchdog_file;  // DTRAIN_WATCHDOG_FILE; armed once the worker first touches it
+  // The signals dtrain sent it during teardown: it was stopped by dtrain only if one of
+  // these ended it.
+  std::bitset<NSIG> sent;
   WorkerExit exit;
 };
 
@@ -60,6 +98,17 @@ class LocalLauncher final : public Launcher {
  private:
   void spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base);
   void emitLine(Worker& w, bool isErr, std::string_view line);
+  bool onConsole(const Worker& w) const;
+  // On a terminal: shows a worker's unfinished stdout line (its latest '\r' segment) in
+  // place as the status line, until the line is complete.
+  bool livePartial(const Worker& w, const Stream& s) const;
+  void showPartial(Worker& w);
+  // Takes a worker's unfinished line off the status line (it is complete, or gone): another
+  // worker's takes its place, else the progress bar's.
+  void dropPartial();
+  // Off a terminal: writes out unfinished lines idle for kPartialLineIdle; returns the poll
+  // timeout (ms, -1 none) until the next one is due.
+  int flushIdlePartials();
   // Writes `text` to `fd` above the status line (lifted out of the way and drawn again below).
   void writeAboveStatus(int fd, const std::string& text);
   void signalAll(int sig);
@@ -76,10 +125,16 @@ class LocalLauncher final : public Launcher {
   bool stopping_ = false;
   Clock::time_point killDeadline_{};
   bool killed_ = false;
+  bool watchdogFired_ = false;  // one worker per attempt is killed as hung; teardown follows
   bool controlClosed_ = false;
   bool consoleTty_ = false;
+  // dtrain's stdout and stderr are one file (a terminal, 2>&1): each worker gets one pipe
+  // for both, so that its lines keep the order it wrote them in; all of them go to stdout.
+  bool merged_ = false;
   std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
   detail::OrphanGuard* guard_ = nullptr;  // run()'s, while it runs
+  std::string barLine_;     // the latest kStatusPrefix bar, shown when no partial line is
+  Worker* partialOwner_ = nullptr;  // whose unfinished line statusLine_ shows, if any
 };
 
 void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base) {
@@ -92,6 +147,7 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   so.argv = spec.command;
   for (const auto& [k, v] : env) so.env.push_back(k + "=" + v);
   so.cwd = spec.cwd;
+  so.merge_stderr = merged_;
   Spawned child = spawnProcess(so);
   w.pid = child.pid;
   w.running = true;
@@ -102,11 +158,12 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   w.exit.local_rank = w.slot.local_rank;
   w.exit.host = w.slot.host;
   w.exit.pid = child.pid;
+  w.exit.start_failed = child.start_failed;
 }
 
 void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   if (opts_.line_sink) {
-    if (isErr) w.tail.push(line);
+    if (isErr) w.tail.push(line);  // the agent's launcher never merges
     opts_.line_sink(w.slot, isErr, line);
     return;
   }
@@ -116,12 +173,16 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     if (!consoleTty_) return;
     std::string text(line.substr(kStatusPrefix.size()));
     // An empty status ends the bar: nothing is drawn again below later lines.
-    statusLine_ = text.empty() ? std::string()
-                               : (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
+    barLine_ = text.empty() ? std::string()
+                            : (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
+    if (partialOwner_ == &w) partialOwner_ = nullptr;  // the bar was its unfinished line
+    if (partialOwner_) return;  // shown once that line is complete
+    statusLine_ = barLine_;
     writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }
-  if (isErr) w.tail.push(line);
+  if (partialOwner_ == &w && !isErr) dropPartial();  // its line is complete: printed below
+  if (isErr || merged_) w.tail.push(line);
   if (w.log) {
     std::string rec;
     rec.reserve(line.size() + 1);
@@ -129,13 +190,72 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     rec.push_back('\n');
     writeAll(w.log.get(), rec);
   }
-  const auto& filter = spec_->console_ranks;
-  if (!filter.empty() && std::find(filter.begin(), filter.end(), w.slot.local_rank) == filter.end()) return;
+  if (!onConsole(w)) return;
   std::string rec;
   if (spec_->prefix_output) rec = fmt::format("[rank {}] ", w.slot.global_rank);
   rec.append(line);
   rec.push_back('\n');
   writeAboveStatus(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+}
+
+bool LocalLauncher::onConsole(const Worker& w) const {
+  const auto& filter = spec_->console_ranks;
+  return filter.empty() || std::find(filter.begin(), filter.end(), w.slot.local_rank) != filter.end();
+}
+
+bool LocalLauncher::livePartial(const Worker& w, const Stream& s) const {
+  return consoleTty_ && !opts_.line_sink && !s.is_err && onConsole(w);
+}
+
+void LocalLauncher::showPartial(Worker& w) {
+  std::string_view p = w.out.splitter.pending();
+  if (p.empty() || maybeStatus(p)) return;
+  std::string text = (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string());
+  text.append(p);
+  // One terminal row, or "\r\x1b[2K" would not erase all of it; not cut inside a UTF-8
+  // character.
+  winsize ws{};
+  size_t cols = ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col : 80;
+  if (text.size() > cols - 1) {
+    size_t n = cols - 1;
+    while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+    text.resize(n);
+  }
+  partialOwner_ = &w;
+  if (text == statusLine_) return;
+  statusLine_ = std::move(text);
+  writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+}
+
+void LocalLauncher::dropPartial() {
+  partialOwner_ = nullptr;
+  statusLine_ = barLine_;
+  for (auto& o : workers_) {
+    if (o.out.splitter.pending().empty() || !livePartial(o, o.out)) continue;
+    showPartial(o);
+    return;
+  }
+  writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+}
+
+int LocalLauncher::flushIdlePartials() {
+  const auto now = Clock::now();
+  long nextMs = -1;
+  for (auto& w : workers_) {
+    for (Stream* s : {&w.out, &w.err}) {
+      std::string_view p = s->splitter.pending();
+      if (p.empty() || maybeStatus(p) || livePartial(w, *s)) continue;
+      auto due = s->last_data + kPartialLineIdle;
+      if (due <= now) {
+        bool isErr = s->is_err;
+        s->splitter.flushPending([&](std::string_view l) { emitLine(w, isErr, l); });
+        continue;
+      }
+      long ms = std::chrono::duration_cast<std::chrono::milliseconds>(due - now).count() + 1;
+      if (nextMs < 0 || ms < nextMs) nextMs = ms;
+    }
+  }
+  return static_cast<int>(nextMs);
 }
 
 void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
@@ -145,8 +265,11 @@ void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
 }
 
 void LocalLauncher::signalAll(int sig) {
-  for (auto& w : workers_)
-    if (w.running) ::kill(-w.pid, sig);
+  for (auto& w : workers_) {
+    if (!w.running) continue;
+    ::kill(-w.pid, sig);
+    w.sent.set(static_cast<size_t>(sig));
+  }
 }
 
 void LocalLauncher::startShutdown(int sig, double graceS) {
@@ -177,7 +300,12 @@ void LocalLauncher::reap() {
         w.exit.exit_code = WEXITSTATUS(status);
       }
       bool failed = w.exit.signal != 0 || w.exit.exit_code != 0;
-      if (failed && stopping_) w.exit.stopped_by_dtrain = true;
+      // Ended by dtrain's teardown only if it died of a signal dtrain sent it (or exited
+      // 128+that signal, as a shell does): a worker that failed on its own at the same time
+      // (every rank exiting 127) is a failure too.
+      const int endedBy = w.exit.signal ? w.exit.signal : w.exit.exit_code > 128 ? w.exit.exit_code - 128 : 0;
+      if (failed && endedBy > 0 && endedBy < NSIG && w.sent.test(static_cast<size_t>(endedBy)) && !w.exit.hung)
+        w.exit.stopped_by_dtrain = true;
       if (failed && !stopping_ && result_.first_failure < 0) {
         result_.first_failure = static_cast<int>(i);
         startShutdown(SIGTERM, spec_->shutdown_timeout_s);
@@ -197,21 +325,52 @@ void LocalLauncher::reap() {
 }
 
 void LocalLauncher::checkWatchdogs() {
+  if (watchdogFired_) return;
   auto now = std::filesystem::file_time_type::clock::now();
+  struct Armed {
+    Worker* w;
+    double silent;
+  };
+  std::vector<Armed> armed;
+  bool tripped = false;
   for (auto& w : workers_) {
-    if (!w.running || w.watchdog_file.empty() || w.exit.hung) continue;
+    if (!w.running || w.watchdog_file.empty()) continue;
     std::error_code ec;
     auto touched = std::filesystem::last_write_time(w.watchdog_file, ec);
     if (ec) continue;  // not armed: the worker never touched it
-    double silent = std::chrono::duration<double>(now - touched).count();
-    if (silent <= spec_->worker_timeout_s) continue;
-    // Hung (stopped, deadlocked): killed and counted as this worker's failure.
-    w.exit.hung = true;
-    w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}); killed as hung", silent,
-                                       spec_->worker_timeout_s);
-    ::kill(-w.pid, SIGKILL);
-    ::kill(-w.pid, SIGCONT);  // a stopped process group must run to die
+    armed.push_back({&w, std::chrono::duration<double>(now - touched).count()});
+    tripped |= armed.back().silent > spec_->worker_timeout_s;
   }
+  if (!tripped) return;
+  // The first to trip need not be the hung one: peers blocked in a collective waiting for it
+  // go silent too, from about the same moment. A stopped worker (SIGSTOP, a debugger) is
+  // blamed first, else the one silent longest.
+  const Armed* pick = nullptr;
+  bool stopped = false;
+  for (const auto& a : armed) {
+    bool st = processStopped(a.w->pid);
+    if (!pick || (st && !stopped) || (st == stopped && a.silent > pick->silent)) {
+      pick = &a;
+      stopped = st;
+    }
+  }
+  std::string others;
+  for (const auto& a : armed)
+    if (&a != pick && a.silent > spec_->worker_timeout_s / 2)
+      others += fmt::format("{}rank {} {:.1f} s", others.empty() ? "" : ", ", a.w->slot.global_rank, a.silent);
+  // Hung (stopped, deadlocked): killed and counted as this worker's failure.
+  Worker& w = *pick->w;
+  watchdogFired_ = true;
+  w.exit.hung = true;
+  w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}); killed as hung", pick->silent,
+                                     spec_->worker_timeout_s);
+  if (stopped) w.exit.error_message += " (it was stopped: state T)";
+  if (!others.empty())
+    w.exit.error_message += fmt::format(
+        "; also silent: {} (peers blocked in a collective with a hung rank go silent too; blamed: {})", others,
+        stopped ? "the stopped one" : "the one silent longest");
+  ::kill(-w.pid, SIGKILL);
+  ::kill(-w.pid, SIGCONT);  // a stopped process group must run to die
 }
 
 void LocalLauncher::drain(Worker& w) {
@@ -246,11 +405,16 @@ void LocalLauncher::fillExit(Worker& w) {
 RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   spec_ = &spec;
   result_ = {};
-  stopping_ = killed_ = controlClosed_ = false;
+  stopping_ = killed_ = controlClosed_ = watchdogFired_ = false;
   SignalScope signals;
   EnvMap base = currentEnvironment();
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
+  // An agent's lines keep their stream: its controller prints them on its own console.
+  merged_ = !opts_.line_sink && sameFile(STDOUT_FILENO, STDERR_FILENO);
+  result_.merged_output = merged_;
   statusLine_.clear();
+  barLine_.clear();
+  partialOwner_ = nullptr;
   // Workers learn whether a live status line can be shown (the trainer's progress bar).
   if (consoleTty_) base["DTRAIN_CONSOLE_TTY"] = "1";
 
@@ -280,11 +444,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     }
     if (!spec.log_dir.empty() && !opts_.line_sink) {
       auto logPath = std::filesystem::path(spec.log_dir) / fmt::format("rank_{}.log", w.slot.global_rank);
-      // A restart appends to the logs of the attempts before it.
-      int mode = opts_.restart_count > 0 ? O_APPEND : O_TRUNC;
-      int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644);
-      if (fd < 0) throwErrno("open " + logPath.string());
-      w.log = Fd(fd);
+      // Appended to, after a header line: earlier runs and attempts stay.
+      w.log = Fd(openRankLog(logPath.string(), plan.run_id, opts_.restart_count));
     }
   }
   if (setsOmpThreads(base, spec) && !opts_.line_sink && opts_.restart_count == 0)  // an agent's launcher says it once for all nodes
@@ -327,6 +488,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     // With every worker gone, a grandchild that kept a pipe open must not hold dtrain up.
     if (!anyRunning) timeoutMs = 200;
     if (spec.worker_timeout_s > 0 && anyRunning && (timeoutMs < 0 || timeoutMs > 250)) timeoutMs = 250;
+    const int partialMs = flushIdlePartials();
+    if (anyRunning && partialMs >= 0 && (timeoutMs < 0 || partialMs < timeoutMs)) timeoutMs = partialMs;
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
     if (n == 0 && !anyRunning) break;
@@ -376,8 +539,10 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         s->fd.reset();
         continue;
       }
+      s->last_data = Clock::now();
       s->splitter.feed(std::string_view(buf.data(), static_cast<size_t>(got)),
                        [&](std::string_view l) { emitLine(*w, isErr, l); });
+      if (livePartial(*w, *s)) showPartial(*w);
     }
     reap();
   }
@@ -466,7 +631,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
       if (!l.empty()) out += "      " + l + "\n";
   }
   if (!f.stderr_tail.empty()) {
-    out += "    last stderr lines:\n";
+    out += result.merged_output ? "    last output lines:\n" : "    last stderr lines:\n";
     for (const auto& l : f.stderr_tail) out += "      | " + l + "\n";
   }
   if (failed > 1) out += fmt::format("  {} workers failed in all; see the log for the others\n", failed);

@@ -319,9 +319,8 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
     auto it = logs_.find(rank);
     if (it == logs_.end()) {
       auto path = std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank);
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) throwErrno("open " + path.string());
-      it = logs_.emplace(rank, Fd(fd)).first;
+      // Appended to, after a header line (the round it was opened in): earlier runs stay.
+      it = logs_.emplace(rank, Fd(openRankLog(path.string(), runId_, std::max(activeRound_, 0)))).first;
     }
     std::string rec(text);
     rec.push_back('\n');

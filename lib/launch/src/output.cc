@@ -1,8 +1,14 @@
 #include "dtrain/launch/output.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/common/time.h"
 
 namespace dtrain::launch {
 
@@ -15,6 +21,13 @@ void writeAll(int fd, std::string_view data) {
     }
     data.remove_prefix(static_cast<size_t>(n));
   }
+}
+
+int openRankLog(const std::string& path, std::string_view run_id, int attempt) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throwErrno("open " + path);
+  writeAll(fd, fmt::format("==== dtrain run {} attempt {} {} ====\n", run_id, attempt, utcNow()));
+  return fd;
 }
 
 }  // namespace dtrain::launch

@@ -67,6 +67,7 @@ struct ChildArgs {
   char* const* envp;
   const char* cwd;  // nullptr = ours
   int outFd, errFd, inFd;  // inFd < 0: /dev/null
+  int statusFd;            // close-on-exec: closed by a successful exec, else gets errno
   pid_t parent;
   sigset_t mask;  // the caller's, restored in the child before exec
   const std::string* execError;
@@ -74,6 +75,9 @@ struct ChildArgs {
 };
 
 [[noreturn]] void childFail(const ChildArgs& a, const char* what, int e, int code) {
+  // The parent reads this once clone returns (the child has exited by then): whatever the
+  // exit code, it then knows the program never ran.
+  (void)!::write(a.statusFd, &e, sizeof(e));
   writeStr(STDERR_FILENO, what);
   writeErrno(STDERR_FILENO, *a.texts, e);
   writeStr(STDERR_FILENO, "\n");
@@ -160,12 +164,19 @@ void aboveStdio(Fd& fd) {
 
 Spawned spawnProcess(const SpawnOptions& opts) {
   auto [outR, outW] = makePipe();
-  auto [errR, errW] = makePipe();
+  Fd errR, errW;
+  if (!opts.merge_stderr) std::tie(errR, errW) = makePipe();
+  // Non-blocking: with CLONE_VFORK the child has written (or exec'ed) before we read, and a
+  // write end inherited by another thread's child must not make the read wait.
+  int sp[2];
+  if (::pipe2(sp, O_CLOEXEC | O_NONBLOCK) != 0) throwErrno("pipe");
+  Fd statusR(sp[0]), statusW(sp[1]);
   Fd inR, inW;
   if (opts.stdin_pipe) std::tie(inR, inW) = makePipe();
   aboveStdio(outW);
   aboveStdio(errW);
   aboveStdio(inR);
+  aboveStdio(statusW);
   std::vector<std::string> envStrings = opts.env;
   std::vector<std::string> args = opts.argv;
   std::vector<char*> envp, argv;
@@ -179,7 +190,8 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   ca.envp = envp.data();
   ca.cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
   ca.outFd = outW.get();
-  ca.errFd = errW.get();
+  ca.errFd = opts.merge_stderr ? outW.get() : errW.get();
+  ca.statusFd = statusW.get();
   ca.inFd = inR ? inR.get() : -1;
   ca.parent = ::getpid();
   ca.execError = &execError;
@@ -204,6 +216,12 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   // The child put itself in its own process group before exec (setpgid from here would
   // fail with EACCES now that it has exec'ed).
   Spawned s;
+  statusW.reset();
+  int childErrno = 0;
+  if (::read(statusR.get(), &childErrno, sizeof(childErrno)) == static_cast<ssize_t>(sizeof(childErrno))) {
+    s.start_failed = true;
+    s.start_errno = childErrno;
+  }
   s.pid = pid;
   s.in = std::move(inW);
   s.out = std::move(outR);

@@ -21,8 +21,9 @@ struct WorkerExit {
   int signal = 0;     // terminating signal, 0 if it exited
   bool stopped_by_dtrain = false;  // killed during teardown, not a failure of its own
   bool hung = false;               // killed by the watchdog (worker_timeout_s)
+  bool start_failed = false;       // its command could not be started (exec, cwd): a restart cannot help
   std::string when;                // UTC, ISO 8601
-  std::vector<std::string> stderr_tail;
+  std::vector<std::string> stderr_tail;  // its last output lines instead with merged_output
   std::string error_message;       // from TORCHELASTIC_ERROR_FILE
   std::string error_traceback;
 };
@@ -34,6 +35,9 @@ struct RunResult {
   bool stopped_in_backoff = false;
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
+  // Each worker's stderr shared its stdout's pipe (dtrain's stdout and stderr are one file),
+  // so its stderr_tail holds its last output lines, of both streams.
+  bool merged_output = false;
   // Multi-node: a failure that is not a worker's (a node lost, an agent's error), "" if none.
   std::string failure_message;
   int restarts = 0;                      // restarts that spent the budget

@@ -13,18 +13,26 @@ namespace dtrain::launch {
 inline constexpr std::string_view kStatusPrefix = "\x1b]dtrain-status;";
 
 // Splits a byte stream into lines. A line longer than kMaxLine is cut into kMaxLine pieces so
-// that a worker printing megabytes without a newline cannot grow dtrain's memory.
+// that a worker printing megabytes without a newline cannot grow dtrain's memory. A '\r' not
+// followed by '\n' starts the line over, as on a terminal (a progress bar redrawing itself):
+// only the last segment is kept, so a bar's thousand updates make one line.
 class LineSplitter {
  public:
   static constexpr size_t kMaxLine = 64 * 1024;
-  // Calls emit(line) (without '\n') for each complete line in data.
+  // Calls emit(line) (without '\n', or "\r\n") for each complete line in data.
   template <typename F>
   void feed(std::string_view data, F&& emit) {
     for (char ch : data) {
       if (ch == '\n') {
-        emit(std::string_view(buf_));
+        // After flushPending, the newline only ends what was already emitted.
+        if (!(flushed_ && buf_.empty())) emit(std::string_view(buf_));
         buf_.clear();
+        cr_ = flushed_ = false;
+      } else if (ch == '\r') {
+        cr_ = true;  // the segment stays pending() until something overwrites it
       } else {
+        if (cr_) buf_.clear();
+        cr_ = flushed_ = false;
         buf_.push_back(ch);
         if (buf_.size() >= kMaxLine) {
           emit(std::string_view(buf_));
@@ -33,21 +41,42 @@ class LineSplitter {
       }
     }
   }
+  // The unfinished line so far (its latest '\r' segment); "" when none.
+  std::string_view pending() const { return buf_; }
+  // Emits the unfinished line now, as a line of its own (a worker silent in mid-line); what
+  // follows it up to the next newline is another line.
+  template <typename F>
+  void flushPending(F&& emit) {
+    if (buf_.empty()) return;
+    emit(std::string_view(buf_));
+    buf_.clear();
+    cr_ = false;
+    flushed_ = true;
+  }
   // Flushes a final line that had no trailing newline.
   template <typename F>
   void finish(F&& emit) {
     if (!buf_.empty()) emit(std::string_view(buf_));
     buf_.clear();
+    cr_ = flushed_ = false;
   }
 
  private:
   std::string buf_;
+  bool cr_ = false;       // a '\r' ended the last segment
+  bool flushed_ = false;  // flushPending emitted the line's beginning
 };
 
 // Writes all of `data` to fd with one write() where the kernel allows, retrying on EINTR and
 // partial writes. Errors (a closed console) are ignored: losing the console must not kill
 // the job.
 void writeAll(int fd, std::string_view data);
+
+// Opens (creating it) a rank's log file under log_dir for appending, and writes the line
+// that begins a run's or an attempt's part of it:
+// "==== dtrain run <run_id> attempt <n> <UTC time> ====". Runs sharing a log_dir keep
+// their logs, one after the other. Throws IoError.
+int openRankLog(const std::string& path, std::string_view run_id, int attempt);
 
 // Keeps the last N lines.
 class TailBuffer {

@@ -15,18 +15,25 @@ struct SpawnOptions {
   std::vector<std::string> env;   // "KEY=VALUE", the whole environment
   std::string cwd;                // "" = ours
   bool stdin_pipe = false;        // false: stdin is /dev/null
+  // One pipe for stdout and stderr (Spawned::err stays empty), so that what the child
+  // writes to both arrives in the order it was written.
+  bool merge_stderr = false;
 };
 
 struct Spawned {
   pid_t pid = -1;
   Fd in;   // write end of the child's stdin (stdin_pipe only)
   Fd out;  // read end of the child's stdout
-  Fd err;  // read end of the child's stderr
+  Fd err;  // read end of the child's stderr (none with merge_stderr)
+  // The child never ran the program: exec (or the setup before it: cwd, setpgid, dup2)
+  // failed, with this errno. It has exited 127/126 after one line on its stderr.
+  bool start_failed = false;
+  int start_errno = 0;
 };
 
 // clone(CLONE_VM | CLONE_VFORK) + exec, as posix_spawn does: returns once the child has
 // exec'ed. A program that cannot be run exits 127 (not found) or 126 with one line on its
-// stderr, as a shell would. Throws IoError when clone or pipe fail. Thread-safe; the child
+// stderr, as a shell would, and is reported as start_failed. Throws IoError when clone or pipe fail. Thread-safe; the child
 // is SIGKILLed when the calling *thread* ends (PR_SET_PDEATHSIG), so spawn from a thread
 // that outlives the workers (dtrain's main thread).
 Spawned spawnProcess(const SpawnOptions& opts);
