@@ -456,11 +456,11 @@ int main(int argc, char** argv) {
   }
   if (run->parsed() && !run->remaining().empty()) {
     const std::vector<std::string> extra = run->remaining();
-    const std::string& sp = runArgs.spec_path;
-    // An unknown option comes first, whatever else is left: an option's value would
-    // otherwise have been taken for the spec (`--master_port 29501` -> spec "29501").
-    auto opt = std::find_if(extra.begin(), extra.end(), [](const std::string& w) { return w.size() > 1 && w[0] == '-'; });
-    if (opt != extra.end()) {
+    // An unknown option left first: an option's value was taken for the spec
+    // (`--master_port 29501` -> spec "29501"), so this is not about a command. Dashed words
+    // after a command word (`python3 train.py --epochs 3`) are that command's.
+    auto opt = extra.begin();
+    if (opt->size() > 1 && (*opt)[0] == '-') {
       const std::string word = opt->substr(0, opt->find('='));
       if (const std::string hint = torchrunFlagHint(word); !hint.empty()) {
         std::cerr << fmt::format("dtrain: error: run: {} is a torchrun option; {}\n", word, hint);

@@ -81,6 +81,8 @@ for f in "--standalone" "--node_rank 1" "--rdzv-endpoint h1:29400" "-m pkg.mod" 
   expect_eq "$?" 2 "torchrun's $f exits 2"
   expect_grep "^dtrain: error: run: ${f%% *} is a torchrun option; " "$T/err" "torchrun's $f: named, with what to do"
 done
+"$DTRAIN" run --nproc-per-node 1 python3 "$T/train.py" --epochs 3 -t 4 >"$T/out" 2>"$T/err"
+expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py --epochs 3 -t 4\"; to run a program, put its command after --" "$T/err" "a command without -- keeps its own options (not taken for dtrain's)"
 "$DTRAIN" run --frob 3 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
 expect_eq "$(cat "$T/err")" "dtrain: error: run: unknown option --frob; see dtrain run --help" "an unknown option with a value: the option, not its value"
 "$DTRAIN" runn "$SRC/configs/env_dump.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt command exits 2"

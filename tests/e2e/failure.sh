@@ -55,6 +55,14 @@ printf '{"command": ["pyhton3", "x.py"]}' > "$T/typo.json"
 "$DTRAIN" run "$T/typo.json" --max-restarts 3 >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "a misspelt program in a spec: exit 2, no restarts spent"
 expect_eq "$(cat "$T/err")" "dtrain: error: $T/typo.json: /command/0: cannot run \"pyhton3\": no such program on PATH; check the name, or give its path" "misspelt program: names the JSON path"
+# A bare program name is looked up on the workers' PATH (a venv's bin in the spec's env),
+# by the check and by the exec alike (execvpe searched dtrain's own PATH).
+mkdir -p "$T/venv/bin"; printf '#!/bin/sh\necho "from the venv"\n' > "$T/venv/bin/venvprog"; chmod +x "$T/venv/bin/venvprog"
+"$DTRAIN" run --env "PATH=$T/venv/bin:/usr/bin:/bin" -- venvprog >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "a program on the workers' PATH runs"
+expect_eq "$(cat "$T/out")" "[rank 0] from the venv" "a program on the workers' PATH: its output"
+"$DTRAIN" run --env "PATH=/nonexistent" -- sh -c true >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a program missing from the workers' PATH is refused, though on dtrain's"
 # A program that passes that check but cannot be exec'ed (a bad #! line): 127, and the reason.
 printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
 "$DTRAIN" run --nproc-per-node 1 -- "$T/badinterp" >"$T/out" 2>"$T/err"

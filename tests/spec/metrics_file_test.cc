@@ -1,11 +1,17 @@
 #include "dtrain/spec/metrics_file.h"
 
 #include <cmath>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
 namespace dtrain::spec {
 namespace {
+
+MetricsCurve readText(const std::string& text, const std::string& runId) {
+  std::istringstream in(text);
+  return readMetricsRun(in, runId);
+}
 
 MetricsPoint at(long long step, double loss) {
   MetricsPoint p;
@@ -24,7 +30,7 @@ TEST(MetricsFile, OneRunsCurveAcrossItsRestarts) {
   text += "\n" + metricsStartLine(a1, "t");                    // resumed from step 20
   for (long long s = 30; s <= 40; s += 10) text += metricsTrainLine(a1, at(s, 2.0));
   text += metricsEvalLine(a1, 40, 0.3, 0.9);
-  const MetricsCurve c = readMetricsRun(text, "run-a");
+  const MetricsCurve c = readText(text, "run-a");
   ASSERT_EQ(c.points.size(), 4u);
   const long long steps[] = {10, 20, 30, 40};
   const double losses[] = {1.0, 1.0, 2.0, 2.0};  // attempt 0's step 30 was redone by attempt 1
@@ -33,8 +39,8 @@ TEST(MetricsFile, OneRunsCurveAcrossItsRestarts) {
     EXPECT_EQ(c.points[i].loss, losses[i]);
   }
   EXPECT_DOUBLE_EQ(c.eval_accuracy, 0.9);
-  EXPECT_EQ(readMetricsRun(text, "run-b").points.size(), 1u);
-  EXPECT_EQ(readMetricsRun(text, "run-b").eval_accuracy, -1);
+  EXPECT_EQ(readText(text, "run-b").points.size(), 1u);
+  EXPECT_EQ(readText(text, "run-b").eval_accuracy, -1);
 }
 
 TEST(MetricsFile, NonFiniteIsNullAndReadsBackAsNan) {
@@ -42,7 +48,7 @@ TEST(MetricsFile, NonFiniteIsNullAndReadsBackAsNan) {
   const std::string line = metricsTrainLine(r, at(1, INFINITY));
   EXPECT_NE(line.find("\"loss\": null"), std::string::npos) << line;
   EXPECT_NE(line.find("\"run_id\": \"x\\\"y\""), std::string::npos) << line;
-  const MetricsCurve c = readMetricsRun(line, "x\"y");
+  const MetricsCurve c = readText(line, "x\"y");
   ASSERT_EQ(c.points.size(), 1u);
   EXPECT_TRUE(std::isnan(c.points[0].loss));
 }

@@ -39,6 +39,10 @@ using Clock = std::chrono::steady_clock;
 // A worker silent this long in mid-line ("loading...", a progress bar off a terminal) has
 // its unfinished line written out as a line, to the console and its log.
 constexpr auto kPartialLineIdle = std::chrono::seconds(1);
+// On a terminal, a rank's unfinished line is drawn in place once it has been unfinished
+// this long: Python's unbuffered print() writes the text and its newline separately, and
+// drawing every such line as a status first would flicker.
+constexpr auto kPartialShowDelay = std::chrono::milliseconds(100);
 
 // Whether an unfinished line may be the start of a status line (kStatusPrefix).
 bool maybeStatus(std::string_view pending) {
@@ -46,7 +50,6 @@ bool maybeStatus(std::string_view pending) {
   return pending.substr(0, n) == kStatusPrefix.substr(0, n);
 }
 
-// Whether fds a and b are open on the same file (not merely the same kind of file).
 // Whether process pid is stopped (SIGSTOP, a debugger): state T or t in /proc/PID/stat.
 bool processStopped(pid_t pid) {
   std::string stat;
@@ -62,6 +65,7 @@ bool processStopped(pid_t pid) {
   return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
 }
 
+// Whether fds a and b are open on the same file (not merely the same kind of file).
 bool sameFile(int a, int b) {
   struct stat sa {}, sb {};
   if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
@@ -72,7 +76,8 @@ struct Stream {
   Fd fd;
   LineSplitter splitter;
   bool is_err = false;
-  Clock::time_point last_data{};  // of the latest read
+  Clock::time_point last_data{};     // of the latest read
+  Clock::time_point partial_since{};  // when its unfinished line began; {} = none
 };
 
 struct Worker {
@@ -102,7 +107,10 @@ class LocalLauncher final : public Launcher {
   // On a terminal: shows a worker's unfinished stdout line (its latest '\r' segment) in
   // place as the status line, until the line is complete.
   bool livePartial(const Worker& w, const Stream& s) const;
-  void showPartial(Worker& w);
+  std::string prefix(const Worker& w) const {  // "[rank N] " on console lines, unless --no-prefix
+    return spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string();
+  }
+  bool showPartial(Worker& w);  // false: nothing to show (drawn nothing)
   // Takes a worker's unfinished line off the status line (it is complete, or gone): another
   // worker's takes its place, else the progress bar's.
   void dropPartial();
@@ -174,7 +182,7 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     std::string text(line.substr(kStatusPrefix.size()));
     // An empty status ends the bar: nothing is drawn again below later lines.
     barLine_ = text.empty() ? std::string()
-                            : (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string()) + text;
+                            : prefix(w) + text;
     if (partialOwner_ == &w) partialOwner_ = nullptr;  // the bar was its unfinished line
     if (partialOwner_) return;  // shown once that line is complete
     statusLine_ = barLine_;
@@ -191,8 +199,7 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     writeAll(w.log.get(), rec);
   }
   if (!onConsole(w)) return;
-  std::string rec;
-  if (spec_->prefix_output) rec = fmt::format("[rank {}] ", w.slot.global_rank);
+  std::string rec = prefix(w);
   rec.append(line);
   rec.push_back('\n');
   writeAboveStatus(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
@@ -207,10 +214,10 @@ bool LocalLauncher::livePartial(const Worker& w, const Stream& s) const {
   return consoleTty_ && !opts_.line_sink && !s.is_err && onConsole(w);
 }
 
-void LocalLauncher::showPartial(Worker& w) {
+bool LocalLauncher::showPartial(Worker& w) {
   std::string_view p = w.out.splitter.pending();
-  if (p.empty() || maybeStatus(p)) return;
-  std::string text = (spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string());
+  if (p.empty() || maybeStatus(p)) return false;
+  std::string text = prefix(w);
   text.append(p);
   // One terminal row, or "\r\x1b[2K" would not erase all of it; not cut inside a UTF-8
   // character.
@@ -222,18 +229,20 @@ void LocalLauncher::showPartial(Worker& w) {
     text.resize(n);
   }
   partialOwner_ = &w;
-  if (text == statusLine_) return;
+  if (text == statusLine_) return true;
   statusLine_ = std::move(text);
   writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+  return true;
 }
 
 void LocalLauncher::dropPartial() {
   partialOwner_ = nullptr;
   statusLine_ = barLine_;
+  const auto now = Clock::now();
   for (auto& o : workers_) {
-    if (o.out.splitter.pending().empty() || !livePartial(o, o.out)) continue;
-    showPartial(o);
-    return;
+    if (o.out.splitter.pending().empty() || !livePartial(o, o.out) || now - o.out.partial_since < kPartialShowDelay)
+      continue;
+    if (showPartial(o)) return;
   }
   writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
 }
@@ -244,11 +253,23 @@ int LocalLauncher::flushIdlePartials() {
   for (auto& w : workers_) {
     for (Stream* s : {&w.out, &w.err}) {
       std::string_view p = s->splitter.pending();
-      if (p.empty() || maybeStatus(p) || livePartial(w, *s)) continue;
+      if (p.empty() || maybeStatus(p)) continue;
+      if (livePartial(w, *s)) {  // drawn in place once it has waited kPartialShowDelay
+        if (partialOwner_ == &w) continue;
+        auto show = s->partial_since + kPartialShowDelay;
+        if (show <= now) {
+          showPartial(w);
+          continue;
+        }
+        long ms = std::chrono::duration_cast<std::chrono::milliseconds>(show - now).count() + 1;
+        if (nextMs < 0 || ms < nextMs) nextMs = ms;
+        continue;
+      }
       auto due = s->last_data + kPartialLineIdle;
       if (due <= now) {
         bool isErr = s->is_err;
         s->splitter.flushPending([&](std::string_view l) { emitLine(w, isErr, l); });
+        s->partial_since = {};
         continue;
       }
       long ms = std::chrono::duration_cast<std::chrono::milliseconds>(due - now).count() + 1;
@@ -542,7 +563,11 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       s->last_data = Clock::now();
       s->splitter.feed(std::string_view(buf.data(), static_cast<size_t>(got)),
                        [&](std::string_view l) { emitLine(*w, isErr, l); });
-      if (livePartial(*w, *s)) showPartial(*w);
+      if (s->splitter.pending().empty())
+        s->partial_since = {};
+      else if (s->partial_since == Clock::time_point{})
+        s->partial_since = s->last_data;
+      if (livePartial(*w, *s) && s->last_data - s->partial_since >= kPartialShowDelay) showPartial(*w);
     }
     reap();
   }

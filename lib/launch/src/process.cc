@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 
@@ -63,6 +64,7 @@ void writeErrno(int fd, const ErrnoTexts& texts, int e) {
 // What the child reads between clone and exec; prepared by the parent, never written by
 // the child.
 struct ChildArgs {
+  const char* path;  // the program exec runs, resolved by the parent; nullptr = not found
   char* const* argv;
   char* const* envp;
   const char* cwd;  // nullptr = ours
@@ -123,8 +125,13 @@ int childMain(void* p) {
   while (::sigtimedwait(&drop, nullptr, &zero) > 0) {
   }
   ::sigprocmask(SIG_SETMASK, &a.mask, nullptr);
-  ::execvpe(a.argv[0], a.argv, a.envp);
-  int e = errno;
+  // execvpe with a path that has a '/' does not search PATH (our PATH, not the worker's:
+  // the parent searched the worker's); it still hands a script without #! to /bin/sh.
+  int e = ENOENT;
+  if (a.path) {
+    ::execvpe(a.path, a.argv, a.envp);
+    e = errno;
+  }
   (void)!::write(STDERR_FILENO, a.execError->data(), a.execError->size());
   childFail(a, "", e, e == ENOENT ? 127 : 126);
 }
@@ -185,7 +192,17 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string execError = "dtrain: error: cannot run '" + opts.argv.at(0) + "': ";
+  // A bare name is looked up on the worker's PATH (its environment's, as a shell started with
+  // that environment would), not on dtrain's, which is what execvpe would search.
+  std::string program = opts.argv.at(0);
+  if (program.find('/') == std::string::npos) {
+    const char* pathVar = std::getenv("PATH");
+    for (const auto& kv : opts.env)
+      if (kv.rfind("PATH=", 0) == 0) pathVar = kv.c_str() + 5;
+    program = findProgram(program, pathVar ? pathVar : "/bin:/usr/bin", opts.cwd);
+  }
   ChildArgs ca{};
+  ca.path = program.empty() ? nullptr : program.c_str();
   ca.argv = argv.data();
   ca.envp = envp.data();
   ca.cwd = opts.cwd.empty() ? nullptr : opts.cwd.c_str();
@@ -219,8 +236,11 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   statusW.reset();
   int childErrno = 0;
   if (::read(statusR.get(), &childErrno, sizeof(childErrno)) == static_cast<ssize_t>(sizeof(childErrno))) {
-    s.start_failed = true;
+    // Only what another attempt would meet again: not a program being rewritten (ETXTBSY)
+    // or a machine short of memory, processes or fds, which a restart may get past.
     s.start_errno = childErrno;
+    for (int e : {ENOENT, ENOTDIR, EACCES, ENOEXEC, ELOOP, ENAMETOOLONG, EISDIR, E2BIG, EPERM})
+      if (childErrno == e) s.start_failed = true;
   }
   s.pid = pid;
   s.in = std::move(inW);

@@ -626,7 +626,6 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
   return nodes;
 }
 
-// "~/x" as ssh reads it, so that the existence check looks where ssh will.
 // Every path a spec names means what it means in the directory dtrain is started in, where
 // it is checked; `cwd` only moves the workers' command. Made absolute after the checks, so
 // workers started in `cwd` or on other hosts read the same files (and messages keep the
@@ -644,6 +643,7 @@ void makePathsAbsolute(JobSpec& spec) {
   }
 }
 
+// "~/x" as ssh reads it, so that the existence check looks where ssh will.
 std::string expandHome(const std::string& path) {
   if (path.rfind("~/", 0) != 0) return path;
   const char* home = std::getenv("HOME");

@@ -40,11 +40,12 @@ std::string metricsEvalLine(const MetricsRun& run, long long step, double loss, 
   return head("eval", run) + fmt::format(", \"step\": {}, \"loss\": {}, \"accuracy\": {}}}\n", step, num(loss), num(accuracy));
 }
 
-MetricsCurve readMetricsRun(const std::string& jsonl, const std::string& runId) {
+MetricsCurve readMetricsRun(std::istream& in, const std::string& runId) {
   MetricsCurve c;
-  std::istringstream in(jsonl);
+  const std::string idField = "\"run_id\": " + json(runId).dump();
   std::string line;
   while (std::getline(in, line)) {
+    if (line.find(idField) == std::string::npos) continue;
     json j = json::parse(line, nullptr, false);
     if (!j.is_object()) continue;
     auto id = j.find("run_id");

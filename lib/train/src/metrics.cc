@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -44,9 +43,7 @@ void MetricsLog::recordEval(long long step, double loss, double accuracy) {
 void MetricsLog::finish() {
   if (!f_) return;
   std::ifstream in(std::filesystem::path(dir_) / "metrics.jsonl");
-  std::stringstream text;
-  text << in.rdbuf();
-  const spec::MetricsCurve curve = spec::readMetricsRun(text.str(), run_.run_id);
+  const spec::MetricsCurve curve = spec::readMetricsRun(in, run_.run_id);
   std::string path = (std::filesystem::path(dir_) / "metrics.svg").string();
   std::ofstream out(path, std::ios::trunc);
   out << metricsSvg(curve.points, curve.eval_accuracy);

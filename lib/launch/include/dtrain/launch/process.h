@@ -26,14 +26,17 @@ struct Spawned {
   Fd out;  // read end of the child's stdout
   Fd err;  // read end of the child's stderr (none with merge_stderr)
   // The child never ran the program: exec (or the setup before it: cwd, setpgid, dup2)
-  // failed, with this errno. It has exited 127/126 after one line on its stderr.
+  // failed, with start_errno (0 = it ran). It has exited 127/126 after one line on its
+  // stderr. start_failed: for a reason another attempt would meet again (not found, not
+  // executable, bad cwd), not for a passing one (ETXTBSY, ENOMEM, EAGAIN, EMFILE).
   bool start_failed = false;
   int start_errno = 0;
 };
 
 // clone(CLONE_VM | CLONE_VFORK) + exec, as posix_spawn does: returns once the child has
-// exec'ed. A program that cannot be run exits 127 (not found) or 126 with one line on its
-// stderr, as a shell would, and is reported as start_failed. Throws IoError when clone or pipe fail. Thread-safe; the child
+// exec'ed. A bare argv[0] is looked up on the PATH of opts.env (dtrain's own when it has
+// none). A program that cannot be run exits 127 (not found) or 126 with one line on its
+// stderr, as a shell would, and is reported in start_errno/start_failed. Throws IoError when clone or pipe fail. Thread-safe; the child
 // is SIGKILLed when the calling *thread* ends (PR_SET_PDEATHSIG), so spawn from a thread
 // that outlives the workers (dtrain's main thread).
 Spawned spawnProcess(const SpawnOptions& opts);

@@ -3,6 +3,7 @@
 // Every row names its run (DTRAIN_RUN_ID) and attempt (the restart count), and each attempt
 // begins with a "start" row, so runs and restarts that share a log_dir stay apart.
 // JSON stays inside lib/spec; the trainer sees these structs.
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -30,11 +31,12 @@ std::string metricsEvalLine(const MetricsRun& run, long long step, double loss, 
 // One run's curve as its attempts left it: the train rows of `runId` in step order, where an
 // attempt that resumed from step S replaces the earlier attempts' rows after S (that work
 // was redone). evalAccuracy: the run's last eval row, -1 when none. Lines that are not
-// JSON objects (a torn last line) or belong to other runs are skipped.
+// JSON objects (a torn last line) or belong to other runs are skipped; read line by line,
+// and only the run's own lines are parsed (the file holds every run of its log_dir).
 struct MetricsCurve {
   std::vector<MetricsPoint> points;
   double eval_accuracy = -1;
 };
-MetricsCurve readMetricsRun(const std::string& jsonl, const std::string& runId);
+MetricsCurve readMetricsRun(std::istream& jsonl, const std::string& runId);
 
 }  // namespace dtrain::spec
