@@ -34,12 +34,17 @@ import json, os, sys
 with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
     json.dump({"message": {"message": "ValueError: learning rate must be positive",
                            "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 7\nValueError: learning rate must be positive", "timestamp": "0"}}}, f)
+# What Python would print to stderr as well: the summary says it once.
+print("loading data", file=sys.stderr)
+print("Traceback (most recent call last):\n  File \"train.py\", line 7\nValueError: learning rate must be positive", file=sys.stderr)
 sys.exit(1)
 PY
 "$DTRAIN" run --nproc-per-node 1 -- python3 "$T/err.py" >"$T/out" 2>"$T/err"
 expect_eq "$?" 1 "error-file worker exit code"
 expect_grep "error: +ValueError: learning rate must be positive" "$T/err" "error file message"
 expect_grep "File \"train.py\", line 7" "$T/err" "error file traceback"
+expect_eq "$(grep -c "ValueError: learning rate must be positive" "$T/err")" 3 "the traceback once in the summary (the live line, error:, traceback:; not again in the tail)"
+expect_grep "^      \| loading data$" "$T/err" "the tail keeps what the traceback does not say"
 
 # A program that does not exist is refused before any worker starts (exit 2, with the fix;
 # torchrun's habit of naming the script alone gets its python3).

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -655,9 +656,22 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
     for (const auto& l : split(f.error_traceback, '\n'))
       if (!l.empty()) out += "      " + l + "\n";
   }
-  if (!f.stderr_tail.empty()) {
-    out += result.merged_output ? "    last output lines:\n" : "    last stderr lines:\n";
-    for (const auto& l : f.stderr_tail) out += "      | " + l + "\n";
+  // The tail without what the traceback above already says (Python prints the same
+  // traceback to stderr that @record writes to the error file): said once, not twice.
+  std::set<std::string> shown;
+  auto trimmed = [](const std::string& l) {
+    const size_t b = l.find_first_not_of(" \t"), e = l.find_last_not_of(" \t\r");
+    return b == std::string::npos ? std::string() : l.substr(b, e - b + 1);
+  };
+  for (const auto& l : split(f.error_traceback, '\n')) shown.insert(trimmed(l));
+  if (!f.error_message.empty()) shown.insert(trimmed(f.error_message));
+  std::vector<std::string> tail;
+  for (const auto& l : f.stderr_tail)
+    if (f.error_traceback.empty() || !shown.count(trimmed(l))) tail.push_back(l);
+  if (!tail.empty()) {
+    out += result.merged_output ? "    last output lines" : "    last stderr lines";
+    out += tail.size() < f.stderr_tail.size() ? " (less the traceback's):\n" : ":\n";
+    for (const auto& l : tail) out += "      | " + l + "\n";
   }
   if (failed > 1) out += fmt::format("  {} workers failed in all; see the log for the others\n", failed);
   return out;
