@@ -117,4 +117,10 @@ expect_eq "$?" 0 "trainer on 1 node"
 h1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mn.json"); h2=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/sn.json")
 [ -n "$h1" ] && expect_eq "$h1" "$h2" "2 nodes x 1 == 1 node x 2 (weights hash)" || fail "no trainer outcome in the multi-node summary: $(cat "$T/mn.json")"
 expect_grep '"host": "127.0.0.1"' "$T/mn.json" "summary ranks name their host"
+# A program missing on a node is the job's error, said once (exit 2), not exit 127 from
+# every rank there and a restart budget spent on it.
+"$DTRAIN" run --hosts "$HOSTS" --max-restarts 3 -- dtrain-no-such-prog x >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a program missing on the nodes: exit 2"
+expect_grep "failed: node (localhost|127.0.0.1): the command after --: cannot run \"dtrain-no-such-prog\" on this host: no such program on its PATH; check the name, or give its path$" "$T/err" "a program missing on the nodes: named, with the node"
+expect_eq "$(grep -c "event restart" "$T/err")" 0 "a program missing on the nodes: no restart"
 finish

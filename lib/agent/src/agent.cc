@@ -264,6 +264,20 @@ int runAgent(const AgentOptions& opts) {
       resultFile = (tmp / fmt::format("dtrain-result-{}-{}.json", opts.run_id, ::getpid())).string();
       spec.env["DTRAIN_RESULT_FILE"] = resultFile;
       spec.command = {launch::selfExecutable(), "train", specFile};
+    } else if (!spec.command.empty()) {
+      // The program must be one exec can run on this host: said once, as the job's error,
+      // rather than as exit 127 from every rank here and a restart budget spent on it.
+      auto path = spec.env.find("PATH");
+      const char* ours = std::getenv("PATH");
+      const std::string pathVar = path != spec.env.end() ? path->second : ours ? ours : "/bin:/usr/bin";
+      if (launch::findProgram(spec.command[0], pathVar, spec.cwd).empty())
+        throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}",
+                                    spec.source.empty() || spec.source == "command line" ? std::string("the command after --")
+                                                                                         : spec.source + ": /command/0",
+                                    spec.command[0],
+                                    spec.command[0].find('/') == std::string::npos
+                                        ? "no such program on its PATH; check the name, or give its path"
+                                        : "no such executable file; check the path"));
     }
   } catch (const SpecError& e) {
     return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});
