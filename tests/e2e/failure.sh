@@ -97,4 +97,9 @@ expect_grep "2 workers failed in all" "$T/err" "summary counts both failures"
 "$DTRAIN" run --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "all exit 0"
 if grep -q failed "$T/err"; then fail "summary on success"; else pass "no summary on success"; fi
+# A teardown that waits on a worker ignoring SIGTERM says what it waits for (it looked like
+# a hang for shutdown_timeout_s).
+"$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 4 -- sh -c 'if [ "$RANK" = 0 ]; then sleep 0.3; exit 3; fi; trap "" TERM; sleep 30' >"$T/out" 2>"$T/err"
+expect_eq "$?" 3 "slow teardown: the failing rank's code"
+expect_grep "^dtrain: rank 0 failed; waiting up to [0-2] s more for rank\(s\) 1 to exit after SIGTERM, then SIGKILL \(shutdown_timeout_s, --shutdown-timeout\)$" "$T/err" "slow teardown: says what it waits for"
 finish

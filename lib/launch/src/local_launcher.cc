@@ -44,6 +44,8 @@ constexpr auto kPartialLineIdle = std::chrono::seconds(1);
 // this long: Python's unbuffered print() writes the text and its newline separately, and
 // drawing every such line as a status first would flicker.
 constexpr auto kPartialShowDelay = std::chrono::milliseconds(100);
+// A teardown after a worker failure still waiting this long says what it waits for.
+constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
 
 // Whether an unfinished line may be the start of a status line (kStatusPrefix).
 bool maybeStatus(std::string_view pending) {
@@ -134,7 +136,9 @@ class LocalLauncher final : public Launcher {
   bool stopping_ = false;
   Clock::time_point killDeadline_{};
   bool killed_ = false;
-  bool watchdogFired_ = false;  // one worker per attempt is killed as hung; teardown follows
+  bool watchdogFired_ = false;
+  Clock::time_point stopStarted_{};
+  bool teardownNoticed_ = false;  // one worker per attempt is killed as hung; teardown follows
   bool controlClosed_ = false;
   bool consoleTty_ = false;
   // dtrain's stdout and stderr are one file (a terminal, 2>&1): each worker gets one pipe
@@ -302,6 +306,7 @@ void LocalLauncher::startShutdown(int sig, double graceS) {
     return;
   }
   stopping_ = true;
+  stopStarted_ = Clock::now();
   signalAll(sig);
   killDeadline_ = deadline;
 }
@@ -427,7 +432,7 @@ void LocalLauncher::fillExit(Worker& w) {
 RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   spec_ = &spec;
   result_ = {};
-  stopping_ = killed_ = controlClosed_ = watchdogFired_ = false;
+  stopping_ = killed_ = controlClosed_ = watchdogFired_ = teardownNoticed_ = false;
   SignalScope signals;
   EnvMap base = currentEnvironment();
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
@@ -506,6 +511,26 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
       timeoutMs = static_cast<int>(std::max<long>(0, left));
+      // A teardown after a failure that takes a while (a worker slow to honour SIGTERM, or
+      // ignoring it) says what it waits for, once: it would otherwise look like a hang.
+      if (anyRunning && !teardownNoticed_ && result_.first_failure >= 0 && !result_.received_signal && !opts_.line_sink) {
+        const auto at = stopStarted_ + kTeardownNoticeAfter;
+        if (Clock::now() >= at) {
+          teardownNoticed_ = true;
+          std::vector<std::string> ranks;
+          for (const auto& w : workers_)
+            if (w.running) ranks.push_back(std::to_string(w.slot.global_rank));
+          writeAboveStatus(STDERR_FILENO,
+                           fmt::format("dtrain: rank {} failed; waiting up to {:.0f} s more for rank(s) {} to exit after "
+                                       "SIGTERM, then SIGKILL (shutdown_timeout_s, --shutdown-timeout)\n",
+                                       workers_[static_cast<size_t>(result_.first_failure)].slot.global_rank,
+                                       std::max(0.0, std::chrono::duration<double>(killDeadline_ - Clock::now()).count()),
+                                       fmt::join(ranks, ", ")));
+        } else {
+          timeoutMs = std::min<int>(timeoutMs, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                    at - Clock::now()).count()) + 1);
+        }
+      }
     }
     // With every worker gone, a grandchild that kept a pipe open must not hold dtrain up.
     if (!anyRunning) timeoutMs = 200;
