@@ -26,6 +26,7 @@ void addAgentCommand(CLI::App& app) {
   gAgent->add_option("--nproc", gOpts.nproc, "Workers on this node (default: the spec's nproc_per_node)");
   gAgent->add_option("--gpus", gGpus, "CUDA_VISIBLE_DEVICES for this node's workers, e.g. 0,1");
   gAgent->add_option("--address", gOpts.address, "How other nodes reach this one (default: learned)");
+  gAgent->add_flag("--merge-output", gOpts.merge_output, "One pipe for each worker's stdout and stderr (the launcher's console is one file)");
   gAgent->add_flag("--wait", gOpts.wait, "Wait for the launcher's word before joining (a host coming back)");
   gAgent->group("");  // internal: hidden from dtrain --help
 }

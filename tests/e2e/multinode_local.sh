@@ -123,4 +123,23 @@ expect_grep '"host": "127.0.0.1"' "$T/mn.json" "summary ranks name their host"
 expect_eq "$?" 2 "a program missing on the nodes: exit 2"
 expect_grep "failed: node (localhost|127.0.0.1): the command after --: cannot run \"dtrain-no-such-prog\" on this host: no such program on its PATH; check the name, or give its path$" "$T/err" "a program missing on the nodes: named, with the node"
 expect_eq "$(grep -c "event restart" "$T/err")" 0 "a program missing on the nodes: no restart"
+# With dtrain's stdout and stderr one file (2>&1), each node's workers keep their lines'
+# order across the two streams (the agents are told to give each worker one pipe).
+cat > "$T/order.py" <<'PY'
+import sys
+for i in range(150):
+    print(f"out {i}", flush=True)
+    print(f"err {i}", file=sys.stderr, flush=True)
+PY
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 -- python3 "$T/order.py" >"$T/out" 2>&1
+python3 - "$T/out" >"$T/check" <<'PY2'
+import re, sys
+bad = 0
+for tag in ("[localhost rank 0]", "[127.0.0.1 rank 1]"):
+    seq = [l.split("] ", 1)[1].strip() for l in open(sys.argv[1]) if l.startswith(tag) and re.search(r"(out|err) \d+$", l)]
+    want = [f"{s} {i}" for i in range(150) for s in ("out", "err")]
+    bad += sum(1 for a, b in zip(seq, want) if a != b) + abs(len(seq) - len(want))
+print(bad)
+PY2
+expect_eq "$(cat "$T/check")" 0 "2>&1 across nodes: each rank's stdout and stderr lines in order"
 finish

@@ -423,6 +423,7 @@ int runAgent(const AgentOptions& opts) {
       return c.kind == Command::kLost ? launch::ControlAction::kLost : launch::ControlAction::kStop;
     };
     lo.restart_count = restartCount;
+    lo.merge_output = opts.merge_output;
     try {
       launch::RunResult result = launch::makeLocalLauncher(lo)->run(plan, spec);
       rc = result.exit_code;

@@ -68,12 +68,6 @@ bool processStopped(pid_t pid) {
   return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
 }
 
-// Whether fds a and b are open on the same file (not merely the same kind of file).
-bool sameFile(int a, int b) {
-  struct stat sa {}, sb {};
-  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
-  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
 
 struct Stream {
   Fd fd;
@@ -437,7 +431,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   EnvMap base = currentEnvironment();
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
   // An agent's lines keep their stream: its controller prints them on its own console.
-  merged_ = !opts_.line_sink && sameFile(STDOUT_FILENO, STDERR_FILENO);
+  merged_ = opts_.line_sink ? opts_.merge_output : sameOpenFile(STDOUT_FILENO, STDERR_FILENO);
   result_.merged_output = merged_;
   statusLine_.clear();
   barLine_.clear();

@@ -280,6 +280,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   }
   if (!ns.address.empty()) args.insert(args.end(), {"--address", ns.address});
   if (wait) args.push_back("--wait");
+  if (result_.merged_output) args.push_back("--merge-output");
   SpawnOptions so;
   so.env = envStrings(env_);
   so.stdin_pipe = true;
@@ -596,6 +597,9 @@ void MultiNodeRunner::timers() {
 RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& excluded) {
   SignalScope signals;
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
+  // Our stdout and stderr are one file (a terminal, 2>&1): agents give each worker one pipe
+  // for both, so its lines arrive in the order written (all as stdout).
+  result_.merged_output = sameOpenFile(STDOUT_FILENO, STDERR_FILENO);
   if (!spec_.log_dir.empty()) std::filesystem::create_directories(spec_.log_dir);
   env_ = currentEnvironment();
   {

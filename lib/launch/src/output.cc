@@ -1,6 +1,7 @@
 #include "dtrain/launch/output.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +12,12 @@
 #include "dtrain/common/time.h"
 
 namespace dtrain::launch {
+
+bool sameOpenFile(int a, int b) {
+  struct stat sa {}, sb {};
+  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
 
 void writeAll(int fd, std::string_view data) {
   while (!data.empty()) {

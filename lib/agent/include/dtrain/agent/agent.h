@@ -21,6 +21,8 @@ struct AgentOptions {
   std::string address;      // how other nodes reach this one; "" = learned from the connection
   // A host coming back: connect, say "W", and join only when the launcher says "restart".
   bool wait = false;
+  // The launcher's stdout and stderr are one file: workers get one pipe for both (ordered).
+  bool merge_output = false;
   // Give up when the store has been unreachable this long (the launcher is gone).
   double store_lost_s = 5;
 };

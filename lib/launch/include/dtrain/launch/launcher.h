@@ -73,6 +73,9 @@ struct LocalRunOptions {
   // Called as each worker ends, with its output so far drained (stderr tail, error file).
   std::function<void(const WorkerExit&)> on_exit;
   int restart_count = 0;
+  // Agent mode: give each worker one pipe for stdout and stderr (lines keep their order and
+  // all go to line_sink as stdout), because the launcher's console has them as one file.
+  bool merge_output = false;
 };
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});

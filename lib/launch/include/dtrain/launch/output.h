@@ -78,6 +78,10 @@ void writeAll(int fd, std::string_view data);
 // their logs, one after the other. Throws IoError.
 int openRankLog(const std::string& path, std::string_view run_id, int attempt);
 
+// Whether fds a and b are open on the same file (not merely the same kind of file): dtrain's
+// stdout and stderr are, on a terminal or with 2>&1.
+bool sameOpenFile(int a, int b);
+
 // Keeps the last N lines.
 class TailBuffer {
  public:
