@@ -98,6 +98,7 @@ JSON
 expect_eq "$?" 137 "stopped rank killed as hung"
 expect_grep "event worker_hung \(round 0\) host .* rank 1: no heartbeat for .* killed as hung \(it was stopped: state T\); also silent: rank 0 .*peers blocked in a collective" "$T/err" "the stopped rank is blamed, not the silent peer"
 expect_eq "$(grep -c 'worker_hung' "$T/err")" 1 "only one rank killed as hung"
+expect_grep "^dtrain: job '.*' failed: rank 1 hung \(no heartbeat within worker_timeout_s\) and was killed" "$T/err" "the headline says hung, not only SIGKILL"
 
 # Two local nodes: a failure on node 1 restarts both nodes; the budget is the job's.
 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --summary-json "$T/s4.json" -- sh -c "$cmd" >"$T/out" 2>"$T/err"

@@ -654,7 +654,9 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
       ++stopped;
     else if (w.signal || w.exit_code) ++failed;
   }
-  std::string how = f.signal ? fmt::format("killed by {}", signalName(f.signal)) : fmt::format("exited with code {}", f.exit_code);
+  // (exitReason's first part: the error file's message has a line of its own below)
+  std::string how = f.hung ? "hung (no heartbeat within worker_timeout_s) and was killed"
+                           : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
   if (result.received_signal && result.stopped_in_backoff)
     out = fmt::format("dtrain: job '{}' stopped by {} during the back-off before restart {} of {}, after rank {} {}; exit code {}",
