@@ -102,4 +102,18 @@ if grep -q failed "$T/err"; then fail "summary on success"; else pass "no summar
 "$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 4 -- sh -c 'if [ "$RANK" = 0 ]; then sleep 0.3; exit 3; fi; trap "" TERM; sleep 30' >"$T/out" 2>"$T/err"
 expect_eq "$?" 3 "slow teardown: the failing rank's code"
 expect_grep "^dtrain: rank 0 failed; waiting up to [0-2] s more for rank\(s\) 1 to exit after SIGTERM, then SIGKILL \(shutdown_timeout_s, --shutdown-timeout\)$" "$T/err" "slow teardown: says what it waits for"
+# A stopped (SIGSTOPped) worker is continued at teardown, so its SIGTERM handler runs at
+# once instead of the job waiting out the whole grace period.
+cat > "$T/stopme.sh" <<'SH'
+echo $$ > "$D/stopme.$RANK"
+if [ "$RANK" = 0 ]; then sleep 1; exit 3; fi
+trap 'echo got-term; exit 0' TERM
+while :; do sleep 0.1; done
+SH
+start=$(date +%s)
+( for _ in $(seq 50); do [ -s "$T/stopme.1" ] && break; sleep 0.05; done; kill -STOP "$(cat "$T/stopme.1")" ) &
+D="$T" "$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 20 -- bash "$T/stopme.sh" >"$T/out" 2>"$T/err"
+took=$(( $(date +%s) - start )); wait
+expect_grep "^\[rank 1\] got-term$" "$T/out" "stopped worker: its SIGTERM handler ran"
+[ "$took" -lt 10 ] && pass "stopped worker: no wait for the grace period (${took}s)" || fail "stopped worker: took ${took}s"
 finish

@@ -288,6 +288,9 @@ void LocalLauncher::signalAll(int sig) {
   for (auto& w : workers_) {
     if (!w.running) continue;
     ::kill(-w.pid, sig);
+    // A stopped worker (SIGSTOP, Ctrl-Z, a debugger) must run to act on it: its SIGTERM
+    // handler would otherwise wait out the whole grace period before the SIGKILL.
+    if (sig != SIGKILL && sig != SIGCONT) ::kill(-w.pid, SIGCONT);
     w.sent.set(static_cast<size_t>(sig));
   }
 }
