@@ -142,4 +142,11 @@ for tag in ("[localhost rank 0]", "[127.0.0.1 rank 1]"):
 print(bad)
 PY2
 expect_eq "$(cat "$T/check")" 0 "2>&1 across nodes: each rank's stdout and stderr lines in order"
+# A program that passes the check but cannot be exec'ed (a bad #! line) fails the job at
+# once across nodes too: the agents report it, and no restart is spent on it.
+printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 3 -- "$T/badinterp" >"$T/out" 2>"$T/err"
+expect_eq "$?" 127 "unstartable program across nodes: exit 127"
+expect_grep "cause: +not restarted: rank [01]'s command '.*badinterp' cannot be started on " "$T/err" "unstartable program across nodes: not restarted, says why"
+expect_eq "$(grep -c "event restart" "$T/err")" 0 "unstartable program across nodes: no restart"
 finish

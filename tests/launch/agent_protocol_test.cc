@@ -70,6 +70,15 @@ TEST(AgentProtocol, WorkerExitRoundTrips) {
   EXPECT_EQ(back->error_message, w.error_message);
   EXPECT_EQ(back->error_traceback, w.error_traceback);
   EXPECT_EQ(back->stderr_tail, w.stderr_tail);
+  EXPECT_FALSE(back->start_failed);
+  // The flags field carries both bits, each alone too.
+  w.hung = false;
+  w.start_failed = true;
+  rec = proto::exitRecord(w);
+  back = proto::parseExit(*proto::parse(std::string_view(rec).substr(0, rec.size() - 1)));
+  ASSERT_TRUE(back);
+  EXPECT_FALSE(back->hung);
+  EXPECT_TRUE(back->start_failed);
 }
 
 TEST(SshArgv, FollowsTheSpec) {

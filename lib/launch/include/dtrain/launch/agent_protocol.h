@@ -13,7 +13,7 @@
 // exactly one line whatever a worker printed:
 //   O <rank> <text>   a worker's stdout line     E <rank> <text>   a worker's stderr line
 //   N <node_rank> <nnodes> <world_size> <rank_offset> <master_addr> <master_port> <round>
-//   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <hung 0|1> <when>
+//   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <flags: 1 hung, 2 not started> <when>
 //     <message> <traceback> <stderr tail lines...>   a worker ended
 //   T <json>          the trainer's outcome (rank 0's DTRAIN_RESULT_FILE)
 //   F <kind> <message>  the agent failed before or around its workers; kind is "spec"
