@@ -176,10 +176,7 @@ std::string torchrunFlagHint(const std::string& flag) {
 // habit of naming the script alone gets the python3 it needs.
 void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const std::string& prog = s.command.at(0);
-  auto env = s.env.find("PATH");
-  const char* ours = std::getenv("PATH");
-  const std::string pathVar = env != s.env.end() ? env->second : ours ? ours : "/bin:/usr/bin";
-  if (!launch::findProgram(prog, pathVar, s.cwd).empty()) return;
+  if (!launch::findWorkerProgram(prog, s.env, s.cwd).empty()) return;
   const std::string where = fromSpec ? fmt::format("{}: /command/0", s.source) : std::string("the command after --");
   const std::filesystem::path dir = s.cwd.empty() ? std::filesystem::current_path() : std::filesystem::path(s.cwd);
   const std::filesystem::path file = dir / prog;

@@ -57,5 +57,13 @@ TEST(ParseSeconds, FiniteAndBounded) {
   }
 }
 
+TEST(Utf8PrefixLength, NeverEndsInsideACharacter) {
+  const std::string s = "ab\xc3\xa9z";  // "abéz": é is two bytes
+  EXPECT_EQ(utf8PrefixLength(s, 10), s.size());
+  EXPECT_EQ(utf8PrefixLength(s, 4), 4u);  // "abé"
+  EXPECT_EQ(utf8PrefixLength(s, 3), 2u);  // not half of é
+  EXPECT_EQ(utf8PrefixLength(s, 0), 0u);
+}
+
 }  // namespace
 }  // namespace dtrain

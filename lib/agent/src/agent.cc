@@ -267,10 +267,7 @@ int runAgent(const AgentOptions& opts) {
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
       // rather than as exit 127 from every rank here and a restart budget spent on it.
-      auto path = spec.env.find("PATH");
-      const char* ours = std::getenv("PATH");
-      const std::string pathVar = path != spec.env.end() ? path->second : ours ? ours : "/bin:/usr/bin";
-      if (launch::findProgram(spec.command[0], pathVar, spec.cwd).empty())
+      if (launch::findWorkerProgram(spec.command[0], spec.env, spec.cwd).empty())
         throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}",
                                     spec.source.empty() || spec.source == "command line" ? std::string("the command after --")
                                                                                          : spec.source + ": /command/0",

@@ -41,6 +41,13 @@ std::string closestMatch(std::string_view word, const std::vector<std::string>& 
   return bestDist <= limit ? best : std::string();
 }
 
+size_t utf8PrefixLength(std::string_view s, size_t max) {
+  if (s.size() <= max) return s.size();
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // s[n]: the first byte left out
+  return n;
+}
+
 std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;
   size_t start = 0;

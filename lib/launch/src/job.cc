@@ -66,10 +66,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
       }
       if (f.start_failed) {
         // Every attempt would fail the same way, so the budget is not spent on it.
-        r.failure_message = fmt::format(
-            "not restarted: rank {}'s command '{}' cannot be started (see its error below); fix the command, PATH or "
-            "cwd in the spec",
-            f.global_rank, spec.command.empty() ? std::string() : spec.command.front());
+        r.failure_message = notRestartedReason(f, spec);
       } else if (attempt < spec.max_restarts) {
         events.push_back({detail::utcNow(), attempt + 1, "restart",
                           fmt::format("rank {} {}; restart {} of {}", f.global_rank, what, attempt + 1, spec.max_restarts),

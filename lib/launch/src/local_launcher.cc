@@ -180,8 +180,7 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     if (!consoleTty_) return;
     std::string text(line.substr(kStatusPrefix.size()));
     // An empty status ends the bar: nothing is drawn again below later lines.
-    barLine_ = text.empty() ? std::string()
-                            : prefix(w) + text;
+    barLine_ = text.empty() ? std::string() : prefix(w) + text;
     if (partialOwner_ == &w) partialOwner_ = nullptr;  // the bar was its unfinished line
     if (partialOwner_) return;  // shown once that line is complete
     statusLine_ = barLine_;
@@ -222,11 +221,7 @@ bool LocalLauncher::showPartial(Worker& w) {
   // character.
   winsize ws{};
   size_t cols = ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col : 80;
-  if (text.size() > cols - 1) {
-    size_t n = cols - 1;
-    while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
-    text.resize(n);
-  }
+  text.resize(utf8PrefixLength(text, cols - 1));
   partialOwner_ = &w;
   if (text == statusLine_) return true;
   statusLine_ = std::move(text);
@@ -433,7 +428,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   SignalScope signals;
   EnvMap base = currentEnvironment();
   consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
-  // An agent's lines keep their stream: its controller prints them on its own console.
+  // An agent merges when its launcher's console is one file (merge_output); else its lines
+  // keep their stream, printed on the launcher's console.
   merged_ = opts_.line_sink ? opts_.merge_output : sameOpenFile(STDOUT_FILENO, STDERR_FILENO);
   result_.merged_output = merged_;
   statusLine_.clear();
@@ -637,12 +633,15 @@ std::string exitReason(const WorkerExit& w) {
     if (!msg.empty()) break;
   }
   if (msg.empty()) return out;
-  if (msg.size() > kExitReasonMessageMax) {
-    size_t cut = kExitReasonMessageMax;
-    while (cut > 0 && (static_cast<unsigned char>(msg[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
-    msg = msg.substr(0, cut) + "...";
-  }
+  if (msg.size() > kExitReasonMessageMax) msg = msg.substr(0, utf8PrefixLength(msg, kExitReasonMessageMax)) + "...";
   return out + " (" + msg + ")";
+}
+
+std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, const std::string& host) {
+  return fmt::format("not restarted: rank {}'s command '{}' cannot be started{} (see its error below); fix the command, "
+                     "PATH or cwd in the spec",
+                     w.global_rank, spec.command.empty() ? std::string() : spec.command.front(),
+                     host.empty() ? std::string() : " on " + host);
 }
 
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {

@@ -354,10 +354,7 @@ void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   if (w.hung) event("worker_hung", activeRound_, w.error_message, n.name, w.global_rank);
   if (w.start_failed) {
     // Every attempt would fail the same way, so the budget is not spent on it.
-    finalFailure(fmt::format("not restarted: rank {}'s command '{}' cannot be started on {} (see its error below); fix "
-                             "the command, PATH or cwd in the spec",
-                             w.global_rank, spec_.command.empty() ? std::string() : spec_.command.front(), n.name),
-                 kExitFailure, w);
+    finalFailure(notRestartedReason(w, spec_, n.name), kExitFailure, w);
     return;
   }
   if (result_.restarts >= spec_.max_restarts) {

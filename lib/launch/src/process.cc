@@ -167,6 +167,13 @@ void aboveStdio(Fd& fd) {
   fd = Fd(moved);
 }
 
+// The PATH a worker's bare program name is looked up on: its environment's, else ours.
+const char* workerPath(const char* fromEnv) {
+  if (fromEnv) return fromEnv;
+  const char* ours = std::getenv("PATH");
+  return ours ? ours : "/bin:/usr/bin";
+}
+
 }  // namespace
 
 Spawned spawnProcess(const SpawnOptions& opts) {
@@ -196,10 +203,10 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   // that environment would), not on dtrain's, which is what execvpe would search.
   std::string program = opts.argv.at(0);
   if (program.find('/') == std::string::npos) {
-    const char* pathVar = std::getenv("PATH");
+    const char* pathVar = nullptr;
     for (const auto& kv : opts.env)
       if (kv.rfind("PATH=", 0) == 0) pathVar = kv.c_str() + 5;
-    program = findProgram(program, pathVar ? pathVar : "/bin:/usr/bin", opts.cwd);
+    program = findProgram(program, workerPath(pathVar), opts.cwd);
   }
   ChildArgs ca{};
   ca.path = program.empty() ? nullptr : program.c_str();
@@ -247,6 +254,12 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   s.out = std::move(outR);
   s.err = std::move(errR);
   return s;
+}
+
+std::string findWorkerProgram(const std::string& program, const std::map<std::string, std::string>& env,
+                              const std::string& cwd) {
+  auto it = env.find("PATH");
+  return findProgram(program, workerPath(it != env.end() ? it->second.c_str() : nullptr), cwd);
 }
 
 std::string findProgram(const std::string& program, const std::string& pathVar, const std::string& cwd) {

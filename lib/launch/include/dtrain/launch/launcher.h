@@ -86,6 +86,10 @@ std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 inline constexpr size_t kExitReasonMessageMax = 160;
 std::string exitReason(const WorkerExit& w);
 
+// Why a job whose first failure is a worker that could not be started (start_failed) ends
+// without a restart: every attempt would fail the same way. `host` is named when not "".
+std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, const std::string& host = "");
+
 // The failure summary printed when a worker fails; after a signal in a restart's back-off,
 // one headline for both (the stop and the failure it was restarting from).
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec);

@@ -3,6 +3,7 @@
 // (PR_SET_PDEATHSIG), stdout/stderr (and optionally stdin) on pipes.
 #include <sys/types.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,11 @@ Spawned spawnProcess(const SpawnOptions& opts);
 // (relative to `cwd`, "" = ours); without, the first executable regular file in `pathVar`'s
 // directories (an empty entry is `cwd`). "" when there is none.
 std::string findProgram(const std::string& program, const std::string& pathVar, const std::string& cwd);
+
+// findProgram on the PATH workers get: `env`'s (a job's env), else dtrain's own, as
+// spawnProcess looks it up.
+std::string findWorkerProgram(const std::string& program, const std::map<std::string, std::string>& env,
+                              const std::string& cwd);
 
 // A pipe with both ends close-on-exec.
 std::pair<Fd, Fd> makePipe();
