@@ -324,7 +324,7 @@ int cmdRun(RunArgs& a) {
     if (r.received_signal) sum.stopped_by = signalName(r.received_signal);
     for (const auto& w : r.workers)
       sum.ranks.push_back({w.global_rank, w.local_rank, w.host, w.exit_code, w.signal ? signalName(w.signal) : "",
-                           w.stopped_by_dtrain});
+                           w.stopped_by_dtrain, w.lost});
     if (!resultFile.empty()) sum.trainer = spec::readTrainerOutcome(resultFile);
     std::string tmp = a.summary_json + ".tmp";
     {

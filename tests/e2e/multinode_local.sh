@@ -43,7 +43,7 @@ expect_grep "\| disk full" "$T/err" "summary has the stderr tail"
 # Every node's ranks are in the summary, not only the failing one (the agents that ended
 # after the stop were taken for lost nodes and their exits dropped).
 expect_grep "failed: rank 2 exited with code 3; 2 other worker\(s\) ended during teardown" "$T/err" "teardown count across nodes"
-ranks_() { python3 -c "import json,sys; print([(r['rank'], r['host'], r['exit_code'], r['signal'], r['stopped_by_dtrain']) for r in json.load(open(sys.argv[1]))['ranks']])" "$1"; }
+ranks_() { python3 -c "import json,sys; print([(r['rank'], r['host'], r['exit_code'], r['signal'], r['stopped_by_dtrain']) + (('lost',) if r['lost'] else ()) for r in json.load(open(sys.argv[1]))['ranks']])" "$1"; }
 expect_eq "$(ranks_ "$T/fail.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', 3, None, False)]" "worker failure: every rank in the summary"
 
 # SIGTERM to the launcher: every node torn down, exit 143.
@@ -79,8 +79,8 @@ expect_grep "killing the workers now \(SIGKILL\)" "$T/err" "second SIGINT announ
 expect_eq "$(ranks_ "$T/int2.json")" "[(0, 'localhost', None, 'SIGKILL', True), (1, 'localhost', None, 'SIGKILL', True), (2, '127.0.0.1', None, 'SIGKILL', True)]" "second SIGINT: every rank SIGKILLed"
 for r in 0 1 2; do alive "$(cat "$T/pid.$r")" && { fail "rank $r survived"; kill -9 "$(cat "$T/pid.$r")"; } || pass "rank $r killed"; done
 
-# A node really lost (its agent SIGKILLed): still a lost node, and the other node's ranks
-# are in the summary.
+# A node really lost (its agent SIGKILLed): still a lost node; the other node's ranks are in
+# the summary, and the lost node's rank too, marked lost (how it ended is unknown).
 rm -f "$T"/pid.*
 D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 --summary-json "$T/lost.json" -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>"$T/err" &
 DTRAIN_PID=$!
@@ -89,7 +89,7 @@ kill -9 "$(ps --ppid "$DTRAIN_PID" -o pid=,args= | awk '/--node 127.0.0.1 /{prin
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 1 "lost node: exit 1"
 expect_grep "failed: node 127.0.0.1 \(--hosts\) lost: its agent exited with 137" "$T/err" "lost node reported as lost"
-expect_eq "$(ranks_ "$T/lost.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True)]" "lost node: the other node's ranks in the summary"
+expect_eq "$(ranks_ "$T/lost.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', None, None, False, 'lost')]" "lost node: every rank in the summary, the lost one marked"
 p=$(cat "$T/pid.2"); alive "$p" && kill -9 "$p"  # the lost agent's worker, if it outlived it
 
 # SIGKILL of the launcher: agents and workers follow.

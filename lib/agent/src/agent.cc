@@ -402,7 +402,8 @@ int runAgent(const AgentOptions& opts) {
     reportDelayForTests(opts.node);
     send(proto::record('N', {std::to_string(round.node_rank), std::to_string(round.nnodes),
                              std::to_string(round.world_size), std::to_string(round.rank_offset), plan.master_addr,
-                             std::to_string(plan.master_port), std::to_string(round.round)}));
+                             std::to_string(plan.master_port), std::to_string(round.round),
+                             std::to_string(plan.workers.size())}));
 
     launch::LocalRunOptions lo;
     lo.line_sink = [](const launch::WorkerSlot& s, bool isErr, std::string_view line) {

@@ -89,6 +89,8 @@ struct Node {
   NodeState state = NodeState::kStarting;
   bool member = false;  // part of the current (or next) round
   int round = -1;       // round it last reported starting
+  int rankOffset = 0;   // its workers' global ranks in that round: rankOffset .. + localWorkers - 1
+  int localWorkers = 0;
   int idleRc = 0;
   int failures = 0;     // times lost: the cooldown grows with it
   Clock::time_point retryAt{};
@@ -480,6 +482,8 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       return;
     case 'N': {
       n.round = intField(6);
+      n.rankOffset = intField(3);
+      n.localWorkers = std::max(0, intField(7));
       n.state = NodeState::kRunning;
       n.exits.clear();
       bool all = restarting_ && !pending_;
@@ -729,9 +733,24 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
   // The summary shows the last round's ranks, in order; first_failure follows its worker.
   // A node lost in that round (no new round opened since) adds the exits it did report.
-  for (const auto& node : nodes_)
-    if (node.member || node.round == openRound_)
-      result_.workers.insert(result_.workers.end(), node.exits.begin(), node.exits.end());
+  // Its ranks that reported no exit are listed as lost: the summary names every rank of the
+  // round, and says which ones nobody can tell how they ended.
+  for (const auto& node : nodes_) {
+    if (!node.member && node.round != openRound_) continue;
+    result_.workers.insert(result_.workers.end(), node.exits.begin(), node.exits.end());
+    if (node.state != NodeState::kLost || node.round != openRound_) continue;
+    for (int l = 0; l < node.localWorkers; ++l) {
+      const int rank = node.rankOffset + l;
+      if (std::any_of(node.exits.begin(), node.exits.end(), [&](const WorkerExit& w) { return w.global_rank == rank; }))
+        continue;
+      WorkerExit w;
+      w.global_rank = rank;
+      w.local_rank = l;
+      w.host = node.name;
+      w.lost = true;
+      result_.workers.push_back(w);
+    }
+  }
   std::stable_sort(result_.workers.begin(), result_.workers.end(),
                    [](const WorkerExit& a, const WorkerExit& b) { return a.global_rank < b.global_rank; });
   if (failedWorker_) {

@@ -50,7 +50,11 @@ std::string toJson(const RunSummary& s) {
   j["ranks"] = json::array();
   for (const auto& r : s.ranks) {
     json rj{{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host}, {"stopped_by_dtrain", r.stopped_by_dtrain}};
-    if (r.signal.empty()) {
+    rj["lost"] = r.lost;
+    if (r.lost) {
+      rj["exit_code"] = nullptr;
+      rj["signal"] = nullptr;
+    } else if (r.signal.empty()) {
       rj["exit_code"] = r.exit_code;
       rj["signal"] = nullptr;
     } else {

@@ -13,6 +13,8 @@
 // exactly one line whatever a worker printed:
 //   O <rank> <text>   a worker's stdout line     E <rank> <text>   a worker's stderr line
 //   N <node_rank> <nnodes> <world_size> <rank_offset> <master_addr> <master_port> <round>
+//     <local workers>   the node started its workers of a round: ranks rank_offset ..
+//     rank_offset + local workers - 1
 //   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <flags: 1 hung, 2 not started> <when>
 //     <message> <traceback> <stderr tail lines...>   a worker ended
 //   T <json>          the trainer's outcome (rank 0's DTRAIN_RESULT_FILE)

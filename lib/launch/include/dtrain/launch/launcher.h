@@ -22,6 +22,9 @@ struct WorkerExit {
   bool stopped_by_dtrain = false;  // killed during teardown, not a failure of its own
   bool hung = false;               // killed by the watchdog (worker_timeout_s)
   bool start_failed = false;       // its command could not be started (exec, cwd): a restart cannot help
+  // Its node was lost before it reported an exit: how it ended is unknown (exit_code and
+  // signal are 0 and mean nothing).
+  bool lost = false;
   std::string when;                // UTC, ISO 8601
   std::vector<std::string> stderr_tail;  // its last output lines instead with merged_output
   std::string error_message;       // from TORCHELASTIC_ERROR_FILE

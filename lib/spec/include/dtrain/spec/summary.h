@@ -29,6 +29,7 @@ struct RankOutcome {
   int exit_code = 0;    // when signal is empty
   std::string signal;   // "SIGKILL", or "" when it exited
   bool stopped_by_dtrain = false;
+  bool lost = false;    // its node was lost before it reported an exit: exit_code and signal unknown
 };
 
 // One elastic event: "restart", "node_lost", "node_joined", "host_excluded", "worker_hung".
