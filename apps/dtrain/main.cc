@@ -20,6 +20,7 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/common/files.h"
 #include "dtrain/launch/launcher.h"
+#include "dtrain/launch/output.h"
 #include "dtrain/launch/plan.h"
 #include "dtrain/launch/process.h"
 #include "dtrain/common/strings.h"
@@ -260,9 +261,20 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   return s;
 }
 
-int cmdRun(RunArgs& a) {
-  const std::string runId = launch::newRunId();
+// Writes the --summary-json of a run; false (said on stderr) when it cannot.
+bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
+  try {
+    writeOutputFile(a.summary_json, spec::toJson(sum));
+    return true;
+  } catch (const std::exception& e) {
+    std::cerr << fmt::format("dtrain: error: --summary-json: {}\n", e.what());
+    return false;
+  }
+}
+
+int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time_point started, std::string& jobName) {
   spec::JobSpec s = buildSpec(a, runId);
+  jobName = s.name;
   bool multiNode = !s.nodes.empty();
   checkOutputs(s, a);
   if (a.dry_run) {
@@ -301,7 +313,6 @@ int cmdRun(RunArgs& a) {
     resultCleanup.path = resultFile;
     s.env["DTRAIN_RESULT_FILE"] = resultFile;
   }
-  auto started = std::chrono::steady_clock::now();
   launch::RunResult r;
   if (multiNode) {
     launch::MultiNodeOptions mo;
@@ -312,6 +323,12 @@ int cmdRun(RunArgs& a) {
   } else {
     r = launch::runLocalJob(s, runId);
   }
+  // The verdict first: it is the job's, whatever becomes of the summary file after it.
+  std::string verdict;
+  if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);
+  if (r.received_signal && !(r.stopped_in_backoff && r.first_failure >= 0))  // else said in the headline above
+    verdict += fmt::format("dtrain: stopped by {}; exit code {}\n", signalName(r.received_signal), r.exit_code);
+  std::cerr << verdict << std::flush;
   if (!a.summary_json.empty()) {
     spec::RunSummary sum;
     sum.job = s.name;
@@ -322,22 +339,58 @@ int cmdRun(RunArgs& a) {
     sum.succeeded = r.exit_code == 0;
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (r.received_signal) sum.stopped_by = signalName(r.received_signal);
+    if (!verdict.empty()) {
+      sum.error = verdict.substr(0, verdict.find('\n'));
+      if (sum.error.rfind("dtrain: ", 0) == 0) sum.error.erase(0, 8);
+    }
     for (const auto& w : r.workers)
       sum.ranks.push_back({w.global_rank, w.local_rank, w.host, w.exit_code, w.signal ? signalName(w.signal) : "",
                            w.stopped_by_dtrain, w.lost});
     if (!resultFile.empty()) sum.trainer = spec::readTrainerOutcome(resultFile);
-    std::string tmp = a.summary_json + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << spec::toJson(sum);
-      if (!f) throw IoError(fmt::format("--summary-json: cannot write {}: {}", tmp, std::strerror(errno)));
-    }
-    if (std::rename(tmp.c_str(), a.summary_json.c_str()) != 0) throwErrno("--summary-json: rename to " + a.summary_json);
+    // A job that succeeded but could not leave its summary is a failure of dtrain's (exit 1);
+    // a failed job keeps its own exit code.
+    if (!writeSummary(a, sum) && r.exit_code == 0) return kExitFailure;
   }
-  if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s) << std::flush;
-  if (r.received_signal && !(r.stopped_in_backoff && r.first_failure >= 0))  // else said in the headline above
-    std::cerr << fmt::format("dtrain: stopped by {}; exit code {}\n", strsignal(r.received_signal), r.exit_code);
   return r.exit_code;
+}
+
+// `dtrain run`. A run that ends before its workers start (a bad spec, a program that cannot
+// run, a port in use) still writes its --summary-json, status failed with the error, so that
+// a script never reads an earlier run's file as this one's.
+int cmdRun(RunArgs& a) {
+  const std::string runId = launch::newRunId();
+  const auto started = std::chrono::steady_clock::now();
+  std::string jobName;
+  auto early = [&](int code, const char* what) {
+    if (a.summary_json.empty()) return;
+    spec::RunSummary sum;
+    sum.job = jobName;
+    sum.run_id = runId;
+    sum.exit_code = code;
+    sum.error = what;
+    sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    try {  // (not when the summary's own path is what is wrong: the error says so already)
+      writeOutputFile(a.summary_json, spec::toJson(sum));
+    } catch (const std::exception&) {
+    }
+  };
+  try {
+    return runJob(a, runId, started, jobName);
+  } catch (const SpecError& e) {
+    early(kExitUsage, e.what());
+    throw;
+  } catch (const std::exception& e) {
+    early(kExitFailure, e.what());
+    throw;
+  }
+}
+
+// The error that ends dtrain, as one write: a worker's last line must not be cut between
+// its parts by the teardown's signal (std::cerr is unbuffered: one write per <<).
+int sayError(const char* what, int code) {
+  const std::string line = fmt::format("dtrain: error: {}\n", what);
+  launch::writeAll(STDERR_FILENO, line);
+  return code;
 }
 
 // A misspelt command name (`dtrain runn`, `dtrain store frob`, `dtrain --verison`): CLI11
@@ -497,14 +550,9 @@ int main(int argc, char** argv) {
       return kExitOk;
     }
   } catch (const SpecError& e) {
-    std::cerr << "dtrain: error: " << e.what() << "\n";
-    return kExitUsage;
-  } catch (const IoError& e) {
-    std::cerr << "dtrain: error: " << e.what() << "\n";
-    return kExitFailure;
-  } catch (const std::exception& e) {
-    std::cerr << "dtrain: error: " << e.what() << "\n";
-    return kExitFailure;
+    return sayError(e.what(), kExitUsage);
+  } catch (const std::exception& e) {  // IoError and the rest: dtrain itself failed
+    return sayError(e.what(), kExitFailure);
   }
   return kExitUsage;
 }

@@ -11,16 +11,25 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/files.h"
 
 namespace dtrain::app {
 
-// `path` can be written (created, or replaced if it exists) by this process; throws SpecError
-// naming `flag` otherwise. Creates nothing.
+// `path` can be written by this process as writeOutputFile writes it (created, or replaced
+// if it exists; a pipe or /dev/stdout written in place); throws SpecError naming `flag`
+// otherwise. Creates nothing.
 inline void checkOutputFile(const std::string& path, const char* flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw SpecError(fmt::format("{}: \"{}\" is a directory; give a file path", flag, path));
-  const fs::path parent = fs::absolute(path, ec).parent_path();
+  if (isSpecialOutput(path)) {
+    if (::access(path.c_str(), W_OK) != 0)
+      throw SpecError(fmt::format("{}: cannot write \"{}\": {}; give another path", flag, path, std::strerror(errno)));
+    return;
+  }
+  fs::path target = fs::weakly_canonical(fs::absolute(path, ec), ec);  // a symlink's target is what gets replaced
+  if (ec) target = fs::absolute(path, ec);
+  const fs::path parent = target.parent_path();
   if (!fs::is_directory(parent, ec))
     throw SpecError(fmt::format("{}: \"{}\": directory {} does not exist; create it or give another path", flag, path,
                                 parent.string()));

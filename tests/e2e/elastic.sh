@@ -52,7 +52,7 @@ kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 130 "signal in the back-off: exit 130"
 expect_eq "$(jq_ "$T/bo.json" "(d['restarts'], [e['reason'] for e in d['events']], d['stopped_by'])")" \
   "(1, ['rank 0 exited with code 4; restart 1 of 3'], 'SIGINT')" "signal in the back-off: restarts agree with the events"
-expect_grep "^dtrain: job 'bo' stopped by Interrupt during the back-off before restart 1 of 3, after rank 0 exited with code 4; exit code 130$" "$T/err" "signal in the back-off: one headline"
+expect_grep "^dtrain: job 'bo' stopped by SIGINT during the back-off before restart 1 of 3, after rank 0 exited with code 4; exit code 130$" "$T/err" "signal in the back-off: one headline"
 expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the back-off: no second verdict"
 expect_grep "^  first failure:" "$T/err" "signal in the back-off: the failure's details"
 # A command that cannot be started is not restarted: every attempt would fail the same way.

@@ -100,6 +100,7 @@ expect_grep "^      \| said-on-stdout$" "$T/out" "2>&1: stdout line in the summa
 cat > "$T/partial.py" <<'PY'
 import sys, time
 print("loading model...", end="", flush=True); time.sleep(2); print(" done", flush=True)
+time.sleep(0.3); print("next line", flush=True)
 for i in range(5):
     sys.stderr.write(f"\rprogress {i*25}%"); sys.stderr.flush(); time.sleep(0.4)
 sys.stderr.write("\n")
@@ -129,20 +130,24 @@ allb = b"".join(b for _, b in got)
 lp, dn = first(rb"\x1b\[2K\[rank 0\] loading model\.\.\."), first(rb"done")
 print("partial-shown-early", lp is not None and dn is not None and dn - lp > 1.0)
 print("complete-line", b"[rank 0] loading model... done\r\n" in allb)
+# A completed line is not drawn again as unfinished, nor are the lines after it.
+print("drawn-once", allb.count(b"loading model... done") == 1 and allb.count(b"next line") == 1)
 p50, fin = first(rb"\x1b\[2K\[rank 0\] progress 50%"), first(rb"\[rank 0\] progress 100%\r\n")
 print("bar-live", p50 is not None and fin is not None and fin - p50 > 0.5)
 PY
 python3 "$T/on_tty.py" "$DTRAIN" "$T/partial.py" >"$T/check"
 expect_grep "^partial-shown-early True" "$T/check" "terminal: unfinished line shown before it completes"
 expect_grep "^complete-line True" "$T/check" "terminal: completed line printed whole"
+expect_grep "^drawn-once True" "$T/check" "terminal: a completed line and the next ones drawn once"
 expect_grep "^bar-live True" "$T/check" "terminal: '\\r' progress bar shown as it goes"
 # Off a terminal: an unfinished line idle for 1 s is written out; '\r' segments collapse to
 # the last one.
 "$DTRAIN" run --nproc-per-node 1 --log-dir "$T/logs4" -- python3 "$T/partial.py" >"$T/out" 2>&1 &
 DTRAIN_PID=$!
-sleep 1.8
+# (the first thing written: the unfinished line, before the rest comes 2 s after it)
+for _ in $(seq 40); do [ -s "$T/out" ] && break; sleep 0.1; done
 expect_eq "$(cat "$T/out")" "[rank 0] loading model..." "file: unfinished line written out after 1 s idle"
 wait "$DTRAIN_PID"; DTRAIN_PID=
-expect_eq "$(cat "$T/out" | tr '\n' '|')" "[rank 0] loading model...|[rank 0]  done|[rank 0] progress 100%|" "file: the rest follows; the bar is one line"
-expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading model...| done|progress 100%|" "log: the same lines"
+expect_eq "$(cat "$T/out" | tr '\n' '|')" "[rank 0] loading model...|[rank 0]  done|[rank 0] next line|[rank 0] progress 100%|" "file: the rest follows; the bar is one line"
+expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading model...| done|next line|progress 100%|" "log: the same lines"
 finish

@@ -3,8 +3,11 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -12,6 +15,57 @@
 #include "dtrain/common/fd.h"
 
 namespace dtrain {
+
+namespace {
+
+// Writes all of text to fd; false (errno set) on failure.
+bool writeAllTo(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool isSpecialOutput(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+void writeOutputFile(const std::string& path, const std::string& text) {
+  auto fail = [&](const std::string& what, const std::string& file) {
+    throw IoError(fmt::format("cannot {} {}: {}", what, file, std::strerror(errno)));
+  };
+  if (isSpecialOutput(path)) {
+    Fd fd{::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY)};
+    if (!fd || !writeAllTo(fd.get(), text)) fail("write", path);
+    return;
+  }
+  // The file a symlink (chain) points at, existing or not; else the path itself.
+  std::error_code ec;
+  std::filesystem::path target = std::filesystem::weakly_canonical(path, ec);
+  if (ec) target = path;
+  const std::string tmp = fmt::format("{}.tmp.{}", target.string(), ::getpid());
+  Fd fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644)};
+  if (!fd) fail("create", tmp);
+  if (!writeAllTo(fd.get(), text) || ::close(fd.release()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    fail("write", tmp);
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    fail("replace", target.string());
+  }
+}
 
 void writePrivateFile(const std::string& path, const std::string& text) {
   auto fail = [&](const char* what) {

@@ -110,7 +110,9 @@ class LocalLauncher final : public Launcher {
   bool showPartial(Worker& w);  // false: nothing to show (drawn nothing)
   // Takes a worker's unfinished line off the status line (it is complete, or gone): another
   // worker's takes its place, else the progress bar's.
-  void dropPartial();
+  // `done`: whose unfinished line just became a line; its splitter still holds it while the
+  // line is emitted, so it must not be shown again as unfinished.
+  void dropPartial(const Worker* done);
   // Off a terminal: writes out unfinished lines idle for kPartialLineIdle; returns the poll
   // timeout (ms, -1 none) until the next one is due.
   int flushIdlePartials();
@@ -187,7 +189,7 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }
-  if (partialOwner_ == &w && !isErr) dropPartial();  // its line is complete: printed below
+  if (partialOwner_ == &w && !isErr) dropPartial(&w);  // its line is complete: printed below
   if (isErr || merged_) w.tail.push(line);
   if (w.log) {
     std::string rec;
@@ -229,12 +231,12 @@ bool LocalLauncher::showPartial(Worker& w) {
   return true;
 }
 
-void LocalLauncher::dropPartial() {
+void LocalLauncher::dropPartial(const Worker* done) {
   partialOwner_ = nullptr;
   statusLine_ = barLine_;
   const auto now = Clock::now();
   for (auto& o : workers_) {
-    if (o.out.splitter.pending().empty() || !livePartial(o, o.out) || now - o.out.partial_since < kPartialShowDelay)
+    if (&o == done || o.out.splitter.pending().empty() || !livePartial(o, o.out) || now - o.out.partial_since < kPartialShowDelay)
       continue;
     if (showPartial(o)) return;
   }
@@ -662,7 +664,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
   if (result.received_signal && result.stopped_in_backoff)
     out = fmt::format("dtrain: job '{}' stopped by {} during the back-off before restart {} of {}, after rank {} {}; exit code {}",
-                      spec.name, strsignal(result.received_signal), result.restarts, spec.max_restarts, f.global_rank,
+                      spec.name, signalName(result.received_signal), result.restarts, spec.max_restarts, f.global_rank,
                       how, result.exit_code);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
   out += "\n";

@@ -40,13 +40,14 @@ std::string formatEvent(const JobEvent& e) {
 
 std::string toJson(const RunSummary& s) {
   json j;
-  j["job"] = s.job;
+  j["job"] = s.job.empty() ? json(nullptr) : json(s.job);
   j["run_id"] = s.run_id;
   j["status"] = s.succeeded ? "succeeded" : "failed";
   j["exit_code"] = s.exit_code;
   j["restarts"] = s.restarts;
   j["wall_s"] = s.wall_s;
   j["stopped_by"] = s.stopped_by.empty() ? json(nullptr) : json(s.stopped_by);
+  j["error"] = s.error.empty() ? json(nullptr) : json(s.error);
   j["ranks"] = json::array();
   for (const auto& r : s.ranks) {
     json rj{{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host}, {"stopped_by_dtrain", r.stopped_by_dtrain}};
@@ -71,7 +72,9 @@ std::string toJson(const RunSummary& s) {
     ej["rank"] = e.rank < 0 ? json(nullptr) : json(e.rank);
     j["events"].push_back(ej);
   }
-  return j.dump(2) + "\n";
+  // Names and messages come from workers and file names: bytes that are not UTF-8 become
+  // U+FFFD rather than an exception that would cost the summary.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 void writeTrainerOutcome(const std::string& path, const TrainerOutcome& t) {

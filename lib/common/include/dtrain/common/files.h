@@ -8,4 +8,16 @@ namespace dtrain {
 // secrets from an env_file. A symlink at `path` is refused. Throws IoError naming the path.
 void writePrivateFile(const std::string& path, const std::string& text);
 
+// Writes `text` to an output file a user named (--summary-json, bench --json). Where `path`
+// is, or will be, a regular file (through symlinks: the target is replaced, not the link),
+// readers see the old content or the whole new one, never a part: a temporary file beside
+// the target, renamed over it. Anything else (a pipe, /dev/stdout, a terminal) is written
+// in place. Throws IoError naming the path; leaves no temporary file behind.
+void writeOutputFile(const std::string& path, const std::string& text);
+
+// True when `path` names something that exists and is neither a regular file nor a
+// directory (a pipe, a character device such as /dev/stdout): written in place, so only the
+// thing itself must be writable, not its directory.
+bool isSpecialOutput(const std::string& path);
+
 }  // namespace dtrain

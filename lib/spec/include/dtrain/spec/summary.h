@@ -53,6 +53,9 @@ struct RunSummary {
   int restarts = 0;
   double wall_s = 0;
   std::string stopped_by;  // "SIGINT" etc. when dtrain was signalled
+  // Why it failed, in one line (the headline dtrain printed, or the error that ended the run
+  // before any worker started); "" when it succeeded.
+  std::string error;
   std::vector<RankOutcome> ranks;
   std::optional<TrainerOutcome> trainer;
   std::vector<JobEvent> events;

@@ -1,0 +1,46 @@
+# --summary-json as CI scripts read it: written for every run, early failures included;
+# through symlinks, into pipes and /dev/stdout; never at the cost of the job's exit code.
+source "$(dirname "$0")/lib.sh"
+jq_() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+# An early failure (the program cannot run) still writes the file, replacing an earlier
+# run's: status failed, exit code 2, the error line, no ranks.
+"$DTRAIN" run --summary-json "$T/s.json" -- true 2>"$T/err"; expect_eq "$?" 0 "first run succeeds"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['error'])")" "('succeeded', None)" "success: no error"
+"$DTRAIN" run --summary-json "$T/s.json" -- "$T/no-such-program" 2>"$T/err"; expect_eq "$?" 2 "program missing: exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['exit_code'], d['ranks'])")" "('failed', 2, [])" "program missing: a failed summary replaces the earlier one"
+expect_eq "$(jq_ "$T/s.json" "d['error'] == open('$T/err').read().strip().removeprefix('dtrain: error: ')")" "True" "program missing: the error line in the summary"
+printf '{"command": ["true"], "nproc_per_node": 0}' >"$T/bad.json"
+"$DTRAIN" run "$T/bad.json" --summary-json "$T/s.json" 2>"$T/err"; expect_eq "$?" 2 "bad spec: exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['exit_code'], d['job'], '/nproc_per_node' in d['error'])")" "('failed', 2, None, True)" "bad spec: summary written, names the field"
+
+# A worker failure: the headline is the summary's error.
+"$DTRAIN" run --summary-json "$T/s.json" -- sh -c 'exit 3' 2>"$T/err"; expect_eq "$?" 3 "worker failure: its exit code"
+expect_eq "$(jq_ "$T/s.json" "d['error']")" "job 'sh' failed: rank 0 exited with code 3" "worker failure: headline in the summary"
+
+# A symlink: its target gets the summary, the link stays a link.
+echo old >"$T/real.json"; ln -s real.json "$T/link.json"
+"$DTRAIN" run --summary-json "$T/link.json" -- true 2>"$T/err"; expect_eq "$?" 0 "symlink: exit 0"
+[ -L "$T/link.json" ] && pass "symlink: still a link" || fail "symlink: replaced by a file"
+expect_eq "$(jq_ "$T/real.json" "d['status']")" "succeeded" "symlink: the target holds the summary"
+
+# A pipe and /dev/stdout: written in place.
+"$DTRAIN" run --summary-json >(cat >"$T/piped.json") -- true 2>"$T/err"; expect_eq "$?" 0 "pipe: exit 0"
+for _ in $(seq 50); do [ -s "$T/piped.json" ] && python3 -c "import json; json.load(open('$T/piped.json'))" 2>/dev/null && break; sleep 0.1; done
+expect_eq "$(jq_ "$T/piped.json" "d['status']")" "succeeded" "pipe: the summary came through"
+"$DTRAIN" run --summary-json /dev/stdout -- true >"$T/stdout.json" 2>"$T/err"; expect_eq "$?" 0 "/dev/stdout: exit 0"
+expect_eq "$(jq_ "$T/stdout.json" "d['status']")" "succeeded" "/dev/stdout: the summary on stdout"
+[ -L /dev/stdout ] || [ -c /dev/stdout ] && pass "/dev/stdout untouched" || fail "/dev/stdout was replaced"
+ls "$T" | grep -q '\.tmp' && fail "temporary files left: $(ls "$T")" || pass "no temporary files left"
+
+# A name that is not UTF-8 (the job is named after the script) and a summary that cannot be
+# written: the job's exit code and failure block stand.
+printf 'exit 3\n' >"$T/$(printf '\xfe').sh"
+"$DTRAIN" run --summary-json "$T/u.json" -- sh "$T/$(printf '\xfe').sh" 2>"$T/err"; expect_eq "$?" 3 "non-UTF-8 job name: the worker's exit code"
+expect_eq "$(jq_ "$T/u.json" "d['job']")" "$(printf '\xef\xbf\xbd').sh" "non-UTF-8 job name: replaced by U+FFFD in the summary"
+mkdir "$T/vanish"
+"$DTRAIN" run --summary-json "$T/vanish/s.json" -- sh -c "rm -rf '$T/vanish'; exit 4" 2>"$T/err"; expect_eq "$?" 4 "summary directory removed during the run: the worker's exit code"
+expect_grep "^dtrain: job 'sh' failed: rank 0 exited with code 4" "$T/err" "summary directory removed: the failure still reported"
+expect_grep "^dtrain: error: --summary-json: cannot create .*vanish/s.json.tmp" "$T/err" "summary directory removed: said"
+"$DTRAIN" run --summary-json "$T/vanish2/s.json" -- true 2>"$T/err"; expect_eq "$?" 2 "summary in a missing directory: exit 2 before the run"
+finish
