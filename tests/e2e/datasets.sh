@@ -69,6 +69,23 @@ done
 sed 's|"layers": \[4, 32, 3\]|"layers": [5, 32, 3]|' "$T/csv.json" > "$T/wide.json"
 "$DTRAIN" validate "$T/wide.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "feature count mismatch exits 2"
 expect_grep "has 4 feature columns but /trainer/model/layers starts with 5" "$T/err" "feature count mismatch explained"
+# Spreadsheet exports: a byte order mark and spaces after the commas read as the plain file.
+python3 - "$T" <<'PY'
+import sys
+t = sys.argv[1]
+rows = open(f"{t}/train.csv").read().splitlines()
+with open(f"{t}/excel.csv", "w", encoding="utf-8-sig") as f:
+    f.write("\n".join(", ".join(r.split(",")) for r in rows) + "\n")
+PY
+sed "s|train.csv|excel.csv|" "$T/csv.json" > "$T/excel.json"
+"$DTRAIN" validate "$T/excel.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "csv with a BOM and spaces after commas is read"
+# A label column that is not there: the header's names listed; a huge index is no crash.
+sed 's|"label_column": "label"|"label_column": "target"|' "$T/csv.json" > "$T/lc.json"
+"$DTRAIN" validate "$T/lc.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "unknown label column exits 2"
+expect_grep 'no column named "target" in the header \(it has "f1", "f2", "label", "f3", "f4"\)' "$T/err" "unknown label column: the names found listed"
+sed 's|"label_column": "label"|"label_column": "99999999999", "header": false|' "$T/csv.json" > "$T/lc2.json"
+"$DTRAIN" validate "$T/lc2.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "huge label column index exits 2"
+expect_grep "label column 99999999999 does not exist \(5 columns\); set /trainer/data/label_column" "$T/err" "huge label column index explained"
 sed 's|"layers": \[64, 32, 4\]|"layers": [64, 32, 3]|' "$T/idx.json" > "$T/cls.json"
 "$DTRAIN" run "$T/cls.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "label out of range exits 2"
 expect_grep "is not a class index in 0..2" "$T/err" "label range explained"

@@ -422,6 +422,14 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     if (ty == "idx" && ts.data.labels_path.empty()) c.fail(P + "/data/labels_path", "missing; idx data needs a labels file");
     if (ty == "idx" && !ts.data.eval_path.empty() && ts.data.eval_labels_path.empty())
       c.fail(P + "/data/eval_labels_path", "missing; an idx eval_path needs its labels file");
+    // A field the type does not read is a mistake, not something to skip in silence.
+    for (const char* key : {"labels_path", "eval_labels_path"})
+      if (ty != "idx" && d.contains(key))
+        c.fail(P + "/data/" + key, fmt::format("only idx data has separate label files; {} data {}", ty,
+                                               ty == "csv" ? "keeps its labels in a column (label_column)" : "has no files"));
+    if (d.contains("eval_labels_path") && !d.contains("eval_path"))
+      c.fail(P + "/data/eval_labels_path", "given without eval_path; add the eval images file as eval_path, or drop it");
+    if (d.contains("header") && ty != "csv") c.fail(P + "/data/header", fmt::format("only csv data has a header; {} data does not", ty));
     if (ty == "synthetic" && (d.contains("path") || d.contains("eval_path")))
       c.fail(P + "/data/" + std::string(d.contains("path") ? "path" : "eval_path"), "synthetic data has no files; use type csv or idx");
     if (ty != "synthetic" && (d.contains("train_samples") || d.contains("eval_samples")))

@@ -173,20 +173,36 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
   int labelCol = -1, columns = -1;
   const std::string& lc = t.data.label_column;
   bool lcIsIndex = !lc.empty() && std::all_of(lc.begin(), lc.end(), ::isdigit);
-  if (lcIsIndex) labelCol = std::stoi(lc);
+  // (an index too large for any file: "does not exist" below, like any other missing column)
+  if (lcIsIndex) labelCol = lc.size() > 9 ? std::numeric_limits<int>::max() : std::stoi(lc);
+  // Spreadsheet exports: a UTF-8 byte order mark before the first line, spaces after commas.
+  auto trim = [](std::string c) {
+    const size_t b = c.find_first_not_of(" \t"), e = c.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : c.substr(b, e - b + 1);
+  };
+  if (in.peek() == 0xEF) {
+    char bom[3] = {0, 0, 0};
+    in.read(bom, 3);
+    if (std::string_view(bom, 3) != "\xEF\xBB\xBF") in.seekg(0);
+  }
   if (t.data.header) {
     if (!std::getline(in, line)) throw SpecError(fmt::format("{}: empty file; expected a header line", path));
     ++lineNo;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     auto names = split(line, ',');
     columns = static_cast<int>(names.size());
     if (!lcIsIndex) {
+      std::string found;
       for (int i = 0; i < columns; ++i) {
-        std::string n = names[static_cast<size_t>(i)];
-        while (!n.empty() && (n.back() == '\r' || n.back() == ' ')) n.pop_back();
+        const std::string n = trim(names[static_cast<size_t>(i)]);
         if (n == lc) labelCol = i;
+        if (i < 12) found += fmt::format("{}\"{}\"", i ? ", " : "", n);
       }
+      if (columns > 12) found += fmt::format(", ... ({} columns)", columns);
       if (labelCol < 0)
-        throw SpecError(fmt::format("{}:1: no column named \"{}\" in the header; set /trainer/data/label_column", path, lc));
+        throw SpecError(fmt::format("{}:1: no column named \"{}\" in the header (it has {}); set "
+                                    "/trainer/data/label_column to one of them or to a 0-based column index",
+                                    path, lc, found));
     }
   } else if (!lcIsIndex) {
     throw SpecError(fmt::format("{}: without a header, /trainer/data/label_column must be a column index", path));
@@ -200,11 +216,16 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
     if (columns < 0) columns = static_cast<int>(cells.size());
     if (static_cast<int>(cells.size()) != columns)
       throw SpecError(fmt::format("{}:{}: has {} columns, expected {}", path, lineNo, cells.size(), columns));
-    if (labelCol >= columns) throw SpecError(fmt::format("{}: label column {} does not exist ({} columns)", path, labelCol, columns));
+    if (labelCol >= columns)
+      throw SpecError(fmt::format("{}: label column {} does not exist ({} columns); set /trainer/data/label_column to a "
+                                  "0-based index below {}",
+                                  path, lc, columns, columns));
     if (columns - 1 != inputs)
-      throw SpecError(fmt::format("{}: has {} feature columns but /trainer/model/layers starts with {}", path, columns - 1, inputs));
+      throw SpecError(fmt::format("{}: has {} feature columns but /trainer/model/layers starts with {}; make the first "
+                                  "layer {} (or check /trainer/data/label_column and header)",
+                                  path, columns - 1, inputs, columns - 1));
     for (int i = 0; i < columns; ++i) {
-      const std::string& cell = cells[static_cast<size_t>(i)];
+      const std::string cell = trim(cells[static_cast<size_t>(i)]);
       char* end = nullptr;
       double v = std::strtod(cell.c_str(), &end);
       if (cell.empty() || end == cell.c_str() || *end != '\0')
