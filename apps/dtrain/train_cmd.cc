@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -91,6 +92,21 @@ void installStepHooks(train::TrainOptions& to, int rank) {
       if (s == killStep) ::raise(SIGKILL);
     };
   }
+  if (!watchdog.empty()) {
+    // Work outside the steps (the final evaluation, a checkpoint write) is not a hang. At most
+    // a few touches a second: an evaluation batch can take well under a millisecond.
+    auto last = std::make_shared<std::chrono::steady_clock::time_point>();
+    to.heartbeat = [watchdog, last] {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - *last < std::chrono::milliseconds(250)) return;
+      *last = now;
+      int fd = ::open(watchdog.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        ::futimens(fd, nullptr);
+        ::close(fd);
+      }
+    };
+  }
   if (const char* prefix = std::getenv("DTRAIN_DEBUG_SAMPLE_LOG"); prefix && *prefix) {
     if (!to.on_step) to.on_step = [step](long long s) { *step = s; };
     auto out = std::make_shared<std::ofstream>(fmt::format("{}.{}.{}", prefix, rank, restart), std::ios::app);
@@ -165,9 +181,19 @@ int runTrainCommand() {
   const bool trained = r.steps_run > 0;
   const std::optional<double> loss = trained ? std::optional<double>(r.final_loss) : std::nullopt;
   const std::optional<double> sps = r.samples_per_s > 0 ? std::optional<double>(r.samples_per_s) : std::nullopt;
-  if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0)
-    spec::writeTrainerOutcome(path, {loss, r.eval_accuracy, sps, r.steps, r.weights_sha256,
-                                     trained ? r.pipeline_stages : 1, r.bubble_fraction, r.stage_ms});
+  // Held-out results only where there was a held-out split; accuracy only for classification.
+  const bool evaluated = r.eval_samples > 0, classifier = s.trainer->model.loss != "mse";
+  const std::optional<double> evalAcc = evaluated && classifier ? std::optional<double>(r.eval_accuracy) : std::nullopt;
+  const std::optional<double> evalLoss = evaluated ? std::optional<double>(r.eval_loss) : std::nullopt;
+  const std::string evalText = !evaluated ? std::string("no held-out set to evaluate")
+                               : classifier ? fmt::format("eval accuracy {:.2f}%", 100 * r.eval_accuracy)
+                                            : fmt::format("eval loss {:.4g}", r.eval_loss);
+  if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0) {
+    spec::TrainerOutcome o{loss, evalAcc, sps, r.steps, r.weights_sha256, trained ? r.pipeline_stages : 1,
+                           r.bubble_fraction, r.stage_ms};
+    o.eval_loss = evalLoss;
+    spec::writeTrainerOutcome(path, o);
+  }
   if (comm->rank() == 0 && r.pipeline_stages > 1 && trained) {
     std::string stages;
     for (size_t i = 0; i < r.stage_ms.size(); ++i) stages += fmt::format("{}{:.2f}", i ? "/" : "", r.stage_ms[i]);
@@ -177,12 +203,12 @@ int runTrainCommand() {
   }
   if (comm->rank() == 0 && !trained)
     std::cout << fmt::format("trained: {} steps, all before this run (its checkpoint completes the job; nothing left to "
-                             "train), eval accuracy {:.2f}%, weights sha256 {}",
-                             r.steps, 100 * r.eval_accuracy, r.weights_sha256)
+                             "train), {}, weights sha256 {}",
+                             r.steps, evalText, r.weights_sha256)
               << std::endl;
   else if (comm->rank() == 0)
-    std::cout << fmt::format("trained: {} steps, final loss {:.4f}, eval accuracy {:.2f}%, {}, weights sha256 {}", r.steps,
-                             r.final_loss, 100 * r.eval_accuracy,
+    std::cout << fmt::format("trained: {} steps, final loss {:.4f}, {}, {}, weights sha256 {}", r.steps, r.final_loss,
+                             evalText,
                              sps ? fmt::format("{:.0f} samples/s", *sps) : std::string("too few steps to time"),
                              r.weights_sha256)
               << std::endl;

@@ -17,7 +17,8 @@ namespace {
 json trainerJson(const TrainerOutcome& t) {
   auto orNull = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
   json j{{"final_loss", orNull(t.final_loss)},
-         {"eval_accuracy", t.eval_accuracy},
+         {"eval_accuracy", orNull(t.eval_accuracy)},
+         {"eval_loss", orNull(t.eval_loss)},
          {"samples_per_s", orNull(t.samples_per_s)},
          {"steps", t.steps},
          {"weights_sha256", t.weights_sha256}};
@@ -100,7 +101,8 @@ std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {
       return j.at(key).is_null() ? std::optional<double>() : std::optional<double>(j.at(key).get<double>());
     };
     t.final_loss = optional("final_loss");
-    t.eval_accuracy = j.at("eval_accuracy").get<double>();
+    t.eval_accuracy = optional("eval_accuracy");
+    if (j.contains("eval_loss")) t.eval_loss = optional("eval_loss");
     t.samples_per_s = optional("samples_per_s");
     t.steps = j.at("steps").get<long long>();
     t.weights_sha256 = j.at("weights_sha256").get<std::string>();

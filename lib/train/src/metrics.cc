@@ -65,7 +65,7 @@ std::string metricsSvg(const std::vector<MetricsPoint>& pts, double evalAccuracy
   for (const auto& p : pts) {
     if (!std::isfinite(p.loss)) continue;  // a diverged loss has no place on the curve
     loss += fmt::format("{:.1f},{:.1f} ", x(p.step), yLoss(p.loss));
-    acc += fmt::format("{:.1f},{:.1f} ", x(p.step), yAcc(p.accuracy));
+    if (std::isfinite(p.accuracy)) acc += fmt::format("{:.1f},{:.1f} ", x(p.step), yAcc(p.accuracy));  // none: regression
   }
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "

@@ -40,6 +40,7 @@
 #include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
 #include "batch_loader.h"
+#include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
 #include "stage_math.h"
@@ -658,7 +659,12 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
       model.storeParams(hostParams.data());
       model.storeState(state.data());
+      // A diverged run must not leave its weights as the checkpoint later runs resume from.
+      if (!std::all_of(hostParams.begin(), hostParams.end(), [](float v) { return std::isfinite(v); }))
+        throw detail::divergedError(ts, step, fmt::format("stage {}'s weights are not finite", p));
+      if (opts.heartbeat) opts.heartbeat();
       written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state});
+      if (opts.heartbeat) opts.heartbeat();
     }
     int32_t saved = 1;
     worldComm.allreduceHost(&saved, 1, comm::DataType::kInt32, comm::ReduceOp::kSum);
@@ -907,6 +913,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                          static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)))});
       }
       trace.add("optimizer", -1, step, optStart, Clock::now());
+      // Diverged (the last stage sees the loss): every later step would be NaN too.
+      if (lastStage && !std::isfinite(stepLoss))
+        throw detail::divergedError(ts, step + 1, std::isnan(stepLoss) ? "the loss is NaN" : "the loss is infinite");
       ++step;
       ++windowSteps;
       progress.stepDone(step);
@@ -935,11 +944,12 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         std::string stageText;
         for (int s = 0; s < P; ++s) stageText += fmt::format("{}{:.1f}", s ? "/" : "", 1e3 * stats[3 + static_cast<size_t>(s)]);
         const double sps = progress.samplesPerSecond(step);
-        metrics.record({step, epoch + 1, result.final_loss, stats[1] / stats[2], sps, learningRate(ts, step - 1, totalSteps),
+        const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
+        metrics.record({step, epoch + 1, result.final_loss, acc, sps, learningRate(ts, step - 1, totalSteps),
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
-          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s stage ms {} bubble {} eta {}",
-                               epoch + 1, ts.epochs, step, totalSteps, result.final_loss, 100.0 * stats[1] / stats[2], sps,
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {:.0f} samples/s stage ms {} bubble {} eta {}",
+                               epoch + 1, ts.epochs, step, totalSteps, result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc), sps,
                                stageText, bubbleText, progress.eta(step)));
         windowLoss = windowCorrect = windowSamples = 0;
         windowCompute = windowSchedule = 0;
@@ -971,6 +981,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   double ev[3] = {0, 0, 0};
   for (uint64_t start = static_cast<uint64_t>(d) * B; start < E; start += globalBatch) {
     const int n = static_cast<int>(std::min<uint64_t>(B, E - start));
+    if (opts.heartbeat) opts.heartbeat();
     if (firstStage || lastStage)
       for (int i = 0; i < n; ++i) load(*evalSet, start + static_cast<uint64_t>(i), i);
     float* inBuf = model.input(0, n);
@@ -989,7 +1000,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   worldComm.allreduceHost(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
   result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
   result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
-  if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, result.eval_accuracy);
+  result.eval_samples = static_cast<uint64_t>(ev[2]);
+  if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, mse ? std::nan("") : result.eval_accuracy);
   metrics.finish();
 
   // Replicas of a stage must hold bit-identical weights.

@@ -18,6 +18,7 @@
 #include "dtrain/train/pipeline.h"
 
 #include "batch_loader.h"
+#include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
 
@@ -184,7 +185,13 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     // The same file whichever backend wrote it: a GPU checkpoint resumes on the CPU and back.
     be->storeParams(params.data());
     be->storeState(momentum.data());
+    // A diverged run (another rank's gradients were not finite) must not leave its weights as
+    // the checkpoint every later run resumes from.
+    if (!std::all_of(params.begin(), params.end(), [](float v) { return std::isfinite(v); }))
+      throw detail::divergedError(ts, step, "the weights are not finite");
+    if (opts.heartbeat) opts.heartbeat();
     saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum});
+    if (opts.heartbeat) opts.heartbeat();
   };
 
   std::vector<float> x(static_cast<size_t>(B) * in), y(static_cast<size_t>(B) * (mse ? out : 1));
@@ -275,6 +282,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       // The GPU computed the loss long ago; reading it here keeps the step free of stalls.
       int correct = 0;
       const double loss = be->result(&correct);
+      // Diverged: every later step and checkpoint would be NaN too; stop now, saying why.
+      if (!std::isfinite(loss)) throw detail::divergedError(ts, step + 1, std::isnan(loss) ? "the loss is NaN" : "the loss is infinite");
       ++step;
       progress.stepDone(step);
       if (rank == 0 && opts.status && progress.statusDue(step))
@@ -291,12 +300,13 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         hostComm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         result.final_loss = stats[0] / stats[2];
         const double sps = progress.samplesPerSecond(step);
-        metrics.record({step, epoch + 1, result.final_loss, stats[1] / stats[2], sps,
+        const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
+        metrics.record({step, epoch + 1, result.final_loss, acc, sps,
                         learningRate(ts, step - 1, totalSteps),
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
-          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s eta {}", epoch + 1,
-                               ts.epochs, step, totalSteps, result.final_loss, 100.0 * stats[1] / stats[2], sps,
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {:.0f} samples/s eta {}", epoch + 1,
+                               ts.epochs, step, totalSteps, result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc), sps,
                                progress.eta(step)));
         windowLoss = windowCorrect = windowSamples = 0;
       }
@@ -318,6 +328,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       if (!mse) y[static_cast<size_t>(i)] = static_cast<float>(label);
     }
     int correct = 0;
+    if (opts.heartbeat) opts.heartbeat();
     be->forward(x.data(), n, y.data());
     ev[0] += be->result(&correct) * n;
     ev[1] += correct;
@@ -326,7 +337,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   hostComm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
   result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
   result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
-  if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, result.eval_accuracy);
+  result.eval_samples = static_cast<uint64_t>(ev[2]);
+  if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, mse ? std::nan("") : result.eval_accuracy);
   metrics.finish();
 
   be->storeParams(params.data());

@@ -11,7 +11,9 @@ struct TrainerOutcome {
   // Absent (JSON null) when this run trained no step (its checkpoint already completed the
   // job) or too few to time: not 0, which would read as a measurement.
   std::optional<double> final_loss;
-  double eval_accuracy = 0;
+  // 0..1 on the held-out split; absent when there was none, or for regression (mse), where
+  // accuracy means nothing: eval_loss says how it did.
+  std::optional<double> eval_accuracy;
   std::optional<double> samples_per_s;
   long long steps = 0;
   std::string weights_sha256;
@@ -20,6 +22,7 @@ struct TrainerOutcome {
   int pipeline_stages = 1;
   double bubble_fraction = 0;
   std::vector<double> stage_ms;
+  std::optional<double> eval_loss;  // mean loss on the held-out split; absent without one
 };
 
 struct RankOutcome {

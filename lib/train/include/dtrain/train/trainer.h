@@ -12,8 +12,9 @@ namespace dtrain::train {
 
 struct TrainResult {
   double final_loss = 0;       // mean training loss of the last logged window, all ranks
-  double eval_accuracy = 0;    // 0..1 on the held-out split (classification)
+  double eval_accuracy = 0;    // 0..1 on the held-out split (classification; 0 without one)
   double eval_loss = 0;
+  uint64_t eval_samples = 0;   // the held-out split's size: 0 = nothing was evaluated
   double samples_per_s = 0;    // global, over the whole run after the first step
   long long steps = 0;
   long long steps_run = 0;     // steps trained by this run (0: its checkpoint already completed the job)
@@ -41,6 +42,9 @@ struct TrainOptions {
   int attempt = 0;
   // When set, called as each step begins, with the global step (0-based): a heartbeat.
   std::function<void(long long)> on_step;
+  // When set, called often while the trainer works outside its steps (the final evaluation,
+  // around a checkpoint write), so that a watchdog does not take that work for a hang.
+  std::function<void()> heartbeat;
   // When set, sees every batch this rank trains on: (epoch, sample indices, count).
   std::function<void(int, const uint64_t*, int)> on_batch;
   // Pipeline trainer only: called as each micro-batch's forward begins on this rank, with
@@ -57,7 +61,8 @@ struct TrainOptions {
 // Trains per spec. Collective: every rank calls it. The math runs on the device of
 // resolveDevice() (device.h); an "nccl" communicator needs that to be a GPU (it takes device
 // pointers), a "tcp" one works with either. Throws PeerLostError when a peer fails,
-// InternalError when replicas end with different weights, SpecError for an unusable device.
+// InternalError when replicas end with different weights, SpecError for an unusable device
+// and for a run that diverged (a loss that is not finite: no checkpoint of it is written).
 TrainResult train(const spec::TrainerSpec& spec, comm::Communicator& comm, const TrainOptions& opts = {});
 
 // Buckets of the flat gradient buffer, in the order backward completes them (last layer

@@ -1,0 +1,22 @@
+#pragma once
+// The error of a run whose loss or weights stopped being finite: both trainers stop with it
+// (exit 2, as bad input: the same spec diverges the same way again, so a restart cannot help).
+#include <string>
+
+#include <fmt/format.h>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/spec/job_spec.h"
+
+namespace dtrain::train::detail {
+
+inline SpecError divergedError(const spec::TrainerSpec& ts, long long step, const std::string& what) {
+  std::string fix = fmt::format("lower /trainer/optimizer/lr (now {:g})", ts.optimizer.lr);
+  if (ts.grad_clip_norm <= 0) fix += " or set /trainer/grad_clip_norm (e.g. 1.0)";
+  if (!ts.checkpoint.dir.empty())
+    fix += "; the next run resumes from the last checkpoint, written before it diverged (the learning rate may change on "
+           "resume)";
+  return SpecError(fmt::format("trainer: training diverged at step {}: {}; {}", step, what, fix));
+}
+
+}  // namespace dtrain::train::detail

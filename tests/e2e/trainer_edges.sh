@@ -1,0 +1,57 @@
+# The built-in trainer at its edges: a long final evaluation under the watchdog, what the
+# summary says without a held-out set and for regression, a run that diverges.
+source "$(dirname "$0")/lib.sh"
+jq_() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+# The final evaluation (~2 s here) is longer than worker_timeout_s (1 s): it is work, not a
+# hang (the workers touched the watchdog only at each step; the job was killed as hung).
+cat >"$T/wd.json" <<'JSON'
+{"nproc_per_node": 2, "worker_timeout_s": 1, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [784, 64, 10]},
+ "data": {"type": "synthetic", "train_samples": 2000, "eval_samples": 300000}, "batch_size": 64, "epochs": 1}}
+JSON
+"$DTRAIN" run "$T/wd.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a final evaluation longer than worker_timeout_s is not a hang"
+expect_grep "eval accuracy [0-9.]+%" "$T/out" "the evaluation finished"
+
+# No held-out set: no accuracy of 0%, null in the summary.
+cat >"$T/noeval.json" <<'JSON'
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 16, 3]},
+ "data": {"type": "synthetic", "train_samples": 2000, "eval_samples": 0}, "batch_size": 32, "epochs": 1}}
+JSON
+"$DTRAIN" run "$T/noeval.json" --summary-json "$T/s1.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "no held-out set: exit 0"
+expect_grep "trained: 31 steps, final loss [0-9.]+, no held-out set to evaluate," "$T/out" "no held-out set: said so"
+expect_eq "$(jq_ "$T/s1.json" "(d['trainer']['eval_accuracy'], d['trainer']['eval_loss'])")" "(None, None)" "no held-out set: null in the summary"
+
+# Regression (mse): accuracy means nothing (argmax of one output always matches); the
+# held-out loss is reported instead, and metrics rows carry no accuracy.
+cat >"$T/mse.json" <<'JSON'
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 16, 1], "loss": "mse"},
+ "data": {"type": "synthetic", "train_samples": 2000, "eval_samples": 500}, "batch_size": 32, "epochs": 1, "log_every_steps": 10,
+ "optimizer": {"lr": 0.01}}}
+JSON
+"$DTRAIN" run "$T/mse.json" --log-dir "$T/mse-logs" --summary-json "$T/s2.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "mse: exit 0"
+expect_grep "trained: 31 steps, final loss [0-9.]+, eval loss [0-9.e-]+," "$T/out" "mse: the held-out loss reported"
+grep -q " acc " "$T/out" && fail "mse: an accuracy printed: $(grep ' acc ' "$T/out")" || pass "mse: no accuracy printed"
+expect_eq "$(jq_ "$T/s2.json" "(d['trainer']['eval_accuracy'], d['trainer']['eval_loss'] > 0)")" "(None, True)" "mse: summary has eval_loss, no accuracy"
+expect_eq "$(python3 -c "import json; rows=[json.loads(l) for l in open('$T/mse-logs/metrics.jsonl')]; print(sorted({str(r.get('accuracy')) for r in rows if r.get('type') in ('train', 'eval')}))")" "['None']" "mse: metrics rows carry no accuracy"
+
+# Diverged (lr far too high): the trainer stops with the reason and the fix, exit 2, and
+# writes no checkpoint of NaN weights (the next run must resume from a sane one).
+cat >"$T/div.json" <<JSON
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 16, 3]},
+ "data": {"type": "synthetic", "train_samples": 20000, "eval_samples": 100}, "batch_size": 32, "epochs": 1,
+ "optimizer": {"lr": 100000}, "checkpoint": {"dir": "$T/ck", "every_steps": 1}}}
+JSON
+"$DTRAIN" run "$T/div.json" --summary-json "$T/s3.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "diverged: exit 2"
+expect_grep "training diverged at step [0-9]+: the (loss is NaN|loss is infinite|weights are not finite); lower /trainer/optimizer/lr \(now 100000\) or set /trainer/grad_clip_norm" "$T/err" "diverged: the reason and the fix"
+python3 - "$T/ck" <<'PY' && pass "diverged: every checkpoint written holds finite weights" || fail "diverged: a checkpoint holds NaN weights"
+import math, os, struct, sys
+d = sys.argv[1]
+if not os.listdir(d): sys.exit(1)  # (the steps before it diverged were checkpointed)
+for name in sorted(os.listdir(d)):
+    b = open(os.path.join(d, name), "rb").read()
+    # magic (8), payload size, hash, step, epoch, cursor, world, n params, params...
+    n = struct.unpack_from("<Q", b, 8 + 8 * 6)[0]
+    vals = struct.unpack_from(f"<{n}f", b, 8 + 8 * 7)
+    if not all(math.isfinite(v) for v in vals): sys.exit(1)
+PY
+finish
