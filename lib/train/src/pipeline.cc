@@ -605,9 +605,10 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   for (int s = 0; s < P; ++s) {
     const int64_t* h = stageHeader(s);
     if (h[0] == -1)
-      throw SpecError(fmt::format("trainer: the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer "
-                                  "config (model, data, optimizer, seed or stage partition changed); remove it or use "
-                                  "another /trainer/checkpoint/dir", ts.checkpoint.dir, s, P));
+      throw SpecError(checkpointRefusal(
+          ts, fmt::format("the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer config (model, "
+                          "data, optimizer, seed or stage partition changed)",
+                          ts.checkpoint.dir, s, P)));
     if (std::memcmp(h, headers.data(), 5 * sizeof(int64_t)) != 0)
       throw SpecError(fmt::format("trainer: the stage checkpoints in {} disagree (stage 0 at step {}, stage {} at step {}) "
                                   "and have no step in common; remove them or use another /trainer/checkpoint/dir",
@@ -627,9 +628,6 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       model.loadState(state.data());
     }
   }
-  if (header[0] == 1 && rank == 0 && opts.log)
-    opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
-                         ckptPath, header[1], header[2] + 1, header[3], header[4], world));
 
   const int in = cfg.layers.front(), out = cfg.layers.back();
   auto trainSet = openDataset(ts, false);
@@ -645,6 +643,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
+  if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
   // Collective (every rank calls it at the same steps): replica 0 of each stage writes its
   // stage's file; once all are durable, rank 0 writes the manifest naming them.
   auto save = [&](long long epoch, uint64_t cursor) {
@@ -658,7 +657,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
       model.storeParams(hostParams.data());
       model.storeState(state.data());
-      written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state});
+      written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}, 3,
+                               [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
     }
     int32_t saved = 1;
     worldComm.allreduceHost(&saved, 1, comm::DataType::kInt32, comm::ReduceOp::kSum);

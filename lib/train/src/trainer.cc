@@ -125,13 +125,14 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   // shared file system. header = {status, step, epoch, cursor, world}; status -1 = config
   // mismatch (every rank fails with the same message).
   int64_t header[5] = {0, 0, 0, 0, 0};
-  std::string ckptPath;
+  std::string ckptPath, mismatch;
   if (rank == 0 && !ts.checkpoint.dir.empty()) {
     auto st = loadLatestCheckpoint(ts.checkpoint.dir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); },
                                    &ckptPath);
-    if (st && st->config_hash != hash) {
+    if (st) mismatch = checkpointMismatch(ts, *st, ckptPath, params.size());
+    if (st && !mismatch.empty()) {
       header[0] = -1;
-    } else if (st && st->params.size() == params.size() && st->momentum.size() == momentum.size()) {
+    } else if (st) {
       header[0] = 1;
       header[1] = st->step;
       header[2] = st->epoch;
@@ -139,22 +140,15 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       header[4] = st->world;
       be->loadParams(st->params.data());
       be->loadState(st->momentum.data());
-    } else if (st) {
-      header[0] = -1;
     }
   }
   hostComm.broadcast(header, 5, comm::DataType::kInt64, 0);
-  if (header[0] == -1)
-    throw SpecError(fmt::format("trainer: the newest checkpoint in {} was written by a different trainer config (model, "
-                                "data, optimizer or seed changed); remove it or use another /trainer/checkpoint/dir",
-                                ts.checkpoint.dir));
+  // (rank 0 says what changed; the others only that it did)
+  if (header[0] == -1) throw SpecError(checkpointRefusal(ts, mismatch));
   // Every replica starts from rank 0's weights (fresh or resumed).
   broadcastBuffer(be->params(), params, &detail::MathBackend::storeParams, &detail::MathBackend::loadParams);
   if (header[0] == 1)
     broadcastBuffer(be->state(), momentum, &detail::MathBackend::storeState, &detail::MathBackend::loadState);
-  if (header[0] == 1 && rank == 0 && opts.log)
-    opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
-                         ckptPath, header[1], header[2] + 1, header[3], header[4], world));
 
   const int B = ts.batch_size;
   const int in = cfg.layers.front(), out = cfg.layers.back();
@@ -174,6 +168,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
+  if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
   auto save = [&](long long epoch, uint64_t cursor) {
     if (rank != 0 || ts.checkpoint.dir.empty()) return;
     // Past the last full global batch the epoch is over: resume at the next one.
@@ -184,7 +179,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     // The same file whichever backend wrote it: a GPU checkpoint resumes on the CPU and back.
     be->storeParams(params.data());
     be->storeState(momentum.data());
-    saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum});
+    saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}, 3,
+                   [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
   };
 
   std::vector<float> x(static_cast<size_t>(B) * in), y(static_cast<size_t>(B) * (mse ? out : 1));
