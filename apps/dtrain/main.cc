@@ -26,6 +26,7 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
+#include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
@@ -110,6 +111,9 @@ void checkCreatable(const std::string& path, const std::string& what) {
 // typo in a path is exit 2 at once, not a failure reported after a successful job.
 void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   if (!s.log_dir.empty()) checkCreatable(s.log_dir, "log_dir (--log-dir)");
+  // (a local job's; across hosts node 0's agent checks it where rank 0 will write)
+  if (s.trainer && !s.trainer->checkpoint.dir.empty() && s.nodes.empty())
+    checkCreatable(s.trainer->checkpoint.dir, s.source + ": /trainer/checkpoint/dir");
   if (!a.summary_json.empty()) app::checkOutputFile(a.summary_json, "--summary-json");
 }
 
@@ -286,6 +290,10 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     std::filesystem::create_directories(s.log_dir, ec);
     if (ec) throw SpecError(fmt::format("log_dir (--log-dir): cannot create \"{}\": {}", s.log_dir, ec.message()));
   }
+  // Checkpoints: created and tried here, with the newest one's config, so that a directory
+  // rank 0 cannot write is not found at the first save (or at the end, the whole run lost),
+  // and an old config's checkpoint is one line, not a refusal on every restart.
+  if (s.trainer && s.nodes.empty()) train::prepareCheckpointDir(*s.trainer, s.source);
   // Asking for GPUs on a machine without them is bad input, said before anything starts
   // (multi-node: each node checks its own).
   if (s.trainer && s.trainer->device == "cuda" && s.nodes.empty()) {

@@ -23,6 +23,7 @@
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
 #include "dtrain/store/hash_store.h"
+#include "dtrain/train/checkpoint.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/trainer.h"
 
@@ -130,6 +131,9 @@ int runTrainCommand() {
   if (!gTrain || !gTrain->parsed()) return -1;
   spec::JobSpec s = spec::loadJobSpec(gSpec);
   if (!s.trainer) throw SpecError(fmt::format("{}: /trainer: missing; dtrain train needs a \"trainer\" section", gSpec));
+  // Run by hand, this is the launch: the checkpoint directory is made and tried first.
+  // (Under dtrain run the launcher or node 0's agent did it.)
+  if (!std::getenv("DTRAIN_STORE_ADDR")) train::prepareCheckpointDir(*s.trainer, gSpec);
   // The device decides the communicator: NCCL all-reduces device memory in place, TCP host
   // memory. Resolved before the communicator exists, with the rule NCCL uses to pick its
   // GPU (LOCAL_RANK % visible GPUs), so both land on the same device.

@@ -37,12 +37,14 @@ expect_eq "$(python3 -c "import json; rows=[json.loads(l) for l in open('$T/mse-
 # Diverged (lr far too high): the trainer stops with the reason and the fix, exit 2, and
 # writes no checkpoint of NaN weights (the next run must resume from a sane one).
 cat >"$T/div.json" <<JSON
-{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 16, 3]},
+{"nproc_per_node": 2, "max_restarts": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 16, 3]},
  "data": {"type": "synthetic", "train_samples": 20000, "eval_samples": 100}, "batch_size": 32, "epochs": 1,
  "optimizer": {"lr": 100000}, "checkpoint": {"dir": "$T/ck", "every_steps": 1}}}
 JSON
 "$DTRAIN" run "$T/div.json" --summary-json "$T/s3.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "diverged: exit 2"
-expect_grep "training diverged at step [0-9]+: the (loss is NaN|loss is infinite|weights are not finite); lower /trainer/optimizer/lr \(now 100000\) or set /trainer/grad_clip_norm" "$T/err" "diverged: the reason and the fix"
+expect_grep "training diverged at step [0-9]+: the (loss is not finite \(NaN or infinite gradients\)|weights are not finite); lower /trainer/optimizer/lr \(now 100000\) or set /trainer/grad_clip_norm" "$T/err" "diverged: the reason and the fix"
+expect_eq "$(jq_ "$T/s3.json" "d['restarts']")" 0 "diverged: not restarted (it would diverge again)"
+expect_eq "$(grep -c "^\[rank [01]\] dtrain: error: trainer: training diverged at step" "$T/err")" 2 "diverged: every rank stops by itself at the same step (no lost peer)"
 python3 - "$T/ck" <<'PY' && pass "diverged: every checkpoint written holds finite weights" || fail "diverged: a checkpoint holds NaN weights"
 import math, os, struct, sys
 d = sys.argv[1]
@@ -54,4 +56,13 @@ for name in sorted(os.listdir(d)):
     vals = struct.unpack_from(f"<{n}f", b, 8 + 8 * 7)
     if not all(math.isfinite(v) for v in vals): sys.exit(1)
 PY
+# The pipeline trainer too: every stage stops at the same step, not restarted.
+cat >"$T/pdiv.json" <<JSON
+{"nproc_per_node": 2, "max_restarts": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 16, 16, 3], "activation": "gelu"},
+ "data": {"type": "synthetic", "train_samples": 20000, "eval_samples": 100}, "batch_size": 32, "epochs": 1,
+ "optimizer": {"lr": 100000}, "parallel": {"pipeline_stages": 2, "micro_batches": 2}, "checkpoint": {"dir": "$T/pck", "every_steps": 1}}}
+JSON
+"$DTRAIN" run "$T/pdiv.json" --summary-json "$T/s4.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "pipeline diverged: exit 2"
+expect_eq "$(grep -c "^\[rank [01]\] dtrain: error: trainer: training diverged at step" "$T/err")" 2 "pipeline diverged: both stages stop by themselves (no lost peer)"
+expect_eq "$(jq_ "$T/s4.json" "d['restarts']")" 0 "pipeline diverged: not restarted"
 finish

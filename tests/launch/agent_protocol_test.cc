@@ -79,6 +79,19 @@ TEST(AgentProtocol, WorkerExitRoundTrips) {
   ASSERT_TRUE(back);
   EXPECT_FALSE(back->hung);
   EXPECT_TRUE(back->start_failed);
+  EXPECT_FALSE(back->refused_input);
+  // A trainer that refused its input (exit 2): flag 4, so the launcher does not restart it.
+  w.start_failed = false;
+  w.refused_input = true;
+  w.exit_code = 2;
+  rec = proto::exitRecord(w);
+  back = proto::parseExit(*proto::parse(std::string_view(rec).substr(0, rec.size() - 1)));
+  ASSERT_TRUE(back);
+  EXPECT_FALSE(back->start_failed);
+  EXPECT_TRUE(back->refused_input);
+  EXPECT_TRUE(restartCannotHelp(*back));
+  EXPECT_NE(notRestartedReason(*back, spec::JobSpec{}, "h2").find("rank 5 on h2 refused its input (exit 2"),
+            std::string::npos);
 }
 
 TEST(SshArgv, FollowsTheSpec) {

@@ -12,6 +12,9 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "dtrain/comm/communicator.h"
 #include "dtrain/store/hash_store.h"
 #include "dtrain/common/errors.h"
@@ -344,6 +347,167 @@ TEST(Checkpoint, DamagedNewestIsSkippedAndConfigChangesAreRefused) {
   auto store = std::make_shared<store::HashStore>();
   auto c = comm::createTcpCommunicator(store, 0, 1, {});
   EXPECT_THROW(train(t, *c), SpecError);
+}
+
+// The hash of synthetic-data configs is the one checkpoints written before data files were
+// hashed carry (they must stay resumable); file data adds which files, read how.
+TEST(Checkpoint, ConfigHashCoversDataFilesAndKeepsSyntheticHashes) {
+  auto t = small(32);
+  std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", t.model.type, fmt::join(t.model.layers, ","),
+                                t.model.activation, t.model.loss, t.data.type, t.data.seed, t.data.train_samples,
+                                t.optimizer.type, t.seed);
+  uint64_t legacy = 0;
+  std::string hex = sha256Hex(key.data(), key.size());
+  for (int i = 0; i < 8; ++i)
+    legacy |= static_cast<uint64_t>(std::stoi(hex.substr(static_cast<size_t>(2 * i), 2), nullptr, 16)) << (8 * i);
+  EXPECT_EQ(configHash(t), legacy);
+  auto f = t;
+  f.data.type = "csv";
+  f.data.path = "/d/a.csv";
+  const uint64_t base = configHash(f);
+  for (auto change : std::vector<std::function<void(spec::TrainerSpec&)>>{
+           [](spec::TrainerSpec& x) { x.data.path = "/moved/a.csv"; },
+           [](spec::TrainerSpec& x) { x.data.labels_path = "/d/labels.csv"; },
+           [](spec::TrainerSpec& x) { x.data.label_column = "3"; },
+           [](spec::TrainerSpec& x) { x.data.header = false; }}) {
+    auto g = f;
+    change(g);
+    EXPECT_NE(configHash(g), base);
+  }
+  auto g = f;
+  g.data.eval_path = "/d/eval.csv";  // the held-out set shapes no state
+  EXPECT_EQ(configHash(g), base);
+}
+
+// A file of the format before the config's description was kept still loads.
+TEST(Checkpoint, FilesWithoutTheConfigDescriptionLoad) {
+  auto dir = tempDir("olderformat");
+  std::filesystem::create_directories(dir);
+  std::string payload;
+  auto put = [&](const auto& v) { payload.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(uint64_t{7});
+  put(static_cast<long long>(5));
+  put(static_cast<long long>(1));
+  put(uint64_t{64});
+  put(static_cast<long long>(2));
+  for (int k = 0; k < 2; ++k) {
+    put(uint64_t{2});
+    put(1.5f);
+    put(2.5f);
+  }
+  std::string file = "DTRCKPT1";
+  const uint64_t len = payload.size();
+  file.append(reinterpret_cast<const char*>(&len), sizeof(len));
+  file += payload;
+  const std::string hex = sha256Hex(payload.data(), payload.size());
+  for (size_t i = 0; i < hex.size(); i += 2) file.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  std::ofstream(dir + "/ckpt-0000000005.bin", std::ios::binary) << file;
+  auto s = loadLatestCheckpoint(dir, [](const std::string& w) { ADD_FAILURE() << w; });
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->step, 5);
+  EXPECT_EQ(s->params, (std::vector<float>{1.5f, 2.5f}));
+  EXPECT_TRUE(s->config.empty());
+  // Without a description, what changed is told from the sizes where it can be.
+  auto t = small(32);
+  EXPECT_NE(checkpointMismatch(t, *s, "p", 100).find("the model changed (the checkpoint holds 2 parameters, this spec's "
+                                                     "model has 100)"),
+            std::string::npos);
+}
+
+TEST(Checkpoint, MismatchNamesWhatChanged) {
+  auto t = small(32);
+  t.data.type = "csv";
+  t.data.path = "/d/a.csv";
+  TrainState s{configHash(t), 40, 1, 0, 2, {1, 2}, {0, 0}, configDescription(t)};
+  EXPECT_EQ(checkpointMismatch(t, s, "/c/ckpt-0000000040.bin", 0), "");
+  auto moved = t;
+  moved.data.path = "/e/a.csv";
+  const std::string why = checkpointMismatch(moved, s, "/c/ckpt-0000000040.bin", 0);
+  EXPECT_NE(why.find("the newest checkpoint /c/ckpt-0000000040.bin (step 40) was written by a different trainer config: "
+                     "the data changed (checkpoint: csv /d/a.csv, label column label, header, seed 1; this spec: csv "
+                     "/e/a.csv,"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find("model"), std::string::npos) << why;
+  auto wider = t;
+  wider.model.layers[1] = 99;
+  EXPECT_NE(checkpointMismatch(wider, s, "p", 0).find("the model changed (checkpoint: mlp 20-"), std::string::npos);
+}
+
+TEST(Checkpoint, PreparingTheDirectoryCreatesAndChecksIt) {
+  auto t = small(32);
+  t.checkpoint.dir = std::filesystem::path(tempDir("prepare") + "/a/b").lexically_normal().string();
+  prepareCheckpointDir(t, "job.json");
+  EXPECT_TRUE(std::filesystem::is_directory(t.checkpoint.dir));
+  EXPECT_TRUE(std::filesystem::is_empty(t.checkpoint.dir));  // the write check leaves nothing
+  // Under a regular file: one line naming the spec, the pointer and the part in the way.
+  std::ofstream(t.checkpoint.dir + "/f") << "x";
+  auto u = t;
+  u.checkpoint.dir = t.checkpoint.dir + "/f/sub";
+  try {
+    prepareCheckpointDir(u, "job.json");
+    ADD_FAILURE() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("job.json: /trainer/checkpoint/dir: cannot create \"" + u.checkpoint.dir +
+                                              "\": " + t.checkpoint.dir + "/f is not a directory; ",
+                                          0),
+              0u)
+        << e.what();
+  }
+  // A checkpoint of another config: refused before any worker, with the fix for all of them.
+  std::filesystem::remove(t.checkpoint.dir + "/f");
+  t.max_steps = 2;
+  t.checkpoint.every_steps = 1;
+  runWith(1, t);
+  prepareCheckpointDir(t, "job.json");  // the same config: fine
+  t.model.layers = {20, 8, 4};
+  try {
+    prepareCheckpointDir(t, "job.json");
+    ADD_FAILURE() << "no error";
+  } catch (const SpecError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("job.json: /trainer/checkpoint/dir: the newest checkpoint ", 0), 0u) << m;
+    EXPECT_NE(m.find("the model changed (checkpoint: mlp 20-"), std::string::npos) << m;
+    EXPECT_NE(m.find("remove all the checkpoints in"), std::string::npos) << m;
+  }
+}
+
+// Pruning counts only checkpoints: three junk files with the highest step numbers used to
+// make every real checkpoint be deleted right after it was written.
+TEST(Checkpoint, PruneKeepsTheNewestValidOnesAndLeavesJunkAlone) {
+  auto dir = tempDir("prune");
+  std::filesystem::create_directories(dir);
+  for (int i = 7; i <= 9; ++i) std::ofstream(dir + fmt::format("/ckpt-000000999{}.bin", i)) << "random junk " << i;
+  std::vector<std::string> warnings;
+  for (long long step = 1; step <= 5; ++step) {
+    TrainState s{1, step, 0, 0, 1, {1, 2}, {0, 0}, {}};
+    saveCheckpoint(dir, s, 3, [&](const std::string& w) { warnings.push_back(w); });
+  }
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"ckpt-0000000003.bin", "ckpt-0000000004.bin", "ckpt-0000000005.bin",
+                                            "ckpt-0000009997.bin", "ckpt-0000009998.bin", "ckpt-0000009999.bin"}));
+  ASSERT_EQ(warnings.size(), 3u);  // once per junk file, not at every save
+  EXPECT_NE(warnings[0].find("is named like a checkpoint but is not a dtrain checkpoint"), std::string::npos);
+  // keep 1 with a newer-numbered valid file: the one just written stays all the same.
+  TrainState s{1, 2, 0, 0, 1, {1, 2}, {0, 0}, {}};
+  saveCheckpoint(dir, s, 1);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt-0000000002.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt-0000000003.bin"));
+}
+
+TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {
+  auto t = small(32);
+  t.epochs = 2;
+  t.max_steps = 0;
+  int64_t h[5] = {1, 624, 2, 0, 2};
+  EXPECT_EQ(resumeLine("/c/x.bin", h, 2, true, t),
+            "resuming from /c/x.bin: step 624, which completes the job (2 epochs); nothing left to train (written by 2 "
+            "workers, now 2)");
+  int64_t mid[5] = {1, 300, 1, 6400, 2};
+  EXPECT_EQ(resumeLine("/c/x.bin", mid, 4, false, t),
+            "resuming from /c/x.bin: step 300, epoch 2, sample 6400 of the epoch (written by 2 workers, now 4)");
 }
 
 }  // namespace

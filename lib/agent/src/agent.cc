@@ -34,6 +34,7 @@
 #include "dtrain/rendezvous/rendezvous.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/store/tcp_store.h"
+#include "dtrain/train/checkpoint.h"
 
 namespace dtrain::agent {
 namespace {
@@ -264,6 +265,10 @@ int runAgent(const AgentOptions& opts) {
       resultFile = (tmp / fmt::format("dtrain-result-{}-{}.json", opts.run_id, ::getpid())).string();
       spec.env["DTRAIN_RESULT_FILE"] = resultFile;
       spec.command = {launch::selfExecutable(), "train", specFile};
+      // Rank 0 writes checkpoints on node 0's host: the first node's agent makes sure it can
+      // (and that they are this config's) before any worker starts, as the launcher does for
+      // a local job; else the run's work is lost at its first save.
+      if (opts.order == 0) train::prepareCheckpointDir(*spec.trainer, spec.source);
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
       // rather than as exit 127 from every rank here and a restart budget spent on it.

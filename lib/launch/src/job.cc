@@ -64,7 +64,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
         events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
         writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
       }
-      if (f.start_failed) {
+      if (restartCannotHelp(f)) {
         // Every attempt would fail the same way, so the budget is not spent on it.
         r.failure_message = notRestartedReason(f, spec);
       } else if (attempt < spec.max_restarts) {
@@ -78,7 +78,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
     }
     r.restarts = attempt;
     r.events = events;
-    if (!failed || attempt >= spec.max_restarts || r.workers[static_cast<size_t>(r.first_failure)].start_failed) return r;
+    if (!failed || attempt >= spec.max_restarts || restartCannotHelp(r.workers[static_cast<size_t>(r.first_failure)])) return r;
     // Back off (1 s, 2 s, 4 s, ... at most 60 s) and start the next attempt on a fresh
     // MASTER_PORT: the old one may still be held by the previous attempt's sockets.
     double pause = std::min(60.0, spec.restart_backoff_s * std::pow(2.0, attempt));

@@ -327,6 +327,9 @@ void LocalLauncher::reap() {
       const int endedBy = w.exit.signal ? w.exit.signal : w.exit.exit_code > 128 ? w.exit.exit_code - 128 : 0;
       if (failed && endedBy > 0 && endedBy < NSIG && w.sent.test(static_cast<size_t>(endedBy)) && !w.exit.hung)
         w.exit.stopped_by_dtrain = true;
+      // The built-in trainer exits 2 only for input it refuses (docs/errors.md): no attempt
+      // would get further.
+      if (spec_->trainer && !w.exit.signal && w.exit.exit_code == kExitUsage && !w.exit.hung) w.exit.refused_input = true;
       if (failed && !stopping_ && result_.first_failure < 0) {
         result_.first_failure = static_cast<int>(i);
         startShutdown(SIGTERM, spec_->shutdown_timeout_s);
@@ -640,6 +643,10 @@ std::string exitReason(const WorkerExit& w) {
 }
 
 std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, const std::string& host) {
+  if (w.refused_input && !w.start_failed)
+    return fmt::format("not restarted: rank {}{} refused its input (exit 2: the spec, a data file or a checkpoint; see its "
+                       "error below); every attempt would fail the same way",
+                       w.global_rank, host.empty() ? std::string() : " on " + host);
   return fmt::format("not restarted: rank {}'s command '{}' cannot be started{} (see its error below); fix the command, "
                      "PATH or cwd in the spec",
                      w.global_rank, spec.command.empty() ? std::string() : spec.command.front(),

@@ -354,7 +354,7 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
 void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   std::string what = exitReason(w);
   if (w.hung) event("worker_hung", activeRound_, w.error_message, n.name, w.global_rank);
-  if (w.start_failed) {
+  if (restartCannotHelp(w)) {
     // Every attempt would fail the same way, so the budget is not spent on it.
     finalFailure(notRestartedReason(w, spec_, n.name), kExitFailure, w);
     return;

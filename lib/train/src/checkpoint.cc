@@ -4,11 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/train/trainer.h"
@@ -72,19 +76,170 @@ std::vector<std::pair<long long, fs::path>> listCheckpoints(const std::string& d
   return out;
 }
 
+// The cheap test of a file named like a checkpoint, for pruning: our magic and a length field
+// that matches the file's size. (The checksum is read on resume; reading every kept file in
+// full at every save would cost more than the save.)
+bool looksLikeCheckpoint(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  char head[sizeof(kMagic) + 8];
+  if (!f.read(head, sizeof(head))) return false;
+  uint64_t len = 0;
+  std::memcpy(&len, head + sizeof(kMagic), sizeof(len));
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  return !ec && std::memcmp(head, kMagic, sizeof(kMagic)) == 0 && size >= sizeof(head) + 32 &&
+         len == size - sizeof(head) - 32;
+}
+
+void putString(std::string& b, const std::string& v) {
+  put(b, static_cast<uint64_t>(v.size()));
+  b += v;
+}
+
+bool getString(const std::string& b, size_t& pos, std::string& v) {
+  uint64_t n = 0;
+  if (!get(b, pos, n) || n > b.size() - pos) return false;
+  v = b.substr(pos, n);
+  pos += n;
+  return true;
+}
+
+// The "part: " of a configDescription() entry.
+std::string partName(const std::string& d) { return d.substr(0, d.find(':')); }
+
+std::string fixText(const spec::TrainerSpec& t) {
+  // All of them: the next older checkpoint was written by the same config, so removing only
+  // the newest would just move the refusal to it.
+  return t.parallel.pipeline_stages > 1
+             ? fmt::format("use another /trainer/checkpoint/dir, or remove all the checkpoints in {} (its stage-*/ "
+                           "directories and manifest.json: the older ones are from the same config too)",
+                           t.checkpoint.dir)
+             : fmt::format("use another /trainer/checkpoint/dir, or remove all the checkpoints in {} (every ckpt-*.bin: "
+                           "the older ones are from the same config too)",
+                           t.checkpoint.dir);
+}
+
 }  // namespace
 
 uint64_t configHash(const spec::TrainerSpec& t) {
   std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", t.model.type, fmt::join(t.model.layers, ","), t.model.activation,
                                 t.model.loss, t.data.type, t.data.seed, t.data.train_samples, t.optimizer.type, t.seed);
   // (learning rate, schedule and clipping may change on resume; they do not shape the state)
+  // File data: which files, read how. Appended only for them, so that synthetic-data
+  // checkpoints written before keep their hash. (The eval set shapes no state.)
+  if (t.data.type != "synthetic")
+    key += fmt::format("|{}|{}|{}|{}", t.data.path, t.data.labels_path, t.data.label_column, t.data.header ? 1 : 0);
   std::string h = hexToBytes(sha256Hex(key.data(), key.size()));
   uint64_t v = 0;
   std::memcpy(&v, h.data(), sizeof(v));
   return v;
 }
 
-std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep) {
+std::vector<std::string> configDescription(const spec::TrainerSpec& t) {
+  const auto& d = t.data;
+  std::string data;
+  if (d.type == "synthetic")
+    data = fmt::format("synthetic, {} train samples, seed {}", d.train_samples, d.seed);
+  else if (d.type == "csv")
+    data = fmt::format("csv {}{}, label column {}, {}, seed {}", d.path, d.labels_path.empty() ? "" : ", labels " + d.labels_path,
+                       d.label_column, d.header ? "header" : "no header", d.seed);
+  else
+    data = fmt::format("{} {}, labels {}, seed {}", d.type, d.path, d.labels_path, d.seed);
+  return {fmt::format("model: {} {}, {}, {}", t.model.type, fmt::join(t.model.layers, "-"), t.model.activation, t.model.loss),
+          "data: " + data, "optimizer: " + t.optimizer.type, fmt::format("seed: {}", t.seed)};
+}
+
+std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, const std::string& path, size_t params) {
+  const bool adam = t.optimizer.type == "adamw";
+  const bool sizesAgree = params == 0 || (s.params.size() == params && s.momentum.size() == params * (adam ? 2 : 1));
+  if (s.config_hash == configHash(t) && sizesAgree) return "";
+  std::string what;
+  if (!s.config.empty()) {
+    // Both descriptions: name each part that differs, with both values.
+    const auto mine = configDescription(t);
+    std::vector<std::string> diffs;
+    for (const auto& m : mine)
+      for (const auto& c : s.config)
+        if (partName(c) == partName(m) && c != m)
+          diffs.push_back(fmt::format("the {} changed (checkpoint: {}; this spec: {})", partName(m),
+                                      c.substr(partName(c).size() + 2), m.substr(partName(m).size() + 2)));
+    what = fmt::format("{}", fmt::join(diffs, "; "));
+  } else if (params > 0 && s.params.size() != params) {
+    what = fmt::format("the model changed (the checkpoint holds {} parameters, this spec's model has {})", s.params.size(),
+                       params);
+  } else if (params > 0 && s.momentum.size() != params * (adam ? 2 : 1)) {
+    what = fmt::format("the optimizer changed (the checkpoint holds {} state, this spec uses {})",
+                       s.momentum.size() == 2 * s.params.size() ? "adamw" : "sgd", t.optimizer.type);
+  }
+  if (what.empty()) what = "the model, data, optimizer or seed changed";
+  return fmt::format("the newest checkpoint {} (step {}) was written by a different trainer config: {}", path, s.step, what);
+}
+
+void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source) {
+  const std::string& dir = t.checkpoint.dir;
+  if (dir.empty()) return;
+  const std::string where = fmt::format("{}: /trainer/checkpoint/dir", source.empty() ? "job" : source);
+  const std::string fix = "give a directory that can be written (on node 0's host, where rank 0 writes checkpoints)";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    // Say which part of the path is in the way, as the user would look for it.
+    fs::path p = fs::path(dir).lexically_normal();
+    std::error_code ec2;
+    while (!fs::exists(p, ec2) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+    const std::string why = fs::exists(p, ec2) && !fs::is_directory(p, ec2) ? p.string() + " is not a directory"
+                            : ec                                         ? ec.message()
+                                                                         : "not a directory";
+    throw SpecError(fmt::format("{}: cannot create \"{}\": {}; {}", where, dir, why, fix));
+  }
+  // Creatable is not writable (a read-only mount, another user's directory, /proc): a file is
+  // made and removed, as a checkpoint's temporary file would be.
+  const std::string probe = (fs::path(dir) / fmt::format(".dtrain-write-check-{}", ::getpid())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw SpecError(fmt::format("{}: cannot write in \"{}\": {}; {}", where, dir, std::strerror(errno), fix));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  // A checkpoint of another config would be refused by rank 0 on every attempt: said here.
+  const int stages = std::max(1, t.parallel.pipeline_stages);
+  size_t params = 0;
+  if (stages == 1)
+    for (size_t i = 0; i + 1 < t.model.layers.size(); ++i)
+      params += static_cast<size_t>(t.model.layers[i]) * static_cast<size_t>(t.model.layers[i + 1]) +
+                static_cast<size_t>(t.model.layers[i + 1]);
+  for (int p = 0; p < stages; ++p) {
+    const std::string d = stages == 1 ? dir : fmt::format("{}/stage-{}-of-{}", dir, p, stages);
+    std::string path;
+    auto st = loadLatestCheckpoint(d, nullptr, &path);
+    if (!st) continue;
+    const std::string why = checkpointMismatch(t, *st, path, params);
+    if (!why.empty()) throw SpecError(fmt::format("{}: {}; {}", where, why, fixText(t)));
+  }
+}
+
+std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail) {
+  return fmt::format("trainer: {}; {}", detail.empty() ? fmt::format("the newest checkpoint in {} was written by a "
+                                                                     "different trainer config (model, data, optimizer "
+                                                                     "or seed changed)",
+                                                                     t.checkpoint.dir)
+                                                       : detail,
+                     fixText(t));
+}
+
+std::string resumeLine(const std::string& path, const int64_t header[5], int world, bool complete,
+                       const spec::TrainerSpec& t) {
+  if (complete)
+    return fmt::format("resuming from {}: step {}, which completes the job ({}); nothing left to train (written by {} "
+                       "workers, now {})",
+                       path, header[1],
+                       t.max_steps > 0 && header[1] >= t.max_steps ? fmt::format("max_steps {}", t.max_steps)
+                                                                   : fmt::format("{} epoch{}", t.epochs, t.epochs == 1 ? "" : "s"),
+                       header[4], world);
+  return fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})", path,
+                     header[1], header[2] + 1, header[3], header[4], world);
+}
+
+std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep,
+                           const std::function<void(const std::string&)>& warn) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw IoError(fmt::format("checkpoint: cannot create {}: {}", dir, ec.message()));
@@ -98,6 +253,8 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
   payload.append(reinterpret_cast<const char*>(s.params.data()), s.params.size() * sizeof(float));
   put(payload, static_cast<uint64_t>(s.momentum.size()));
   payload.append(reinterpret_cast<const char*>(s.momentum.data()), s.momentum.size() * sizeof(float));
+  put(payload, static_cast<uint64_t>(s.config.size()));
+  for (const auto& c : s.config) putString(payload, c);
   std::string file(kMagic, sizeof(kMagic));
   put(file, static_cast<uint64_t>(payload.size()));
   file += payload;
@@ -113,8 +270,27 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
   fsyncPath(tmp, O_RDONLY);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("checkpoint: rename " + tmp);
   fsyncPath(dir, O_RDONLY | O_DIRECTORY);
-  auto all = listCheckpoints(dir);
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) fs::remove(all[i].second, ec);
+  // Prune: only files that are checkpoints count toward `keep` and may go; the one just
+  // written always stays. Anything else named like one (junk, another tool's file) is left
+  // alone: counting it deleted every real checkpoint right after it was written.
+  static std::mutex warnedMu;
+  static std::set<std::string> warned;
+  int valid = 0;
+  for (const auto& [step, file] : listCheckpoints(dir)) {
+    if (file.string() == path) {
+      ++valid;
+      continue;
+    }
+    if (!looksLikeCheckpoint(file)) {
+      std::lock_guard<std::mutex> lk(warnedMu);
+      if (warn && warned.insert(file.string()).second)
+        warn(fmt::format("{} is named like a checkpoint but is not a dtrain checkpoint (or is truncated); it is not "
+                         "counted among the {} kept and is left alone: remove it if it is not needed",
+                         file.string(), std::max(keep, 1)));
+      continue;
+    }
+    if (++valid > std::max(keep, 1)) fs::remove(file, ec);
+  }
   return path;
 }
 
@@ -147,7 +323,15 @@ std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std
     size_t p = 0;
     if (!get(payload, p, s.config_hash) || !get(payload, p, s.step) || !get(payload, p, s.epoch) ||
         !get(payload, p, s.cursor) || !get(payload, p, s.world) || !getFloats(payload, p, s.params) ||
-        !getFloats(payload, p, s.momentum) || p != payload.size()) {
+        !getFloats(payload, p, s.momentum)) {
+      bad("malformed");
+      continue;
+    }
+    // The config's description, in files written since it was kept.
+    uint64_t parts = 0;
+    bool ok = p == payload.size() || (get(payload, p, parts) && parts <= 64);
+    for (uint64_t i = 0; ok && i < parts; ++i) ok = getString(payload, p, s.config.emplace_back());
+    if (!ok || p != payload.size()) {
       bad("malformed");
       continue;
     }

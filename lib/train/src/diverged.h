@@ -1,6 +1,8 @@
 #pragma once
 // The error of a run whose loss or weights stopped being finite: both trainers stop with it
 // (exit 2, as bad input: the same spec diverges the same way again, so a restart cannot help).
+#include <cmath>
+#include <cstddef>
 #include <string>
 
 #include <fmt/format.h>
@@ -9,6 +11,12 @@
 #include "dtrain/spec/job_spec.h"
 
 namespace dtrain::train::detail {
+
+inline bool allFinite(const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i])) return false;
+  return true;
+}
 
 inline SpecError divergedError(const spec::TrainerSpec& ts, long long step, const std::string& what) {
   std::string fix = fmt::format("lower /trainer/optimizer/lr (now {:g})", ts.optimizer.lr);

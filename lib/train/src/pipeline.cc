@@ -606,9 +606,10 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   for (int s = 0; s < P; ++s) {
     const int64_t* h = stageHeader(s);
     if (h[0] == -1)
-      throw SpecError(fmt::format("trainer: the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer "
-                                  "config (model, data, optimizer, seed or stage partition changed); remove it or use "
-                                  "another /trainer/checkpoint/dir", ts.checkpoint.dir, s, P));
+      throw SpecError(checkpointRefusal(
+          ts, fmt::format("the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer config (model, "
+                          "data, optimizer, seed or stage partition changed)",
+                          ts.checkpoint.dir, s, P)));
     if (std::memcmp(h, headers.data(), 5 * sizeof(int64_t)) != 0)
       throw SpecError(fmt::format("trainer: the stage checkpoints in {} disagree (stage 0 at step {}, stage {} at step {}) "
                                   "and have no step in common; remove them or use another /trainer/checkpoint/dir",
@@ -628,9 +629,6 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       model.loadState(state.data());
     }
   }
-  if (header[0] == 1 && rank == 0 && opts.log)
-    opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
-                         ckptPath, header[1], header[2] + 1, header[3], header[4], world));
 
   const int in = cfg.layers.front(), out = cfg.layers.back();
   auto trainSet = openDataset(ts, false);
@@ -646,8 +644,16 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
+  if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
   // Collective (every rank calls it at the same steps): replica 0 of each stage writes its
   // stage's file; once all are durable, rank 0 writes the manifest naming them.
+  // Collective: stops every rank at once when any stage's weights are not finite.
+  auto checkWeightsFinite = [&] {
+    model.storeParams(hostParams.data());
+    int32_t finite = detail::allFinite(hostParams.data(), hostParams.size()) ? 1 : 0;
+    worldComm.allreduceHost(&finite, 1, comm::DataType::kInt32, comm::ReduceOp::kMin);
+    if (!finite) throw detail::divergedError(ts, step, "the weights are not finite");
+  };
   auto save = [&](long long epoch, uint64_t cursor) {
     if (stageDir.empty()) return;
     if (cursor + globalBatch > N) {
@@ -655,15 +661,16 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       cursor = 0;
     }
     std::string written;
+    // Weights that are not finite (a step that overflowed) are never written; every rank
+    // learns it here together (a rank stopping alone would leave its peers to fail on a lost
+    // peer).
+    checkWeightsFinite();
     if (d == 0) {
       // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
-      model.storeParams(hostParams.data());
       model.storeState(state.data());
-      // A diverged run must not leave its weights as the checkpoint later runs resume from.
-      if (!std::all_of(hostParams.begin(), hostParams.end(), [](float v) { return std::isfinite(v); }))
-        throw detail::divergedError(ts, step, fmt::format("stage {}'s weights are not finite", p));
       if (opts.heartbeat) opts.heartbeat();
-      written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state});
+      written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}, 3,
+                               [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
       if (opts.heartbeat) opts.heartbeat();
     }
     int32_t saved = 1;
@@ -704,6 +711,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   };
 
   double stepLoss = 0;
+  std::vector<float> gradTail(std::min<size_t>(nParams, 64));
   int stepCorrect = 0;
   double computeS = 0;  // forward + backward on this rank, this step
   detail::Trace trace(opts.trace_dir.empty() ? std::string() : fmt::format("{}/trace-rank{}.json", opts.trace_dir, rank), rank,
@@ -901,6 +909,13 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         pipe.allreduceHost(&sq, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         model.clipGrads(std::sqrt(sq), ts.grad_clip_norm);
       }
+      // Diverged (a loss that is not finite): the last stage's gradients carry it, and through
+      // the gradients it sends back, every stage's; the replicas of a stage hold the same
+      // averaged gradients. So every rank stops at this step together. The tail of the buffer
+      // is the stage's last layer.
+      model.copyToHost(gradTail.data(), model.grads() + nParams - gradTail.size(), gradTail.size() * sizeof(float));
+      if (!detail::allFinite(gradTail.data(), gradTail.size()))
+        throw detail::divergedError(ts, step + 1, "the loss is not finite (NaN or infinite gradients)");
       const auto optStart = Clock::now();
       const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);
@@ -913,9 +928,6 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                          static_cast<float>(std::sqrt(1.0 - std::pow(ts.optimizer.beta2, t)))});
       }
       trace.add("optimizer", -1, step, optStart, Clock::now());
-      // Diverged (the last stage sees the loss): every later step would be NaN too.
-      if (lastStage && !std::isfinite(stepLoss))
-        throw detail::divergedError(ts, step + 1, std::isnan(stepLoss) ? "the loss is NaN" : "the loss is infinite");
       ++step;
       ++windowSteps;
       progress.stepDone(step);
@@ -973,6 +985,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     result.stage_ms.assign(t.begin(), t.begin() + P);
     result.bubble_fraction = detail::pipelineBubble(t[static_cast<size_t>(P)], t[static_cast<size_t>(P) + 1], P);
   }
+  checkWeightsFinite();  // (the last step may have overflowed with finite gradients)
   result.peak_activation_bytes = model.peakBytes();
 
   // Held-out evaluation: chunks of up to B samples round-robin over the replicas, each

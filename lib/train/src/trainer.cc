@@ -126,13 +126,14 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   // shared file system. header = {status, step, epoch, cursor, world}; status -1 = config
   // mismatch (every rank fails with the same message).
   int64_t header[5] = {0, 0, 0, 0, 0};
-  std::string ckptPath;
+  std::string ckptPath, mismatch;
   if (rank == 0 && !ts.checkpoint.dir.empty()) {
     auto st = loadLatestCheckpoint(ts.checkpoint.dir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); },
                                    &ckptPath);
-    if (st && st->config_hash != hash) {
+    if (st) mismatch = checkpointMismatch(ts, *st, ckptPath, params.size());
+    if (st && !mismatch.empty()) {
       header[0] = -1;
-    } else if (st && st->params.size() == params.size() && st->momentum.size() == momentum.size()) {
+    } else if (st) {
       header[0] = 1;
       header[1] = st->step;
       header[2] = st->epoch;
@@ -140,22 +141,15 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       header[4] = st->world;
       be->loadParams(st->params.data());
       be->loadState(st->momentum.data());
-    } else if (st) {
-      header[0] = -1;
     }
   }
   hostComm.broadcast(header, 5, comm::DataType::kInt64, 0);
-  if (header[0] == -1)
-    throw SpecError(fmt::format("trainer: the newest checkpoint in {} was written by a different trainer config (model, "
-                                "data, optimizer or seed changed); remove it or use another /trainer/checkpoint/dir",
-                                ts.checkpoint.dir));
+  // (rank 0 says what changed; the others only that it did)
+  if (header[0] == -1) throw SpecError(checkpointRefusal(ts, mismatch));
   // Every replica starts from rank 0's weights (fresh or resumed).
   broadcastBuffer(be->params(), params, &detail::MathBackend::storeParams, &detail::MathBackend::loadParams);
   if (header[0] == 1)
     broadcastBuffer(be->state(), momentum, &detail::MathBackend::storeState, &detail::MathBackend::loadState);
-  if (header[0] == 1 && rank == 0 && opts.log)
-    opts.log(fmt::format("resuming from {}: step {}, epoch {}, sample {} of the epoch (written by {} workers, now {})",
-                         ckptPath, header[1], header[2] + 1, header[3], header[4], world));
 
   const int B = ts.batch_size;
   const int in = cfg.layers.front(), out = cfg.layers.back();
@@ -175,22 +169,26 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
+  if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
   auto save = [&](long long epoch, uint64_t cursor) {
-    if (rank != 0 || ts.checkpoint.dir.empty()) return;
+    if (ts.checkpoint.dir.empty()) return;
+    // Weights that are not finite (a step that overflowed) are never written as the
+    // checkpoint later runs resume from. Every rank holds the same weights, so every rank
+    // stops here at once (a rank alone would leave its peers to fail on a lost peer).
+    be->storeParams(params.data());
+    if (!detail::allFinite(params.data(), params.size())) throw detail::divergedError(ts, step, "the weights are not finite");
+    if (rank != 0) return;
     // Past the last full global batch the epoch is over: resume at the next one.
     if (cursor + globalBatch > N) {
       ++epoch;
       cursor = 0;
     }
-    // The same file whichever backend wrote it: a GPU checkpoint resumes on the CPU and back.
-    be->storeParams(params.data());
+    // The same file whichever backend wrote it: a GPU checkpoint resumes on the CPU and back
+    // (params were stored above).
     be->storeState(momentum.data());
-    // A diverged run (another rank's gradients were not finite) must not leave its weights as
-    // the checkpoint every later run resumes from.
-    if (!std::all_of(params.begin(), params.end(), [](float v) { return std::isfinite(v); }))
-      throw detail::divergedError(ts, step, "the weights are not finite");
     if (opts.heartbeat) opts.heartbeat();
-    saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum});
+    saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}, 3,
+                   [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
     if (opts.heartbeat) opts.heartbeat();
   };
 
@@ -218,6 +216,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   // Gradients staged through the host (GPU math, host communicator).
   std::vector<float> hostGrads(direct || world == 1 ? 0 : P);
   float* const grads = be->grads();
+  std::vector<float> gradTail(std::min<size_t>(P, 64));
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
     EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
     // The cursor counts samples of this epoch's order already used by all ranks together,
@@ -266,6 +265,12 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
 
       // Gradients are identical on every rank here, so clipping agrees everywhere.
       if (ts.grad_clip_norm > 0) be->clipGradNorm(ts.grad_clip_norm);
+      // Diverged (a loss that is not finite on any rank): the averaged gradients, the same on
+      // every rank, carry it, so every rank stops at this step together. The tail of the
+      // buffer is the last layer's, which every sample's loss reaches.
+      be->copyToHost(gradTail.data(), grads + P - gradTail.size(), gradTail.size() * sizeof(float));
+      if (!detail::allFinite(gradTail.data(), gradTail.size()))
+        throw detail::divergedError(ts, step + 1, "the loss is not finite (NaN or infinite gradients)");
       const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);
       if (!adam) {
@@ -282,8 +287,6 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       // The GPU computed the loss long ago; reading it here keeps the step free of stalls.
       int correct = 0;
       const double loss = be->result(&correct);
-      // Diverged: every later step and checkpoint would be NaN too; stop now, saying why.
-      if (!std::isfinite(loss)) throw detail::divergedError(ts, step + 1, std::isnan(loss) ? "the loss is NaN" : "the loss is infinite");
       ++step;
       progress.stepDone(step);
       if (rank == 0 && opts.status && progress.statusDue(step))
@@ -312,6 +315,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       }
     }
   }
+  // (the last step's update may have overflowed with finite gradients; same weights everywhere)
+  be->storeParams(params.data());
+  if (!detail::allFinite(params.data(), params.size())) throw detail::divergedError(ts, step, "the weights are not finite");
   result.steps = step;
   result.steps_run = step - firstStep;
   result.samples_per_s = progress.samplesPerSecond(step);

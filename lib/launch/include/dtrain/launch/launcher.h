@@ -22,6 +22,10 @@ struct WorkerExit {
   bool stopped_by_dtrain = false;  // killed during teardown, not a failure of its own
   bool hung = false;               // killed by the watchdog (worker_timeout_s)
   bool start_failed = false;       // its command could not be started (exec, cwd): a restart cannot help
+  // A trainer job's worker (dtrain train) exited 2, kExitUsage: its SpecError path, input it
+  // refuses (spec, data file, checkpoint of another config) that every attempt would meet
+  // again. Command jobs never set it: their exit codes mean what their programs say.
+  bool refused_input = false;
   // Its node was lost before it reported an exit: how it ended is unknown (exit_code and
   // signal are 0 and mean nothing).
   bool lost = false;
@@ -89,8 +93,12 @@ std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 inline constexpr size_t kExitReasonMessageMax = 160;
 std::string exitReason(const WorkerExit& w);
 
-// Why a job whose first failure is a worker that could not be started (start_failed) ends
-// without a restart: every attempt would fail the same way. `host` is named when not "".
+// A failure no restart can help (start_failed, refused_input): the job ends at once with its
+// code instead of spending the restart budget on attempts that would fail the same way.
+inline bool restartCannotHelp(const WorkerExit& w) { return w.start_failed || w.refused_input; }
+
+// Why a job whose first failure is one of restartCannotHelp's ends without a restart.
+// `host` is named when not "".
 std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, const std::string& host = "");
 
 // The failure summary printed when a worker fails; after a signal in a restart's back-off,

@@ -6,6 +6,9 @@
 //
 // Format (native byte order; same architecture to resume):
 //   "DTRCKPT1" | u64 payload bytes | payload | SHA-256 of payload (32 bytes)
+// payload: config hash, step, epoch, cursor, world, params, optimizer state, then the config
+// in words (u64 count, then per part u64 bytes + text; absent in files of dtrain before it,
+// which skips files that have it as malformed): so that a refusal can say what changed.
 // Written atomically: a temporary file, fsync, rename, fsync of the directory.
 #include <cstdint>
 #include <functional>
@@ -24,14 +27,47 @@ struct TrainState {
   uint64_t cursor = 0;     // samples of that epoch's order already used (all ranks)
   long long world = 0;     // world size that wrote it (information)
   std::vector<float> params, momentum;
+  // configDescription() of the config that wrote it; empty in files from before it was kept.
+  std::vector<std::string> config;
 };
 
 // Hash of the settings a checkpoint must agree with (model, data, optimizer kind, seeds);
-// batch size and world size may change between runs.
+// batch size and world size may change between runs. For csv and idx data it covers the
+// training files (their absolute paths, the labels file, label_column, header) too.
 uint64_t configHash(const spec::TrainerSpec& t);
 
-// Writes dir/ckpt-<step>.bin and keeps the newest `keep` checkpoints. Returns the path.
-std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep = 3);
+// What configHash covers, in words, one "part: value" per part (model, data, optimizer,
+// seed): kept in checkpoints so that a refusal can name what changed.
+std::vector<std::string> configDescription(const spec::TrainerSpec& t);
+
+// Why the checkpoint `s` (read from `path`) cannot be resumed by `t`: "" when it can. Names
+// what changed when the file keeps its config's description, else what the sizes tell.
+// `params` = this spec's parameter count where the checkpoint holds the whole model (the
+// data-parallel trainer), 0 when it cannot be told (a pipeline stage).
+std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, const std::string& path, size_t params);
+
+// The trainer's own refusal of a checkpoint of another config (a race with the check below,
+// or a node 0 whose host was not checked): `detail` is checkpointMismatch()'s text where the
+// rank knows it, "" for a generic one; with the fix (remove all of them, not the newest).
+std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail);
+
+// Rank 0's line on resuming from `path`; header = {status, step, epoch, cursor, world}.
+// `complete`: the checkpoint leaves nothing to train (said so, not "epoch 3" of 2).
+std::string resumeLine(const std::string& path, const int64_t header[5], int world, bool complete,
+                       const spec::TrainerSpec& t);
+
+// Before any worker starts (dtrain run for a local node 0, the agent of the first node,
+// dtrain train run by hand): creates trainer.checkpoint.dir as mkdir -p does, checks that a
+// file can be written in it, and that its newest valid checkpoint (each stage's, for a
+// pipeline) was written by this config. Throws SpecError "<source>: /trainer/checkpoint/dir:
+// ..." with the fix. Nothing to do without a checkpoint dir.
+void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source);
+
+// Writes dir/ckpt-<step>.bin and keeps the newest `keep` valid checkpoints (by a header
+// check), never the one just written; files named like checkpoints that are not ours are
+// left alone, reported through `warn` once per file and process. Returns the path.
+std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep = 3,
+                           const std::function<void(const std::string&)>& warn = {});
 
 // The newest checkpoint that reads back intact; damaged ones are reported through `warn`
 // and skipped, never loaded. nullopt when there is none. maxStep >= 0: the newest at or

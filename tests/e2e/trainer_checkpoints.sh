@@ -1,0 +1,122 @@
+# The trainer's checkpoint directory through the real binary: made and tried before any
+# worker starts (exit 2 when it cannot be written, or holds another config's checkpoints,
+# naming what changed: the model, the data files), a trainer worker's exit 2 is not
+# restarted (one node and across nodes) while a command's is, pruning counts only real
+# checkpoints, and resuming a finished job says so.
+source "$(dirname "$0")/lib.sh"
+SYNTHETIC='{"train_samples": 512, "eval_samples": 64, "seed": 1}'
+spec() {  # spec FILE CHECKPOINT-DIR [LAYERS] [DATA]
+  local layers="${3:-[4, 16, 3]}" data="${4:-$SYNTHETIC}"
+  cat > "$1" <<JSON
+{"name": "ck", "nproc_per_node": 2, "restart_backoff_s": 0, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": $layers}, "data": $data,
+  "batch_size": 16, "epochs": 2, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000,
+  "checkpoint": {"dir": "$2", "every_steps": 4}}}
+JSON
+}
+one_line() {  # one_line ERRFILE LABEL: exactly one line of stderr
+  expect_eq "$(wc -l <"$1")" 1 "$2: one line"
+}
+
+# 1. A directory that cannot be written is refused before the launch, not at the first save.
+echo "a,b" > "$T/file.csv"
+spec "$T/under.json" "$T/file.csv/sub"
+"$DTRAIN" run "$T/under.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "checkpoint dir under a regular file: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: $T/under.json: /trainer/checkpoint/dir: \"$T/file.csv/sub\" cannot be created: $T/file.csv is not a directory; give a path in a directory" "under a regular file: names the spec, the pointer and the fix"
+expect_eq "$(cat "$T/out")" "" "under a regular file: no worker started"
+"$DTRAIN" validate "$T/under.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "validate refuses it too"
+spec "$T/proc.json" "/proc/dtrain-ckdir-$$"
+"$DTRAIN" run "$T/proc.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "checkpoint dir in /proc: exit 2"
+one_line "$T/err" "checkpoint dir in /proc"
+expect_grep "^dtrain: error: $T/proc.json: /trainer/checkpoint/dir: .*/proc/dtrain-ckdir-$$.*; give a " "$T/err" "checkpoint dir in /proc: names the spec and the pointer"
+"$DTRAIN" train "$T/proc.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "dtrain train by hand: exit 2"
+expect_grep "^dtrain: error: $T/proc.json: /trainer/checkpoint/dir: " "$T/err" "dtrain train by hand: names the spec and the pointer"
+if [ "$(id -u)" != 0 ]; then
+  mkdir -p "$T/ro"; chmod 555 "$T/ro"
+  spec "$T/ro.json" "$T/ro/ck"
+  "$DTRAIN" run "$T/ro.json" >"$T/out" 2>"$T/err"
+  expect_eq "$?" 2 "read-only parent: exit 2"
+fi
+# validate creates nothing; run creates it (mkdir -p).
+spec "$T/deep.json" "$T/deep/a/b"
+"$DTRAIN" validate "$T/deep.json" >/dev/null 2>&1
+expect_eq "$?" 0 "validate of a creatable checkpoint dir"
+[ -e "$T/deep" ] && fail "validate created the checkpoint dir" || pass "validate creates nothing"
+# Across nodes the first node's agent checks it on its host.
+"$DTRAIN" run "$T/under.json" --hosts localhost:1,127.0.0.1:1 --max-restarts 2 >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "multi-node: exit 2"
+expect_grep "node localhost: $T/under.json: /trainer/checkpoint/dir: cannot create \"$T/file.csv/sub\": $T/file.csv is not a directory; give a directory" "$T/err" "multi-node: node 0's agent names the spec and the pointer"
+if grep -q "event restart" "$T/err"; then fail "multi-node: restarted"; else pass "multi-node: no restart"; fi
+
+# 2a. Another config's checkpoint: one line before any worker starts, naming what changed.
+spec "$T/a.json" "$T/ck-a"
+"$DTRAIN" run "$T/deep.json" >"$T/deep.out" 2>&1  # (also: run creates the nested dir)
+expect_eq "$?" 0 "a run with a nested checkpoint dir"
+ls "$T/deep/a/b"/ckpt-*.bin >/dev/null 2>&1 && pass "run created it" || fail "no checkpoints in $T/deep/a/b"
+"$DTRAIN" run "$T/a.json" >"$T/a.out" 2>&1
+expect_eq "$?" 0 "first run"
+spec "$T/lay.json" "$T/ck-a" "[4, 8, 8, 3]"
+start=$(date +%s)
+"$DTRAIN" run "$T/lay.json" --max-restarts 3 >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "changed layers: exit 2"
+one_line "$T/err" "changed layers"
+expect_grep "^dtrain: error: $T/lay.json: /trainer/checkpoint/dir: the newest checkpoint $T/ck-a/ckpt-0000000032.bin \(step 32\) was written by a different trainer config: the model changed \(checkpoint: mlp 4-16-3, relu, cross_entropy; this spec: mlp 4-8-8-3, relu, cross_entropy\); use another /trainer/checkpoint/dir, or remove all the checkpoints in $T/ck-a \(every ckpt-\*.bin" "$T/err" "changed layers: says what changed and to remove all of them"
+expect_eq "$(cat "$T/out")" "" "changed layers: no worker started"
+took=$(( $(date +%s) - start ))
+[ "$took" -lt 5 ] && pass "changed layers: refused at once (${took}s)" || fail "changed layers took ${took}s"
+
+# 3. Data files are part of the config: another file (or the same file moved) is refused.
+python3 -c "
+import random
+random.seed(3)
+with open('$T/d1.csv', 'w') as f:
+    f.write('a,b,c,d,label\n')
+    for i in range(400):
+        x = [random.gauss(0, 1) for _ in range(4)]
+        f.write(','.join('%.3f' % v for v in x) + ',%d\n' % (int(x[0] > 0) + int(x[1] > 0)))
+"
+cp "$T/d1.csv" "$T/d2.csv"
+spec "$T/c1.json" "$T/ck-c" "[4, 16, 3]" "{\"type\": \"csv\", \"path\": \"$T/d1.csv\"}"
+spec "$T/c2.json" "$T/ck-c" "[4, 16, 3]" "{\"type\": \"csv\", \"path\": \"$T/d2.csv\"}"
+"$DTRAIN" run "$T/c1.json" >"$T/c1.out" 2>&1
+expect_eq "$?" 0 "csv run"
+"$DTRAIN" run "$T/c2.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "another data file: exit 2"
+expect_grep "^dtrain: error: $T/c2.json: /trainer/checkpoint/dir: .* the data changed \(checkpoint: csv $T/d1.csv, label column label, header, seed 1; this spec: csv $T/d2.csv, label column label, header, seed 1\); use another" "$T/err" "another data file: says the data changed"
+"$DTRAIN" run "$T/c1.json" >"$T/out" 2>&1
+expect_eq "$?" 0 "the same data file resumes"
+
+# 5. Resuming a finished job says it is finished, not "epoch 3" of 2.
+expect_grep "^\[rank 0\] resuming from $T/ck-c/ckpt-0000000022.bin: step 22, which completes the job \(2 epochs\); nothing left to train" "$T/out" "resume of a finished job says so"
+if grep -q "epoch 3" "$T/out"; then fail "resume line says epoch 3"; else pass "no epoch 3 of 2"; fi
+
+# 2b. A trainer worker's exit 2 (input it refuses) is not restarted, on one node and across
+# nodes; a command's exit 2 is. (A malformed fault-injection variable: every worker's
+# SpecError, which the launcher's checks cannot see.)
+spec "$T/b.json" "$T/ck-b"
+"$DTRAIN" run "$T/b.json" --max-restarts 3 --env DTRAIN_DEBUG_KILL_AT=x --summary-json "$T/b.sum" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "trainer worker exit 2: the job exits 2"
+expect_grep "cause: +not restarted: rank [01] refused its input \(exit 2: .*\); every attempt would fail the same way" "$T/err" "trainer worker exit 2: not restarted, says why"
+if grep -q "event restart" "$T/err"; then fail "trainer worker exit 2 restarted"; else pass "trainer worker exit 2: no restart"; fi
+expect_eq "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['restarts'])" "$T/b.sum")" 0 "trainer worker exit 2: no restart spent"
+"$DTRAIN" run "$T/b.json" --hosts localhost:1,127.0.0.1:1 --max-restarts 3 --env DTRAIN_DEBUG_KILL_AT=x >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "multi-node trainer worker exit 2: the job exits 2"
+expect_grep "cause: +not restarted: rank [01] on [^ ]+ refused its input \(exit 2" "$T/err" "multi-node trainer worker exit 2: not restarted"
+if grep -q "event restart" "$T/err"; then fail "multi-node trainer worker exit 2 restarted"; else pass "multi-node: no restart"; fi
+"$DTRAIN" run --nproc-per-node 1 --max-restarts 1 --shutdown-timeout 3 -- sh -c 'exit 2' >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a command's exit 2"
+expect_grep "event restart .*exited with code 2; restart 1 of 1" "$T/err" "a command's exit 2 is restarted"
+
+# 4. Junk named like checkpoints is neither counted nor deleted: the real ones stay.
+mkdir -p "$T/ck-j"
+for n in 9997 9998 9999; do head -c 100 /dev/urandom > "$T/ck-j/ckpt-000000$n.bin"; done
+spec "$T/j.json" "$T/ck-j"
+"$DTRAIN" run "$T/j.json" >"$T/out" 2>&1
+expect_eq "$?" 0 "a run beside junk checkpoints"
+expect_eq "$(cd "$T/ck-j" && ls | tr '\n' ' ')" "ckpt-0000000024.bin ckpt-0000000028.bin ckpt-0000000032.bin ckpt-0000009997.bin ckpt-0000009998.bin ckpt-0000009999.bin " "the newest 3 real checkpoints kept, junk left alone"
+expect_eq "$(grep -c 'is named like a checkpoint but is not a dtrain checkpoint' "$T/out")" 3 "one warning per junk file"
+finish
