@@ -182,6 +182,7 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const std::filesystem::path file = dir / prog;
   std::error_code ec;
   const bool isFile = std::filesystem::is_regular_file(file, ec);
+  const bool isDir = std::filesystem::is_directory(file, ec);
   const std::string ext = file.extension().string();
   const bool executable = isFile && ::access(file.c_str(), X_OK) == 0;
   std::string fix;
@@ -193,6 +194,10 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
     fix = fmt::format("it is not on PATH; to run the one in {}, give ./{}", dir.string(), prog);
   else if (isFile)
     fix = fmt::format("{} is not executable: chmod +x it, or run it with its interpreter (e.g. bash {})", file.string(), prog);
+  else if (isDir && prog.find('/') != std::string::npos)
+    fix = prog[0] == '/' ? std::string("it is a directory, not a program; give the program's path")
+                         : fmt::format("it is a directory (relative to {}), not a program; give the program's path",
+                                       dir.string());
   else if (prog.find('/') != std::string::npos)
     fix = prog[0] == '/' ? std::string("no such file; check the path")
                          : fmt::format("no such file (relative to {}); check the path", dir.string());

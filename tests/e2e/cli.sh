@@ -111,4 +111,7 @@ for opt in --summary-json --hosts --log-dir; do
   "$DTRAIN" run --nproc-per-node 1 "$opt" "" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "$opt \"\" exits 2"
   expect_grep "^dtrain: error: $opt: the value is empty" "$T/err" "$opt \"\" explained"
 done
+# A directory is not a program, and is said to be one (not "no such file").
+"$DTRAIN" run -- /etc 2>"$T/err"; expect_eq "$?" 2 "run -- /etc exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: cannot run \"/etc\": it is a directory, not a program; give the program's path" "a directory named as such"
 finish
