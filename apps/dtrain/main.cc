@@ -234,7 +234,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts, 0, spec::kMaxRestarts);
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
-  spec::resolve(s);
+  spec::resolve(s, a.overrides);
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
   // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the
   // resolved spec (cmdRun writes it): absolute paths whatever `cwd` says, the overrides

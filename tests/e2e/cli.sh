@@ -114,4 +114,13 @@ done
 # A directory is not a program, and is said to be one (not "no such file").
 "$DTRAIN" run -- /etc 2>"$T/err"; expect_eq "$?" 2 "run -- /etc exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: cannot run \"/etc\": it is a directory, not a program; give the program's path" "a directory named as such"
+# Values from flags are blamed on the flag, not on the JSON path they set.
+"$DTRAIN" run --local-ranks-filter 5 -- true 2>"$T/err"; expect_eq "$?" 2 "--local-ranks-filter 5 exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --local-ranks-filter: local rank 5 does not exist with nproc_per_node 1; use ranks 0..0" "--local-ranks-filter named"
+"$DTRAIN" run --nnodes 3 --hosts localhost,127.0.0.1 --dry-run -- true 2>"$T/err"; expect_eq "$?" 2 "--nnodes above the hosts exits 2"
+expect_grep "^dtrain: error: --nnodes: 3 node\(s\) asked for but 2 host\(s\) given; .* or lower --nnodes$" "$T/err" "--nnodes named (above the hosts)"
+"$DTRAIN" run --nnodes 1 --hosts localhost,127.0.0.1 --dry-run -- true 2>"$T/err"; expect_eq "$?" 2 "--nnodes below the hosts exits 2"
+expect_grep "^dtrain: error: --nnodes: 1 node\(s\) at most, but 2 host\(s\) given, .* or raise --nnodes to 2$" "$T/err" "--nnodes named (below the hosts)"
+"$DTRAIN" validate "$SRC/tests/spec/bad/console_ranks_contradiction.json" --local-ranks-filter 0 >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "--local-ranks-filter replaces the spec's console_ranks"
 finish
