@@ -1,6 +1,10 @@
 #include "bench_cmd.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <new>
 #include <iostream>
@@ -15,6 +19,7 @@
 #include "output_file.h"
 #include "version.h"
 #include "dtrain/launch/plan.h"
+#include "dtrain/spec/job_spec.h"
 
 namespace dtrain::app {
 namespace {
@@ -59,6 +64,18 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   return o;
 }
 
+// Writes --json whole under a temporary name and renames it into place: the file is
+// rewritten after every row, and one cut short by a signal must not be a torn one.
+void writeBenchJson(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f) throw IoError(fmt::format("--json: cannot write {}: {}", tmp, std::strerror(errno)));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("--json: rename to " + path);
+}
+
 int worker(comm::Collective c) {
   auto& a = gArgs;
   comm::BenchOptions o = benchOptions(c);
@@ -77,10 +94,18 @@ int worker(comm::Collective c) {
     std::cout << comm::formatBenchHeader(o, comm->size(), comm->backend(),
                                          c == comm::Collective::kSendRecv ? comm->p2pTransport() : comm->transport())
               << std::flush;
-  std::vector<comm::BenchRow> rows;
+  std::vector<comm::BenchRow> rows, done;
   try {
     rows = comm::runBench(*comm, o, [&](const comm::BenchRow& r) {
-      if (printer) std::cout << comm::formatBenchRow(r, o) << std::flush;
+      if (!printer) return;
+      std::cout << comm::formatBenchRow(r, o) << std::flush;
+      // --json keeps what was measured, as the table does: rewritten after each row
+      // ("complete": false until the sweep ends), so a sweep stopped by SIGINT or SIGTERM
+      // (or killed) leaves every row it finished.
+      if (!a.json.empty()) {
+        done.push_back(r);
+        writeBenchJson(a.json, comm::benchJson(done, o, comm->size(), comm->backend(), false));
+      }
     });
   } catch (const std::bad_alloc&) {
     // The memory check passed but the memory was not there (other processes use it).
@@ -91,11 +116,7 @@ int worker(comm::Collective c) {
   for (const auto& r : rows) wrong += r.wrong;
   if (printer) {
     std::cout << comm::formatBenchFooter(rows) << std::flush;
-    if (!a.json.empty()) {
-      std::ofstream f(a.json);
-      f << comm::benchJson(rows, o, comm->size(), comm->backend());
-      if (!f) throw IoError(fmt::format("cannot write {}", a.json));
-    }
+    if (!a.json.empty()) writeBenchJson(a.json, comm::benchJson(rows, o, comm->size(), comm->backend(), true));
   }
   return wrong ? 1 : 0;
 }
@@ -103,6 +124,24 @@ int worker(comm::Collective c) {
 int launch(comm::Collective c, CLI::App* sub) {
   auto& a = gArgs;
   benchOptions(c);  // refuse bad flags before starting anything
+  // --json "" (an unset variable) would otherwise mean "no JSON" (--hosts "": run here)
+  // and say nothing; refused as for run's path options.
+  for (const char* name : {"--json", "--hostfile", "--hosts", "--nproc-per-node"}) {
+    const CLI::Option* o = sub->get_option_no_throw(name);
+    if (!o || o->count() == 0) continue;
+    const auto& given = o->results();
+    if (std::any_of(given.begin(), given.end(), [](const std::string& v) { return v.empty(); }))
+      throw SpecError(fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name));
+  }
+  // NCCL is checked here, once, rather than by every rank after the launch. Multi-node
+  // pre-flight requires the same build on every host, so a CPU build is refused for all;
+  // GPUs are counted here for local ranks (each remote host's ranks find their own).
+  if (a.backend == "nccl") {
+#ifndef DTRAIN_HAVE_CUDA
+    throw SpecError("--backend: nccl needs a CUDA build of dtrain, and this is a CPU build (dtrain --version says "
+                    "which); use --backend tcp");
+#endif
+  }
   if (!a.json.empty() && a.hostfile.empty() && a.hosts.empty()) {
     checkOutputFile(a.json, "--json");  // local ranks: rank 0 writes it here
   }
@@ -127,7 +166,18 @@ int launch(comm::Collective c, CLI::App* sub) {
   s.console_ranks = {0};
   s.shutdown_timeout_s = 5;
   s.env["OMP_NUM_THREADS"] = "1";
-  spec::resolve(s);
+  spec::resolve(s, ov);
+  if (s.nodes.empty() && a.backend == "nccl") {
+    const int gpus = spec::visibleGpuCount();
+    if (gpus == 0)
+      throw SpecError("--backend: nccl needs a GPU, and none is visible here (check the driver and "
+                      "CUDA_VISIBLE_DEVICES); use --backend tcp");
+    // NCCL refuses two ranks of one communicator on the same GPU.
+    if (s.nproc_per_node > gpus)
+      throw SpecError(fmt::format("--nproc-per-node: {} ranks with --backend nccl need a GPU each, and {} {} visible "
+                                  "here; use --nproc-per-node {} or fewer",
+                                  s.nproc_per_node, gpus, gpus == 1 ? "is" : "are", gpus));
+  }
   if (s.nodes.empty()) {
     if (auto problem = comm::benchMemoryProblem(benchOptions(c), s.nproc_per_node, comm::physicalMemoryBytes());
         !problem.empty())

@@ -187,6 +187,7 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const std::filesystem::path file = dir / prog;
   std::error_code ec;
   const bool isFile = std::filesystem::is_regular_file(file, ec);
+  const bool isDir = std::filesystem::is_directory(file, ec);
   const std::string ext = file.extension().string();
   const bool executable = isFile && ::access(file.c_str(), X_OK) == 0;
   std::string fix;
@@ -198,6 +199,10 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
     fix = fmt::format("it is not on PATH; to run the one in {}, give ./{}", dir.string(), prog);
   else if (isFile)
     fix = fmt::format("{} is not executable: chmod +x it, or run it with its interpreter (e.g. bash {})", file.string(), prog);
+  else if (isDir && prog.find('/') != std::string::npos)
+    fix = prog[0] == '/' ? std::string("it is a directory, not a program; give the program's path")
+                         : fmt::format("it is a directory (relative to {}), not a program; give the program's path",
+                                       dir.string());
   else if (prog.find('/') != std::string::npos)
     fix = prog[0] == '/' ? std::string("no such file; check the path")
                          : fmt::format("no such file (relative to {}); check the path", dir.string());
@@ -234,7 +239,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts, 0, spec::kMaxRestarts);
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
-  spec::resolve(s);
+  spec::resolve(s, a.overrides);
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
   // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the
   // resolved spec (cmdRun writes it): absolute paths whatever `cwd` says, the overrides
@@ -433,6 +438,42 @@ std::string unknownCommand(CLI::App& app, const std::vector<std::string>& args) 
   return "";
 }
 
+// Words no command took (`dtrain validate job.json a b`), in the order the user gave them:
+// CLI11 2.1's own ExtrasError message joins them in reverse. `hint` replaces the pointer to
+// --help when given; `fallback` is CLI11's message, for when no command holds the words.
+std::string unexpectedArguments(CLI::App& app, const std::string& hint, const std::string& fallback) {
+  std::vector<CLI::App*> todo{&app};
+  for (size_t i = 0; i < todo.size(); ++i) {
+    CLI::App* cur = todo[i];
+    if (cur->remaining_size(false) > 0) {
+      std::string path;
+      for (CLI::App* p = cur; p->get_parent() != nullptr; p = p->get_parent())
+        path = p->get_name() + (path.empty() ? "" : " " + path);
+      std::vector<std::string> words;
+      for (const std::string& w : cur->remaining(false)) words.push_back(shellQuote(w));
+      return fmt::format("{}unexpected argument{} {}{}", path.empty() ? "" : path + ": ", words.size() == 1 ? "" : "s",
+                         fmt::join(words, " "),
+                         hint.empty() ? fmt::format("; see dtrain {}--help", path.empty() ? "" : path + " ") : hint);
+    }
+    for (CLI::App* sub : cur->get_subcommands()) todo.push_back(sub);
+  }
+  return fallback + (hint.empty() ? "; see dtrain --help" : hint);
+}
+
+// True when `path` is a job spec: a .json file, or a file that parses as one. For the
+// words after it, which are then a command given beside a spec, not a command without --.
+bool isSpecFile(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  if (std::filesystem::path(path).extension() == ".json") return true;
+  try {
+    spec::loadJobSpec(path);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -451,7 +492,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  CLI::App app{"dtrain: launcher and job runner for distributed training"};
+  // Named here: CLI11 takes the name from argv[0] only when given argc/argv, and the usage
+  // line would otherwise start with no program name.
+  CLI::App app{"dtrain: launcher and job runner for distributed training", "dtrain"};
   app.require_subcommand(1);
   app.set_version_flag("--version", app::versionString());
 
@@ -490,6 +533,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::ExtrasError& e) {
+    std::cerr << "dtrain: error: " << unexpectedArguments(app, app::storeParseHint(args), e.what()) << "\n";
+    return kExitUsage;
   } catch (const CLI::ParseError& e) {
     std::string hint = app::storeParseHint(args);
     std::cerr << "dtrain: error: " << e.what() << (hint.empty() ? "; see dtrain --help" : hint) << "\n";
@@ -533,8 +579,18 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     std::vector<std::string> words;
-    if (!runArgs.spec_path.empty()) words.push_back(runArgs.spec_path);
     for (const auto& w : extra) words.push_back(shellQuote(w));
+    // A spec first (`dtrain run job.json python3 x.py`): the spec names its own command, so
+    // moving both after -- would run the spec file as a program.
+    if (!runArgs.spec_path.empty() && isSpecFile(runArgs.spec_path)) {
+      std::cerr << fmt::format("dtrain: error: run: unexpected arguments \"{}\" after the job spec {}: a spec and a "
+                               "command cannot both be given; run the spec (dtrain run {}) or the command (dtrain run "
+                               "[options] -- {})\n",
+                               fmt::format("{}", fmt::join(words, " ")), runArgs.spec_path, shellQuote(runArgs.spec_path),
+                               fmt::format("{}", fmt::join(words, " ")));
+      return kExitUsage;
+    }
+    if (!runArgs.spec_path.empty()) words.insert(words.begin(), runArgs.spec_path);
     std::cerr << fmt::format("dtrain: error: run: unexpected arguments \"{}\"; to run a program, put its command after "
                              "--: dtrain run [options] -- {}\n",
                              fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(words, " ")));

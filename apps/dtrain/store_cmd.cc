@@ -61,28 +61,54 @@ std::string token(bool serving) {
   throw SpecError("no store token: set DTRAIN_STORE_TOKEN or pass --token-file FILE");
 }
 
+// A port from 1 to 65535, or 0 when `text` is not one.
+int parsePort(const std::string& text) {
+  try {
+    return static_cast<int>(parseInteger(text, "port", 1, 65535));
+  } catch (const SpecError&) {
+    return 0;
+  }
+}
+
+// "[v6]" -> "v6": brackets only set an IPv6 literal apart from the port.
+std::string unbracket(std::string host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
+  return host;
+}
+
 store::TcpStoreOptions clientOptions() {
   auto& a = gArgs;
   store::TcpStoreOptions o;
-  std::string ep = a.endpoint;
-  if (ep.empty()) {
+  if (a.endpoint.empty()) {
+    // Inside dtrain run: the job's store. Errors name the variable the bad part came from,
+    // since the user passed no --endpoint.
     const char* addr = std::getenv("DTRAIN_STORE_ADDR");
     const char* port = std::getenv("DTRAIN_STORE_PORT");
-    if (!addr || !port) throw SpecError("no store endpoint: pass --endpoint HOST:PORT (or run inside dtrain run, which sets DTRAIN_STORE_ADDR/PORT)");
-    ep = fmt::format("{}:{}", addr, port);
+    if (!addr && !port) throw SpecError("no store endpoint: pass --endpoint HOST:PORT (or run inside dtrain run, which sets DTRAIN_STORE_ADDR/PORT)");
+    o.port = port ? parsePort(port) : 0;
+    if (port && o.port == 0)
+      throw SpecError(fmt::format("DTRAIN_STORE_PORT: expected a port from 1 to 65535, got \"{}\"; fix it, or pass "
+                                  "--endpoint HOST:PORT", port));
+    if (!addr || !*addr)
+      throw SpecError(fmt::format("DTRAIN_STORE_ADDR: {}; set it to the store's host, or pass --endpoint HOST:PORT",
+                                  addr ? "empty" : "not set, though DTRAIN_STORE_PORT is"));
+    if (!port)
+      throw SpecError("DTRAIN_STORE_PORT: not set, though DTRAIN_STORE_ADDR is; set it to the store's port, or pass "
+                      "--endpoint HOST:PORT");
+    o.host = unbracket(addr);
+  } else {
+    const std::string& ep = a.endpoint;
+    auto colon = ep.rfind(':');
+    o.port = colon == std::string::npos ? 0 : parsePort(ep.substr(colon + 1));
+    std::string host = colon == std::string::npos ? std::string() : ep.substr(0, colon);
+    // A colon left in the host is a second port (127.0.0.1:1:2) or an IPv6 literal without
+    // brackets, whose last group would be taken for the port: both are refused, not guessed.
+    bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
+    if (o.port == 0 || host.empty() || (!bracketed && host.find_first_of(":[]") != std::string::npos))
+      throw SpecError(fmt::format("--endpoint: expected HOST:PORT with a port from 1 to 65535 (an IPv6 address in "
+                                  "brackets: [::1]:PORT), got \"{}\"", ep));
+    o.host = unbracket(host);
   }
-  auto colon = ep.rfind(':');
-  int port = 0;
-  try {
-    if (colon != std::string::npos) port = static_cast<int>(parseInteger(ep.substr(colon + 1), "port", 1, 65535));
-  } catch (const SpecError&) {
-    port = 0;
-  }
-  if (colon == std::string::npos || colon == 0 || port == 0)
-    throw SpecError(fmt::format("--endpoint: expected HOST:PORT with a port from 1 to 65535, got \"{}\"", ep));
-  o.host = ep.substr(0, colon);
-  if (o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']') o.host = o.host.substr(1, o.host.size() - 2);
-  o.port = port;
   o.token = token(false);
   o.timeout = store::Duration(static_cast<long long>(parseSeconds(a.timeout_s, "--timeout", kMaxTimeoutS) * 1000));
   o.connect_timeout = store::Duration(
@@ -128,7 +154,7 @@ void addStoreCommands(CLI::App& app) {
     c->add_option("--token-file", a.token_file, "Token file (default: DTRAIN_STORE_TOKEN)");
     c->add_option("--timeout", a.timeout_s, "Seconds to wait for keys (default 30; at most a year, 31536000)");
     c->add_option("--connect-timeout", a.connect_timeout_s,
-                  "Seconds to keep retrying the connection (default 10; at most 31536000)");
+                  "Seconds to keep retrying the connection (default 10; 0 tries once; at most 31536000)");
   };
   a.set = a.store->add_subcommand("set", "Set KEY to VALUE");
   a.set->add_option("key", a.key, "Key")->required();

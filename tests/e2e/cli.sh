@@ -111,4 +111,30 @@ for opt in --summary-json --hosts --log-dir; do
   "$DTRAIN" run --nproc-per-node 1 "$opt" "" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "$opt \"\" exits 2"
   expect_grep "^dtrain: error: $opt: the value is empty" "$T/err" "$opt \"\" explained"
 done
+# A directory is not a program, and is said to be one (not "no such file").
+"$DTRAIN" run -- /etc 2>"$T/err"; expect_eq "$?" 2 "run -- /etc exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: cannot run \"/etc\": it is a directory, not a program; give the program's path" "a directory named as such"
+# Values from flags are blamed on the flag, not on the JSON path they set.
+"$DTRAIN" run --local-ranks-filter 5 -- true 2>"$T/err"; expect_eq "$?" 2 "--local-ranks-filter 5 exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --local-ranks-filter: local rank 5 does not exist with nproc_per_node 1; use ranks 0..0" "--local-ranks-filter named"
+"$DTRAIN" run --nnodes 3 --hosts localhost,127.0.0.1 --dry-run -- true 2>"$T/err"; expect_eq "$?" 2 "--nnodes above the hosts exits 2"
+expect_grep "^dtrain: error: --nnodes: 3 node\(s\) asked for but 2 host\(s\) given; .* or lower --nnodes$" "$T/err" "--nnodes named (above the hosts)"
+"$DTRAIN" run --nnodes 1 --hosts localhost,127.0.0.1 --dry-run -- true 2>"$T/err"; expect_eq "$?" 2 "--nnodes below the hosts exits 2"
+expect_grep "^dtrain: error: --nnodes: 1 node\(s\) at most, but 2 host\(s\) given, .* or raise --nnodes to 2$" "$T/err" "--nnodes named (below the hosts)"
+"$DTRAIN" validate "$SRC/tests/spec/bad/console_ranks_contradiction.json" --local-ranks-filter 0 >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "--local-ranks-filter replaces the spec's console_ranks"
+# The usage line names the program.
+"$DTRAIN" --help >"$T/out" 2>&1
+expect_grep "^Usage: dtrain \[OPTIONS\] SUBCOMMAND" "$T/out" "--help: usage names dtrain"
+# Words no command takes are listed in the order given (CLI11 alone reversed them).
+"$DTRAIN" validate "$SRC/configs/env_dump.json" a b c >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate with extra words exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: validate: unexpected arguments a b c; see dtrain validate --help" "extra words in the user's order"
+# A spec then a command: the spec runs its own command; moving both after -- would run the
+# spec file as a program.
+cp "$SRC/configs/env_dump.json" "$T/job.json"
+"$DTRAIN" run "$T/job.json" python3 x.py >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "spec and command without -- exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"python3 x.py\" after the job spec $T/job.json: a spec and a command cannot both be given; run the spec (dtrain run $T/job.json) or the command (dtrain run [options] -- python3 x.py)" "spec + command: the spec is not put into the command"
+cp "$SRC/configs/env_dump.json" "$T/jobspec"  # a spec without .json: parsed to tell
+"$DTRAIN" run "$T/jobspec" python3 x.py >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "spec without .json and command exits 2"
+expect_grep "a spec and a command cannot both be given" "$T/err" "a spec is recognised by its content too"
 finish

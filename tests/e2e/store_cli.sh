@@ -34,6 +34,34 @@ expect_grep "chmod 600" "$T/err" "token file fix named"
 "$DTRAIN" store get greeting --endpoint 127.0.0.1:1 --token-file "$T/tok" --connect-timeout 0.3 2>"$T/err"; expect_eq "$?" 4 "unreachable -> 4"
 expect_grep "store 127.0.0.1:1: cannot connect" "$T/err" "unreachable message"
 "$DTRAIN" store get greeting --endpoint nonsense --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "bad endpoint -> 2"
+# --connect-timeout 0 tries once: a live store answers, a dead port fails with its own cause.
+expect_eq "$(S get greeting --connect-timeout 0)" "hello world" "--connect-timeout 0 connects to a live store"
+"$DTRAIN" store get greeting --endpoint 127.0.0.1:1 --token-file "$T/tok" --connect-timeout 0 2>"$T/err"; expect_eq "$?" 4 "--connect-timeout 0, nothing listening -> 4"
+expect_grep "^dtrain: error: store 127.0.0.1:1: cannot connect: Connection refused \(one attempt, no retries\)$" "$T/err" "--connect-timeout 0: the attempt's own error"
+# A second colon is not part of a host name; IPv6 literals go in brackets (and still work).
+"$DTRAIN" store get greeting --endpoint "$EP:99" --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "endpoint with two ports -> 2"
+expect_grep "^dtrain: error: --endpoint: expected HOST:PORT .*got \"$EP:99\"$" "$T/err" "two ports named as a bad --endpoint"
+"$DTRAIN" store get greeting --endpoint "::1:${EP##*:}" --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "unbracketed IPv6 -> 2"
+expect_grep "brackets: \[::1\]:PORT" "$T/err" "unbracketed IPv6: brackets suggested"
+"$DTRAIN" store get greeting --endpoint "[::1]:1" --token-file "$T/tok" --connect-timeout 0 2>"$T/err"; expect_eq "$?" 4 "bracketed IPv6 is taken (nothing there -> 4)"
+expect_grep "store ::1:1: cannot connect" "$T/err" "bracketed IPv6 host parsed"
+# A name that does not exist is not asked about for the whole --connect-timeout.
+start=$(date +%s%N)
+"$DTRAIN" store get greeting --endpoint no-such-host.invalid:1 --token-file "$T/tok" --connect-timeout 20 2>"$T/err"; expect_eq "$?" 4 "unknown host -> 4"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+if grep -q "cannot resolve host 'no-such-host.invalid'" "$T/err"; then
+  [ "$ms" -lt 5000 ] && pass "unknown host not retried (${ms} ms)" || fail "unknown host took ${ms} ms"
+else
+  # No resolver answering here (EAI_AGAIN is temporary, so retried): nothing to check.
+  pass "unknown host: resolver gave a temporary error ($(cat "$T/err")); not checked"
+fi
+# Without --endpoint the error names the environment variable it came from.
+env -u DTRAIN_STORE_ADDR DTRAIN_STORE_PORT=abc "$DTRAIN" store get k --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "DTRAIN_STORE_PORT=abc -> 2"
+expect_grep "^dtrain: error: DTRAIN_STORE_PORT: expected a port from 1 to 65535, got \"abc\"; fix it, or pass --endpoint HOST:PORT$" "$T/err" "bad DTRAIN_STORE_PORT named"
+grep -q -- "--endpoint:" "$T/err" && fail "env endpoint blamed on --endpoint" || pass "env endpoint not blamed on --endpoint"
+env -u DTRAIN_STORE_ADDR DTRAIN_STORE_PORT=${EP##*:} "$DTRAIN" store get k --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "DTRAIN_STORE_PORT without ADDR -> 2"
+expect_grep "^dtrain: error: DTRAIN_STORE_ADDR: not set" "$T/err" "missing DTRAIN_STORE_ADDR named"
+expect_eq "$(DTRAIN_STORE_ADDR=127.0.0.1 DTRAIN_STORE_PORT=${EP##*:} "$DTRAIN" store get greeting --token-file "$T/tok")" "hello world" "endpoint from DTRAIN_STORE_ADDR/PORT"
 env -u DTRAIN_STORE_TOKEN "$DTRAIN" store get greeting --endpoint "$EP" 2>"$T/err"; expect_eq "$?" 2 "no token -> 2"
 
 # Refused requests and bad arguments: exit 2 with exactly one line naming what is wrong.

@@ -516,6 +516,37 @@ TEST(SpecResolve, SlotsAndConsoleRanks) {
   EXPECT_NE(errorOf([&] { resolve(one); }).find("local rank 2 does not exist with nproc_per_node 2"), std::string::npos);
 }
 
+// Node range and console rank errors name where the value came from: min_nodes when
+// max_nodes was left out (it defaults to min_nodes then), the flag when a flag set it.
+TEST(SpecResolve, ErrorsNameTheFieldOrFlagGiven) {
+  const std::string two = R"("command": ["true"], "nodes": [{"host": "a", "slots": 1}, {"host": "b", "slots": 1}])";
+  JobSpec minOnly = parseJobSpec("{" + two + R"(, "min_nodes": 3})", "t.json");
+  EXPECT_EQ(errorOf([&] { resolve(minOnly); }),
+            "t.json: /min_nodes: at least 3 node(s), but 2 host(s) given; list more hosts (hostfile, nodes, --hosts) or "
+            "lower min_nodes");
+  JobSpec maxOnly = parseJobSpec("{" + two + R"(, "max_nodes": 3})", "t.json");
+  EXPECT_EQ(errorOf([&] { resolve(maxOnly); }).rfind("t.json: /max_nodes: 3 node(s) asked for but 2 host(s) given", 0), 0u);
+  JobSpec both = parseJobSpec("{" + two + R"(, "min_nodes": 2, "max_nodes": 1})", "t.json");
+  EXPECT_EQ(errorOf([&] { resolve(both); }).rfind("t.json: /min_nodes: 2 is more than max_nodes 1", 0), 0u);
+
+  JobSpec s = parseJobSpec("{" + two + "}", "t.json");
+  Overrides o;
+  o.nnodes = "3";
+  applyOverrides(s, o);
+  EXPECT_EQ(errorOf([&] { resolve(s, o); }),
+            "--nnodes: 3 node(s) asked for but 2 host(s) given; list more hosts (hostfile, nodes, --hosts) or lower --nnodes");
+  JobSpec f = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2})", "t.json");
+  Overrides lr;
+  lr.local_ranks_filter = "5";
+  applyOverrides(f, lr);
+  EXPECT_EQ(errorOf([&] { resolve(f, lr); }),
+            "--local-ranks-filter: local rank 5 does not exist with nproc_per_node 2; use ranks 0..1");
+  JobSpec m = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2,
+      "nodes": [{"host": "a", "slots": 4}, {"host": "b", "slots": 2}]})", "t.json");
+  applyOverrides(m, lr);
+  EXPECT_EQ(errorOf([&] { resolve(m, lr); }).rfind("--local-ranks-filter: local rank 5 does not exist on host \"b\"", 0), 0u);
+}
+
 TEST(SpecDescribe, ListsNodesAndSsh) {
   JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2, "ssh": {"user": "alice", "port": 2200},
       "nodes": [{"host": "localhost", "slots": 1}, {"host": "bob@node2", "port": 2222, "gpus": [0, 1]}]})",

@@ -180,6 +180,53 @@ TEST_F(TcpStoreTest, HugeWaitTimeoutIsNotWrapped) {
   }
 }
 
+// timeout_ms = -1 waits forever (docs/store-protocol.md) for GET, WAIT and MULTI_GET: the
+// connection stays open until a SET from another connection wakes it. The session once
+// had nothing holding it while waiting without a timer and closed at once.
+TEST_F(TcpStoreTest, WaitForeverIsWokenBySetFromAnotherConnection) {
+  const std::vector<wire::Request> waits = {
+      {Op::kGet, {"g"}, {}, -1}, {Op::kWait, {"w1", "w2"}, {}, -1}, {Op::kMultiGet, {"m1", "m2"}, {}, -1}};
+  for (const auto& q : waits) {
+    Raw r(server_->port());
+    r.auth();
+    ASSERT_EQ(r.read()->op, Op::kOk);
+    r.send(wire::encodeRequest(q));
+    EXPECT_FALSE(r.closedByPeer(400ms)) << "opcode " << static_cast<int>(q.op) << " closed instead of waiting";
+    auto setter = client();
+    for (size_t i = 0; i < q.keys.size(); ++i) setter->set(q.keys[i], "v" + std::to_string(i));
+    auto rep = r.read();
+    ASSERT_TRUE(rep) << "opcode " << static_cast<int>(q.op);
+    EXPECT_NE(rep->op, Op::kError) << rep->value;
+    // The connection goes on after the wait.
+    r.send(wire::encodeRequest({Op::kPing, {}, {}, 0}));
+    ASSERT_EQ(r.read()->op, Op::kOk);
+  }
+}
+
+// A client that hangs up while waiting forever does not leave its session behind: the
+// server notices within a sweep or two and frees it, also when it had pipelined a request.
+TEST_F(TcpStoreTest, WaiterThatDisconnectsIsFreed) {
+  auto base = server_->connectionCount();
+  for (bool pipelined : {false, true}) {
+    {
+      Raw r(server_->port());
+      r.auth();
+      ASSERT_EQ(r.read()->op, Op::kOk);
+      std::string frames = wire::encodeRequest({Op::kGet, {"never"}, {}, -1});
+      if (pipelined) frames += wire::encodeRequest({Op::kPing, {}, {}, 0});
+      r.send(frames);
+      EXPECT_FALSE(r.closedByPeer(300ms));
+      EXPECT_EQ(server_->connectionCount(), base + 1);
+    }
+    auto deadline = std::chrono::steady_clock::now() + 3s;
+    while (server_->connectionCount() > base && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+    EXPECT_EQ(server_->connectionCount(), base) << "waiting session leaked (pipelined: " << pipelined << ")";
+  }
+  client()->set("never", "now");  // its waiter entry is gone: nothing to wake
+  client()->ping();
+}
+
 TEST_F(TcpStoreTest, CounterExactAcross16Clients) {
   std::vector<std::thread> ts;
   for (int t = 0; t < 16; ++t)

@@ -202,10 +202,11 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
   return out + formatBenchFooter(rows);
 }
 
-std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend) {
+std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend,
+                      bool complete) {
   std::string transport = rows.empty() || rows[0].transport.empty() ? backend : rows[0].transport;
-  std::string out = fmt::format("{{\"collective\": \"{}\", \"ranks\": {}, \"backend\": \"{}\", \"transport\": \"{}\", \"type\": \"{}\", \"redop\": \"{}\", \"rows\": [",
-                                name(o.collective), worldSize, backend, transport, name(o.dtype), redopName(o));
+  std::string out = fmt::format("{{\"collective\": \"{}\", \"ranks\": {}, \"backend\": \"{}\", \"transport\": \"{}\", \"type\": \"{}\", \"redop\": \"{}\", \"complete\": {}, \"rows\": [",
+                                name(o.collective), worldSize, backend, transport, name(o.dtype), redopName(o), complete);
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     out += fmt::format("{}{{\"bytes\": {}, \"count\": {}, \"time_us\": {}, \"algbw_gbps\": {}, \"busbw_gbps\": {}, \"wrong\": {}}}",

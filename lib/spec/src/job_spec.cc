@@ -1024,29 +1024,43 @@ int autoProcsPerNode() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-void resolve(JobSpec& spec) {
+void resolve(JobSpec& spec, const Overrides& given) {
   if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode();
   const std::string source = spec.source.empty() ? "command line" : spec.source;
+  // Each message names where the value came from: the flag, else the spec's field.
+  const std::string nodesFrom = given.nnodes ? "--nnodes" : "";
+  const char* maxName = given.nnodes ? "--nnodes" : "max_nodes";  // in the fix
+  auto field = [&](const std::string& flag, const char* pointer) {
+    return flag.empty() ? fmt::format("{}: {}", source, pointer) : flag;
+  };
   // Elastic range: defaults to the hosts given; it cannot ask for more nodes than there are.
   int hosts = std::max<int>(1, static_cast<int>(spec.nodes.size()));
+  const bool maxGiven = spec.max_nodes != 0;
   if (spec.max_nodes == 0) spec.max_nodes = std::max(hosts, spec.min_nodes);
   if (spec.min_nodes == 0) spec.min_nodes = std::min(hosts, spec.max_nodes);
   if (spec.min_nodes > spec.max_nodes)
-    throw SpecError(fmt::format("{}: /min_nodes: {} is more than max_nodes {}; make min_nodes <= max_nodes", source,
-                                spec.min_nodes, spec.max_nodes));
+    throw SpecError(fmt::format("{}: {} is more than max_nodes {}; make min_nodes <= max_nodes",
+                                field(nodesFrom, "/min_nodes"), spec.min_nodes, spec.max_nodes));
   if (spec.max_nodes < hosts)
-    throw SpecError(fmt::format("{}: /max_nodes: {} node(s) at most, but {} host(s) given, and dtrain starts every host "
-                                "it is given; list only the hosts to use, or raise max_nodes / --nnodes to {}",
-                                source, spec.max_nodes, hosts, hosts));
+    throw SpecError(fmt::format("{}: {} node(s) at most, but {} host(s) given, and dtrain starts every host "
+                                "it is given; list only the hosts to use, or raise {} to {}",
+                                field(nodesFrom, "/max_nodes"), spec.max_nodes, hosts, maxName, hosts));
+  // max_nodes left out defaults to the hosts, or to min_nodes when that is more: then the
+  // count asked for is min_nodes's, and that is the field to name.
+  if (spec.max_nodes > hosts && !maxGiven)
+    throw SpecError(fmt::format("{}: at least {} node(s), but {} host(s) given; list more hosts (hostfile, nodes, "
+                                "--hosts) or lower min_nodes",
+                                field("", "/min_nodes"), spec.min_nodes, hosts));
   if (spec.max_nodes > hosts)
-    throw SpecError(fmt::format("{}: /max_nodes: {} node(s) asked for but {} host(s) given; list more hosts (hostfile, "
-                                "nodes, --hosts) or lower max_nodes / --nnodes",
-                                source, spec.max_nodes, hosts));
+    throw SpecError(fmt::format("{}: {} node(s) asked for but {} host(s) given; list more hosts (hostfile, "
+                                "nodes, --hosts) or lower {}",
+                                field(nodesFrom, "/max_nodes"), spec.max_nodes, hosts, maxName));
+  const std::string ranksFrom = field(given.local_ranks_filter ? "--local-ranks-filter" : "", "/console_ranks");
   if (spec.nodes.empty()) {
     for (int r : spec.console_ranks) {
       if (r >= spec.nproc_per_node)
-        throw SpecError(fmt::format("{}: /console_ranks: local rank {} does not exist with nproc_per_node {}; use ranks 0..{}",
-                                    source, r, spec.nproc_per_node, spec.nproc_per_node - 1));
+        throw SpecError(fmt::format("{}: local rank {} does not exist with nproc_per_node {}; use ranks 0..{}",
+                                    ranksFrom, r, spec.nproc_per_node, spec.nproc_per_node - 1));
     }
     return;
   }
@@ -1059,8 +1073,8 @@ void resolve(JobSpec& spec) {
   if (smallest == nullptr) return;
   for (int r : spec.console_ranks) {
     if (r >= smallest->slots)
-      throw SpecError(fmt::format("{}: /console_ranks: local rank {} does not exist on {} ({}), which runs {} worker{}; use ranks 0..{}",
-                                  source, r, detail::hostLabel(*smallest), smallest->origin, smallest->slots,
+      throw SpecError(fmt::format("{}: local rank {} does not exist on {} ({}), which runs {} worker{}; use ranks 0..{}",
+                                  ranksFrom, r, detail::hostLabel(*smallest), smallest->origin, smallest->slots,
                                   smallest->slots == 1 ? "" : "s", smallest->slots - 1));
   }
 }

@@ -84,7 +84,11 @@ std::string TcpStore::localAddress() const {
 std::string TcpStore::endpoint() const { return fmt::format("{}:{}", opts_.host, opts_.port); }
 
 void TcpStore::connect() {
-  auto deadline = Clock::now() + opts_.connect_timeout;
+  // connect_timeout zero means one attempt (per address), not none: it gets the same time to
+  // complete as any attempt, and its own outcome (refused, unreachable, ...) is the error.
+  const bool once = opts_.connect_timeout <= Duration::zero();
+  const auto kAttemptLimit = std::chrono::seconds(5);
+  auto deadline = Clock::now() + (once ? Duration(kAttemptLimit) : opts_.connect_timeout);
   auto backoff = std::chrono::milliseconds(20);
   std::string lastError = "no attempt";
   while (true) {
@@ -93,15 +97,23 @@ void TcpStore::connect() {
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
     int gai = ::getaddrinfo(opts_.host.c_str(), std::to_string(opts_.port).c_str(), &hints, &res);
+    bool permanent = false;
     if (gai != 0) {
       lastError = ::gai_strerror(gai);
+      // The name does not exist: asking again for the whole connect timeout cannot help.
+      // EAI_AGAIN (no answer from DNS yet) and the like are still retried.
+      permanent = gai == EAI_NONAME || gai == EAI_SERVICE || gai == EAI_FAMILY;
+#ifdef EAI_NODATA
+      permanent = permanent || gai == EAI_NODATA;
+#endif
+      if (permanent) lastError = fmt::format("cannot resolve host '{}': {}", opts_.host, lastError);
     } else {
       for (addrinfo* ai = res; ai; ai = ai->ai_next) {
         int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
         if (fd < 0) continue;
         int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (rc != 0 && errno == EINPROGRESS) {
-          auto attemptDeadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+          auto attemptDeadline = std::min(deadline, Clock::now() + kAttemptLimit);
           if (waitFd(fd, POLLOUT, attemptDeadline)) {
             int err = 0;
             socklen_t len = sizeof(err);
@@ -124,6 +136,8 @@ void TcpStore::connect() {
       ::freeaddrinfo(res);
     }
     if (fd_ >= 0) break;
+    if (permanent) throw IoError(fmt::format("store {}: cannot connect: {}", endpoint(), lastError));
+    if (once) throw IoError(fmt::format("store {}: cannot connect: {} (one attempt, no retries)", endpoint(), lastError));
     if (Clock::now() + backoff >= deadline)
       throw IoError(fmt::format("store {}: cannot connect: {} (gave up after {:.3g} s)", endpoint(), lastError,
                                 opts_.connect_timeout.count() / 1000.0));

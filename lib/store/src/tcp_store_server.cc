@@ -4,6 +4,8 @@
 
 #include <boost/asio.hpp>
 
+#include <poll.h>
+
 #include <algorithm>
 #include <deque>
 #include <list>
@@ -79,6 +81,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!authed_ && now - connected_ > o.handshake_timeout) return close();
     if (frameStarted_ && now - frameStart_ > o.frame_timeout) return close();
     if (o.idle_timeout > Duration::zero() && !waiting_ && now - lastActivity_ > o.idle_timeout) return close();
+    if (waiting_ && peerGone()) return close();
   }
 
   // A key this session waits on was written.
@@ -92,6 +95,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    // Every caller holds its own reference, so dropping the wait's is safe here.
+    auto keep = std::move(waitHold_);
+    waiting_ = false;
     boost::system::error_code ec;
     waitTimer_.cancel();
     sock_.shutdown(tcp::socket::shutdown_both, ec);
@@ -301,6 +307,11 @@ class Session : public std::enable_shared_from_this<Session> {
     waitOp_ = q.op;
     waitKeys_ = std::move(q.keys);
     waiting_ = true;
+    // A waiting session has no read pending (the next frame is read after this reply) and
+    // state.waiters holds it weakly; without a timer (timeout_ms = -1) nothing else would
+    // keep it alive. It lives until woken, timed out, or its socket closes (the sweep
+    // notices a waiter's peer that hung up, see peerGone).
+    waitHold_ = shared_from_this();
     for (const auto& k : waitKeys_)
       if (!srv_.state.map.count(k)) {
         srv_.state.waiters.emplace(k, weak_from_this());
@@ -316,6 +327,7 @@ class Session : public std::enable_shared_from_this<Session> {
       waitTimer_.async_wait([this, self](boost::system::error_code ec) {
         if (ec || !waiting_ || closed_) return;
         waiting_ = false;
+        waitHold_.reset();  // self is held by this handler
         std::vector<std::string> missing;
         for (const auto& k : waitKeys_)
           if (!srv_.state.map.count(k)) missing.push_back(k);
@@ -325,6 +337,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void finishWait() {
+    auto keep = std::move(waitHold_);  // alive until the reply's write holds its own reference
     waiting_ = false;
     waitTimer_.cancel();
     auto& st = srv_.state;
@@ -341,9 +354,19 @@ class Session : public std::enable_shared_from_this<Session> {
     reply(r);
   }
 
+  // True when the peer of a waiting session hung up (or its socket failed). No read is
+  // pending while waiting, so Asio would not tell us; POLLRDHUP sees the FIN even behind
+  // pipelined bytes we have not read yet. A half-close counts as gone, as EOF does in
+  // readMore.
+  bool peerGone() {
+    pollfd p{sock_.native_handle(), POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+  }
+
   TcpStoreServer::Impl& srv_;
   tcp::socket sock_;
   asio::steady_timer waitTimer_;
+  std::shared_ptr<Session> waitHold_;  // self while waiting; see startWait
   std::array<char, 16 * 1024> chunk_{};
   size_t accounted_ = 0;  // our share of srv_.buffered
 

@@ -48,7 +48,9 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
 std::string formatBenchHeader(const BenchOptions& opts, int worldSize, const char* backend, const std::string& transport);
 std::string formatBenchRow(const BenchRow& row, const BenchOptions& opts);
 std::string formatBenchFooter(const std::vector<BenchRow>& rows);
-std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend);
+// `complete`: false while the sweep is still going (or was cut short): the rows so far.
+std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend,
+                      bool complete = true);
 
 const char* name(Collective c);
 

@@ -216,8 +216,10 @@ void applyOverrides(JobSpec& spec, const Overrides& o);
 int autoProcsPerNode();
 int visibleGpuCount();
 
-// Fills nproc_per_node when nproc_auto and checks cross-field consistency.
-void resolve(JobSpec& spec);
+// Fills nproc_per_node when nproc_auto and checks cross-field consistency. `given` is what
+// applyOverrides applied: an error about a value that came from a flag names the flag
+// (--nnodes, --local-ranks-filter), not the spec's JSON path.
+void resolve(JobSpec& spec, const Overrides& given = {});
 
 // Human-readable dump of the resolved spec (what `dtrain validate` prints).
 std::string describe(const JobSpec& spec);

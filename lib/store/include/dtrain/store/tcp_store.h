@@ -61,7 +61,7 @@ struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   int port = 29400;
   std::string token;
-  Duration connect_timeout{std::chrono::seconds(30)};  // retries with backoff until then
+  Duration connect_timeout{std::chrono::seconds(30)};  // retries with backoff until then; zero: one attempt
   Duration timeout = kDefaultTimeout;                  // default for get/wait/multiGet
 };
 
