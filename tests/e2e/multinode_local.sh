@@ -92,6 +92,40 @@ expect_grep "failed: node 127.0.0.1 \(--hosts\) lost: its agent exited with 137"
 expect_eq "$(ranks_ "$T/lost.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', None, None, False, 'lost')]" "lost node: every rank in the summary, the lost one marked"
 p=$(cat "$T/pid.2"); alive "$p" && kill -9 "$p"  # the lost agent's worker, if it outlived it
 
+# A SIGTERM to one node's agent (a host shutting down): its workers stop, and the node is
+# lost; the job used to wait for that node forever.
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 --summary-json "$T/aterm.json" -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 60' >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+start=$(date +%s)
+kill -TERM "$(ps --ppid "$DTRAIN_PID" -o pid=,args= | awk '/--node 127.0.0.1 /{print $1}')"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "agent SIGTERMed: the job fails (exit 1)"
+[ $(( $(date +%s) - start )) -lt 15 ] && pass "agent SIGTERMed: no hang" || fail "agent SIGTERMed: took $(( $(date +%s) - start )) s"
+expect_grep "node 127.0.0.1 \(--hosts\) lost: its agent was stopped by SIGTERM on that host" "$T/err" "agent SIGTERMed: said"
+# Elastic: the job goes on without that node.
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --nnodes 1:2 --max-restarts 1 --summary-json "$T/aterm2.json" -- sh -c 'echo $$ > "$D/pid.$RANK.$TORCHELASTIC_RESTART_COUNT"; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] && exit 0; exec sleep 60' >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0.0" "$T/pid.1.0" "$T/pid.2.0"
+kill -TERM "$(ps --ppid "$DTRAIN_PID" -o pid=,args= | awk '/--node 127.0.0.1 /{print $1}')"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "agent SIGTERMed, elastic: restarted without the node, succeeded"
+expect_eq "$(python3 -c "import json; d=json.load(open('$T/aterm2.json')); print(d['restarts'], [e['kind'] for e in d['events']][:3])")" "1 ['node_lost', 'host_excluded', 'restart']" "agent SIGTERMed, elastic: one restart"
+
+# One incident, one restart: a worker dies on one node as the other node is lost. The worker's
+# failure and the node's loss used to spend a restart each (max_restarts 1 then failed).
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --nnodes 1:2 --max-restarts 1 --summary-json "$T/inc.json" -- sh -c 'echo $$ > "$D/pid.$RANK.$TORCHELASTIC_RESTART_COUNT"; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] && exit 0; exec sleep 60' >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0.0" "$T/pid.1.0" "$T/pid.2.0"
+kill -9 "$(cat "$T/pid.0.0")" "$(ps --ppid "$DTRAIN_PID" -o pid=,args= | awk '/--node 127.0.0.1 /{print $1}')"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "worker failure and a lost node at once: restarted once, succeeded"
+expect_eq "$(python3 -c "import json; d=json.load(open('$T/inc.json')); print(d['restarts'])")" 1 "worker failure and a lost node at once: one restart"
+p=$(cat "$T/pid.2.0" 2>/dev/null); [ -n "$p" ] && alive "$p" && kill -9 "$p"
+
 # SIGKILL of the launcher: agents and workers follow.
 rm -f "$T"/pid.*
 D="$T" "$DTRAIN" run --hosts "$HOSTS" -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
@@ -142,6 +176,12 @@ for tag in ("[localhost rank 0]", "[127.0.0.1 rank 1]"):
 print(bad)
 PY2
 expect_eq "$(cat "$T/check")" 0 "2>&1 across nodes: each rank's stdout and stderr lines in order"
+# ... and a failure's summary shows the rank's last output lines, stdout's included (the
+# agents' tails held stderr only, and merged output arrives as stdout: the tail was empty).
+"$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'echo "said on stdout"; [ "$RANK" = 2 ] && { echo "said on stderr" >&2; exit 3; }; exec sleep 30' >"$T/mo" 2>&1
+expect_eq "$?" 3 "2>&1 across nodes, failure: the worker's exit code"
+expect_grep "^    last output lines:" "$T/mo" "2>&1 across nodes, failure: the output tail shown"
+expect_grep "^      \| said on stdout$" "$T/mo" "2>&1 across nodes, failure: its stdout line in the tail"
 # A program that passes the check but cannot be exec'ed (a bad #! line) fails the job at
 # once across nodes too: the agents report it, and no restart is spent on it.
 printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"

@@ -172,7 +172,8 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
 
 void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   if (opts_.line_sink) {
-    if (isErr) w.tail.push(line);  // the agent's launcher never merges
+    // (an agent's launcher merges when the launcher's console does: the tail is then of both)
+    if (isErr || merged_) w.tail.push(line);
     opts_.line_sink(w.slot, isErr, line);
     return;
   }

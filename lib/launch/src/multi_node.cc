@@ -390,6 +390,14 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     return;
   }
   event("node_lost", activeRound_, fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
+  if (restarting_ || pending_) {
+    // A restart is already on its way for this incident (a worker's failure came first:
+    // its peers on the lost node were the cause or a consequence). One incident, one
+    // restart: the next round starts without this node.
+    event("host_excluded", activeRound_,
+          fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
+    return;
+  }
   int left = memberCount();
   if (spec_.max_restarts == 0 || result_.restarts >= spec_.max_restarts) {
     std::string msg = fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why);
@@ -516,6 +524,18 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
     case 'D':
       n.state = NodeState::kIdle;
       n.idleRc = intField(0);
+      // Its workers ended without a failure of theirs and the launcher asked for nothing:
+      // the agent itself was stopped (a SIGTERM to it, a host shutting down). Nothing else
+      // will come from that node this round, so it counts as lost (an elastic job goes on
+      // without it) rather than leaving the job waiting for it forever.
+      if (n.idleRc != 0 && !stopping_ && !finishing_ && !restarting_ && !pending_ && n.round == activeRound_ &&
+          std::none_of(n.exits.begin(), n.exits.end(),
+                       [](const WorkerExit& w) { return (w.signal || w.exit_code) && !w.stopped_by_dtrain; })) {
+        nodeLost(n, n.idleRc > 128 ? fmt::format("its agent was stopped by {} on that host (and stopped its workers)",
+                                                 signalName(n.idleRc - 128))
+                                   : fmt::format("its agent stopped its workers by itself (exit {})", n.idleRc));
+        return;
+      }
       checkAllIdle();
       return;
     case 'T':
