@@ -150,4 +150,11 @@ expect_eq "$(cat "$T/out")" "[rank 0] loading model..." "file: unfinished line w
 wait "$DTRAIN_PID"; DTRAIN_PID=
 expect_eq "$(cat "$T/out" | tr '\n' '|')" "[rank 0] loading model...|[rank 0]  done|[rank 0] next line|[rank 0] progress 100%|" "file: the rest follows; the bar is one line"
 expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading model...| done|next line|progress 100%|" "log: the same lines"
+# --log-dir keeps the error files ranks wrote (log_dir/<run id>/attempt_<n>/<rank>/error.json),
+# and no empty directories for the ranks that wrote none, nor for a run without any.
+"$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs5" -- true >"$T/out" 2>&1
+expect_eq "$(cd "$T/logs5" && find . -mindepth 1 -type d | wc -l)" 0 "log dir: a run without error files leaves no directories"
+"$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs6" -- sh -c '[ "$RANK" = 1 ] && { echo "{\"message\": {\"message\": \"boom\"}}" > "$TORCHELASTIC_ERROR_FILE"; exit 3; }; exit 0' >"$T/out" 2>&1
+expect_eq "$?" 3 "log dir: the failing rank's exit code"
+expect_eq "$(cd "$T/logs6" && find . -mindepth 1 | sed 's|^\./[0-9a-f]\{12\}|./RUN|' | sort | tr '\n' ' ')" "./RUN ./RUN/attempt_0 ./RUN/attempt_0/1 ./RUN/attempt_0/1/error.json ./rank_0.log ./rank_1.log " "log dir: only the error file written is kept"
 finish

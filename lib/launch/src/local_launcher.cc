@@ -444,9 +444,11 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   // Workers learn whether a live status line can be shown (the trainer's progress bar).
   if (consoleTty_) base["DTRAIN_CONSOLE_TTY"] = "1";
 
-  // Error files live under log_dir when there is one (kept), else in a private temp dir.
+  // Error files live under log_dir when there is one (kept), else in a private temp dir. An
+  // agent's always go to a temp dir on its host: log_dir is the launching host's (the path
+  // may not exist elsewhere), and what they say comes back in the exit record.
   std::filesystem::path errRoot;
-  bool tempErrRoot = spec.log_dir.empty();
+  bool tempErrRoot = spec.log_dir.empty() || static_cast<bool>(opts_.line_sink);
   if (!tempErrRoot) {
     std::filesystem::create_directories(spec.log_dir);
     errRoot = std::filesystem::path(spec.log_dir) / plan.run_id;
@@ -605,9 +607,18 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     result_.workers.push_back(w.exit);
   }
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
+  std::error_code ec;
   if (tempErrRoot) {
-    std::error_code ec;
     std::filesystem::remove_all(errRoot, ec);
+  } else {
+    // Kept error files stay; the directories of ranks that wrote none go (remove() leaves a
+    // directory that is not empty alone).
+    for (auto& w : workers_) {
+      if (!w.watchdog_file.empty()) std::filesystem::remove(w.watchdog_file, ec);
+      std::filesystem::remove(std::filesystem::path(w.error_file).parent_path(), ec);
+    }
+    std::filesystem::remove(errRoot / fmt::format("attempt_{}", opts_.restart_count), ec);
+    std::filesystem::remove(errRoot, ec);
   }
   if (result_.received_signal) {
     result_.exit_code = 128 + result_.received_signal;

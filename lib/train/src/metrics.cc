@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -18,7 +19,12 @@ MetricsLog::MetricsLog(const std::string& dir, const MetricsRun& run) : dir_(dir
   std::filesystem::create_directories(dir_, ec);
   std::string path = (std::filesystem::path(dir_) / "metrics.jsonl").string();
   f_ = std::fopen(path.c_str(), "a");
-  if (!f_) throwErrno("open " + path);
+  if (!f_) {
+    // Metrics are a record, not the job: on a host where the log directory cannot be made
+    // (a multi-node job's node 0 that lacks the launching host's path) training goes on.
+    std::fprintf(stderr, "dtrain: warning: no metrics: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
+    return;
+  }
   write(spec::metricsStartLine(run_, utcNow()));
 }
 
