@@ -130,6 +130,16 @@ TEST(Hostfile, LocalEntriesAreMarked) {
   EXPECT_FALSE(nodes[2].local);
 }
 
+// A user or an ssh port on a local name asks for ssh (another account, an sshd in a
+// container); run as a child it would silently be this user.
+TEST(Hostfile, LocalNamesWithAUserOrPortGoThroughSsh) {
+  auto nodes = parseHostfile("nobody@localhost:1\n127.0.0.1 port=2222\n127.0.0.2:1\n", "hosts");
+  EXPECT_FALSE(nodes[0].local);
+  EXPECT_FALSE(nodes[1].local);
+  EXPECT_TRUE(nodes[2].local);
+  EXPECT_FALSE(parseHostList("nobody@localhost:1")[0].local);
+}
+
 TEST(Hostfile, BadSlotCounts) {
   EXPECT_EQ(hostfileError("h1 slots=0\n"),
             "hosts:1: bad slot count \"0\" for host \"h1\"; give slots=N (or host:N) with N between 1 and 4096");

@@ -433,7 +433,9 @@ void markLocal(std::vector<NodeSpec>& nodes) {
   std::vector<std::string> hosts;
   for (const auto& n : nodes) hosts.push_back(n.host);
   auto flags = localFlags(hosts);
-  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].local = flags[i];
+  // An entry that names a user or an ssh port asks for ssh, even to this machine (another
+  // account, an sshd in a container): run as a child, it would silently be this user.
+  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].local = flags[i] && nodes[i].user.empty() && nodes[i].port == 0;
 }
 }  // namespace detail
 
