@@ -381,6 +381,7 @@ int cmdRun(RunArgs& a) {
     sum.run_id = runId;
     sum.exit_code = code;
     sum.error = what;
+    sum.error.erase(std::remove(sum.error.begin(), sum.error.end(), '\r'), sum.error.end());  // (ssh's CRLF lines)
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     try {  // (not when the summary's own path is what is wrong: the error says so already)
       writeOutputFile(a.summary_json, spec::toJson(sum));

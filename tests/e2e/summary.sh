@@ -43,4 +43,8 @@ mkdir "$T/vanish"
 expect_grep "^dtrain: job 'sh' failed: rank 0 exited with code 4" "$T/err" "summary directory removed: the failure still reported"
 expect_grep "^dtrain: error: --summary-json: cannot create .*vanish/s.json.tmp" "$T/err" "summary directory removed: said"
 "$DTRAIN" run --summary-json "$T/vanish2/s.json" -- true 2>"$T/err"; expect_eq "$?" 2 "summary in a missing directory: exit 2 before the run"
+# A multi-node pre-flight failure (ssh cannot reach a host) writes the summary too.
+printf '{"command": ["true"], "nodes": [{"host": "localhost"}, {"host": "unreachable-host"}], "ssh": {"options": ["-o", "ProxyCommand=false"]}}' >"$T/pf.json"
+"$DTRAIN" run "$T/pf.json" --summary-json "$T/pf_sum.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 1 "pre-flight failure: exit 1"
+expect_eq "$(jq_ "$T/pf_sum.json" "(d['status'], d['exit_code'], d['error'].startswith('pre-flight failed for 1 of 1 remote host(s)'), chr(13) in d['error'])")" "('failed', 1, True, False)" "pre-flight failure: the summary says so"
 finish
