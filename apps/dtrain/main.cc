@@ -334,7 +334,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     s.env.erase("DTRAIN_RESULT_FILE");  // each node's agent picks its own; rank 0's comes back
     r = launch::runMultiNodeJob(s, runId, mo);
   } else {
-    r = launch::runLocalJob(s, runId);
+    r = launch::runLocalJob(s, runId, {snapshot.path, resultFile});
   }
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;

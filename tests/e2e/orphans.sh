@@ -30,4 +30,19 @@ for hosts in "" "--hosts localhost:1,127.0.0.1:1"; do
     alive "$p" && { fail "${hosts:-local}: rank $r's child (pid $p) outlived dtrain"; kill -9 "$p"; } || pass "${hosts:-local}: rank $r's child gone"
   done
 done
+# The trainer's private files (the spec snapshot, which may carry an env_file's secrets, and
+# the result file) go too: removed by the guard when dtrain is SIGKILLed.
+cat >"$T/tr.json" <<'JSON'
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [32, 64, 4]},
+ "data": {"type": "synthetic", "train_samples": 2000000, "eval_samples": 100}, "batch_size": 32, "epochs": 1}}
+JSON
+"$DTRAIN" run "$T/tr.json" >"$T/tr.out" 2>&1 &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q "step" "$T/tr.out" && break; sleep 0.1; done
+snap=$(ps -o args= --ppid "$DTRAIN_PID" | awk '$2 == "train" {print $3; exit}')
+[ -n "$snap" ] && [ -e "$snap" ] && pass "trainer snapshot exists while it runs ($snap)" || fail "no trainer snapshot found: '$snap'"
+kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null
+DTRAIN_PID=
+for _ in $(seq 100); do [ -e "$snap" ] || break; sleep 0.1; done
+[ -n "$snap" ] && [ ! -e "$snap" ] && pass "trainer snapshot removed after SIGKILL" || fail "trainer snapshot $snap left behind"
 finish

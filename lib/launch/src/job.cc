@@ -44,7 +44,7 @@ JobStore startJobStore(spec::JobSpec& spec, const std::string& bind) {
   return js;
 }
 
-RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
+RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed) {
   JobStore js = startJobStore(spec, "127.0.0.1");  // every worker is local
   Plan plan = makeLocalPlan(spec, run_id);
   plan.store_addr = js.bind;
@@ -54,6 +54,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id) {
   for (int attempt = 0;; ++attempt) {
     LocalRunOptions lo;
     lo.restart_count = attempt;
+    lo.remove_if_killed = remove_if_killed;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
     bool failed = r.first_failure >= 0 && !r.received_signal;

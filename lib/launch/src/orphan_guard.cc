@@ -16,18 +16,21 @@ namespace {
 
 // The guard is /bin/sh running this (argv[0] "dtrain-guard", what ps shows): a shell starts
 // in a fraction of the time our own binary would (its libraries), and the launcher waits for
-// the exec. Lines on stdin: "W pgid" watch, "U pgid" unwatch, "R" release. On EOF (the
-// launcher is gone) every watched group is SIGKILLed.
+// the exec. Lines on stdin: "W pgid" watch, "U pgid" unwatch, "F path" a file of the run's
+// own, "R" release. On EOF (the launcher is gone) every watched group is SIGKILLed and the
+// files are removed (kept in "$@": any path survives, spaces included).
 constexpr const char* kGuardScript =
     "g=' '\n"
     "while read -r op p; do\n"
     "  case $op in\n"
     "    W) g=\"$g$p \" ;;\n"
     "    U) g=\"${g%% $p *} ${g#* $p }\" ;;\n"
+    "    F) set -- \"$@\" \"$p\" ;;\n"
     "    R) exit 0 ;;\n"
     "  esac\n"
     "done\n"
-    "for p in $g; do kill -9 -$p 2>/dev/null; done\n";
+    "for p in $g; do kill -9 -$p 2>/dev/null; done\n"
+    "[ $# -eq 0 ] || rm -f -- \"$@\"\n";
 
 }  // namespace
 
@@ -79,6 +82,12 @@ OrphanGuard::~OrphanGuard() {
 void OrphanGuard::watch(pid_t pgid) {
   if (pid_ < 0 || pgid <= 0 || !watched_.insert(pgid).second) return;
   send(fmt::format("W {}\n", pgid));
+}
+
+void OrphanGuard::removeIfKilled(const std::string& path) {
+  // (a newline would end the line early: such a path is left to the launcher alone)
+  if (pid_ < 0 || path.empty() || path.find('\n') != std::string::npos) return;
+  send(fmt::format("F {}\n", path));
 }
 
 void OrphanGuard::unwatch(pid_t pgid) {

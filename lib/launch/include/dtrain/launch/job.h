@@ -28,6 +28,8 @@ JobStore startJobStore(spec::JobSpec& spec, const std::string& bind);
 // Runs a resolved single-node job: hosts its store on loopback (port spec.rendezvous.port,
 // 0 = a free one; the chosen port is written back), launches the workers with the store's
 // endpoint and a fresh token in their environment, and waits for them.
-RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id);
+// remove_if_killed: files of the run's own that the caller removes at its end (see
+// LocalRunOptions).
+RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed = {});
 
 }  // namespace dtrain::launch

@@ -83,6 +83,9 @@ struct LocalRunOptions {
   // Agent mode: give each worker one pipe for stdout and stderr (lines keep their order and
   // all go to line_sink as stdout), because the launcher's console has them as one file.
   bool merge_output = false;
+  // Files of the run's own (the trainer's spec snapshot, its result file) that the caller
+  // removes when the run ends: the orphan guard removes them if the launcher is killed.
+  std::vector<std::string> remove_if_killed;
 };
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
