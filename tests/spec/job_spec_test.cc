@@ -192,7 +192,7 @@ TEST(JobSpec, RangeMessagesStateTheRange) {
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "seed": 1e30}})"),
             "job.json: /trainer/seed: expected an integer between 0 and 9223372036854775807, got 1e+30");
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"lr": 1e300}}})"),
-            "job.json: /trainer/optimizer/lr: expected a learning rate between 0 and 1000000, got 1e+300");
+            "job.json: /trainer/optimizer/lr: expected a learning rate in (0, 1000000], got 1e+300");
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"momentum": 1}}})"),
             "job.json: /trainer/optimizer/momentum: expected a momentum in [0, 1), got 1");
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"type": "adamw", "eps": 0}}})"),
@@ -301,3 +301,15 @@ TEST(ErrorFile, ReadsRecordFormatAndPlainText) {
 
 }  // namespace
 }  // namespace dtrain::spec
+
+// AdamW takes PyTorch's defaults (lr 1e-3, weight decay 0.01), not SGD's lr of 0.05.
+TEST(JobSpec, AdamWDefaultsArePyTorchs) {
+  using dtrain::spec::parseJobSpec;
+  auto s = parseJobSpec(R"({"trainer": {"model": {"layers": [4, 3]}, "optimizer": {"type": "adamw"}}})", "job.json");
+  EXPECT_DOUBLE_EQ(s.trainer->optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(s.trainer->optimizer.weight_decay, 0.01);
+  auto g = parseJobSpec(R"({"trainer": {"model": {"layers": [4, 3]}, "optimizer": {"type": "adamw", "lr": 0.01}}})", "job.json");
+  EXPECT_DOUBLE_EQ(g.trainer->optimizer.lr, 0.01);
+  auto d = parseJobSpec(R"({"trainer": {"model": {"layers": [4, 3]}}})", "job.json");
+  EXPECT_DOUBLE_EQ(d.trainer->optimizer.lr, 0.05);
+}

@@ -466,7 +466,10 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     c.checkKeys(o, OP, kOptimizerKeys);
     if (o.contains("type")) ts.optimizer.type = oneOf(c, o["type"], OP + "/type", {"sgd", "adamw"});
     bool adam = ts.optimizer.type == "adamw";
-    if (adam) ts.optimizer.weight_decay = 0.01;
+    if (adam) {  // PyTorch's AdamW defaults (SGD's lr, 0.05, would be far too high for Adam)
+      ts.optimizer.weight_decay = 0.01;
+      ts.optimizer.lr = 1e-3;
+    }
     if (adam && (o.contains("momentum") || o.contains("nesterov")))
       c.fail(OP + (o.contains("momentum") ? "/momentum" : "/nesterov"), "belongs to sgd; adamw takes betas and eps");
     if (!adam && (o.contains("betas") || o.contains("eps")))
@@ -478,7 +481,7 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
       ts.optimizer.beta2 = c.number(b[1], OP + "/betas/1", 0, 1, "a beta", "", Bounds::kOpenHigh);
     }
     if (o.contains("eps")) ts.optimizer.eps = c.number(o["eps"], OP + "/eps", 0, 1, "an epsilon", "", Bounds::kOpenLow);
-    if (o.contains("lr")) ts.optimizer.lr = c.number(o["lr"], OP + "/lr", 0, 1e6, "a learning rate");
+    if (o.contains("lr")) ts.optimizer.lr = c.number(o["lr"], OP + "/lr", 0, 1e6, "a learning rate", "", Bounds::kOpenLow);
     if (o.contains("momentum")) ts.optimizer.momentum = c.number(o["momentum"], OP + "/momentum", 0, 1, "a momentum", "", Bounds::kOpenHigh);
     if (o.contains("nesterov")) ts.optimizer.nesterov = c.boolean(o["nesterov"], OP + "/nesterov");
     if (o.contains("weight_decay")) ts.optimizer.weight_decay = c.number(o["weight_decay"], OP + "/weight_decay", 0, 1e3, "a weight decay");
