@@ -174,7 +174,7 @@ int runTrainCommand() {
   // here when run by hand on one. Plain periodic lines otherwise.
   if (const char* tty = std::getenv("DTRAIN_CONSOLE_TTY"); tty && std::string(tty) == "1") {
     to.status = [](const std::string& text) { std::cout << launch::kStatusPrefix << text << std::endl; };
-  } else if (!std::getenv("DTRAIN_STORE_ADDR") && ::isatty(STDOUT_FILENO)) {
+  } else if (!std::getenv("DTRAIN_STORE_ADDR") && launch::consoleCanRedraw()) {
     to.status = [](const std::string& text) { std::cout << "\r\x1b[2K" << text << std::flush; };
     to.log = [](const std::string& line) { std::cout << "\r\x1b[2K" << line << std::endl; };
   }

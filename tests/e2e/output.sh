@@ -134,12 +134,17 @@ print("complete-line", b"[rank 0] loading model... done\r\n" in allb)
 print("drawn-once", allb.count(b"loading model... done") == 1 and allb.count(b"next line") == 1)
 p50, fin = first(rb"\x1b\[2K\[rank 0\] progress 50%"), first(rb"\[rank 0\] progress 100%\r\n")
 print("bar-live", p50 is not None and fin is not None and fin - p50 > 0.5)
+print("escapes", b"\x1b[" in allb)
 PY
 python3 "$T/on_tty.py" "$DTRAIN" "$T/partial.py" >"$T/check"
 expect_grep "^partial-shown-early True" "$T/check" "terminal: unfinished line shown before it completes"
 expect_grep "^complete-line True" "$T/check" "terminal: completed line printed whole"
 expect_grep "^drawn-once True" "$T/check" "terminal: a completed line and the next ones drawn once"
 expect_grep "^bar-live True" "$T/check" "terminal: '\\r' progress bar shown as it goes"
+# TERM=dumb (an editor's shell buffer): a terminal that cannot redraw gets plain lines only.
+TERM=dumb python3 "$T/on_tty.py" "$DTRAIN" "$T/partial.py" >"$T/check"
+expect_grep "^partial-shown-early False" "$T/check" "TERM=dumb: no line drawn in place"
+expect_grep "^escapes False" "$T/check" "TERM=dumb: no escape sequences"
 # Off a terminal: an unfinished line idle for 1 s is written out; '\r' segments collapse to
 # the last one.
 "$DTRAIN" run --nproc-per-node 1 --log-dir "$T/logs4" -- python3 "$T/partial.py" >"$T/out" 2>&1 &

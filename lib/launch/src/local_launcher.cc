@@ -433,7 +433,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   stopping_ = killed_ = controlClosed_ = watchdogFired_ = teardownNoticed_ = false;
   SignalScope signals;
   EnvMap base = currentEnvironment();
-  consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
+  consoleTty_ = consoleCanRedraw();
   // An agent merges when its launcher's console is one file (merge_output); else its lines
   // keep their stream, printed on the launcher's console.
   merged_ = opts_.line_sink ? opts_.merge_output : sameOpenFile(STDOUT_FILENO, STDERR_FILENO);

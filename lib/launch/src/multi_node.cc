@@ -625,7 +625,7 @@ void MultiNodeRunner::timers() {
 
 RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& excluded) {
   SignalScope signals;
-  consoleTty_ = ::isatty(STDOUT_FILENO) == 1;
+  consoleTty_ = consoleCanRedraw();
   // Our stdout and stderr are one file (a terminal, 2>&1): agents give each worker one pipe
   // for both, so its lines arrive in the order written (all as stdout).
   result_.merged_output = sameOpenFile(STDOUT_FILENO, STDERR_FILENO);
@@ -866,7 +866,7 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   if (shipped.cwd.empty()) shipped.cwd = std::filesystem::current_path().string();
   if (!shipped.log_dir.empty()) shipped.log_dir = std::filesystem::absolute(shipped.log_dir).string();
   // Remote workers' output reaches this console: they may draw a progress bar when it is a terminal.
-  if (::isatty(STDOUT_FILENO) == 1) shipped.env["DTRAIN_CONSOLE_TTY"] = "1";
+  if (consoleCanRedraw()) shipped.env["DTRAIN_CONSOLE_TTY"] = "1";
   {
     store::TcpStoreOptions co;
     co.host = "127.0.0.1";

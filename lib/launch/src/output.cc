@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -17,6 +18,11 @@ bool sameOpenFile(int a, int b) {
   struct stat sa {}, sb {};
   if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool consoleCanRedraw() {
+  const char* term = std::getenv("TERM");
+  return ::isatty(STDOUT_FILENO) == 1 && !(term && std::string_view(term) == "dumb");
 }
 
 void writeAll(int fd, std::string_view data) {

@@ -82,6 +82,11 @@ int openRankLog(const std::string& path, std::string_view run_id, int attempt);
 // stdout and stderr are, on a terminal or with 2>&1.
 bool sameOpenFile(int a, int b);
 
+// Whether dtrain's stdout is a terminal that can redraw a line in place (status lines, the
+// progress bar, unfinished lines): a tty whose TERM is not "dumb" (an editor's shell buffer,
+// some CI log viewers).
+bool consoleCanRedraw();
+
 // Keeps the last N lines.
 class TailBuffer {
  public:
