@@ -110,7 +110,20 @@ void checkCreatable(const std::string& path, const std::string& what) {
 // The run's outputs (log directory, summary file) are checked before anything starts, so a
 // typo in a path is exit 2 at once, not a failure reported after a successful job.
 void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
-  if (!s.log_dir.empty()) checkCreatable(s.log_dir, "log_dir (--log-dir)");
+  if (!s.log_dir.empty()) {
+    checkCreatable(s.log_dir, "log_dir (--log-dir)");
+    // Rank logs are appended to: one left by another user or made read-only would fail the
+    // launch after the workers' store is up (exit 1); said here instead.
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(s.log_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("rank_", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".log" &&
+          e.is_regular_file(ec) && ::access(e.path().c_str(), W_OK) != 0)
+        throw SpecError(fmt::format("log_dir (--log-dir): cannot append to {}: {}; make it writable, remove it, or use "
+                                    "another log_dir",
+                                    e.path().string(), std::strerror(errno)));
+    }
+  }
   // (a local job's; across hosts node 0's agent checks it where rank 0 will write)
   if (s.trainer && !s.trainer->checkpoint.dir.empty() && s.nodes.empty())
     checkCreatable(s.trainer->checkpoint.dir, s.source + ": /trainer/checkpoint/dir");
