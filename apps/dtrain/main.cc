@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dtrain/comm/bench.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/files.h"
 #include "dtrain/launch/launcher.h"
@@ -273,6 +274,20 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
       const uint64_t world = launch::makeLocalPlan(s, "check").workers.size();
       const uint64_t stages = static_cast<uint64_t>(std::max(1, t.parallel.pipeline_stages));
       const uint64_t global = static_cast<uint64_t>(t.batch_size) * (world / stages);
+      // A model this machine cannot hold is said here, with the numbers, rather than as a
+      // worker's std::bad_alloc. The bound is a floor: the host copies of the weights and the
+      // optimizer state that every worker keeps (checkpoints, hashes), whatever the device.
+      unsigned long long params = 0;
+      for (size_t i = 0; i + 1 < t.model.layers.size(); ++i)
+        params += static_cast<unsigned long long>(t.model.layers[i] + 1) * static_cast<unsigned long long>(t.model.layers[i + 1]);
+      const unsigned long long floorBytes = params * 4 * (t.optimizer.type == "adamw" ? 3 : 2) * world / stages;
+      const unsigned long long mem = comm::physicalMemoryBytes();
+      if (mem > 0 && floorBytes > mem)
+        throw SpecError(fmt::format("{}: /trainer/model/layers: the model has {} parameters: at least {:.1f} GiB for {} "
+                                    "worker(s)' weights and optimizer state, more than this machine's {:.1f} GiB of "
+                                    "memory; use smaller layers or fewer workers",
+                                    s.source, params, static_cast<double>(floorBytes) / (1ull << 30), world,
+                                    static_cast<double>(mem) / (1ull << 30)));
       if (world % stages == 0 && trainSet->size() < global)
         throw SpecError(fmt::format("{}: /trainer/batch_size: the training set ({} samples) is smaller than one global "
                                     "batch ({} = batch_size {} x {} data-parallel workers); use more samples, a smaller "

@@ -65,4 +65,11 @@ JSON
 "$DTRAIN" run "$T/pdiv.json" --summary-json "$T/s4.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "pipeline diverged: exit 2"
 grep -q "lost rank" "$T/err" && fail "pipeline diverged: a rank failed on a lost peer: $(grep 'lost rank' "$T/err")" || pass "pipeline diverged: every stage stops by itself (none on a lost peer)"
 expect_eq "$(jq_ "$T/s4.json" "d['restarts']")" 0 "pipeline diverged: not restarted"
+# A model this machine cannot hold: refused with the numbers before any worker starts (it was
+# a worker's std::bad_alloc, exit 1).
+cat >"$T/huge.json" <<'JSON'
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [1048576, 1048576, 10]}, "data": {"type": "synthetic", "train_samples": 1000}, "batch_size": 8}}
+JSON
+"$DTRAIN" run "$T/huge.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a model larger than memory: exit 2"
+expect_grep "/trainer/model/layers: the model has 1099523162122 parameters: at least [0-9.]+ GiB for 2 worker\(s\)' weights and optimizer state, more than this machine's" "$T/err" "a model larger than memory: the numbers"
 finish
