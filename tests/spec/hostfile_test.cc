@@ -140,6 +140,12 @@ TEST(Hostfile, LocalNamesWithAUserOrPortGoThroughSsh) {
   EXPECT_FALSE(parseHostList("nobody@localhost:1")[0].local);
 }
 
+TEST(Hostfile, SpacesAroundEqualsAreNamed) {
+  for (const char* line : {"h1 slots = 2\n", "h1 slots= 2\n", "h1 slots =2\n"})
+    EXPECT_EQ(hostfileError(line), "hosts:1: spaces around '=' split the field \"slots\"; write it without them, e.g. slots=2")
+        << line;
+}
+
 TEST(Hostfile, BadSlotCounts) {
   EXPECT_EQ(hostfileError("h1 slots=0\n"),
             "hosts:1: bad slot count \"0\" for host \"h1\"; give slots=N (or host:N) with N between 1 and 4096");

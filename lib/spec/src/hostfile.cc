@@ -182,6 +182,12 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
       std::string key = eq == std::string::npos ? tok : tok.substr(0, eq);
       std::string value = eq == std::string::npos ? "" : tok.substr(eq + 1);
       static const std::vector<std::string> kFields = {"slots", "gpus", "port", "address"};
+      // "slots = 2", "slots= 2", "slots =2": spaces around '=' split a field in two.
+      const std::string next = i + 1 < tokens.size() ? tokens[i + 1] : std::string();
+      if ((eq == std::string::npos && !next.empty() && next[0] == '=') || eq == 0 ||
+          (eq != std::string::npos && eq + 1 == tok.size() && i + 1 < tokens.size()))
+        fail(fmt::format("spaces around '=' split the field \"{}\"; write it without them, e.g. slots=2",
+                         eq == 0 && i > 1 ? tokens[i - 1] : key));
       if (eq == std::string::npos || std::find(kFields.begin(), kFields.end(), key) == kFields.end()) {
         std::string hint = eq == std::string::npos ? "" : closestMatch(key, kFields);
         if (!hint.empty())
