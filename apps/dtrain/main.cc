@@ -315,7 +315,11 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   bool multiNode = !s.nodes.empty();
   checkOutputs(s, a);
   if (a.dry_run) {
-    std::cout << launch::formatPlan(multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId), s);
+    // A preview: the real run picks its own run id and free master port when it starts.
+    launch::Plan plan = multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId);
+    plan.master_port = 0;
+    plan.run_id = "id chosen at start";
+    std::cout << launch::formatPlan(plan, s);
     return kExitOk;
   }
   if (!s.log_dir.empty()) {

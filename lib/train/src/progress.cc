@@ -26,7 +26,9 @@ double Progress::samplesPerSecond(long long step) const {
 
 std::string Progress::eta(long long step) const {
   const double sps = samplesPerSecond(step);
-  return fmtDuration(sps > 0 ? static_cast<double>(totalSteps_ - step) * globalBatch_ / sps : 0);
+  if (step >= totalSteps_) return fmtDuration(0);
+  // Not measured yet (the first step is left out of the rate): "?", not a confident 0s.
+  return sps > 0 ? fmtDuration(static_cast<double>(totalSteps_ - step) * globalBatch_ / sps) : std::string("?");
 }
 
 bool Progress::statusDue(long long step) {
@@ -39,8 +41,9 @@ bool Progress::statusDue(long long step) {
 std::string Progress::bar(long long step) const {
   const double frac = static_cast<double>(step) / static_cast<double>(std::max<long long>(1, totalSteps_));
   const int filled = std::clamp(static_cast<int>(frac * 30), 0, 30);
+  // Rounded down: 100% only when every step is done (622 of 624 is 99%).
   return fmt::format("[{}{}] {:3.0f}% step {}/{}", std::string(static_cast<size_t>(filled), '#'),
-                     std::string(static_cast<size_t>(30 - filled), '.'), 100 * frac, step, totalSteps_);
+                     std::string(static_cast<size_t>(30 - filled), '.'), std::floor(100 * frac), step, totalSteps_);
 }
 
 }  // namespace dtrain::train::detail
