@@ -104,6 +104,26 @@ for r in 0 1 2; do
   alive "$p" && { fail "rank $r (pid $p) outlived a SIGKILLed launcher"; kill -9 "$p"; } || pass "rank $r gone after SIGKILL"
 done
 
+# Ctrl-C or SIGTERM during the pre-flight (a remote host whose ssh hangs: connect_timeout_s
+# 20) ends it at once, 128 + signal, with the ssh checks killed (it used to run on to the
+# check's deadline, then fail with exit 1).
+for sig in INT TERM; do
+  rm -f "$T/proxy.pid"
+  printf '%s\n' "{\"command\": [\"true\"], \"ssh\": {\"connect_timeout_s\": 20, \"options\": [\"-F\", \"/dev/null\", \"-o\", \"ProxyCommand=sh -c 'echo \$\$ > $T/proxy.pid; exec sleep 30'\"]}}" > "$T/hang.json"
+  "$DTRAIN" run "$T/hang.json" --hosts localhost:1,192.0.2.1:1 --summary-json "$T/hang_sum.json" >"$T/out" 2>"$T/err" &
+  DTRAIN_PID=$!
+  wait_for "$T/proxy.pid"; sleep 0.2
+  start=$(date +%s%N); kill -"$sig" "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  want=$([ "$sig" = INT ] && echo 130 || echo 143)
+  expect_eq "$rc" "$want" "SIG$sig during the pre-flight: exit $want"
+  [ "$ms" -lt 1500 ] && pass "SIG$sig during the pre-flight: stopped at once (${ms} ms)" || fail "SIG$sig during the pre-flight took ${ms} ms"
+  expect_grep "^dtrain: SIG$sig: stopped during the pre-flight; killing the ssh check\(s\) of 1 host\(s\); no agent or worker was started$" "$T/err" "SIG$sig during the pre-flight: said"
+  expect_grep "^dtrain: stopped by SIG$sig; exit code $want$" "$T/err" "SIG$sig during the pre-flight: the verdict"
+  expect_grep "\"stopped_by\": \"SIG$sig\"" "$T/hang_sum.json" "SIG$sig during the pre-flight: in the summary"
+  p=$(cat "$T/proxy.pid"); alive "$p" && { fail "the ssh check's ProxyCommand outlived the stop"; kill -9 "$p"; } || pass "ssh check killed"
+done
+
 # The built-in trainer across 2 nodes x 1 worker ends bit-identical to 1 node x 2 workers.
 cat > "$T/train.json" <<JSON
 {"name": "mn-train", "trainer": {"model": {"layers": [32, 64, 4]},

@@ -110,9 +110,14 @@ struct Problem {
   bool unreachable;  // ssh could not get there (may come back); else the host is set up wrong
 };
 
+// `stoppedBy`: set to SIGINT/SIGTERM/SIGHUP when one ended the check early (no problems then).
 std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec*>& remotes,
-                               const std::string& version) {
+                               const std::string& version, int& stoppedBy) {
+  stoppedBy = 0;
   if (remotes.empty()) return {};
+  // The run's own handlers are not installed yet, and a host that does not answer holds the
+  // check up to connect_timeout_s + 5 s: Ctrl-C must end it now, not after that.
+  SignalScope signals;
   std::string bin = remoteDtrain(spec);
   struct Check {
     const spec::NodeSpec* node;
@@ -133,19 +138,25 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
   auto limit = std::chrono::duration<double>(spec.ssh.connect_timeout_s + 5);
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
   char buf[4096];
-  while (true) {
+  while (!stoppedBy) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Check*, bool>> owners;
+    fds.push_back({signals.fd(), POLLIN, 0});
+    owners.push_back({nullptr, false});
     for (auto& c : checks) {
       if (c.proc.out) fds.push_back({c.proc.out.get(), POLLIN, 0}), owners.push_back({&c, false});
       if (c.proc.err) fds.push_back({c.proc.err.get(), POLLIN, 0}), owners.push_back({&c, true});
     }
-    if (fds.empty()) break;
+    if (fds.size() == 1) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) break;
     int n = ::poll(fds.data(), fds.size(), static_cast<int>(left));
     if (n < 0 && errno != EINTR) throwErrno("poll");
-    for (size_t i = 0; n > 0 && i < fds.size(); ++i) {
+    if (n > 0 && (fds[0].revents & POLLIN))
+      signals.drain([&](int sig) {
+        if (!stoppedBy) stoppedBy = sig;
+      });
+    for (size_t i = 1; n > 0 && !stoppedBy && i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto [c, isErr] = owners[i];
       Fd& fd = isErr ? c->proc.err : c->proc.out;
@@ -157,6 +168,16 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
       std::string& dst = isErr ? c->err : c->out;
       if (dst.size() < 65536) dst.append(buf, static_cast<size_t>(got));
     }
+  }
+  if (stoppedBy) {
+    // Nothing has started anywhere yet: the ssh checks (and what they started: a
+    // ProxyCommand) are all there is to stop.
+    writeAll(STDERR_FILENO, fmt::format("dtrain: {}: stopped during the pre-flight; killing the ssh check(s) of {} "
+                                        "host(s); no agent or worker was started\n",
+                                        signalName(stoppedBy), checks.size()));
+    for (auto& c : checks) ::kill(-c.proc.pid, SIGKILL);
+    for (auto& c : checks) ::waitpid(c.proc.pid, nullptr, 0);
+    return {};
   }
   std::vector<Problem> problems;
   for (auto& c : checks) {
@@ -814,7 +835,15 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   std::vector<const spec::NodeSpec*> remotes;
   for (const auto& n : spec.nodes)
     if (!n.local) remotes.push_back(&n);
-  auto problems = preflight(spec, remotes, opts.version);
+  int stoppedBy = 0;
+  auto problems = preflight(spec, remotes, opts.version, stoppedBy);
+  if (stoppedBy) {
+    // Ended as a signal ends any later phase: 128 + signal, "stopped by ..." (said by main).
+    RunResult r;
+    r.received_signal = stoppedBy;
+    r.exit_code = 128 + stoppedBy;
+    return r;
+  }
   // An elastic job (min_nodes below the host count) starts without hosts that cannot be
   // reached, as long as enough are left; they are tried again later. A host set up wrong
   // (no dtrain, another version) always stops the job: retrying cannot fix it.
