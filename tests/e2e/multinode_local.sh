@@ -124,6 +124,17 @@ for sig in INT TERM; do
   p=$(cat "$T/proxy.pid"); alive "$p" && { fail "the ssh check's ProxyCommand outlived the stop"; kill -9 "$p"; } || pass "ssh check killed"
 done
 
+# A remote dtrain whose --version fails without a word: the pre-flight line ends at the code
+# (it used to end in a dangling ": "). A fake ssh on PATH runs the remote command here.
+mkdir -p "$T/fakebin"
+printf '%s\n' '#!/bin/sh' 'for a; do last=$a; done' 'exec sh -c "$last"' > "$T/fakebin/ssh"
+printf '%s\n' '#!/bin/sh' 'exit 3' > "$T/mute-dtrain"
+chmod +x "$T/fakebin/ssh" "$T/mute-dtrain"
+printf '%s\n' "{\"command\": [\"true\"], \"ssh\": {\"dtrain_path\": \"$T/mute-dtrain\"}}" > "$T/mute.json"
+PATH="$T/fakebin:$PATH" "$DTRAIN" run "$T/mute.json" --hosts localhost:1,192.0.2.1:1 >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "silent --version failure: pre-flight fails"
+expect_grep "^  192.0.2.1 \(--hosts\): '$T/mute-dtrain --version' exited 3$" "$T/err" "silent --version failure: nothing after the code"
+
 # The built-in trainer across 2 nodes x 1 worker ends bit-identical to 1 node x 2 workers.
 cat > "$T/train.json" <<JSON
 {"name": "mn-train", "trainer": {"model": {"layers": [32, 64, 4]},

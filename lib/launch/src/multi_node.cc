@@ -206,7 +206,10 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
       problems.push_back({c.node, fmt::format("{} ({}): dtrain not runnable at {} (exit {}); install it there or set ssh.dtrain_path",
                                               c.node->host, c.node->origin, bin, code), false});
     } else if (code != 0) {
-      problems.push_back({c.node, fmt::format("{} ({}): '{} --version' exited {}: {}", c.node->host, c.node->origin, bin, code, lastErr), false});
+      // (nothing after the code when it printed nothing: a dangling ": " reads as a cut line)
+      problems.push_back({c.node, fmt::format("{} ({}): '{} --version' exited {}{}", c.node->host, c.node->origin, bin, code,
+                                              lastErr.empty() ? "" : ": " + lastErr),
+                          false});
     } else if (got != version) {
       problems.push_back({c.node, fmt::format("{} ({}): version mismatch: \"{}\" there, \"{}\" here; install the same dtrain",
                                               c.node->host, c.node->origin, got, version), false});
