@@ -104,6 +104,18 @@ for r in 0 1 2; do
   alive "$p" && { fail "rank $r (pid $p) outlived a SIGKILLed launcher"; kill -9 "$p"; } || pass "rank $r gone after SIGKILL"
 done
 
+# A worker failing while the others ignore SIGTERM: after 2 s the launcher says once which
+# ranks on which nodes it still waits for, and for how long (the teardown used to be silent
+# across nodes for up to shutdown_timeout_s).
+printf '%s\n' 'if [ "$RANK" = 0 ]; then sleep 1; exit 3; fi' 'trap "" TERM' 'while true; do sleep 0.2; done' > "$T/ignore0.sh"
+start=$(date +%s)
+"$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 4 -- bash "$T/ignore0.sh" >"$T/out" 2>"$T/err"
+rc=$?; took=$(( $(date +%s) - start ))
+expect_eq "$rc" 3 "teardown notice: the failing worker's exit code"
+expect_grep "^dtrain: rank 0 \(localhost\) failed; waiting up to 2 s more for rank\(s\) 1 \(localhost\) and 2 \(127.0.0.1\) to exit after SIGTERM, then SIGKILL \(shutdown_timeout_s, --shutdown-timeout\)$" "$T/err" "teardown notice names the ranks, their nodes and the time left"
+expect_eq "$(grep -c "waiting up to" "$T/err")" 1 "teardown notice said once"
+[ "$took" -lt 12 ] && pass "workers ignoring SIGTERM killed after the grace (${took}s)" || fail "teardown took ${took}s"
+
 # Ctrl-C or SIGTERM during the pre-flight (a remote host whose ssh hangs: connect_timeout_s
 # 20) ends it at once, 128 + signal, with the ssh checks killed (it used to run on to the
 # check's deadline, then fail with exit 1).

@@ -36,6 +36,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using detail::SignalScope;
 
+// A teardown after a failure still waiting this long says what it waits for (as on one node).
+constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
+
 std::string nodeName(const spec::JobSpec& spec, const spec::NodeSpec& n) {
   int same = 0;
   for (const auto& o : spec.nodes) same += o.host == n.host;
@@ -240,6 +243,7 @@ class MultiNodeRunner {
   void tryRestart();
   void finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker = std::nullopt);
   void stopAll(const char* how);
+  void teardownNotice();
   void checkAllIdle();
   void timers();
   void reap();
@@ -270,6 +274,8 @@ class MultiNodeRunner {
   bool finishing_ = false;  // every member succeeded; agents told to exit
   bool stopping_ = false;
   bool killed_ = false;
+  Clock::time_point stopStarted_{};
+  bool teardownNoticed_ = false;
   Clock::time_point killDeadline_{};
   Clock::time_point nextHeartbeatCheck_{};
   int fallbackExit_ = 0;  // exit code for a failure that is not a worker's
@@ -571,11 +577,46 @@ void MultiNodeRunner::stopAll(const char* how) {
     if (n.running) send(n, how);
   if (!stopping_) {
     stopping_ = true;
+    stopStarted_ = Clock::now();
     // Agents escalate to SIGKILL after the grace period themselves; this is the backstop
     // for an agent (or an ssh connection) that does not come back.
     killDeadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000) + 10000);
   }
   if (std::string(how) == "kill") killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
+}
+
+// A teardown after a failure that takes a while (workers slow to honour SIGTERM, or ignoring
+// it) says once, after kTeardownNoticeAfter, which ranks it still waits for and until when:
+// silent, it looks like a hang for up to shutdown_timeout_s. Not for a signal's teardown,
+// whose notice said it all at once.
+void MultiNodeRunner::teardownNotice() {
+  if (!stopping_ || killed_ || teardownNoticed_ || result_.received_signal) return;
+  if (!failedWorker_ && result_.failure_message.empty()) return;
+  if (Clock::now() < stopStarted_ + kTeardownNoticeAfter) return;
+  // The ranks of the round that have not reported an exit, per node still connected.
+  std::vector<std::string> waiting;
+  for (const auto& n : nodes_) {
+    if (!n.running || n.state != NodeState::kRunning) continue;
+    std::vector<std::string> ranks;
+    for (int l = 0; l < n.localWorkers; ++l) {
+      const int rank = n.rankOffset + l;
+      if (std::none_of(n.exits.begin(), n.exits.end(), [&](const WorkerExit& w) { return w.global_rank == rank; }))
+        ranks.push_back(std::to_string(rank));
+    }
+    if (!ranks.empty()) waiting.push_back(fmt::format("{} ({})", fmt::join(ranks, ", "), n.name));
+  }
+  if (waiting.empty()) return;  // an agent still ending: nothing left that a user would wait for
+  teardownNoticed_ = true;
+  // Each agent SIGKILLs its workers shutdown_timeout_s after the stop it was sent.
+  const double left = std::max(
+      0.0, spec_.shutdown_timeout_s - std::chrono::duration<double>(Clock::now() - stopStarted_).count());
+  std::string what = failedWorker_ ? fmt::format("rank {} ({}) failed", failedWorker_->global_rank, failedWorker_->host) : std::string("the job failed");
+  std::string line = fmt::format("dtrain: {}; waiting up to {:.0f} s more for rank(s) {} to exit after SIGTERM, then "
+                                 "SIGKILL (shutdown_timeout_s, --shutdown-timeout)\n",
+                                 what, left, fmt::join(waiting, " and "));
+  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");  // above a progress bar, as worker lines
+  writeAll(STDERR_FILENO, line);
+  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 
 void MultiNodeRunner::reap() {
@@ -690,6 +731,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
       timeoutMs = static_cast<int>(std::clamp<long>(left, 0, 250));
+      teardownNotice();
     }
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
