@@ -116,6 +116,34 @@ expect_grep "^dtrain: rank 0 \(localhost\) failed; waiting up to 2 s more for ra
 expect_eq "$(grep -c "waiting up to" "$T/err")" 1 "teardown notice said once"
 [ "$took" -lt 12 ] && pass "workers ignoring SIGTERM killed after the grace (${took}s)" || fail "teardown took ${took}s"
 
+# The launcher stopped (SIGSTOP): its store stops answering. A pause shorter than the 5 s
+# budget is survived; a longer one makes every agent give up within ~5 s and take its
+# workers with it (the heartbeat used to block on the store client's 30 s timeouts).
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+# Every process below PID (agents, their guards, workers), breadth first.
+descendants() {
+  ps -e -o pid=,ppid= | awk -v root="$1" '{ kids[$2] = kids[$2] " " $1 }
+    END { n = split(kids[root], q, " "); for (i = 1; i <= n; i++) { print q[i]; m = split(kids[q[i]], more, " "); for (j = 1; j <= m; j++) q[++n] = more[j] } }'
+}
+procs=$(descendants "$DTRAIN_PID")
+kill -STOP "$DTRAIN_PID"; sleep 2.5; kill -CONT "$DTRAIN_PID"; sleep 1
+left=0; for p in $procs; do alive "$p" && left=$((left + 1)); done
+expect_eq "$left" "$(echo $procs | wc -w)" "a launcher paused 2.5 s: every agent and worker still there"
+start=$(date +%s%N)
+kill -STOP "$DTRAIN_PID"
+for _ in $(seq 120); do
+  left=0; for p in $procs; do alive "$p" && left=$((left + 1)); done
+  [ "$left" = 0 ] && break; sleep 0.1
+done
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$left" = 0 ] && [ "$ms" -le 8000 ] && [ "$ms" -ge 4000 ] && pass "store silent: agents, guards and workers gone in ${ms} ms" ||
+  { fail "store silent: $left of $(echo $procs | wc -w) process(es) left after ${ms} ms"; ps -o pid,stat,args -p "$(echo $procs | tr ' ' ,)" >&2; }
+kill -CONT "$DTRAIN_PID"; wait "$DTRAIN_PID"; DTRAIN_PID=
+for p in $procs; do alive "$p" && kill -9 "$p"; done
+
 # Ctrl-C or SIGTERM during the pre-flight (a remote host whose ssh hangs: connect_timeout_s
 # 20) ends it at once, 128 + signal, with the ssh checks killed (it used to run on to the
 # check's deadline, then fail with exit 1).

@@ -296,16 +296,40 @@ int runAgent(const AgentOptions& opts) {
     rendezvous::HeartbeatMonitor::beat(*st, opts.run_id, opts.node);
   } catch (const std::exception&) {
   }
+  // The beats go over a connection of their own, with every wait bounded by what is left of
+  // store_lost_s since the last beat that got through: on the shared client a beat waited
+  // behind the main thread's calls (a rendezvous wait holds it), and a store cut off the
+  // network held a beat (or a reconnect) for that client's 30 s timeouts, so a host lost its
+  // store for ~30 s before its workers were stopped. A store slow to answer but answering
+  // within the budget is still alive.
   std::thread heart([&] {
+    const auto budget = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.store_lost_s));
     auto lastOk = Clock::now();
+    std::unique_ptr<store::TcpStore> hb;
     std::unique_lock<std::mutex> lk(mu);
     while (!cv.wait_for(lk, std::chrono::milliseconds(500), [&] { return done; })) {
       lk.unlock();
       try {
-        rendezvous::HeartbeatMonitor::beat(*st, opts.run_id, opts.node);
+        auto left = [&] {
+          auto l = std::chrono::duration_cast<store::Duration>(lastOk + budget - Clock::now());
+          if (l <= store::Duration::zero()) throw IoError("store unreachable");
+          return l;
+        };
+        if (!hb) {
+          store::TcpStoreOptions so;
+          so.host = storeAddr;
+          so.port = opts.store_port;
+          so.token = token;
+          so.connect_timeout = left();
+          so.request_timeout = left();
+          hb = std::make_unique<store::TcpStore>(so);
+        }
+        hb->setRequestTimeout(left());
+        rendezvous::HeartbeatMonitor::beat(*hb, opts.run_id, opts.node);
         lastOk = Clock::now();
       } catch (const std::exception&) {
-        if (Clock::now() - lastOk > std::chrono::duration<double>(opts.store_lost_s)) {
+        hb.reset();  // a connection that failed a call is gone; a new one next time
+        if (Clock::now() - lastOk >= budget) {
           control.post({Command::kLost});
           lk.lock();
           return;
