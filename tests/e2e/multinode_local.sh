@@ -141,7 +141,11 @@ done
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
 [ "$left" = 0 ] && [ "$ms" -le 8000 ] && [ "$ms" -ge 4000 ] && pass "store silent: agents, guards and workers gone in ${ms} ms" ||
   { fail "store silent: $left of $(echo $procs | wc -w) process(es) left after ${ms} ms"; ps -o pid,stat,args -p "$(echo $procs | tr ' ' ,)" >&2; }
-kill -CONT "$DTRAIN_PID"; wait "$DTRAIN_PID"; DTRAIN_PID=
+# Resumed, the launcher fails the job, its nodes lost: their workers were stopped by their
+# agents, not done (it used to read their ends as an orderly stop and exit 0).
+kill -CONT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "the job fails once its nodes gave up"
+expect_grep "failed: node (localhost|127.0.0.1) \(--hosts\) lost: its agent exited with 1: the launcher's store at 127.0.0.1:[0-9]+ did not answer for 5 s; stopping this node's workers$" "$T/err" "the nodes' giving up is the job's error, with why"
 for p in $procs; do alive "$p" && kill -9 "$p"; done
 
 # Ctrl-C or SIGTERM during the pre-flight (a remote host whose ssh hangs: connect_timeout_s

@@ -290,6 +290,7 @@ int runAgent(const AgentOptions& opts) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::atomic<bool> storeLost{false};  // the heartbeat gave up (not stdin EOF)
   // The first beat before anything is reported, so that a host coming back is never judged
   // by its counter from before it was lost.
   try {
@@ -330,6 +331,11 @@ int runAgent(const AgentOptions& opts) {
       } catch (const std::exception&) {
         hb.reset();  // a connection that failed a call is gone; a new one next time
         if (Clock::now() - lastOk >= budget) {
+          storeLost = true;
+          // On stderr: the launcher names it as why this node was lost, if it hears of it.
+          launch::writeAll(STDERR_FILENO, fmt::format("the launcher's store at {}:{} did not answer for {:g} s; stopping "
+                                                      "this node's workers\n",
+                                                      storeAddr, opts.store_port, opts.store_lost_s));
           control.post({Command::kLost});
           lk.lock();
           return;
@@ -458,6 +464,10 @@ int runAgent(const AgentOptions& opts) {
       rc = fail({"io", fmt::format("node {}: {}", opts.node, e.what())});
       break;
     }
+    // Workers this node stopped because the store was gone ended "stopped by dtrain", the
+    // round's code 0: a launcher that was only stalled (SIGSTOP) and reads on must not take
+    // that for a round that succeeded. Not 0, it waits for this agent's end: a lost node.
+    if (storeLost && rc == kExitOk) rc = kExitFailure;
     send(proto::record('D', {std::to_string(rc), std::to_string(round.round)}));
     if (!resultFile.empty()) {
       std::ifstream in(resultFile);
@@ -472,6 +482,7 @@ int runAgent(const AgentOptions& opts) {
     while (!next || next->kind == Command::kPause) next = control.pop();
   }
   stopHeart();
+  if (storeLost && rc == kExitOk) rc = kExitFailure;
   if (!specFile.empty()) std::remove(specFile.c_str());
   return rc;
 }
