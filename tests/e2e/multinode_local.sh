@@ -138,6 +138,81 @@ for r in 0 1 2; do
   alive "$p" && { fail "rank $r (pid $p) outlived a SIGKILLed launcher"; kill -9 "$p"; } || pass "rank $r gone after SIGKILL"
 done
 
+# A worker failing while the others ignore SIGTERM: after 2 s the launcher says once which
+# ranks on which nodes it still waits for, and for how long (the teardown used to be silent
+# across nodes for up to shutdown_timeout_s).
+printf '%s\n' 'if [ "$RANK" = 0 ]; then sleep 1; exit 3; fi' 'trap "" TERM' 'while true; do sleep 0.2; done' > "$T/ignore0.sh"
+start=$(date +%s)
+"$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 4 -- bash "$T/ignore0.sh" >"$T/out" 2>"$T/err"
+rc=$?; took=$(( $(date +%s) - start ))
+expect_eq "$rc" 3 "teardown notice: the failing worker's exit code"
+expect_grep "^dtrain: rank 0 \(localhost\) failed; waiting up to 2 s more for rank\(s\) 1 \(localhost\) and 2 \(127.0.0.1\) to exit after SIGTERM, then SIGKILL \(shutdown_timeout_s, --shutdown-timeout\)$" "$T/err" "teardown notice names the ranks, their nodes and the time left"
+expect_eq "$(grep -c "waiting up to" "$T/err")" 1 "teardown notice said once"
+[ "$took" -lt 12 ] && pass "workers ignoring SIGTERM killed after the grace (${took}s)" || fail "teardown took ${took}s"
+
+# The launcher stopped (SIGSTOP): its store stops answering. A pause shorter than the 5 s
+# budget is survived; a longer one makes every agent give up within ~5 s and take its
+# workers with it (the heartbeat used to block on the store client's 30 s timeouts).
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+# Every process below PID (agents, their guards, workers), breadth first.
+descendants() {
+  ps -e -o pid=,ppid= | awk -v root="$1" '{ kids[$2] = kids[$2] " " $1 }
+    END { n = split(kids[root], q, " "); for (i = 1; i <= n; i++) { print q[i]; m = split(kids[q[i]], more, " "); for (j = 1; j <= m; j++) q[++n] = more[j] } }'
+}
+procs=$(descendants "$DTRAIN_PID")
+kill -STOP "$DTRAIN_PID"; sleep 2.5; kill -CONT "$DTRAIN_PID"; sleep 1
+left=0; for p in $procs; do alive "$p" && left=$((left + 1)); done
+expect_eq "$left" "$(echo $procs | wc -w)" "a launcher paused 2.5 s: every agent and worker still there"
+start=$(date +%s%N)
+kill -STOP "$DTRAIN_PID"
+for _ in $(seq 120); do
+  left=0; for p in $procs; do alive "$p" && left=$((left + 1)); done
+  [ "$left" = 0 ] && break; sleep 0.1
+done
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$left" = 0 ] && [ "$ms" -le 8000 ] && [ "$ms" -ge 4000 ] && pass "store silent: agents, guards and workers gone in ${ms} ms" ||
+  { fail "store silent: $left of $(echo $procs | wc -w) process(es) left after ${ms} ms"; ps -o pid,stat,args -p "$(echo $procs | tr ' ' ,)" >&2; }
+# Resumed, the launcher fails the job, its nodes lost: their workers were stopped by their
+# agents, not done (it used to read their ends as an orderly stop and exit 0).
+kill -CONT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "the job fails once its nodes gave up"
+expect_grep "failed: node (localhost|127.0.0.1) \(--hosts\) lost: its agent exited with 1: the launcher's store at 127.0.0.1:[0-9]+ did not answer for 5 s; stopping this node's workers$" "$T/err" "the nodes' giving up is the job's error, with why"
+for p in $procs; do alive "$p" && kill -9 "$p"; done
+
+# Ctrl-C or SIGTERM during the pre-flight (a remote host whose ssh hangs: connect_timeout_s
+# 20) ends it at once, 128 + signal, with the ssh checks killed (it used to run on to the
+# check's deadline, then fail with exit 1).
+for sig in INT TERM; do
+  rm -f "$T/proxy.pid"
+  printf '%s\n' "{\"command\": [\"true\"], \"ssh\": {\"connect_timeout_s\": 20, \"options\": [\"-F\", \"/dev/null\", \"-o\", \"ProxyCommand=sh -c 'echo \$\$ > $T/proxy.pid; exec sleep 30'\"]}}" > "$T/hang.json"
+  "$DTRAIN" run "$T/hang.json" --hosts localhost:1,192.0.2.1:1 --summary-json "$T/hang_sum.json" >"$T/out" 2>"$T/err" &
+  DTRAIN_PID=$!
+  wait_for "$T/proxy.pid"; sleep 0.2
+  start=$(date +%s%N); kill -"$sig" "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  want=$([ "$sig" = INT ] && echo 130 || echo 143)
+  expect_eq "$rc" "$want" "SIG$sig during the pre-flight: exit $want"
+  [ "$ms" -lt 1500 ] && pass "SIG$sig during the pre-flight: stopped at once (${ms} ms)" || fail "SIG$sig during the pre-flight took ${ms} ms"
+  expect_grep "^dtrain: SIG$sig: stopped during the pre-flight; killing the ssh check\(s\) of 1 host\(s\); no agent or worker was started$" "$T/err" "SIG$sig during the pre-flight: said"
+  expect_grep "^dtrain: stopped by SIG$sig; exit code $want$" "$T/err" "SIG$sig during the pre-flight: the verdict"
+  expect_grep "\"stopped_by\": \"SIG$sig\"" "$T/hang_sum.json" "SIG$sig during the pre-flight: in the summary"
+  p=$(cat "$T/proxy.pid"); alive "$p" && { fail "the ssh check's ProxyCommand outlived the stop"; kill -9 "$p"; } || pass "ssh check killed"
+done
+
+# A remote dtrain whose --version fails without a word: the pre-flight line ends at the code
+# (it used to end in a dangling ": "). A fake ssh on PATH runs the remote command here.
+mkdir -p "$T/fakebin"
+printf '%s\n' '#!/bin/sh' 'for a; do last=$a; done' 'exec sh -c "$last"' > "$T/fakebin/ssh"
+printf '%s\n' '#!/bin/sh' 'exit 3' > "$T/mute-dtrain"
+chmod +x "$T/fakebin/ssh" "$T/mute-dtrain"
+printf '%s\n' "{\"command\": [\"true\"], \"ssh\": {\"dtrain_path\": \"$T/mute-dtrain\"}}" > "$T/mute.json"
+PATH="$T/fakebin:$PATH" "$DTRAIN" run "$T/mute.json" --hosts localhost:1,192.0.2.1:1 >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "silent --version failure: pre-flight fails"
+expect_grep "^  192.0.2.1 \(--hosts\): '$T/mute-dtrain --version' exited 3$" "$T/err" "silent --version failure: nothing after the code"
+
 # The built-in trainer across 2 nodes x 1 worker ends bit-identical to 1 node x 2 workers.
 cat > "$T/train.json" <<JSON
 {"name": "mn-train", "trainer": {"model": {"layers": [32, 64, 4]},

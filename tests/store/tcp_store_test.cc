@@ -284,6 +284,40 @@ TEST_F(TcpStoreTest, WrongTokenAndUnreachableAreDistinct) {
   }
 }
 
+// A server that accepts but never answers (stopped, or a host cut off behind a proxy) holds a
+// client up to request_timeout, not the 30 s default: the agent's heartbeat relies on it.
+TEST_F(TcpStoreTest, RequestTimeoutBoundsASilentServer) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);  // the kernel completes connections; nobody accepts them
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  TcpStoreOptions o;
+  o.port = ntohs(a.sin_port);
+  o.token = kToken;
+  o.connect_timeout = 5s;
+  o.request_timeout = 300ms;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    TcpStore s(o);
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("no reply in time"), std::string::npos) << e.what();
+  }
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(took, 250);  // (poll's millisecond rounding)
+  EXPECT_LT(took, 1500);
+  ::close(lfd);
+  // A healthy store answers within a short request timeout as before.
+  auto c = client();
+  c->setRequestTimeout(200ms);
+  c->set("k", "v");
+  EXPECT_EQ(c->get("k"), "v");
+}
+
 TEST_F(TcpStoreTest, CommandsBeforeHandshakeAreRefused) {
   Raw r(server_->port());
   ASSERT_TRUE(r.read());  // challenge

@@ -290,22 +290,52 @@ int runAgent(const AgentOptions& opts) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::atomic<bool> storeLost{false};  // the heartbeat gave up (not stdin EOF)
   // The first beat before anything is reported, so that a host coming back is never judged
   // by its counter from before it was lost.
   try {
     rendezvous::HeartbeatMonitor::beat(*st, opts.run_id, opts.node);
   } catch (const std::exception&) {
   }
+  // The beats go over a connection of their own, with every wait bounded by what is left of
+  // store_lost_s since the last beat that got through: on the shared client a beat waited
+  // behind the main thread's calls (a rendezvous wait holds it), and a store cut off the
+  // network held a beat (or a reconnect) for that client's 30 s timeouts, so a host lost its
+  // store for ~30 s before its workers were stopped. A store slow to answer but answering
+  // within the budget is still alive.
   std::thread heart([&] {
+    const auto budget = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.store_lost_s));
     auto lastOk = Clock::now();
+    std::unique_ptr<store::TcpStore> hb;
     std::unique_lock<std::mutex> lk(mu);
     while (!cv.wait_for(lk, std::chrono::milliseconds(500), [&] { return done; })) {
       lk.unlock();
       try {
-        rendezvous::HeartbeatMonitor::beat(*st, opts.run_id, opts.node);
+        auto left = [&] {
+          auto l = std::chrono::duration_cast<store::Duration>(lastOk + budget - Clock::now());
+          if (l <= store::Duration::zero()) throw IoError("store unreachable");
+          return l;
+        };
+        if (!hb) {
+          store::TcpStoreOptions so;
+          so.host = storeAddr;
+          so.port = opts.store_port;
+          so.token = token;
+          so.connect_timeout = left();
+          so.request_timeout = left();
+          hb = std::make_unique<store::TcpStore>(so);
+        }
+        hb->setRequestTimeout(left());
+        rendezvous::HeartbeatMonitor::beat(*hb, opts.run_id, opts.node);
         lastOk = Clock::now();
       } catch (const std::exception&) {
-        if (Clock::now() - lastOk > std::chrono::duration<double>(opts.store_lost_s)) {
+        hb.reset();  // a connection that failed a call is gone; a new one next time
+        if (Clock::now() - lastOk >= budget) {
+          storeLost = true;
+          // On stderr: the launcher names it as why this node was lost, if it hears of it.
+          launch::writeAll(STDERR_FILENO, fmt::format("the launcher's store at {}:{} did not answer for {:g} s; stopping "
+                                                      "this node's workers\n",
+                                                      storeAddr, opts.store_port, opts.store_lost_s));
           control.post({Command::kLost});
           lk.lock();
           return;
@@ -435,6 +465,10 @@ int runAgent(const AgentOptions& opts) {
       rc = fail({"io", fmt::format("node {}: {}", opts.node, e.what())});
       break;
     }
+    // Workers this node stopped because the store was gone ended "stopped by dtrain", the
+    // round's code 0: a launcher that was only stalled (SIGSTOP) and reads on must not take
+    // that for a round that succeeded. Not 0, it waits for this agent's end: a lost node.
+    if (storeLost && rc == kExitOk) rc = kExitFailure;
     send(proto::record('D', {std::to_string(rc), std::to_string(round.round)}));
     if (!resultFile.empty()) {
       std::ifstream in(resultFile);
@@ -449,6 +483,7 @@ int runAgent(const AgentOptions& opts) {
     while (!next || next->kind == Command::kPause) next = control.pop();
   }
   stopHeart();
+  if (storeLost && rc == kExitOk) rc = kExitFailure;
   if (!specFile.empty()) std::remove(specFile.c_str());
   return rc;
 }

@@ -36,6 +36,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using detail::SignalScope;
 
+// A teardown after a failure still waiting this long says what it waits for (as on one node).
+constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
+
 std::string nodeName(const spec::JobSpec& spec, const spec::NodeSpec& n) {
   int same = 0;
   for (const auto& o : spec.nodes) same += o.host == n.host;
@@ -110,9 +113,14 @@ struct Problem {
   bool unreachable;  // ssh could not get there (may come back); else the host is set up wrong
 };
 
+// `stoppedBy`: set to SIGINT/SIGTERM/SIGHUP when one ended the check early (no problems then).
 std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<const spec::NodeSpec*>& remotes,
-                               const std::string& version) {
+                               const std::string& version, int& stoppedBy) {
+  stoppedBy = 0;
   if (remotes.empty()) return {};
+  // The run's own handlers are not installed yet, and a host that does not answer holds the
+  // check up to connect_timeout_s + 5 s: Ctrl-C must end it now, not after that.
+  SignalScope signals;
   std::string bin = remoteDtrain(spec);
   struct Check {
     const spec::NodeSpec* node;
@@ -133,19 +141,25 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
   auto limit = std::chrono::duration<double>(spec.ssh.connect_timeout_s + 5);
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
   char buf[4096];
-  while (true) {
+  while (!stoppedBy) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Check*, bool>> owners;
+    fds.push_back({signals.fd(), POLLIN, 0});
+    owners.push_back({nullptr, false});
     for (auto& c : checks) {
       if (c.proc.out) fds.push_back({c.proc.out.get(), POLLIN, 0}), owners.push_back({&c, false});
       if (c.proc.err) fds.push_back({c.proc.err.get(), POLLIN, 0}), owners.push_back({&c, true});
     }
-    if (fds.empty()) break;
+    if (fds.size() == 1) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) break;
     int n = ::poll(fds.data(), fds.size(), static_cast<int>(left));
     if (n < 0 && errno != EINTR) throwErrno("poll");
-    for (size_t i = 0; n > 0 && i < fds.size(); ++i) {
+    if (n > 0 && (fds[0].revents & POLLIN))
+      signals.drain([&](int sig) {
+        if (!stoppedBy) stoppedBy = sig;
+      });
+    for (size_t i = 1; n > 0 && !stoppedBy && i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto [c, isErr] = owners[i];
       Fd& fd = isErr ? c->proc.err : c->proc.out;
@@ -157,6 +171,16 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
       std::string& dst = isErr ? c->err : c->out;
       if (dst.size() < 65536) dst.append(buf, static_cast<size_t>(got));
     }
+  }
+  if (stoppedBy) {
+    // Nothing has started anywhere yet: the ssh checks (and what they started: a
+    // ProxyCommand) are all there is to stop.
+    writeAll(STDERR_FILENO, fmt::format("dtrain: {}: stopped during the pre-flight; killing the ssh check(s) of {} "
+                                        "host(s); no agent or worker was started\n",
+                                        signalName(stoppedBy), checks.size()));
+    for (auto& c : checks) ::kill(-c.proc.pid, SIGKILL);
+    for (auto& c : checks) ::waitpid(c.proc.pid, nullptr, 0);
+    return {};
   }
   std::vector<Problem> problems;
   for (auto& c : checks) {
@@ -185,7 +209,10 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
       problems.push_back({c.node, fmt::format("{} ({}): dtrain not runnable at {} (exit {}); install it there or set ssh.dtrain_path",
                                               c.node->host, c.node->origin, bin, code), false});
     } else if (code != 0) {
-      problems.push_back({c.node, fmt::format("{} ({}): '{} --version' exited {}: {}", c.node->host, c.node->origin, bin, code, lastErr), false});
+      // (nothing after the code when it printed nothing: a dangling ": " reads as a cut line)
+      problems.push_back({c.node, fmt::format("{} ({}): '{} --version' exited {}{}", c.node->host, c.node->origin, bin, code,
+                                              lastErr.empty() ? "" : ": " + lastErr),
+                          false});
     } else if (got != version) {
       problems.push_back({c.node, fmt::format("{} ({}): version mismatch: \"{}\" there, \"{}\" here; install the same dtrain",
                                               c.node->host, c.node->origin, got, version), false});
@@ -216,6 +243,7 @@ class MultiNodeRunner {
   void tryRestart();
   void finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker = std::nullopt);
   void stopAll(const char* how);
+  void teardownNotice();
   void checkAllIdle();
   void timers();
   void reap();
@@ -246,6 +274,8 @@ class MultiNodeRunner {
   bool finishing_ = false;  // every member succeeded; agents told to exit
   bool stopping_ = false;
   bool killed_ = false;
+  Clock::time_point stopStarted_{};
+  bool teardownNoticed_ = false;
   Clock::time_point killDeadline_{};
   Clock::time_point nextHeartbeatCheck_{};
   int fallbackExit_ = 0;  // exit code for a failure that is not a worker's
@@ -567,11 +597,46 @@ void MultiNodeRunner::stopAll(const char* how) {
     if (n.running) send(n, how);
   if (!stopping_) {
     stopping_ = true;
+    stopStarted_ = Clock::now();
     // Agents escalate to SIGKILL after the grace period themselves; this is the backstop
     // for an agent (or an ssh connection) that does not come back.
     killDeadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000) + 10000);
   }
   if (std::string(how) == "kill") killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
+}
+
+// A teardown after a failure that takes a while (workers slow to honour SIGTERM, or ignoring
+// it) says once, after kTeardownNoticeAfter, which ranks it still waits for and until when:
+// silent, it looks like a hang for up to shutdown_timeout_s. Not for a signal's teardown,
+// whose notice said it all at once.
+void MultiNodeRunner::teardownNotice() {
+  if (!stopping_ || killed_ || teardownNoticed_ || result_.received_signal) return;
+  if (!failedWorker_ && result_.failure_message.empty()) return;
+  if (Clock::now() < stopStarted_ + kTeardownNoticeAfter) return;
+  // The ranks of the round that have not reported an exit, per node still connected.
+  std::vector<std::string> waiting;
+  for (const auto& n : nodes_) {
+    if (!n.running || n.state != NodeState::kRunning) continue;
+    std::vector<std::string> ranks;
+    for (int l = 0; l < n.localWorkers; ++l) {
+      const int rank = n.rankOffset + l;
+      if (std::none_of(n.exits.begin(), n.exits.end(), [&](const WorkerExit& w) { return w.global_rank == rank; }))
+        ranks.push_back(std::to_string(rank));
+    }
+    if (!ranks.empty()) waiting.push_back(fmt::format("{} ({})", fmt::join(ranks, ", "), n.name));
+  }
+  if (waiting.empty()) return;  // an agent still ending: nothing left that a user would wait for
+  teardownNoticed_ = true;
+  // Each agent SIGKILLs its workers shutdown_timeout_s after the stop it was sent.
+  const double left = std::max(
+      0.0, spec_.shutdown_timeout_s - std::chrono::duration<double>(Clock::now() - stopStarted_).count());
+  std::string what = failedWorker_ ? fmt::format("rank {} ({}) failed", failedWorker_->global_rank, failedWorker_->host) : std::string("the job failed");
+  std::string line = fmt::format("dtrain: {}; waiting up to {:.0f} s more for rank(s) {} to exit after SIGTERM, then "
+                                 "SIGKILL (shutdown_timeout_s, --shutdown-timeout)\n",
+                                 what, left, fmt::join(waiting, " and "));
+  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");  // above a progress bar, as worker lines
+  writeAll(STDERR_FILENO, line);
+  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 
 void MultiNodeRunner::reap() {
@@ -686,6 +751,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
       timeoutMs = static_cast<int>(std::clamp<long>(left, 0, 250));
+      teardownNotice();
     }
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
@@ -834,7 +900,15 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   std::vector<const spec::NodeSpec*> remotes;
   for (const auto& n : spec.nodes)
     if (!n.local) remotes.push_back(&n);
-  auto problems = preflight(spec, remotes, opts.version);
+  int stoppedBy = 0;
+  auto problems = preflight(spec, remotes, opts.version, stoppedBy);
+  if (stoppedBy) {
+    // Ended as a signal ends any later phase: 128 + signal, "stopped by ..." (said by main).
+    RunResult r;
+    r.received_signal = stoppedBy;
+    r.exit_code = 128 + stoppedBy;
+    return r;
+  }
   // An elastic job (min_nodes below the host count) starts without hosts that cannot be
   // reached, as long as enough are left; they are tried again later. A host set up wrong
   // (no dtrain, another version) always stops the job: retrying cannot fix it.

@@ -149,7 +149,7 @@ void TcpStore::connect() {
   try {
     auth.op = Op::kAuth;
     auth.num = wire::kVersion;
-    wire::Reply challenge = readReply(Clock::now() + std::chrono::seconds(30));
+    wire::Reply challenge = readReply(Clock::now() + opts_.request_timeout);
     if (challenge.op != Op::kChallenge)
       throw IoError(fmt::format("store {}: server did not start with a challenge; is this a dtrain store?", endpoint()));
     auth.values = {handshakeMac(opts_.token, challenge.value)};
@@ -228,10 +228,10 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
   }
 }
 
-// One request, one reply. The deadline is the server-side wait plus a margin, so the
-// server's own typed timeout normally arrives first.
+// One request, one reply. The deadline is the server-side wait plus a margin
+// (request_timeout), so the server's own typed timeout normally arrives first.
 wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
-  Duration budget = std::chrono::seconds(30);
+  Duration budget = opts_.request_timeout;
   // Past a century the sum below could overflow the clock; such a wait is unbounded anyway.
   bool unbounded = serverWait == kNoTimeout || serverWait > Duration(std::chrono::hours(24 * 365 * 100));
   if (!unbounded && serverWait > Duration::zero()) budget += serverWait;
@@ -324,6 +324,11 @@ void TcpStore::multiSet(const std::vector<std::string>& keys, const std::vector<
 void TcpStore::ping() {
   std::lock_guard<std::mutex> l(mu_);
   expect(endpoint(), call({Op::kPing, {}, {}, 0}, Duration::zero()), Op::kOk);
+}
+
+void TcpStore::setRequestTimeout(Duration t) {
+  std::lock_guard<std::mutex> l(mu_);
+  opts_.request_timeout = t;
 }
 
 }  // namespace dtrain::store

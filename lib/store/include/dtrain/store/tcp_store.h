@@ -63,6 +63,10 @@ struct TcpStoreOptions {
   std::string token;
   Duration connect_timeout{std::chrono::seconds(30)};  // retries with backoff until then; zero: one attempt
   Duration timeout = kDefaultTimeout;                  // default for get/wait/multiGet
+  // How long a reply (and the handshake's challenge) may take beyond the server-side wait
+  // before the connection is dropped as lost. A caller with a deadline of its own (the
+  // agent's heartbeat: the store gone for 5 s) sets it lower.
+  Duration request_timeout{std::chrono::seconds(30)};
 };
 
 // Client. One connection, one request at a time (calls are serialized by a mutex, so a
@@ -87,6 +91,8 @@ class TcpStore final : public Store {
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
   void ping();
+  // request_timeout from now on (a caller whose deadline shrinks as a budget is spent).
+  void setRequestTimeout(Duration t);
 
   std::string endpoint() const;
   // The local IP address of the connection to the store: the address peers on other hosts
