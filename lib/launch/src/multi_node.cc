@@ -554,16 +554,17 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
     case 'D':
       n.state = NodeState::kIdle;
       n.idleRc = intField(0);
-      // Its workers ended without a failure of theirs and the launcher asked for nothing:
-      // the agent itself was stopped (a SIGTERM to it, a host shutting down). Nothing else
-      // will come from that node this round, so it counts as lost (an elastic job goes on
-      // without it) rather than leaving the job waiting for it forever.
-      if (n.idleRc != 0 && !stopping_ && !finishing_ && !restarting_ && !pending_ && n.round == activeRound_ &&
+      // Its workers ended without a failure of theirs and the launcher asked for nothing,
+      // by a signal to the agent itself (a SIGTERM, a host shutting down): the agent waits
+      // for the launcher's word, so nothing else would come from that node this round. It
+      // counts as lost (an elastic job goes on without it) rather than leaving the job
+      // waiting for it forever. (An agent that gave up on a silent store ends on its own,
+      // with its reason on stderr: lost when it exits.)
+      if (n.idleRc > 128 && !stopping_ && !finishing_ && !restarting_ && !pending_ && n.round == activeRound_ &&
           std::none_of(n.exits.begin(), n.exits.end(),
                        [](const WorkerExit& w) { return (w.signal || w.exit_code) && !w.stopped_by_dtrain; })) {
-        nodeLost(n, n.idleRc > 128 ? fmt::format("its agent was stopped by {} on that host (and stopped its workers)",
-                                                 signalName(n.idleRc - 128))
-                                   : fmt::format("its agent stopped its workers by itself (exit {})", n.idleRc));
+        nodeLost(n, fmt::format("its agent was stopped by {} on that host (and stopped its workers)",
+                                signalName(n.idleRc - 128)));
         return;
       }
       checkAllIdle();
