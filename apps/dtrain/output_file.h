@@ -1,6 +1,7 @@
 #pragma once
 // Output files named on the command line (--summary-json, bench --json) are checked before a
 // job starts, so a typo in a path is exit 2 at once, not a failure after the work is done.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -22,6 +23,12 @@ inline void checkOutputFile(const std::string& path, const char* flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw SpecError(fmt::format("{}: \"{}\" is a directory; give a file path", flag, path));
+  if (const int fd = inheritedOutputFd(path); fd >= 0) {
+    const int mode = ::fcntl(fd, F_GETFL) & O_ACCMODE;
+    if (mode != O_WRONLY && mode != O_RDWR)
+      throw SpecError(fmt::format("{}: \"{}\" (descriptor {}) is not open for writing; give another path", flag, path, fd));
+    return;
+  }
   if (isSpecialOutput(path)) {
     if (::access(path.c_str(), W_OK) != 0)
       throw SpecError(fmt::format("{}: cannot write \"{}\": {}; give another path", flag, path, std::strerror(errno)));

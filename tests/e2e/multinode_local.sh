@@ -146,7 +146,7 @@ start=$(date +%s)
 "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 4 -- bash "$T/ignore0.sh" >"$T/out" 2>"$T/err"
 rc=$?; took=$(( $(date +%s) - start ))
 expect_eq "$rc" 3 "teardown notice: the failing worker's exit code"
-expect_grep "^dtrain: rank 0 \(localhost\) failed; waiting up to 2 s more for rank\(s\) 1 \(localhost\) and 2 \(127.0.0.1\) to exit after SIGTERM, then SIGKILL \(shutdown_timeout_s, --shutdown-timeout\)$" "$T/err" "teardown notice names the ranks, their nodes and the time left"
+expect_grep "^dtrain: rank 0 \(localhost\) failed; waiting up to [12] s more for rank\(s\) 1 \(localhost\) and 2 \(127.0.0.1\) to exit after SIGTERM, then SIGKILL \(shutdown_timeout_s, --shutdown-timeout\)$" "$T/err" "teardown notice names the ranks, their nodes and the time left"
 expect_eq "$(grep -c "waiting up to" "$T/err")" 1 "teardown notice said once"
 [ "$took" -lt 12 ] && pass "workers ignoring SIGTERM killed after the grace (${took}s)" || fail "teardown took ${took}s"
 

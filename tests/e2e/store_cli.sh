@@ -45,12 +45,11 @@ expect_grep "^dtrain: error: --endpoint: expected HOST:PORT .*got \"$EP:99\"$" "
 expect_grep "brackets: \[::1\]:PORT" "$T/err" "unbracketed IPv6: brackets suggested"
 "$DTRAIN" store get greeting --endpoint "[::1]:1" --token-file "$T/tok" --connect-timeout 0 2>"$T/err"; expect_eq "$?" 4 "bracketed IPv6 is taken (nothing there -> 4)"
 expect_grep "store ::1:1: cannot connect" "$T/err" "bracketed IPv6 host parsed"
-# A name that does not exist is not asked about for the whole --connect-timeout.
-start=$(date +%s%N)
-"$DTRAIN" store get greeting --endpoint no-such-host.invalid:1 --token-file "$T/tok" --connect-timeout 20 2>"$T/err"; expect_eq "$?" 4 "unknown host -> 4"
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
+# A name that does not exist is asked about again until --connect-timeout (it may appear: a
+# pod's DNS entry), and then named as unresolved.
+"$DTRAIN" store get greeting --endpoint no-such-host.invalid:1 --token-file "$T/tok" --connect-timeout 2 2>"$T/err"; expect_eq "$?" 4 "unknown host -> 4"
 if grep -q "cannot resolve host 'no-such-host.invalid'" "$T/err"; then
-  [ "$ms" -lt 5000 ] && pass "unknown host not retried (${ms} ms)" || fail "unknown host took ${ms} ms"
+  pass "unknown host named as unresolved"
 else
   # No resolver answering here (EAI_AGAIN is temporary, so retried): nothing to check.
   pass "unknown host: resolver gave a temporary error ($(cat "$T/err")); not checked"

@@ -28,8 +28,13 @@ expect_eq "$(jq_ "$T/real.json" "d['status']")" "succeeded" "symlink: the target
 "$DTRAIN" run --summary-json >(cat >"$T/piped.json") -- true 2>"$T/err"; expect_eq "$?" 0 "pipe: exit 0"
 for _ in $(seq 50); do [ -s "$T/piped.json" ] && python3 -c "import json; json.load(open('$T/piped.json'))" 2>/dev/null && break; sleep 0.1; done
 expect_eq "$(jq_ "$T/piped.json" "d['status']")" "succeeded" "pipe: the summary came through"
-"$DTRAIN" run --summary-json /dev/stdout -- true >"$T/stdout.json" 2>"$T/err"; expect_eq "$?" 0 "/dev/stdout: exit 0"
-expect_eq "$(jq_ "$T/stdout.json" "d['status']")" "succeeded" "/dev/stdout: the summary on stdout"
+# /dev/stdout redirected to a file holding the workers' output (and an earlier line): the
+# summary follows that output; reopening the file would have truncated the log.
+echo "earlier line" >"$T/stdout.log"
+"$DTRAIN" run --summary-json /dev/stdout -- echo hello >>"$T/stdout.log" 2>"$T/err"; expect_eq "$?" 0 "/dev/stdout: exit 0"
+expect_eq "$(head -2 "$T/stdout.log" | tr '\n' '|')" "earlier line|[rank 0] hello|" "/dev/stdout: the log and the workers' output kept"
+tail -n +3 "$T/stdout.log" >"$T/stdout.json"
+expect_eq "$(jq_ "$T/stdout.json" "d['status']")" "succeeded" "/dev/stdout: the summary after the output"
 [ -L /dev/stdout ] || [ -c /dev/stdout ] && pass "/dev/stdout untouched" || fail "/dev/stdout was replaced"
 ls "$T" | grep -q '\.tmp' && fail "temporary files left: $(ls "$T")" || pass "no temporary files left"
 

@@ -32,7 +32,22 @@ bool writeAllTo(int fd, const std::string& text) {
 
 }  // namespace
 
+int inheritedOutputFd(const std::string& path) {
+  int fd = -1;
+  if (path == "/dev/stdout") fd = STDOUT_FILENO;
+  else if (path == "/dev/stderr") fd = STDERR_FILENO;
+  for (const char* prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+    const std::string p(prefix);
+    if (path.rfind(p, 0) != 0 || path.size() == p.size() || path.size() > p.size() + 9) continue;
+    const std::string num = path.substr(p.size());
+    if (num.find_first_not_of("0123456789") != std::string::npos) continue;
+    fd = std::stoi(num);
+  }
+  return fd >= 0 && ::fcntl(fd, F_GETFD) != -1 ? fd : -1;
+}
+
 bool isSpecialOutput(const std::string& path) {
+  if (inheritedOutputFd(path) >= 0) return true;
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
 }
@@ -41,6 +56,10 @@ void writeOutputFile(const std::string& path, const std::string& text) {
   auto fail = [&](const std::string& what, const std::string& file) {
     throw IoError(fmt::format("cannot {} {}: {}", what, file, std::strerror(errno)));
   };
+  if (const int inherited = inheritedOutputFd(path); inherited >= 0) {
+    if (!writeAllTo(inherited, text)) fail("write", path);
+    return;
+  }
   if (isSpecialOutput(path)) {
     Fd fd{::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY)};
     if (!fd || !writeAllTo(fd.get(), text)) fail("write", path);
@@ -53,6 +72,9 @@ void writeOutputFile(const std::string& path, const std::string& text) {
   const std::string tmp = fmt::format("{}.tmp.{}", target.string(), ::getpid());
   Fd fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644)};
   if (!fd) fail("create", tmp);
+  // A file replaced keeps its permissions (a summary someone made 0600 stays private).
+  struct stat old {};
+  if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) (void)::fchmod(fd.get(), old.st_mode & 07777);
   if (!writeAllTo(fd.get(), text) || ::close(fd.release()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());

@@ -420,10 +420,11 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     return;
   }
   event("node_lost", activeRound_, fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
-  if (restarting_ || pending_) {
+  if (pending_) {
     // A restart is already on its way for this incident (a worker's failure came first:
     // its peers on the lost node were the cause or a consequence). One incident, one
-    // restart: the next round starts without this node.
+    // restart: the next round starts without this node. (Not so for a round still forming,
+    // restarting_ without pending_: it waits for this node, so it must be reopened.)
     event("host_excluded", activeRound_,
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
     return;
@@ -560,7 +561,8 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       // counts as lost (an elastic job goes on without it) rather than leaving the job
       // waiting for it forever. (An agent that gave up on a silent store ends on its own,
       // with its reason on stderr: lost when it exits.)
-      if (n.idleRc > 128 && !stopping_ && !finishing_ && !restarting_ && !pending_ && n.round == activeRound_ &&
+      if (n.idleRc > 128 && !stopping_ && !finishing_ && !pending_ &&
+          (n.round == activeRound_ || (restarting_ && n.round == openRound_)) &&
           std::none_of(n.exits.begin(), n.exits.end(),
                        [](const WorkerExit& w) { return (w.signal || w.exit_code) && !w.stopped_by_dtrain; })) {
         nodeLost(n, fmt::format("its agent was stopped by {} on that host (and stopped its workers)",

@@ -100,13 +100,14 @@ void TcpStore::connect() {
     bool permanent = false;
     if (gai != 0) {
       lastError = ::gai_strerror(gai);
-      // The name does not exist: asking again for the whole connect timeout cannot help.
-      // EAI_AGAIN (no answer from DNS yet) and the like are still retried.
-      permanent = gai == EAI_NONAME || gai == EAI_SERVICE || gai == EAI_FAMILY;
+      // A bad service or address family cannot get better. A name that does not exist may
+      // yet (a pod's or a new host's DNS entry appears when it is ready): asked again until
+      // the connect timeout, as any other failure to reach the store.
+      permanent = gai == EAI_SERVICE || gai == EAI_FAMILY;
+      if (gai == EAI_NONAME || permanent) lastError = fmt::format("cannot resolve host '{}': {}", opts_.host, lastError);
 #ifdef EAI_NODATA
-      permanent = permanent || gai == EAI_NODATA;
+      if (gai == EAI_NODATA) lastError = fmt::format("cannot resolve host '{}': {}", opts_.host, lastError);
 #endif
-      if (permanent) lastError = fmt::format("cannot resolve host '{}': {}", opts_.host, lastError);
     } else {
       for (addrinfo* ai = res; ai; ai = ai->ai_next) {
         int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);

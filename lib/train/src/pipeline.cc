@@ -902,20 +902,27 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         gradWork.clear();
         if (!hostGrads.empty()) model.copyToBackend(model.grads(), hostGrads.data(), nParams * sizeof(float));
       }
+      double clipSquares = 0;  // (with clipping: the whole pipeline's squared gradient norm)
       if (ts.grad_clip_norm > 0) {
         // The global norm spans all stages: each stage of the pipeline contributes its
         // squares (every replica holds the same averaged gradients, so the same norm).
         double sq = model.gradSquares();
         pipe.allreduceHost(&sq, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
-        model.clipGrads(std::sqrt(sq), ts.grad_clip_norm);
+        clipSquares = sq;
+        if (std::isfinite(sq)) model.clipGrads(std::sqrt(sq), ts.grad_clip_norm);
       }
       // Diverged (a loss that is not finite): the last stage's gradients carry it, and through
-      // the gradients it sends back, every stage's; the replicas of a stage hold the same
-      // averaged gradients. So every rank stops at this step together. The tail of the buffer
-      // is the stage's last layer.
-      model.copyToHost(gradTail.data(), model.grads() + nParams - gradTail.size(), gradTail.size() * sizeof(float));
-      if (!detail::allFinite(gradTail.data(), gradTail.size()))
-        throw detail::divergedError(ts, step + 1, "the loss is not finite (NaN or infinite gradients)");
+      // the gradients it sends back most of the others' (a ReLU that was off masks some). The
+      // verdict is the pipeline's, taken together (the replicas of a stage hold the same
+      // averaged gradients, so every pipeline agrees): every rank stops at this step, none
+      // fails on a lost peer. With clipping, the global norm already spans every gradient.
+      int32_t finite = std::isfinite(clipSquares) ? 1 : 0;
+      if (ts.grad_clip_norm <= 0) {
+        model.copyToHost(gradTail.data(), model.grads() + nParams - gradTail.size(), gradTail.size() * sizeof(float));
+        finite = detail::allFinite(gradTail.data(), gradTail.size()) ? 1 : 0;
+        pipe.allreduceHost(&finite, 1, comm::DataType::kInt32, comm::ReduceOp::kMin);
+      }
+      if (!finite) throw detail::divergedError(ts, step + 1, "the loss is not finite (NaN or infinite gradients)");
       const auto optStart = Clock::now();
       const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);

@@ -20,4 +20,10 @@ void writeOutputFile(const std::string& path, const std::string& text);
 // thing itself must be writable, not its directory.
 bool isSpecialOutput(const std::string& path);
 
+// The open descriptor a path names by number: /dev/stdout (1), /dev/stderr (2), /dev/fd/N,
+// /proc/self/fd/N; -1 for other paths or a descriptor that is not open. Such an output is
+// written to that descriptor as it is: reopening it would truncate a redirected log
+// (`> build.log`) or fail on a socket (a journal, some CI runners).
+int inheritedOutputFd(const std::string& path);
+
 }  // namespace dtrain
