@@ -49,6 +49,7 @@ struct RunArgs {
   bool dry_run = false;
   std::string summary_json;
   std::string nproc, max_restarts, shutdown, hostfile, hosts, nnodes;
+  std::vector<std::string> ssh_options;  // appended to the spec's ssh.options
 };
 
 
@@ -66,6 +67,10 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_flag("--no-prefix", a.overrides.no_prefix, "Do not prefix worker lines with [rank N]");
   cmd->add_option("--hostfile", a.hostfile, "Run across the hosts of this file (host slots=N, host:N, user@host; one per line)");
   cmd->add_option("--hosts", a.hosts, "Run across these hosts: h1:2,h2:2 (replaces the spec's nodes)");
+  // One value per flag (as --env): "-F" alone is the option, its file the next flag's value.
+  cmd->add_option("--ssh-option", a.ssh_options,
+                  "Extra ssh argument, repeatable, after the spec's ssh.options (e.g. --ssh-option=-F --ssh-option=cfg)")
+      ->allow_extra_args(false);
 }
 
 int parseIntFlag(const std::string& flag, const std::string& v, int lo, int hi) {
@@ -253,6 +258,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts, 0, spec::kMaxRestarts);
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
+  s.ssh.options.insert(s.ssh.options.end(), a.ssh_options.begin(), a.ssh_options.end());
   spec::resolve(s, a.overrides);
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
   // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the

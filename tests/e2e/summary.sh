@@ -52,4 +52,8 @@ expect_grep "^dtrain: error: --summary-json: cannot create .*vanish/s.json.tmp" 
 printf '{"command": ["true"], "nodes": [{"host": "localhost"}, {"host": "unreachable-host"}], "ssh": {"options": ["-o", "ProxyCommand=false"]}}' >"$T/pf.json"
 "$DTRAIN" run "$T/pf.json" --summary-json "$T/pf_sum.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 1 "pre-flight failure: exit 1"
 expect_eq "$(jq_ "$T/pf_sum.json" "(d['status'], d['exit_code'], d['error'].startswith('pre-flight failed for 1 of 1 remote host(s)'), chr(13) in d['error'])")" "('failed', 1, True, False)" "pre-flight failure: the summary says so"
+# The same through run's --ssh-option (an ad hoc command across hosts has no spec for it).
+"$DTRAIN" run --hosts localhost:1,unreachable-host:1 --ssh-option=-o --ssh-option=ProxyCommand=false --summary-json "$T/pf2.json" -- true >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "--ssh-option reaches ssh: the ProxyCommand fails the pre-flight"
+expect_grep "unreachable-host \(--hosts\): ssh failed" "$T/err" "--ssh-option: the host named"
 finish
