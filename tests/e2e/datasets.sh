@@ -101,6 +101,11 @@ PY
 sed 's|train-images|huge-images|; s|train-labels|huge-labels|' "$T/idx.json" > "$T/huge.json"
 (ulimit -v 4000000; timeout 60 "$DTRAIN" run "$T/huge.json" >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "idx with a corrupt count exits 2"
 expect_grep "huge-images.idx3-ubyte: truncated: the header says 4294967280 images, the file holds 2000" "$T/err" "corrupt count explained"
+# A file shorter than an idx header: said so, not "magic 0x00000000".
+printf '\x00\x00' >"$T/tiny.idx3-ubyte"
+sed "s|$T/train-images.idx3-ubyte|$T/tiny.idx3-ubyte|" "$T/idx.json" >"$T/tiny.json"
+"$DTRAIN" validate "$T/tiny.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 2-byte idx file exits 2"
+expect_grep "tiny.idx3-ubyte: 2 bytes, too short for an idx3-ubyte images file \(its header alone is 16 bytes\)" "$T/err" "a 2-byte idx file: too short"
 sed 's|t10k-labels|nope-labels|' "$T/idx.json" > "$T/missing.json"
 "$DTRAIN" run "$T/missing.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "missing file exits 2"
 expect_grep "/trainer/data/eval_labels_path: file \".*nope-labels.idx1-ubyte\" does not exist" "$T/err" "missing file named"

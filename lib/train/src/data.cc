@@ -270,6 +270,21 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
   std::ifstream fi(images, std::ios::binary), fl(labels, std::ios::binary);
   if (!fi) throw SpecError(fmt::format("{}: cannot open idx images file", images));
   if (!fl) throw SpecError(fmt::format("{}: cannot open idx labels file", labels));
+  // A file shorter than its header is said as such (its "magic" would be read as zeros).
+  auto checkHeader = [](std::ifstream& f, const std::string& path, std::streamoff need, const char* kind) {
+    f.seekg(0, std::ios::end);
+    if (!f) {  // a pipe: no size to know beforehand
+      f.clear();
+      return;
+    }
+    const std::streamoff size = f.tellg();
+    f.seekg(0);
+    if (size >= 0 && size < need)
+      throw SpecError(fmt::format("{}: {} bytes, too short for an {} file (its header alone is {} bytes)", path, size, kind,
+                                  need));
+  };
+  checkHeader(fi, images, 16, "idx3-ubyte images");
+  checkHeader(fl, labels, 8, "idx1-ubyte labels");
   uint32_t magic = be32(fi);
   if (magic != 0x00000803)
     throw SpecError(fmt::format("{}: not an idx3-ubyte images file (magic 0x{:08x}, expected 0x00000803)", images, magic));
