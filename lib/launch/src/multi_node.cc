@@ -769,7 +769,8 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
         bool again = stopping_ && sig == SIGINT;
         if (!stopping_) {
           const size_t running =
-              static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running; }));
+              // (the nodes of the round: an agent of a host waiting to rejoin runs no workers)
+              static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member; }));
           writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "node", "SIGTERM", spec_.shutdown_timeout_s,
                                                          sig == SIGINT));
         } else if (again) {
