@@ -118,16 +118,24 @@ void checkCreatable(const std::string& path, const std::string& what) {
 void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   if (!s.log_dir.empty()) {
     checkCreatable(s.log_dir, "log_dir (--log-dir)");
-    // Rank logs are appended to: one left by another user or made read-only would fail the
-    // launch after the workers' store is up (exit 1); said here instead.
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(s.log_dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("rank_", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".log" &&
-          e.is_regular_file(ec) && ::access(e.path().c_str(), W_OK) != 0)
+    // Rank logs are appended to: one of this run's ranks left by another user, made
+    // read-only, or in the way as a directory or a dangling link would fail the launch after
+    // the workers' store is up (exit 1); said here instead.
+    const int world = s.nodes.empty() ? static_cast<int>(launch::makeLocalPlan(s, "check").workers.size())
+                                      : launch::makeNodesPlan(s, "check").world_size;
+    for (int r = 0; r < world; ++r) {
+      const std::filesystem::path log = std::filesystem::path(s.log_dir) / fmt::format("rank_{}.log", r);
+      std::error_code ec;
+      const auto st = std::filesystem::symlink_status(log, ec);
+      if (ec || st.type() == std::filesystem::file_type::not_found) continue;
+      std::string why;
+      if (std::filesystem::is_directory(log, ec)) why = "it is a directory";
+      else if (!std::filesystem::exists(log, ec)) why = "it is a dangling symbolic link";
+      else if (::access(log.c_str(), W_OK) != 0) why = std::strerror(errno);
+      if (!why.empty())
         throw SpecError(fmt::format("log_dir (--log-dir): cannot append to {}: {}; make it writable, remove it, or use "
                                     "another log_dir",
-                                    e.path().string(), std::strerror(errno)));
+                                    log.string(), why));
     }
   }
   // (a local job's; across hosts node 0's agent checks it where rank 0 will write)

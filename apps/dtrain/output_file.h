@@ -18,7 +18,7 @@ namespace dtrain::app {
 
 // `path` can be written by this process as writeOutputFile writes it (created, or replaced
 // if it exists; a pipe or /dev/stdout written in place); throws SpecError naming `flag`
-// otherwise. Creates nothing.
+// otherwise. Leaves nothing behind.
 inline void checkOutputFile(const std::string& path, const char* flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -43,6 +43,15 @@ inline void checkOutputFile(const std::string& path, const char* flag) {
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
     throw SpecError(fmt::format("{}: \"{}\": cannot write in {}: {}; give a path in a directory you can write", flag, path,
                                 parent.string(), std::strerror(errno)));
+  // access() says yes to root everywhere, and to anyone on a read-only mount or in /proc: the
+  // temporary file writeOutputFile makes beside the target is tried once, and removed.
+  const std::string probe = fmt::format("{}.tmp.{}", target.string(), ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    throw SpecError(fmt::format("{}: \"{}\": cannot create a file in {}: {}; give a path in a directory you can write",
+                                flag, path, parent.string(), std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace dtrain::app

@@ -264,4 +264,16 @@ printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
 expect_eq "$?" 127 "unstartable program across nodes: exit 127"
 expect_grep "cause: +not restarted: rank [01]'s command '.*badinterp' cannot be started on " "$T/err" "unstartable program across nodes: not restarted, says why"
 expect_eq "$(grep -c "event restart" "$T/err")" 0 "unstartable program across nodes: no restart"
+# An agent that refuses the run at startup (a checkpoint dir it cannot use) leaves no copy of
+# the spec (which may carry secrets) in /tmp.
+touch "$T/afile"
+cat > "$T/badck.json" <<JSON
+{"trainer": {"model": {"layers": [8, 4]}, "data": {"type": "synthetic", "train_samples": 256, "eval_samples": 0},
+  "batch_size": 8, "checkpoint": {"dir": "$T/afile/sub"}}}
+JSON
+"$DTRAIN" run "$T/badck.json" --hosts localhost:1,127.0.0.1:1 --summary-json "$T/badck_sum.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "agent refuses an unusable checkpoint dir: exit 2"
+rid=$(python3 -c "import json; print(json.load(open('$T/badck_sum.json'))['run_id'])")
+left=$(ls "${TMPDIR:-/tmp}" | grep -- "-$rid-" || true)
+expect_eq "$left" "" "agent refusal: no spec copy left in /tmp"
 finish

@@ -175,4 +175,10 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && setpriv --reuid=65534 
 else
   pass "read-only rank log: skipped (needs root and setpriv, and a binary 'nobody' can run)"
 fi
+# A rank log in the way as a directory: refused before the launch too (it was exit 1 from the
+# launch, leaving empty error-file directories behind).
+mkdir -p "$T/logs7/rank_1.log"
+"$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs7" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "rank log that is a directory: exit 2"
+expect_grep "cannot append to .*/logs7/rank_1.log: it is a directory" "$T/err" "rank log that is a directory: named"
+expect_eq "$(ls "$T/logs7")" "rank_1.log" "rank log that is a directory: nothing else made"
 finish

@@ -255,6 +255,16 @@ int runAgent(const AgentOptions& opts) {
   }
   std::string resultFile;
   std::string specFile;
+  // This node's copies (the spec may carry secrets) go however the agent ends: a refusal at
+  // startup (a checkpoint dir it cannot use) returned with them left in /tmp.
+  struct RemoveAtEnd {
+    const std::string& spec;
+    const std::string& result;
+    ~RemoveAtEnd() {
+      if (!spec.empty()) std::remove(spec.c_str());
+      if (!result.empty()) std::remove(result.c_str());
+    }
+  } removeAtEnd{specFile, resultFile};
   try {
     spec::resolve(spec);
     if (spec.trainer) {

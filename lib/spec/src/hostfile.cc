@@ -186,8 +186,15 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
       const std::string next = i + 1 < tokens.size() ? tokens[i + 1] : std::string();
       if ((eq == std::string::npos && !next.empty() && next[0] == '=') || eq == 0 ||
           (eq != std::string::npos && eq + 1 == tok.size() && i + 1 < tokens.size()))
-        fail(fmt::format("spaces around '=' split the field \"{}\"; write it without them, e.g. slots=2",
-                         eq == 0 && i > 1 ? tokens[i - 1] : key));
+      {
+        const std::string field = eq == 0 && i > 1 ? tokens[i - 1] : key;
+        // The value as given: after the '=' in this word or the next ones.
+        std::string val = eq != std::string::npos ? tok.substr(eq + 1) : std::string();
+        for (size_t j = i + 1; val.empty() && j < tokens.size() && j <= i + 2; ++j)
+          val = tokens[j][0] == '=' ? tokens[j].substr(1) : (tokens[j - 1].back() == '=' || j == i + 2 ? tokens[j] : "");
+        fail(fmt::format("spaces around '=' split the field \"{}\"; write it without them, e.g. {}={}", field, field,
+                         val.empty() ? "N" : val));
+      }
       if (eq == std::string::npos || std::find(kFields.begin(), kFields.end(), key) == kFields.end()) {
         std::string hint = eq == std::string::npos ? "" : closestMatch(key, kFields);
         if (!hint.empty())

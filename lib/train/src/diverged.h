@@ -22,8 +22,10 @@ inline SpecError divergedError(const spec::TrainerSpec& ts, long long step, cons
   std::string fix = fmt::format("lower /trainer/optimizer/lr (now {:g})", ts.optimizer.lr);
   if (ts.grad_clip_norm <= 0) fix += " or set /trainer/grad_clip_norm (e.g. 1.0)";
   if (!ts.checkpoint.dir.empty())
-    fix += "; the next run resumes from the last checkpoint, written before it diverged (the learning rate may change on "
-           "resume)";
+    fix += fmt::format("; the next run resumes from the last checkpoint (the learning rate may change on resume), but "
+                       "its weights may already be too large: if it diverges again, remove the checkpoints in {} or "
+                       "use another checkpoint.dir",
+                       ts.checkpoint.dir);
   return SpecError(fmt::format("trainer: training diverged at step {}: {}; {}", step, what, fix));
 }
 
