@@ -33,6 +33,7 @@ expect_grep "trained: 31 steps, final loss [0-9.]+, eval loss [0-9.e-]+," "$T/ou
 grep -q " acc " "$T/out" && fail "mse: an accuracy printed: $(grep ' acc ' "$T/out")" || pass "mse: no accuracy printed"
 expect_eq "$(jq_ "$T/s2.json" "(d['trainer']['eval_accuracy'], d['trainer']['eval_loss'] > 0)")" "(None, True)" "mse: summary has eval_loss, no accuracy"
 expect_eq "$(python3 -c "import json; rows=[json.loads(l) for l in open('$T/mse-logs/metrics.jsonl')]; print(sorted({str(r.get('accuracy')) for r in rows if r.get('type') in ('train', 'eval')}))")" "['None']" "mse: metrics rows carry no accuracy"
+grep -q "accuracy" "$T/mse-logs/metrics.svg" && fail "mse: metrics.svg draws an accuracy" || pass "mse: metrics.svg draws the loss only"
 
 # Diverged (lr far too high): the trainer stops with the reason and the fix, exit 2, and
 # writes no checkpoint of NaN weights (the next run must resume from a sane one).

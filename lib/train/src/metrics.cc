@@ -83,17 +83,20 @@ std::string metricsSvg(const std::vector<MetricsPoint>& pts, double evalAccuracy
     double f = i / 4.0;
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#c0392b\">{:.3g}</text>\n", L - 6,
                        T + ph * (1 - f) + 4, maxLoss * f);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#2471a3\">{:.0f}%</text>\n", W - R + 6,
-                       T + ph * (1 - f) + 4, 100 * f);
+    if (!acc.empty())  // (no accuracy axis for regression)
+      svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#2471a3\">{:.0f}%</text>\n", W - R + 6,
+                         T + ph * (1 - f) + 4, 100 * f);
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", L + pw * f, H - B + 16,
                        static_cast<long long>(static_cast<double>(maxStep) * f));
   }
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>\n", L + pw / 2, H - 8);
   svg += fmt::format("<polyline fill=\"none\" stroke=\"#c0392b\" stroke-width=\"2\" points=\"{}\"/>\n", loss);
-  svg += fmt::format("<polyline fill=\"none\" stroke=\"#2471a3\" stroke-width=\"2\" points=\"{}\"/>\n", acc);
-  std::string title = evalAccuracy >= 0 ? fmt::format("training loss (red) and accuracy (blue); held-out accuracy {:.2f}%",
-                                                      100 * evalAccuracy)
-                                        : std::string("training loss (red) and accuracy (blue)");
+  if (!acc.empty())
+    svg += fmt::format("<polyline fill=\"none\" stroke=\"#2471a3\" stroke-width=\"2\" points=\"{}\"/>\n", acc);
+  std::string title = acc.empty()          ? std::string("training loss")
+                      : evalAccuracy >= 0 ? fmt::format("training loss (red) and accuracy (blue); held-out accuracy {:.2f}%",
+                                                         100 * evalAccuracy)
+                                          : std::string("training loss (red) and accuracy (blue)");
   svg += fmt::format("<text x=\"{:.1f}\" y=\"18\" text-anchor=\"middle\">{}</text>\n</svg>\n", W / 2, title);
   return svg;
 }
