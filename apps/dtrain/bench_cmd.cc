@@ -64,16 +64,15 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   return o;
 }
 
-// Writes --json whole under a temporary name and renames it into place: the file is
-// rewritten after every row, and one cut short by a signal must not be a torn one.
+// Writes --json whole (writeOutputFile: a regular file is replaced, never torn, since it is
+// rewritten after every row and a signal may cut one short; a pipe or /dev/stdout, which
+// checkOutputFile accepts, is written in place).
 void writeBenchJson(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) throw IoError(fmt::format("--json: cannot write {}: {}", tmp, std::strerror(errno)));
+  try {
+    writeOutputFile(path, text);
+  } catch (const IoError& e) {
+    throw IoError(fmt::format("--json: {}", e.what()));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("--json: rename to " + path);
 }
 
 int worker(comm::Collective c) {
@@ -101,8 +100,9 @@ int worker(comm::Collective c) {
       std::cout << comm::formatBenchRow(r, o) << std::flush;
       // --json keeps what was measured, as the table does: rewritten after each row
       // ("complete": false until the sweep ends), so a sweep stopped by SIGINT or SIGTERM
-      // (or killed) leaves every row it finished.
-      if (!a.json.empty()) {
+      // (or killed) leaves every row it finished. Only a file can be rewritten: a pipe or
+      // /dev/stdout gets the one document at the end.
+      if (!a.json.empty() && !isSpecialOutput(a.json)) {
         done.push_back(r);
         writeBenchJson(a.json, comm::benchJson(done, o, comm->size(), comm->backend(), false));
       }

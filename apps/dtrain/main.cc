@@ -121,8 +121,7 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
     // Rank logs are appended to: one of this run's ranks left by another user, made
     // read-only, or in the way as a directory or a dangling link would fail the launch after
     // the workers' store is up (exit 1); said here instead.
-    const int world = s.nodes.empty() ? static_cast<int>(launch::makeLocalPlan(s, "check").workers.size())
-                                      : launch::makeNodesPlan(s, "check").world_size;
+    const int world = s.nodes.empty() ? s.nproc_per_node : launch::makeNodesPlan(s, "check").world_size;
     for (int r = 0; r < world; ++r) {
       const std::filesystem::path log = std::filesystem::path(s.log_dir) / fmt::format("rank_{}.log", r);
       std::error_code ec;
@@ -285,7 +284,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
     const auto& t = *s.trainer;
     if (s.nodes.empty()) {
-      const uint64_t world = launch::makeLocalPlan(s, "check").workers.size();
+      const uint64_t world = static_cast<uint64_t>(s.nproc_per_node);  // (resolved: "auto" is a count now)
       const uint64_t stages = static_cast<uint64_t>(std::max(1, t.parallel.pipeline_stages));
       const uint64_t global = static_cast<uint64_t>(t.batch_size) * (world / stages);
       // A model this machine cannot hold is said here, with the numbers, rather than as a

@@ -47,6 +47,15 @@ const char* envOr(const char* name, const char* dflt) {
 //   that rank: in the middle of the step, with its neighbours waiting on it.
 // - DTRAIN_DEBUG_SAMPLE_LOG=PREFIX (for tests): every batch appended to
 //   PREFIX.<rank>.<restart> as "step epoch sample...".
+// Touches the watchdog file: its mtime is the worker's heartbeat.
+void touch(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ::futimens(fd, nullptr);
+    ::close(fd);
+  }
+}
+
 void installStepHooks(train::TrainOptions& to, int rank) {
   std::string watchdog = envOr("DTRAIN_WATCHDOG_FILE", "");
   std::string killAt = envOr("DTRAIN_DEBUG_KILL_AT", "");
@@ -83,13 +92,7 @@ void installStepHooks(train::TrainOptions& to, int rank) {
   if (!watchdog.empty() || killStep >= 0) {
     to.on_step = [watchdog, killStep, step](long long s) {
       *step = s;
-      if (!watchdog.empty()) {
-        int fd = ::open(watchdog.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-          ::futimens(fd, nullptr);
-          ::close(fd);
-        }
-      }
+      if (!watchdog.empty()) touch(watchdog);
       if (s == killStep) ::raise(SIGKILL);
     };
   }
@@ -101,11 +104,7 @@ void installStepHooks(train::TrainOptions& to, int rank) {
       const auto now = std::chrono::steady_clock::now();
       if (now - *last < std::chrono::milliseconds(250)) return;
       *last = now;
-      int fd = ::open(watchdog.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        ::futimens(fd, nullptr);
-        ::close(fd);
-      }
+      touch(watchdog);
     };
   }
   if (const char* prefix = std::getenv("DTRAIN_DEBUG_SAMPLE_LOG"); prefix && *prefix) {

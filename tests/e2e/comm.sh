@@ -46,6 +46,10 @@ PY
   expect_eq "$(cat "$T/check")" "False True" "$3: --json holds the rows measured, marked incomplete"
   [ -e "$1.tmp" ] && fail "$3: temporary JSON left" || pass "$3: no temporary JSON left"
 }
+# --json /dev/stdout (a pipe, a terminal): one document at the end, not one per row.
+"$DTRAIN" bench allreduce --nproc-per-node 2 -b 4K -e 64K -n 2 -w 1 --json /dev/stdout >"$T/stdout.txt" 2>"$T/err"
+expect_eq "$?" 0 "--json /dev/stdout: exit 0"
+expect_eq "$(grep -c '"collective"' "$T/stdout.txt")" 1 "--json /dev/stdout: one JSON document after the table"
 timeout --preserve-status -s INT 4 "$DTRAIN" bench allreduce -b 4K -e 1G -n 1 -w 0 --json "$T/int.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 130 "interrupted sweep exits 130"
 expect_grep "^ +4096 +1024 +float +sum " "$T/out" "interrupted sweep kept its first rows"

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/files.h"
 
 namespace dtrain::spec {
 
@@ -79,13 +80,7 @@ std::string toJson(const RunSummary& s) {
 }
 
 void writeTrainerOutcome(const std::string& path, const TrainerOutcome& t) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << trainerJson(t).dump() << "\n";
-    if (!f) throw IoError("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("rename " + tmp);
+  writeOutputFile(path, trainerJson(t).dump() + "\n");  // whole or not at all
 }
 
 std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {

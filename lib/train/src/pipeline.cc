@@ -1024,8 +1024,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, mse ? std::nan("") : result.eval_accuracy);
   metrics.finish();
 
-  // Replicas of a stage must hold bit-identical weights.
-  model.storeParams(hostParams.data());
+  // Replicas of a stage must hold bit-identical weights. (hostParams hold them: copied by
+  // checkWeightsFinite after training; the evaluation does not change them.)
   const std::string stageHash = sha256Hex(hostParams.data(), nParams * sizeof(float));
   std::vector<char> all(64 * static_cast<size_t>(world));
   worldComm.allgatherHost(stageHash.data(), all.data(), 64 / 4, comm::DataType::kInt32);

@@ -347,7 +347,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   if (ev[2] > 0) metrics.recordEval(step, result.eval_loss, mse ? std::nan("") : result.eval_accuracy);
   metrics.finish();
 
-  be->storeParams(params.data());
+  // (params hold the final weights: copied for the finiteness check after training; the
+  // evaluation does not change them)
   if (opts.final_params) *opts.final_params = params;
   // All replicas must hold bit-identical weights.
   result.weights_sha256 = sha256Hex(params.data(), params.size() * sizeof(float));
