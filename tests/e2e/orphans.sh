@@ -1,6 +1,6 @@
 # dtrain killed with SIGKILL leaves no worker alive.
 source "$(dirname "$0")/lib.sh"
-D="$T" "$DTRAIN" run --nproc-per-node 3 -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
+D="$T" "$DTRAIN" run --nproc-per-node 3 -- sh -c 'echo "$TORCHELASTIC_ERROR_FILE" > "$D/ef.$RANK"; echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
 DTRAIN_PID=$!
 wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
 kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null
@@ -12,6 +12,11 @@ for r in 0 1 2; do
   for _ in $(seq 100); do alive "$p" || break; sleep 0.1; done
   alive "$p" && { fail "rank $r (pid $p) outlived dtrain"; kill -9 "$p"; } || pass "rank $r gone"
 done
+# The error files' temp dir (<tmp>/dtrain-XXXXXX/attempt_0/<rank>/error.json) goes with them.
+errroot=$(dirname "$(dirname "$(dirname "$(cat "$T/ef.0")")")")
+case $errroot in */dtrain-??????) pass "error-file dir is dtrain's own ($errroot)" ;; *) fail "unexpected error-file dir '$errroot'" ;; esac
+for _ in $(seq 100); do [ -e "$errroot" ] || break; sleep 0.1; done
+[ ! -e "$errroot" ] && pass "error-file temp dir removed after SIGKILL" || fail "error-file temp dir $errroot left behind"
 
 # What the workers started goes too: a wrapper script's child (a shell running python, a
 # DataLoader's processes) is not reached by the worker's own death signal; dtrain's guard

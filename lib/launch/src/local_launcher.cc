@@ -485,6 +485,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   detail::OrphanGuard guard;
   guard_ = &guard;
   for (const auto& f : opts_.remove_if_killed) guard.removeIfKilled(f);
+  if (tempErrRoot) guard.removeIfKilled(errRoot.string());
   for (auto& w : workers_) {
     if (stopping_) break;
     spawn(w, plan, spec, base);

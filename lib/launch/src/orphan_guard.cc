@@ -16,9 +16,9 @@ namespace {
 
 // The guard is /bin/sh running this (argv[0] "dtrain-guard", what ps shows): a shell starts
 // in a fraction of the time our own binary would (its libraries), and the launcher waits for
-// the exec. Lines on stdin: "W pgid" watch, "U pgid" unwatch, "F path" a file of the run's
-// own, "R" release. On EOF (the launcher is gone) every watched group is SIGKILLed and the
-// files are removed (kept in "$@": any path survives, spaces included).
+// the exec. Lines on stdin: "W pgid" watch, "U pgid" unwatch, "F path" a file or directory
+// tree of the run's own, "R" release. On EOF (the launcher is gone) every watched group is
+// SIGKILLed and the paths are removed (kept in "$@": any path survives, spaces included).
 constexpr const char* kGuardScript =
     "g=' '\n"
     "while read -r op p; do\n"
@@ -30,7 +30,7 @@ constexpr const char* kGuardScript =
     "  esac\n"
     "done\n"
     "for p in $g; do kill -9 -$p 2>/dev/null; done\n"
-    "[ $# -eq 0 ] || rm -f -- \"$@\"\n";
+    "[ $# -eq 0 ] || rm -rf -- \"$@\"\n";
 
 }  // namespace
 
@@ -85,8 +85,9 @@ void OrphanGuard::watch(pid_t pgid) {
 }
 
 void OrphanGuard::removeIfKilled(const std::string& path) {
-  // (a newline would end the line early: such a path is left to the launcher alone)
-  if (pid_ < 0 || path.empty() || path.find('\n') != std::string::npos) return;
+  // (a newline would end the line early: such a path is left to the launcher alone; "/" is
+  // refused as a last line of defence for the rm -rf)
+  if (pid_ < 0 || path.empty() || path == "/" || path.find('\n') != std::string::npos) return;
   send(fmt::format("F {}\n", path));
 }
 

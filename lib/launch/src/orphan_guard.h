@@ -32,8 +32,9 @@ class OrphanGuard {
 
   void watch(pid_t pgid);
   void unwatch(pid_t pgid);
-  // A file of the run's own (a private spec snapshot) that the launcher removes at its end;
-  // the guard removes it when the launcher dies without that end.
+  // A file or directory of the run's own (a private spec snapshot, the temp dir of the error
+  // files) that the launcher removes at its end; the guard removes it (a directory with all
+  // it holds) when the launcher dies without that end.
   void removeIfKilled(const std::string& path);
 
  private:
