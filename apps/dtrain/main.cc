@@ -412,6 +412,25 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   return r.exit_code;
 }
 
+// The --summary-json of a run that ended before any worker started: status failed, the
+// exit code and the error. Best effort: when the summary's own path is what is wrong, the
+// error says so already.
+void writeFailedSummary(const std::string& path, const std::string& job, const std::string& runId, int code,
+                        const std::string& what, double wallS) {
+  if (path.empty()) return;
+  spec::RunSummary sum;
+  sum.job = job;
+  sum.run_id = runId;
+  sum.exit_code = code;
+  sum.error = what;
+  sum.error.erase(std::remove(sum.error.begin(), sum.error.end(), '\r'), sum.error.end());  // (ssh's CRLF lines)
+  sum.wall_s = wallS;
+  try {
+    writeOutputFile(path, spec::toJson(sum));
+  } catch (const std::exception&) {
+  }
+}
+
 // `dtrain run`. A run that ends before its workers start (a bad spec, a program that cannot
 // run, a port in use) still writes its --summary-json, status failed with the error, so that
 // a script never reads an earlier run's file as this one's.
@@ -420,18 +439,8 @@ int cmdRun(RunArgs& a) {
   const auto started = std::chrono::steady_clock::now();
   std::string jobName;
   auto early = [&](int code, const char* what) {
-    if (a.summary_json.empty()) return;
-    spec::RunSummary sum;
-    sum.job = jobName;
-    sum.run_id = runId;
-    sum.exit_code = code;
-    sum.error = what;
-    sum.error.erase(std::remove(sum.error.begin(), sum.error.end(), '\r'), sum.error.end());  // (ssh's CRLF lines)
-    sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    try {  // (not when the summary's own path is what is wrong: the error says so already)
-      writeOutputFile(a.summary_json, spec::toJson(sum));
-    } catch (const std::exception&) {
-    }
+    writeFailedSummary(a.summary_json, jobName, runId, code, what,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   };
   try {
     return runJob(a, runId, started, jobName);
@@ -538,6 +547,21 @@ int main(int argc, char** argv) {
     }
   }
 
+  // A run refused on its command line still writes its --summary-json (status failed, exit
+  // 2, the error), as a run refused for its spec does: a CI script must never read an
+  // earlier run's file as this one's. The path is read from the words themselves, because
+  // CLI11 may stop before it reaches the option.
+  std::string cliSummary;
+  for (size_t i = 0; isRun && i < args.size(); ++i) {
+    if (args[i] == "--summary-json" && i + 1 < args.size()) cliSummary = args[i + 1];
+    if (args[i].rfind("--summary-json=", 0) == 0) cliSummary = args[i].substr(15);
+  }
+  auto usageError = [&](const std::string& what) {
+    std::cerr << "dtrain: error: " << what << "\n";
+    if (isRun && !cliSummary.empty() && cliSummary[0] != '-') writeFailedSummary(cliSummary, "", "", kExitUsage, what, 0);
+    return kExitUsage;
+  };
+
   // Named here: CLI11 takes the name from argv[0] only when given argc/argv, and the usage
   // line would otherwise start with no program name.
   CLI::App app{"dtrain: launcher and job runner for distributed training", "dtrain"};
@@ -580,12 +604,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
-    std::cerr << "dtrain: error: " << unexpectedArguments(app, app::storeParseHint(args), e.what()) << "\n";
-    return kExitUsage;
+    return usageError(unexpectedArguments(app, app::storeParseHint(args), e.what()));
   } catch (const CLI::ParseError& e) {
     std::string hint = app::storeParseHint(args);
-    std::cerr << "dtrain: error: " << e.what() << (hint.empty() ? "; see dtrain --help" : hint) << "\n";
-    return kExitUsage;
+    return usageError(std::string(e.what()) + (hint.empty() ? "; see dtrain --help" : hint));
   }
   // A path or list option given as "" (an unset shell variable) must not quietly mean "not
   // given": `--summary-json "$OUT"` would then write no summary and say nothing.
@@ -597,10 +619,8 @@ int main(int argc, char** argv) {
       if (!o || o->count() == 0) continue;
       const auto& given = o->results();
       if (std::any_of(given.begin(), given.end(), [](const std::string& v) { return v.empty(); })) {
-        std::cerr << fmt::format("dtrain: error: {}: the value is empty (an unset variable?); give a value or leave the "
-                                 "option out\n",
-                                 name);
-        return kExitUsage;
+        return usageError(
+            fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name));
       }
     }
   }
@@ -613,34 +633,30 @@ int main(int argc, char** argv) {
     if (opt->size() > 1 && (*opt)[0] == '-') {
       const std::string word = opt->substr(0, opt->find('='));
       if (const std::string hint = torchrunFlagHint(word); !hint.empty()) {
-        std::cerr << fmt::format("dtrain: error: run: {} is a torchrun option; {}\n", word, hint);
-        return kExitUsage;
+        return usageError(fmt::format("run: {} is a torchrun option; {}", word, hint));
       }
       std::vector<std::string> known;
       for (const CLI::Option* o : run->get_options())
         for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
       const std::string m = closestMatch(word, known);
-      std::cerr << fmt::format("dtrain: error: run: unknown option {}{}; see dtrain run --help\n", word,
-                               m.empty() ? "" : fmt::format(" (did you mean {}?)", m));
-      return kExitUsage;
+      return usageError(fmt::format("run: unknown option {}{}; see dtrain run --help", word,
+                                    m.empty() ? "" : fmt::format(" (did you mean {}?)", m)));
     }
     std::vector<std::string> words;
     for (const auto& w : extra) words.push_back(shellQuote(w));
     // A spec first (`dtrain run job.json python3 x.py`): the spec names its own command, so
     // moving both after -- would run the spec file as a program.
     if (!runArgs.spec_path.empty() && isSpecFile(runArgs.spec_path)) {
-      std::cerr << fmt::format("dtrain: error: run: unexpected arguments \"{}\" after the job spec {}: a spec and a "
-                               "command cannot both be given; run the spec (dtrain run {}) or the command (dtrain run "
-                               "[options] -- {})\n",
-                               fmt::format("{}", fmt::join(words, " ")), runArgs.spec_path, shellQuote(runArgs.spec_path),
-                               fmt::format("{}", fmt::join(words, " ")));
-      return kExitUsage;
+      return usageError(fmt::format("run: unexpected arguments \"{}\" after the job spec {}: a spec and a command "
+                                    "cannot both be given; run the spec (dtrain run {}) or the command (dtrain run "
+                                    "[options] -- {})",
+                                    fmt::format("{}", fmt::join(words, " ")), runArgs.spec_path,
+                                    shellQuote(runArgs.spec_path), fmt::format("{}", fmt::join(words, " "))));
     }
     if (!runArgs.spec_path.empty()) words.insert(words.begin(), runArgs.spec_path);
-    std::cerr << fmt::format("dtrain: error: run: unexpected arguments \"{}\"; to run a program, put its command after "
-                             "--: dtrain run [options] -- {}\n",
-                             fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(words, " ")));
-    return kExitUsage;
+    return usageError(fmt::format("run: unexpected arguments \"{}\"; to run a program, put its command after --: "
+                                  "dtrain run [options] -- {}",
+                                  fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(words, " "))));
   }
   if (!command.empty() && !run->parsed()) {
     std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run'\n";

@@ -14,6 +14,18 @@ printf '{"command": ["true"], "nproc_per_node": 0}' >"$T/bad.json"
 "$DTRAIN" run "$T/bad.json" --summary-json "$T/s.json" 2>"$T/err"; expect_eq "$?" 2 "bad spec: exit 2"
 expect_eq "$(jq_ "$T/s.json" "(d['status'], d['exit_code'], d['job'], '/nproc_per_node' in d['error'])")" "('failed', 2, None, True)" "bad spec: summary written, names the field"
 
+# A run refused on its command line (an unknown flag, a bad value, a torchrun option) too,
+# whether the flag comes before or after --summary-json.
+"$DTRAIN" run --summary-json "$T/s.json" -- true 2>"$T/err"; expect_eq "$?" 0 "cli: a first run succeeds"
+"$DTRAIN" run --bogus --summary-json "$T/s.json" -- true 2>"$T/err"; expect_eq "$?" 2 "cli: unknown flag: exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['exit_code'], d['run_id'], d['error'] == open('$T/err').read().strip().removeprefix('dtrain: error: '))")" "('failed', 2, None, True)" "cli: unknown flag before --summary-json: a failed summary with the error"
+"$DTRAIN" run --summary-json "$T/s.json" -- true 2>"$T/err"
+"$DTRAIN" run --summary-json="$T/s.json" --nproc-per-node x -- true 2>"$T/err"; expect_eq "$?" 2 "cli: bad value: exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], 'nproc-per-node' in d['error'])")" "('failed', True)" "cli: bad value after --summary-json=: a failed summary"
+"$DTRAIN" run --summary-json "$T/s.json" -- true 2>"$T/err"
+"$DTRAIN" run --summary-json "$T/s.json" --master_port 29500 -- true 2>"$T/err"; expect_eq "$?" 2 "cli: torchrun option: exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], 'torchrun option' in d['error'])")" "('failed', True)" "cli: torchrun option: a failed summary"
+
 # A worker failure: the headline is the summary's error.
 "$DTRAIN" run --summary-json "$T/s.json" -- sh -c 'exit 3' 2>"$T/err"; expect_eq "$?" 3 "worker failure: its exit code"
 expect_eq "$(jq_ "$T/s.json" "d['error']")" "job 'sh' failed: rank 0 exited with code 3" "worker failure: headline in the summary"

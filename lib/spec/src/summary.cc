@@ -43,7 +43,7 @@ std::string formatEvent(const JobEvent& e) {
 std::string toJson(const RunSummary& s) {
   json j;
   j["job"] = s.job.empty() ? json(nullptr) : json(s.job);
-  j["run_id"] = s.run_id;
+  j["run_id"] = s.run_id.empty() ? json(nullptr) : json(s.run_id);  // (a run refused on its command line has none)
   j["status"] = s.succeeded ? "succeeded" : "failed";
   j["exit_code"] = s.exit_code;
   j["restarts"] = s.restarts;
