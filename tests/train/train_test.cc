@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -495,6 +497,40 @@ TEST(Checkpoint, PruneKeepsTheNewestValidOnesAndLeavesJunkAlone) {
   saveCheckpoint(dir, s, 1);
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt-0000000002.bin"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt-0000000003.bin"));
+}
+
+TEST(Checkpoint, WriteReadsBackAndAFailedWriteLeavesNoPartialFile) {
+  auto dir = tempDir("write");
+  TrainState s{7, 11, 1, 64, 2, std::vector<float>(300000), std::vector<float>(300000), {"model: mlp"}};
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    s.params[i] = static_cast<float>(i) * 0.5f;
+    s.momentum[i] = -static_cast<float>(i);
+  }
+  int progress = 0;
+  const std::string path = saveCheckpoint(dir, s, 3, {}, [&] { ++progress; });
+  EXPECT_GE(progress, 1);  // the watchdog is fed during the write
+  auto back = loadLatestCheckpoint(dir, nullptr);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->step, 11);
+  EXPECT_EQ(back->cursor, 64u);
+  EXPECT_EQ(back->params, s.params);
+  EXPECT_EQ(back->momentum, s.momentum);
+  EXPECT_EQ(back->config, s.config);
+  // A write that fails part way (a full disk; here a file size limit) throws and leaves
+  // neither the partial temporary file nor a checkpoint behind.
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto oldHandler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  s.step = 12;
+  EXPECT_THROW(saveCheckpoint(dir, s, 3), IoError);
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, oldHandler);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, (std::vector<std::string>{std::filesystem::path(path).filename().string()}));
 }
 
 TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {

@@ -670,7 +670,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
       written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}, 3,
-                               [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
+                               [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); }, opts.heartbeat);
       if (opts.heartbeat) opts.heartbeat();
     }
     int32_t saved = 1;

@@ -188,7 +188,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
     saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}, 3,
-                   [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
+                   [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); }, opts.heartbeat);
     if (opts.heartbeat) opts.heartbeat();
   };
 

@@ -65,9 +65,11 @@ void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source)
 
 // Writes dir/ckpt-<step>.bin and keeps the newest `keep` valid checkpoints (by a header
 // check), never the one just written; files named like checkpoints that are not ours are
-// left alone, reported through `warn` once per file and process. Returns the path.
+// left alone, reported through `warn` once per file and process. `progress` is called as
+// the write goes (every 64 MiB), for a watchdog. Returns the path.
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep = 3,
-                           const std::function<void(const std::string&)>& warn = {});
+                           const std::function<void(const std::string&)>& warn = {},
+                           const std::function<void()>& progress = {});
 
 // The newest checkpoint that reads back intact; damaged ones are reported through `warn`
 // and skipped, never loaded. nullopt when there is none. maxStep >= 0: the newest at or
