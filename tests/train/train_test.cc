@@ -531,6 +531,32 @@ TEST(Checkpoint, WriteReadsBackAndAFailedWriteLeavesNoPartialFile) {
   std::vector<std::string> left;
   for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
   EXPECT_EQ(left, (std::vector<std::string>{std::filesystem::path(path).filename().string()}));
+
+  // A file whose checksum is right but whose counts overrun it (another writer's bug) is
+  // "malformed", never read past its end; a flipped byte in the same file is "corrupt".
+  std::string payload(5 * 8, '\0');
+  const uint64_t huge = 1ull << 40;
+  payload.append(reinterpret_cast<const char*>(&huge), 8);
+  payload += std::string(16, 'x');
+  std::string file = "DTRCKPT1";
+  const uint64_t len = payload.size();
+  file.append(reinterpret_cast<const char*>(&len), 8);
+  file += payload;
+  const std::string hex = sha256Hex(payload.data(), payload.size());
+  for (size_t i = 0; i < 64; i += 2) file.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  std::ofstream(dir + "/ckpt-0000000099.bin", std::ios::binary) << file;
+  std::vector<std::string> warnings;
+  auto kept = loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->step, 11);  // the older, intact one
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("ckpt-0000000099.bin is malformed"), std::string::npos) << warnings[0];
+  file[20] ^= 1;
+  std::ofstream(dir + "/ckpt-0000000099.bin", std::ios::binary) << file;
+  warnings.clear();
+  loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("corrupt (checksum mismatch)"), std::string::npos) << warnings[0];
 }
 
 TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {
