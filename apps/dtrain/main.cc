@@ -278,8 +278,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
   if (s.trainer) {
-    const auto trainSet = train::openDataset(*s.trainer, false);
-    if (s.trainer->data.type != "synthetic") train::openDataset(*s.trainer, true);
+    const auto trainSet = train::openDatasets(*s.trainer).train;  // (the held-out set checked too)
     // One global batch must fit in the training set: said here, not by every worker after
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
     const auto& t = *s.trainer;

@@ -559,6 +559,43 @@ TEST(Checkpoint, WriteReadsBackAndAFailedWriteLeavesNoPartialFile) {
   EXPECT_NE(warnings[0].find("corrupt (checksum mismatch)"), std::string::npos) << warnings[0];
 }
 
+TEST(Data, CsvCellsReadAsStrtodReadsThem) {
+  // The fast path (from_chars) and the fallback (strtod: '+', hex) give what strtod gives;
+  // anything else in a cell is refused with the line and column.
+  const std::string path = ::testing::TempDir() + "/dtrain_cells_" + std::to_string(::getpid()) + ".csv";
+  const std::vector<std::string> cells = {"1.5", " -2.25 ", "+3", "1e-3", "0x10", "\t7\t", "0.1", "-0", "12345678.9"};
+  {
+    std::ofstream f(path);
+    f << "a,b,c,label\n";
+    for (size_t i = 0; i < cells.size(); i += 3) f << cells[i] << "," << cells[i + 1] << "," << cells[i + 2] << "," << i / 3 << ".0\r\n";
+  }
+  spec::TrainerSpec t = small(4);
+  t.model.layers = {3, 8, 3};
+  t.data.type = "csv";
+  t.data.path = path;
+  t.data.label_column = "label";
+  auto d = openDataset(t, false);
+  ASSERT_EQ(d->size(), 3u);
+  for (uint64_t r = 0; r < 3; ++r) {
+    float x[3];
+    int label = -1;
+    d->sample(r, x, &label, nullptr);
+    EXPECT_EQ(label, static_cast<int>(r));
+    for (int c = 0; c < 3; ++c)
+      EXPECT_EQ(x[c], static_cast<float>(std::strtod(cells[r * 3 + c].c_str(), nullptr))) << cells[r * 3 + c];
+  }
+  for (const std::string bad : {"1.5x", "", "--1", "1 2"}) {
+    std::ofstream(path) << "a,b,c,label\n1," << bad << ",3,0\n";
+    try {
+      openDataset(t, false);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find(":2: column 2 is not a number"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {
   auto t = small(32);
   t.epochs = 2;

@@ -631,8 +631,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   }
 
   const int in = cfg.layers.front(), out = cfg.layers.back();
-  auto trainSet = openDataset(ts, false);
-  auto evalSet = openDataset(ts, true);
+  auto [trainSet, evalSet] = openDatasets(ts);
   const uint64_t N = trainSet->size();
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(D);
   const uint64_t stepsPerEpoch = N / globalBatch;

@@ -154,8 +154,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const int B = ts.batch_size;
   const int in = cfg.layers.front(), out = cfg.layers.back();
   const bool mse = cfg.loss == Loss::kMse;
-  auto trainSet = openDataset(ts, false);
-  auto evalSet = openDataset(ts, true);
+  auto [trainSet, evalSet] = openDatasets(ts);
   const uint64_t N = trainSet->size();
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(world);
   // drop_last: each epoch uses floor(N / global batch) full global batches; every sample of

@@ -23,6 +23,13 @@ class Dataset {
 // out their last 10%. Throws SpecError naming the file, line and column of bad data.
 std::unique_ptr<Dataset> openDataset(const spec::TrainerSpec& t, bool eval);
 
+// Both sets at once: a file is read and parsed once for the two (openDataset twice reads
+// it twice).
+struct Datasets {
+  std::unique_ptr<Dataset> train, eval;
+};
+Datasets openDatasets(const spec::TrainerSpec& t);
+
 // Seeded Gaussian latents z (kLatent dims) are mapped by a fixed random linear generator
 // into the input space (plus a little noise), and labelled by a fixed random teacher network
 // on z: like real data, whose classes live on a low-dimensional manifold, so a student
