@@ -35,6 +35,22 @@ for hosts in "" "--hosts localhost:1,127.0.0.1:1"; do
     alive "$p" && { fail "${hosts:-local}: rank $r's child (pid $p) outlived dtrain"; kill -9 "$p"; } || pass "${hosts:-local}: rank $r's child gone"
   done
 done
+# A worker that exits 0 may leave work of its own running on purpose (an upload started
+# with Popen): it is not killed, neither when the worker exits while others still run nor at
+# the job's end (torchrun leaves it too). A worker that fails takes its process group along.
+rm -f "$T"/late.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 -- sh -c '
+  if [ "$RANK" = 0 ]; then (sleep 1; touch "$D/late.0") >/dev/null 2>&1 & exit 0; fi
+  sleep 2; (sleep 1; touch "$D/late.1") >/dev/null 2>&1 & exit 0' >"$T/out" 2>&1
+expect_eq "$?" 0 "background work of a successful worker: job succeeds"
+for _ in $(seq 50); do [ -e "$T/late.0" ] && [ -e "$T/late.1" ] && break; sleep 0.1; done
+[ -e "$T/late.0" ] && pass "background work of a worker that exited 0 while its peer ran: finished" || fail "rank 0's background work was killed"
+[ -e "$T/late.1" ] && pass "background work of the last worker to exit 0: finished after the job" || fail "rank 1's background work was killed"
+D="$T" "$DTRAIN" run --nproc-per-node 1 -- sh -c '(sleep 1; touch "$D/late.f") >/dev/null 2>&1 & exit 3' >"$T/out" 2>&1
+expect_eq "$?" 3 "background work of a failed worker: the worker's code"
+sleep 1.5
+[ ! -e "$T/late.f" ] && pass "background work of a failed worker: killed with it" || fail "a failed worker's background work ran on"
+
 # The trainer's private files (the spec snapshot, which may carry an env_file's secrets, and
 # the result file) go too: removed by the guard when dtrain is SIGKILLed.
 cat >"$T/tr.json" <<'JSON'

@@ -335,8 +335,11 @@ void LocalLauncher::reap() {
         result_.first_failure = static_cast<int>(i);
         startShutdown(SIGTERM, spec_->shutdown_timeout_s);
       }
-      // Whatever is left in the process group (grandchildren) goes with the worker.
-      ::kill(-pid, SIGKILL);
+      // Whatever is left in the process group (grandchildren: a DataLoader's processes) goes
+      // with a worker that failed or was stopped. A worker that finished its work (exit 0,
+      // no teardown under way) may have left work of its own running on purpose (an upload
+      // started with Popen): that is left alone, as torchrun does, and no longer guarded.
+      if (failed || stopping_) ::kill(-pid, SIGKILL);
       guard_->unwatch(pid);
       if (opts_.on_exit) {
         // Reported now, not at the end: a remote launcher must learn of the first failure
