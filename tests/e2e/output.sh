@@ -141,6 +141,38 @@ expect_grep "^partial-shown-early True" "$T/check" "terminal: unfinished line sh
 expect_grep "^complete-line True" "$T/check" "terminal: completed line printed whole"
 expect_grep "^drawn-once True" "$T/check" "terminal: a completed line and the next ones drawn once"
 expect_grep "^bar-live True" "$T/check" "terminal: '\\r' progress bar shown as it goes"
+# Two ranks drawing '\r' bars: the line drawn in place stays with the first until its bar is
+# complete (it flickered between the two on every update), then goes to the other.
+cat > "$T/bars.py" <<'PY'
+import os, sys, time
+r = int(os.environ["RANK"])
+time.sleep(0.4 * r)
+for i in range(12 + 4 * r):
+    sys.stdout.write(f"\rbar{r} {i}"); sys.stdout.flush(); time.sleep(0.12)
+print(flush=True)
+PY
+python3 - "$DTRAIN" "$T/bars.py" >"$T/check" <<'PY'
+import os, pty, re, select, sys
+dtrain, script = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(dtrain, [dtrain, "run", "--nproc-per-node", "2", "--", "python3", script])
+out = b""
+while True:
+    r, _, _ = select.select([fd], [], [], 15)
+    if not r: break
+    try: b = os.read(fd, 4096)
+    except OSError: break
+    if not b: break
+    out += b
+os.waitpid(pid, 0)
+# (draws in place: followed by the next draw, not by the end of a completed line)
+owners = [int(m) for m in re.findall(rb"\x1b\[2K\[rank (\d)\] bar\d \d+(?=\r\x1b|$)", out)]
+switches = sum(1 for a, b in zip(owners, owners[1:]) if a != b)
+print("draws", len(owners) > 10, "switches", switches, "both-complete",
+      b"[rank 0] bar0 11\r\n" in out and b"[rank 1] bar1 15\r\n" in out)
+PY
+expect_eq "$(cat "$T/check")" "draws True switches 1 both-complete True" "terminal: two ranks' bars do not take turns on the line drawn in place"
 # TERM=dumb (an editor's shell buffer): a terminal that cannot redraw gets plain lines only.
 TERM=dumb python3 "$T/on_tty.py" "$DTRAIN" "$T/partial.py" >"$T/check"
 expect_grep "^partial-shown-early False" "$T/check" "TERM=dumb: no line drawn in place"

@@ -44,6 +44,9 @@ constexpr auto kPartialLineIdle = std::chrono::seconds(1);
 // this long: Python's unbuffered print() writes the text and its newline separately, and
 // drawing every such line as a status first would flicker.
 constexpr auto kPartialShowDelay = std::chrono::milliseconds(100);
+// A rank's unfinished line drawn in place is given up to another rank's after this long
+// without an update.
+constexpr auto kPartialOwnerIdle = std::chrono::seconds(1);
 // A teardown after a worker failure still waiting this long says what it waits for.
 constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
 
@@ -108,6 +111,7 @@ class LocalLauncher final : public Launcher {
     return spec_->prefix_output ? fmt::format("[rank {}] ", w.slot.global_rank) : std::string();
   }
   bool showPartial(Worker& w);  // false: nothing to show (drawn nothing)
+  bool mayTakeStatusLine(const Worker& w) const;
   // Takes a worker's unfinished line off the status line (it is complete, or gone): another
   // worker's takes its place, else the progress bar's.
   // `done`: whose unfinished line just became a line; its splitter still holds it while the
@@ -215,6 +219,13 @@ bool LocalLauncher::livePartial(const Worker& w, const Stream& s) const {
   return consoleTty_ && !opts_.line_sink && !s.is_err && onConsole(w);
 }
 
+bool LocalLauncher::mayTakeStatusLine(const Worker& w) const {
+  // The line drawn in place stays with the rank drawing it while that rank keeps updating
+  // it: two ranks' progress bars taking turns made it flicker between them on every
+  // update. Another rank's unfinished line is shown once the owner's is complete, or idle.
+  return !partialOwner_ || partialOwner_ == &w || Clock::now() - partialOwner_->out.last_data >= kPartialOwnerIdle;
+}
+
 bool LocalLauncher::showPartial(Worker& w) {
   std::string_view p = w.out.splitter.pending();
   if (p.empty() || maybeStatus(p)) return false;
@@ -254,7 +265,9 @@ int LocalLauncher::flushIdlePartials() {
       if (livePartial(w, *s)) {  // drawn in place once it has waited kPartialShowDelay
         if (partialOwner_ == &w) continue;
         auto show = s->partial_since + kPartialShowDelay;
-        if (show <= now) {
+        if (show <= now && !mayTakeStatusLine(w)) {
+          show = partialOwner_->out.last_data + kPartialOwnerIdle;  // looked at again then
+        } else if (show <= now) {
           showPartial(w);
           continue;
         }
@@ -599,7 +612,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         s->partial_since = {};
       else if (s->partial_since == Clock::time_point{})
         s->partial_since = s->last_data;
-      if (livePartial(*w, *s) && s->last_data - s->partial_since >= kPartialShowDelay) showPartial(*w);
+      if (livePartial(*w, *s) && s->last_data - s->partial_since >= kPartialShowDelay && mayTakeStatusLine(*w))
+        showPartial(*w);
     }
     reap();
   }
