@@ -596,6 +596,35 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
   std::filesystem::remove(path);
 }
 
+TEST(Checkpoint, PreparingTheDirectoryPeeksAtTheNewestWithoutReadingTheWeights) {
+  // The pre-check reads the header and counts only: a file of an older dtrain (no config
+  // description) whose parameter count differs is still refused, by its counts; a file
+  // whose header does not read is passed over for the next one.
+  auto t = small(32);
+  t.checkpoint.dir = tempDir("peek");
+  size_t params = 0;
+  for (size_t i = 0; i + 1 < t.model.layers.size(); ++i)
+    params += static_cast<size_t>(t.model.layers[i] * t.model.layers[i + 1] + t.model.layers[i + 1]);
+  TrainState s{configHash(t), 5, 0, 0, 1, std::vector<float>(params + 3), std::vector<float>(params + 3), {}};
+  saveCheckpoint(t.checkpoint.dir, s, 3);
+  std::ofstream(t.checkpoint.dir + "/ckpt-0000000009.bin") << "junk";
+  try {
+    prepareCheckpointDir(t, "job.json");
+    ADD_FAILURE() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("ckpt-0000000005.bin (step 5) was written by a different trainer config: the "
+                                         "model changed (the checkpoint holds " +
+                                         std::to_string(params + 3) + " parameters"),
+              std::string::npos)
+        << e.what();
+  }
+  s.params.resize(params);
+  s.momentum.resize(params);
+  s.step = 6;
+  saveCheckpoint(t.checkpoint.dir, s, 3);
+  prepareCheckpointDir(t, "job.json");  // the newest readable one agrees
+}
+
 TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {
   auto t = small(32);
   t.epochs = 2;

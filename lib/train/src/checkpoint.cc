@@ -10,7 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <array>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <optional>
+#include <thread>
 #include <set>
 #include <string_view>
 
@@ -66,6 +71,91 @@ void fsyncPath(const std::string& path, int flags) {
   }
   ::close(fd);
 }
+
+// SHA-256 of a sequence of buffers, computed on a thread of its own while the caller reads
+// or writes them: at a checkpoint step the other ranks wait for the writer anyway, so a core
+// is free, and the hash (~1.7 GB/s here) no longer adds to the file's I/O. Buffers of more
+// than kCopyBelow bytes must stay valid and unchanged until finish() or destruction; smaller
+// ones are copied.
+class BackgroundDigest {
+ public:
+  BackgroundDigest() : thread_([this] { run(); }) {}
+  BackgroundDigest(const BackgroundDigest&) = delete;
+  BackgroundDigest& operator=(const BackgroundDigest&) = delete;
+  ~BackgroundDigest() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      closed_ = aborted_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void feed(const void* data, size_t bytes) {
+    Piece piece;
+    if (bytes < kCopyBelow) {
+      piece.owned.assign(static_cast<const char*>(data), bytes);
+    } else {
+      piece.data = static_cast<const char*>(data);
+      piece.bytes = bytes;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(piece));
+    }
+    cv_.notify_all();
+  }
+  // Blocks until every buffer fed so far is hashed (before a fed buffer is reused).
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu_);
+    idle_.wait(lk, [&] { return queue_.empty() && !busy_; });
+  }
+  std::array<unsigned char, 32> finish() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    return digest_;
+  }
+
+ private:
+  static constexpr size_t kCopyBelow = 4096;
+  struct Piece {
+    const char* data = nullptr;
+    size_t bytes = 0;
+    std::string owned;
+  };
+  void run() {
+    std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+    DTRAIN_CHECK(md && EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) == 1);
+    std::unique_lock<std::mutex> lk(mu_);
+    while (true) {
+      cv_.wait(lk, [&] { return !queue_.empty() || closed_; });
+      if (aborted_) return;
+      if (queue_.empty()) break;
+      Piece piece = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lk.unlock();
+      const char* p = piece.owned.empty() ? piece.data : piece.owned.data();
+      const size_t n = piece.owned.empty() ? piece.bytes : piece.owned.size();
+      DTRAIN_CHECK(EVP_DigestUpdate(md.get(), p, n) == 1);
+      lk.lock();
+      busy_ = false;
+      if (queue_.empty()) idle_.notify_all();
+    }
+    unsigned int len = 0;
+    DTRAIN_CHECK(EVP_DigestFinal_ex(md.get(), digest_.data(), &len) == 1 && len == digest_.size());
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, idle_;
+  std::deque<Piece> queue_;
+  bool closed_ = false, aborted_ = false, busy_ = false;
+  std::array<unsigned char, 32> digest_{};
+  std::thread thread_;  // last: started once the rest is constructed
+};
 
 std::vector<std::pair<long long, fs::path>> listCheckpoints(const std::string& dir) {
   std::vector<std::pair<long long, fs::path>> out;
@@ -155,9 +245,105 @@ std::vector<std::string> configDescription(const spec::TrainerSpec& t) {
           "data: " + data, "optimizer: " + t.optimizer.type, fmt::format("seed: {}", t.seed)};
 }
 
-std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, const std::string& path, size_t params) {
+namespace {
+
+// Reads one checkpoint file straight into its TrainState, hashing as it goes (on a thread of
+// its own): the weights are read into their vectors, not through a copy of the whole file (a
+// 200 MB checkpoint took 1.5 s through one). Returns "" or why the file cannot be used.
+// peek: the header and the config only, the weights skipped and the checksum not verified
+// (what the launcher's pre-check needs of a checkpoint); *counts = the two arrays' lengths.
+std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = false,
+                               std::array<uint64_t, 2>* counts = nullptr) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return "not readable";
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return "not readable";
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t left = 0;  // payload bytes not read yet
+  // (declared before the digest: destroyed after its thread is done with them)
+  std::string rest;
+  std::array<char, 65536> buf;
+  std::optional<BackgroundDigest> digest;
+  bool hashing = false;  // the payload is; the header and the checksum are not
+  if (!peek) digest.emplace();
+  auto readRaw = [&](void* dst, size_t n) {
+    char* p = static_cast<char*>(dst);
+    while (n > 0) {
+      const ssize_t got = ::read(fd.get(), p, std::min<size_t>(n, 8u << 20));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      if (hashing && digest) digest->feed(p, static_cast<size_t>(got));  // hashed while the next chunk is read
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return true;
+  };
+  // A payload piece: within what the length field promised, and hashed.
+  auto read = [&](void* dst, size_t n) {
+    if (n > left || !readRaw(dst, n)) return false;
+    left -= n;
+    return true;
+  };
+  char head[sizeof(kMagic) + 8];
+  if (size < sizeof(head) + 32 || !readRaw(head, sizeof(head)) || std::memcmp(head, kMagic, sizeof(kMagic)) != 0)
+    return "not a dtrain checkpoint or truncated";
+  std::memcpy(&left, head + sizeof(kMagic), sizeof(left));
+  if (left != size - sizeof(head) - 32) return "truncated";
+  hashing = true;
+  size_t which = 0;
+  auto floats = [&](std::vector<float>& v) {
+    uint64_t n = 0;
+    if (!read(&n, sizeof(n)) || n > left / sizeof(float)) return false;
+    if (counts) (*counts)[which++] = n;
+    if (peek) {
+      left -= n * sizeof(float);
+      return ::lseek(fd.get(), static_cast<off_t>(n * sizeof(float)), SEEK_CUR) >= 0;
+    }
+    v.resize(n);
+    return read(v.data(), n * sizeof(float));
+  };
+  bool ok = read(&s.config_hash, sizeof(s.config_hash)) && read(&s.step, sizeof(s.step)) &&
+            read(&s.epoch, sizeof(s.epoch)) && read(&s.cursor, sizeof(s.cursor)) && read(&s.world, sizeof(s.world)) &&
+            floats(s.params) && floats(s.momentum);
+  // The config's description, in files written since it was kept.
+  if (ok) {
+    rest.resize(left);
+    ok = read(rest.data(), rest.size());
+  }
+  if (!peek) {
+    // The checksum decides first: a damaged file is "corrupt", whatever its fields read as.
+    // Fields that overran the payload leave the rest of it to hash.
+    while (left > 0) {
+      const size_t n = std::min<uint64_t>(left, buf.size());
+      if (!read(buf.data(), n)) return "truncated";
+      digest->drain();  // (buf is read into again)
+    }
+    unsigned char want[32];
+    const auto sum = digest->finish();
+    digest.reset();
+    hashing = false;
+    if (!readRaw(want, sizeof(want)) || std::memcmp(want, sum.data(), sizeof(want)) != 0)
+      return "corrupt (checksum mismatch)";
+  }
+  if (!ok) return "malformed";
+  size_t p = 0;
+  uint64_t parts = 0;
+  ok = rest.empty() || (get(std::string_view(rest), p, parts) && parts <= 64);
+  for (uint64_t i = 0; ok && i < parts; ++i) ok = getString(rest, p, s.config.emplace_back());
+  if (!ok || p != rest.size()) return "malformed";
+  return "";
+}
+
+}  // namespace
+
+namespace {
+
+// checkpointMismatch() of a checkpoint whose arrays hold nParams and nState floats (read, or
+// only counted by a peek).
+std::string mismatchText(const spec::TrainerSpec& t, const TrainState& s, uint64_t nParams, uint64_t nState,
+                         const std::string& path, size_t params) {
   const bool adam = t.optimizer.type == "adamw";
-  const bool sizesAgree = params == 0 || (s.params.size() == params && s.momentum.size() == params * (adam ? 2 : 1));
+  const bool sizesAgree = params == 0 || (nParams == params && nState == params * (adam ? 2 : 1));
   if (s.config_hash == configHash(t) && sizesAgree) return "";
   std::string what;
   if (!s.config.empty()) {
@@ -170,15 +356,20 @@ std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, 
           diffs.push_back(fmt::format("the {} changed (checkpoint: {}; this spec: {})", partName(m),
                                       c.substr(partName(c).size() + 2), m.substr(partName(m).size() + 2)));
     what = fmt::format("{}", fmt::join(diffs, "; "));
-  } else if (params > 0 && s.params.size() != params) {
-    what = fmt::format("the model changed (the checkpoint holds {} parameters, this spec's model has {})", s.params.size(),
-                       params);
-  } else if (params > 0 && s.momentum.size() != params * (adam ? 2 : 1)) {
+  } else if (params > 0 && nParams != params) {
+    what = fmt::format("the model changed (the checkpoint holds {} parameters, this spec's model has {})", nParams, params);
+  } else if (params > 0 && nState != params * (adam ? 2 : 1)) {
     what = fmt::format("the optimizer changed (the checkpoint holds {} state, this spec uses {})",
-                       s.momentum.size() == 2 * s.params.size() ? "adamw" : "sgd", t.optimizer.type);
+                       nState == 2 * nParams ? "adamw" : "sgd", t.optimizer.type);
   }
   if (what.empty()) what = "the model, data, optimizer or seed changed";
   return fmt::format("the newest checkpoint {} (step {}) was written by a different trainer config: {}", path, s.step, what);
+}
+
+}  // namespace
+
+std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, const std::string& path, size_t params) {
+  return mismatchText(t, s, s.params.size(), s.momentum.size(), path, params);
 }
 
 void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source) {
@@ -212,13 +403,19 @@ void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source)
     for (size_t i = 0; i + 1 < t.model.layers.size(); ++i)
       params += static_cast<size_t>(t.model.layers[i]) * static_cast<size_t>(t.model.layers[i + 1]) +
                 static_cast<size_t>(t.model.layers[i + 1]);
+  // The newest checkpoint whose header and config read back, peeked at: its weights are
+  // neither read nor hashed here (rank 0 does that on resume), which for a large model
+  // would add seconds to every launch.
   for (int p = 0; p < stages; ++p) {
     const std::string d = stages == 1 ? dir : fmt::format("{}/stage-{}-of-{}", dir, p, stages);
-    std::string path;
-    auto st = loadLatestCheckpoint(d, nullptr, &path);
-    if (!st) continue;
-    const std::string why = checkpointMismatch(t, *st, path, params);
-    if (!why.empty()) throw SpecError(fmt::format("{}: {}; {}", where, why, fixText(t)));
+    for (const auto& [step, path] : listCheckpoints(d)) {
+      TrainState st;
+      std::array<uint64_t, 2> counts{};
+      if (!readCheckpointFile(path, st, /*peek=*/true, &counts).empty()) continue;
+      const std::string why = mismatchText(t, st, counts[0], counts[1], path.string(), params);
+      if (!why.empty()) throw SpecError(fmt::format("{}: {}; {}", where, why, fixText(t)));
+      break;
+    }
   }
 }
 
@@ -249,7 +446,8 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw IoError(fmt::format("checkpoint: cannot create {}: {}", dir, ec.message()));
-  // Hashed and written from the pieces' own buffers: no copy of the weights is made.
+  // Hashed (on a thread of its own) and written from the pieces' own buffers: no copy of the
+  // weights is made.
   // (Assembled in one string first, the 15 MB checkpoint of a 1.9M-parameter model cost
   // ~250 ms in copies and page faults of fresh buffers, stalling every rank; now ~30 ms.)
   std::string head, mid, tail;
@@ -273,14 +471,8 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
                           {tail.data(), tail.size()}};
   uint64_t payloadBytes = 0;
   for (const auto& pc : pieces) payloadBytes += pc.bytes;
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int digestLen = 0;
-  {
-    std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-    DTRAIN_CHECK(md && EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) == 1);
-    for (const auto& pc : pieces) DTRAIN_CHECK(EVP_DigestUpdate(md.get(), pc.data, pc.bytes) == 1);
-    DTRAIN_CHECK(EVP_DigestFinal_ex(md.get(), digest, &digestLen) == 1 && digestLen == 32);
-  }
+  BackgroundDigest digest;  // hashed while the pieces are written
+  for (const auto& pc : pieces) digest.feed(pc.data, pc.bytes);
   std::string front(kMagic, sizeof(kMagic));
   put(front, payloadBytes);
 
@@ -303,7 +495,8 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
     };
     writeOut(front.data(), front.size());
     for (const auto& pc : pieces) writeOut(pc.data, pc.bytes);
-    writeOut(reinterpret_cast<const char*>(digest), digestLen);
+    const auto sum = digest.finish();
+    writeOut(reinterpret_cast<const char*>(sum.data()), sum.size());
     if (::fsync(fd.get()) != 0) throwErrno("checkpoint: fsync " + tmp);
     fd.reset();
   } catch (...) {
@@ -336,78 +529,6 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
   return path;
 }
 
-namespace {
-
-// Reads one checkpoint file straight into its TrainState, hashing as it goes: the weights
-// are read into their vectors, not through a copy of the whole file (a 200 MB checkpoint
-// took 1.5 s through one). Returns "" or why the file cannot be used.
-std::string readCheckpointFile(const fs::path& path, TrainState& s) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return "not readable";
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return "not readable";
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  uint64_t left = 0;  // payload bytes not read yet
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  DTRAIN_CHECK(md && EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) == 1);
-  auto readRaw = [&](void* dst, size_t n) {
-    char* p = static_cast<char*>(dst);
-    while (n > 0) {
-      const ssize_t got = ::read(fd.get(), p, std::min<size_t>(n, 64u << 20));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return false;
-      p += got;
-      n -= static_cast<size_t>(got);
-    }
-    return true;
-  };
-  // A payload piece: within what the length field promised, and hashed.
-  auto read = [&](void* dst, size_t n) {
-    if (n > left || !readRaw(dst, n)) return false;
-    left -= n;
-    DTRAIN_CHECK(EVP_DigestUpdate(md.get(), dst, n) == 1);
-    return true;
-  };
-  char head[sizeof(kMagic) + 8];
-  if (size < sizeof(head) + 32 || !readRaw(head, sizeof(head)) || std::memcmp(head, kMagic, sizeof(kMagic)) != 0)
-    return "not a dtrain checkpoint or truncated";
-  std::memcpy(&left, head + sizeof(kMagic), sizeof(left));
-  if (left != size - sizeof(head) - 32) return "truncated";
-  auto floats = [&](std::vector<float>& v) {
-    uint64_t n = 0;
-    if (!read(&n, sizeof(n)) || n > left / sizeof(float)) return false;
-    v.resize(n);
-    return read(v.data(), n * sizeof(float));
-  };
-  bool ok = read(&s.config_hash, sizeof(s.config_hash)) && read(&s.step, sizeof(s.step)) &&
-            read(&s.epoch, sizeof(s.epoch)) && read(&s.cursor, sizeof(s.cursor)) && read(&s.world, sizeof(s.world)) &&
-            floats(s.params) && floats(s.momentum);
-  // The config's description, in files written since it was kept.
-  std::string rest;
-  if (ok) {
-    rest.resize(left);
-    ok = read(rest.data(), rest.size());
-  }
-  // The checksum decides first: a damaged file is "corrupt", whatever its fields read as.
-  // Fields that overran the payload leave the rest of it to hash.
-  for (char buf[65536]; left > 0;) {
-    const size_t n = std::min<uint64_t>(left, sizeof(buf));
-    if (!read(buf, n)) return "truncated";
-  }
-  unsigned char want[32], got[EVP_MAX_MD_SIZE];
-  unsigned int gotLen = 0;
-  DTRAIN_CHECK(EVP_DigestFinal_ex(md.get(), got, &gotLen) == 1 && gotLen == 32);
-  if (!readRaw(want, sizeof(want)) || std::memcmp(want, got, sizeof(want)) != 0) return "corrupt (checksum mismatch)";
-  if (!ok) return "malformed";
-  size_t p = 0;
-  uint64_t parts = 0;
-  ok = rest.empty() || (get(std::string_view(rest), p, parts) && parts <= 64);
-  for (uint64_t i = 0; ok && i < parts; ++i) ok = getString(rest, p, s.config.emplace_back());
-  if (!ok || p != rest.size()) return "malformed";
-  return "";
-}
-
-}  // namespace
 
 std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std::function<void(const std::string&)>& warn,
                                                std::string* pathOut, long long maxStep) {
