@@ -443,6 +443,12 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep,
                            const std::function<void(const std::string&)>& warn, const std::function<void()>& progress) {
+  return saveCheckpoint(dir, CheckpointView{s.config_hash, s.step, s.epoch, s.cursor, s.world, s.params, s.momentum, s.config},
+                        keep, warn, progress);
+}
+
+std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int keep,
+                           const std::function<void(const std::string&)>& warn, const std::function<void()>& progress) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw IoError(fmt::format("checkpoint: cannot create {}: {}", dir, ec.message()));

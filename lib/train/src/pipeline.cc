@@ -668,7 +668,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
-      written = saveCheckpoint(stageDir, {hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}, 3,
+      written = saveCheckpoint(stageDir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}, 3,
                                [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); }, opts.heartbeat);
       if (opts.heartbeat) opts.heartbeat();
     }

@@ -186,7 +186,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     // (params were stored above).
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
-    saveCheckpoint(ts.checkpoint.dir, {hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}, 3,
+    saveCheckpoint(ts.checkpoint.dir, CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}, 3,
                    [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); }, opts.heartbeat);
     if (opts.heartbeat) opts.heartbeat();
   };

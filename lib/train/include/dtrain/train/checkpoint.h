@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -63,10 +64,25 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 // ..." with the fix. Nothing to do without a checkpoint dir.
 void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source);
 
+// What saveCheckpoint writes, the arrays by reference: the trainer's own buffers are written
+// as they are (a TrainState built for the write copied the weights and optimizer state).
+struct CheckpointView {
+  uint64_t config_hash = 0;
+  long long step = 0;
+  long long epoch = 0;
+  uint64_t cursor = 0;
+  long long world = 0;
+  std::span<const float> params, momentum;
+  std::vector<std::string> config;
+};
+
 // Writes dir/ckpt-<step>.bin and keeps the newest `keep` valid checkpoints (by a header
 // check), never the one just written; files named like checkpoints that are not ours are
 // left alone, reported through `warn` once per file and process. `progress` is called as
 // the write goes (every 64 MiB), for a watchdog. Returns the path.
+std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int keep = 3,
+                           const std::function<void(const std::string&)>& warn = {},
+                           const std::function<void()>& progress = {});
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep = 3,
                            const std::function<void(const std::string&)>& warn = {},
                            const std::function<void()>& progress = {});
