@@ -652,10 +652,15 @@ int main(int argc, char** argv) {
                                     fmt::format("{}", fmt::join(words, " ")), runArgs.spec_path,
                                     shellQuote(runArgs.spec_path), fmt::format("{}", fmt::join(words, " "))));
     }
-    if (!runArgs.spec_path.empty()) words.insert(words.begin(), runArgs.spec_path);
+    if (!runArgs.spec_path.empty()) words.insert(words.begin(), shellQuote(runArgs.spec_path));
+    // torchrun's `torchrun train.py x` names the script alone: the fix gets the python3 that
+    // dtrain would otherwise refuse it without (it adds no interpreter).
+    std::vector<std::string> fixed = words;
+    const std::string first = runArgs.spec_path.empty() ? extra.front() : runArgs.spec_path;
+    if (std::filesystem::path(first).extension() == ".py") fixed.insert(fixed.begin(), "python3");
     return usageError(fmt::format("run: unexpected arguments \"{}\"; to run a program, put its command after --: "
                                   "dtrain run [options] -- {}",
-                                  fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(words, " "))));
+                                  fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(fixed, " "))));
   }
   if (!command.empty() && !run->parsed()) {
     std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run'\n";

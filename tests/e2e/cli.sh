@@ -71,6 +71,9 @@ expect_grep "invalid JSON.*job specs are JSON files: to run a program, put its c
 "$DTRAIN" run --nproc-per-node 1 python3 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a command without -- exits 2"
 expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py\"; to run a program, put its command after --: dtrain run \[options\] -- python3 $T/train.py$" "$T/err" "a command without --: the fix, in order"
 expect_eq "$(cat "$T/out")" "" "nothing ran"
+# torchrun's `torchrun train.py x`: the fix already has the python3 dtrain would ask for next.
+"$DTRAIN" run --nproc_per_node=2 "$T/train.py" x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a script without -- exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"$T/train.py x\"; to run a program, put its command after --: dtrain run [options] -- python3 $T/train.py x" "a script without --: the fix runs it with python3"
 # torchrun's options that dtrain does not take: what to do instead, never the value taken
 # for a spec ("unexpected arguments \"29501 --master_port\"" before).
 "$DTRAIN" run --nproc_per_node 2 --master_port 29501 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
