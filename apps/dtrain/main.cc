@@ -183,12 +183,16 @@ std::string torchrunFlagHint(const std::string& flag) {
   std::replace(f.begin(), f.end(), '-', '_');
   static const std::vector<std::pair<std::vector<std::string>, std::string>> kHints = {
       {{"standalone"}, "dtrain needs nothing for it: one node with its own rendezvous store is the default"},
-      {{"master_port", "master_addr"},
-       "dtrain picks a free port and the first host itself; to fix the port workers see, use --env MASTER_PORT=N "
-       "(a spec's rendezvous.master_addr sets the address)"},
-      {{"node_rank", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout", "local_addr"},
+      {{"master_port"}, "dtrain picks a free port itself; to fix the port workers see, use --env MASTER_PORT=N"},
+      {{"master_addr"},
+       "dtrain sets MASTER_ADDR itself (127.0.0.1 on one node, else node 0's address); to give workers another address, "
+       "use --env MASTER_ADDR=ADDR (or rendezvous.master_addr in a multi-node spec)"},
+      {{"node_rank", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout"},
        "dtrain starts every node itself from one command: give the hosts with --hosts h1:N,h2:N or --hostfile FILE "
        "(ssh), and no per-node rank or rendezvous endpoint"},
+      {{"local_addr"},
+       "dtrain starts every node itself from one command (--hosts h1:N,h2:N or --hostfile FILE) and learns how the "
+       "nodes reach each other; to choose a node's address, write address=IP on its hostfile line"},
       {{"no_python", "run_path"}, "dtrain adds nothing to the command: put the whole command after --"},
       {{"m", "module"}, "dtrain adds nothing to the command: run a module as -- python3 -m pkg.module"},
       {{"redirects", "tee", "r", "t"},

@@ -78,7 +78,11 @@ expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"$T/train
 # for a spec ("unexpected arguments \"29501 --master_port\"" before).
 "$DTRAIN" run --nproc_per_node 2 --master_port 29501 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "torchrun's --master_port exits 2"
-expect_eq "$(cat "$T/err")" "dtrain: error: run: --master_port is a torchrun option; dtrain picks a free port and the first host itself; to fix the port workers see, use --env MASTER_PORT=N (a spec's rendezvous.master_addr sets the address)" "--master_port: what to do instead"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: --master_port is a torchrun option; dtrain picks a free port itself; to fix the port workers see, use --env MASTER_PORT=N" "--master_port: what to do instead"
+"$DTRAIN" run --master_addr=10.0.0.1 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: --master_addr is a torchrun option; dtrain sets MASTER_ADDR itself (127.0.0.1 on one node, else node 0's address); to give workers another address, use --env MASTER_ADDR=ADDR (or rendezvous.master_addr in a multi-node spec)" "--master_addr: the address's equivalent, not the port's"
+"$DTRAIN" run --local_addr 10.0.0.1 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
+expect_grep "^dtrain: error: run: --local_addr is a torchrun option; .*address=IP on its hostfile line$" "$T/err" "--local_addr: how to give a node's address"
 for f in "--standalone" "--node_rank 1" "--rdzv-endpoint h1:29400" "-m pkg.mod" "--tee 3" "--no_python"; do
   "$DTRAIN" run $f -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
   expect_eq "$?" 2 "torchrun's $f exits 2"
