@@ -50,6 +50,7 @@ struct RunArgs {
   std::string summary_json;
   std::string nproc, max_restarts, shutdown, hostfile, hosts, nnodes;
   std::vector<std::string> ssh_options;  // appended to the spec's ssh.options
+  std::string verb = "run";               // "validate": messages name it
 };
 
 
@@ -260,7 +261,9 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
     s.command = a.command;
     s.name = jobNameOf(a.command);
   } else {
-    throw SpecError("nothing to run; give a job spec (dtrain run job.json) or a command (dtrain run -- python3 train.py)");
+    throw SpecError(fmt::format("nothing to {0}; give a job spec (dtrain {0} job.json) or a command (dtrain {0} -- "
+                                "python3 train.py)",
+                                a.verb));
   }
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
@@ -535,14 +538,16 @@ bool isSpecFile(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // For `dtrain run`, everything after the first "--" is the worker's argv, untouched by
-  // CLI11. Other commands leave "--" to CLI11, where it ends the options so that a
-  // positional may start with '-' (dtrain store set -- -key value).
+  // For `dtrain run` and `dtrain validate`, everything after the first "--" is the worker's
+  // argv, untouched by CLI11 (validate checks an ad hoc command as run --dry-run takes it).
+  // Other commands leave "--" to CLI11, where it ends the options so that a positional may
+  // start with '-' (dtrain store set -- -key value).
   std::vector<std::string> args(argv + 1, argv + argc);
   std::vector<std::string> command;
   auto verb = std::find_if(args.begin(), args.end(), [](const std::string& w) { return w.empty() || w[0] != '-'; });
   bool isRun = verb != args.end() && *verb == "run";
-  for (size_t i = 0; isRun && i < args.size(); ++i) {
+  bool takesCommand = isRun || (verb != args.end() && *verb == "validate");
+  for (size_t i = 0; takesCommand && i < args.size(); ++i) {
     if (args[i] == "--") {
       command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
       args.resize(i);
@@ -580,8 +585,12 @@ int main(int argc, char** argv) {
   addOverrideFlags(run, runArgs);
 
   RunArgs valArgs;
-  auto* validate = app.add_subcommand("validate", "Check a job spec and print it resolved");
-  validate->add_option("spec", valArgs.spec_path, "Job spec (JSON)")->required();
+  valArgs.verb = "validate";
+  valArgs.command = command;
+  auto* validate =
+      app.add_subcommand("validate", "Check a job spec (or a command after --) and print it resolved: dtrain validate "
+                                     "job.json | dtrain validate [flags] -- CMD ARGS...");
+  validate->add_option("spec", valArgs.spec_path, "Job spec (JSON)");
   addOverrideFlags(validate, valArgs);
 
   app::addStoreCommands(app);
@@ -666,8 +675,8 @@ int main(int argc, char** argv) {
                                   "dtrain run [options] -- {}",
                                   fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(fixed, " "))));
   }
-  if (!command.empty() && !run->parsed()) {
-    std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run'\n";
+  if (!command.empty() && !run->parsed() && !validate->parsed()) {
+    std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run' and 'dtrain validate'\n";
     return kExitUsage;
   }
 
@@ -680,7 +689,8 @@ int main(int argc, char** argv) {
     if (validate->parsed()) {
       spec::JobSpec s = buildSpec(valArgs, "");
       checkOutputs(s, valArgs);
-      std::cout << valArgs.spec_path << ": OK\n" << spec::describe(s);
+      std::cout << (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) << ": OK\n"
+                << spec::describe(s);
       return kExitOk;
     }
   } catch (const SpecError& e) {

@@ -136,6 +136,15 @@ expect_grep "^Usage: dtrain \[OPTIONS\] SUBCOMMAND" "$T/out" "--help: usage name
 # Words no command takes are listed in the order given (CLI11 alone reversed them).
 "$DTRAIN" validate "$SRC/configs/env_dump.json" a b c >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate with extra words exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: validate: unexpected arguments a b c; see dtrain validate --help" "extra words in the user's order"
+# validate checks an ad hoc command as run --dry-run takes it (python3 was taken for the spec).
+"$DTRAIN" validate --nproc-per-node 2 -- python3 "$T/train.py" --lr 0.1 >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate -- CMD exits 0"
+expect_grep "^the command after --: OK$" "$T/out" "validate -- CMD: OK"
+expect_grep "^command: +python3 $T/train.py --lr 0.1$" "$T/out" "validate -- CMD: the command, untouched"
+expect_grep "^nproc_per_node: +2$" "$T/out" "validate -- CMD: flags applied"
+"$DTRAIN" validate -- "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate -- a script alone exits 2"
+expect_grep "^dtrain: error: the command after --: cannot run .*: run python3 " "$T/err" "validate -- CMD: the program checked"
+"$DTRAIN" validate >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate with nothing exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: nothing to validate; give a job spec (dtrain validate job.json) or a command (dtrain validate -- python3 train.py)" "validate with nothing: what to give"
 # A spec then a command: the spec runs its own command; moving both after -- would run the
 # spec file as a program.
 cp "$SRC/configs/env_dump.json" "$T/job.json"
