@@ -212,8 +212,16 @@ std::string torchrunFlagHint(const std::string& flag) {
 // habit of naming the script alone gets the python3 it needs.
 void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const std::string& prog = s.command.at(0);
-  if (!launch::findWorkerProgram(prog, s.env, s.cwd).empty()) return;
   const std::string where = fromSpec ? fmt::format("{}: /command/0", s.source) : std::string("the command after --");
+  if (const std::string found = launch::findWorkerProgram(prog, s.env, s.cwd); !found.empty()) {
+    // A script whose #! interpreter is missing: exec's ENOENT names the script, as if it
+    // were the missing file.
+    if (const std::string why = launch::workerShebangProblem(found, s.env, s.cwd); !why.empty())
+      throw SpecError(fmt::format("{}: cannot run \"{}\": {}; fix its #! line, or give an interpreter that exists "
+                                  "as the command's first word",
+                                  where, prog, why));
+    return;
+  }
   const std::filesystem::path dir = s.cwd.empty() ? std::filesystem::current_path() : std::filesystem::path(s.cwd);
   const std::filesystem::path file = dir / prog;
   std::error_code ec;

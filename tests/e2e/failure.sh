@@ -68,11 +68,15 @@ expect_eq "$?" 0 "a program on the workers' PATH runs"
 expect_eq "$(cat "$T/out")" "[rank 0] from the venv" "a program on the workers' PATH: its output"
 "$DTRAIN" run --env "PATH=/nonexistent" -- sh -c true >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "a program missing from the workers' PATH is refused, though on dtrain's"
-# A program that passes that check but cannot be exec'ed (a bad #! line): 127, and the reason.
-printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
-"$DTRAIN" run --nproc-per-node 1 -- "$T/badinterp" >"$T/out" 2>"$T/err"
-expect_eq "$?" 127 "unrunnable program gives 127"
-expect_grep "cannot run '$T/badinterp': No such file or directory" "$T/err" "unrunnable program named"
+# A script whose #! interpreter does not exist: the interpreter is named, not the script
+# (exec's ENOENT read "cannot run './bad.sh': No such file or directory"), before the launch.
+printf '#!/nonexistent/interp\necho hi\n' > "$T/badinterp"; chmod +x "$T/badinterp"
+(cd "$T" && "$DTRAIN_ABS" run --nproc-per-node 1 -- ./badinterp) >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a missing #! interpreter: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: cannot run \"./badinterp\": its interpreter /nonexistent/interp (#! line) does not exist; fix its #! line, or give an interpreter that exists as the command's first word" "a missing #! interpreter named"
+printf '#!/usr/bin/env sh\r\necho hi\r\n' > "$T/crlf"; chmod +x "$T/crlf"
+"$DTRAIN" run -- "$T/crlf" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a #! line with Windows line endings: exit 2"
+expect_grep "its #! line runs sh\\\\r through /usr/bin/env, and there is no sh\\\\r on PATH \(the #! line ends in \\\\r: the file has Windows line endings; convert it" "$T/err" "a #! line with Windows line endings: said so"
 
 # --summary-json for a failed command job.
 "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/sum.json" -- sh -c '[ "$RANK" = 1 ] && kill -KILL $$; sleep 30' >"$T/out" 2>"$T/err"

@@ -661,10 +661,13 @@ std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, c
     return fmt::format("not restarted: rank {}{} refused its input (exit 2: the spec, a data file or a checkpoint; see its "
                        "error below); every attempt would fail the same way",
                        w.global_rank, host.empty() ? std::string() : " on " + host);
-  return fmt::format("not restarted: rank {}'s command '{}' cannot be started{} (see its error below); fix the command, "
-                     "PATH or cwd in the spec",
+  // (an ad hoc job has no spec to fix: its command is the one after --)
+  const bool fromSpec = !spec.source.empty() && spec.source != "command line";
+  return fmt::format("not restarted: rank {}'s command '{}' cannot be started{} (see its error below); {}",
                      w.global_rank, spec.command.empty() ? std::string() : spec.command.front(),
-                     host.empty() ? std::string() : " on " + host);
+                     host.empty() ? std::string() : " on " + host,
+                     fromSpec ? fmt::format("fix the command, PATH or cwd in {}", spec.source)
+                              : std::string("fix the command after --, or PATH"));
 }
 
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
