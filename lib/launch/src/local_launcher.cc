@@ -17,6 +17,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
@@ -722,7 +723,24 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
     out += tail.size() < f.stderr_tail.size() ? " (less the traceback's):\n" : ":\n";
     for (const auto& l : tail) out += "      | " + l + "\n";
   }
-  if (failed > 1) out += fmt::format("  {} workers failed in all; see the log for the others\n", failed);
+  // The others' exits, and where their output is: a log directory is not always there.
+  if (failed > 1) {
+    constexpr int kListed = 8;
+    std::vector<std::string> each;
+    for (const auto& w : result.workers) {
+      if (w.stopped_by_dtrain || !(w.signal || w.exit_code)) continue;
+      if (static_cast<int>(each.size()) == kListed) {
+        each.push_back("...");
+        break;
+      }
+      each.push_back(fmt::format("{} ({})", w.global_rank, w.signal ? signalName(w.signal) : fmt::format("code {}", w.exit_code)));
+    }
+    out += fmt::format("  {} workers failed in all: ranks {}; {}\n", failed, fmt::join(each, ", "),
+                       spec.log_dir.empty()
+                           ? std::string("use --log-dir DIR to keep every rank's output in DIR/rank_N.log")
+                           : fmt::format("every rank's output is in {}/rank_N.log{}", spec.log_dir,
+                                         spec.nodes.empty() ? "" : " on its host"));
+  }
   return out;
 }
 
