@@ -529,6 +529,40 @@ std::string unexpectedArguments(CLI::App& app, const std::string& hint, const st
   return fallback + (hint.empty() ? "; see dtrain --help" : hint);
 }
 
+// CLI11's own words for an option given without a value or more than once ("1 required TEXT
+// missing", "At Most 1 required but received 2"), said with the option and the fix; "" for
+// other messages. `args`: the words the user gave, for the spellings they used.
+std::string argumentMismatch(const std::string& what, const std::vector<std::string>& args) {
+  const size_t colon = what.find(": ");
+  if (colon == std::string::npos || what.rfind("--", 0) != 0) return "";
+  const std::string name = what.substr(0, colon), rest = what.substr(colon + 2);
+  // The user's spellings of it (--nproc_per_node and --nproc-per-node are one option).
+  auto sameOption = [&](const std::string& w) {
+    std::string n = w.substr(0, w.find('='));
+    std::replace(n.begin(), n.end(), '_', '-');
+    return n == name;
+  };
+  std::vector<std::string> spellings;
+  bool emptyValue = false;
+  for (const std::string& w : args) {
+    if (w == "--") break;
+    if (!sameOption(w)) continue;
+    const std::string spelt = w.substr(0, w.find('='));
+    if (std::find(spellings.begin(), spellings.end(), spelt) == spellings.end()) spellings.push_back(spelt);
+    if (w.size() == spelt.size() + 1) emptyValue = true;  // "--opt="
+  }
+  if (rest.find("required") != std::string::npos && rest.find("missing") != std::string::npos) {
+    if (emptyValue) return fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name);
+    return fmt::format("{}: no value given; give one ({} VALUE or {}=VALUE), or leave the option out", name, name, name);
+  }
+  if (rest.rfind("At Most ", 0) == 0) {
+    const std::string received = rest.substr(rest.rfind(' ') + 1);
+    return fmt::format("{}: given {} times{}; it takes one value: give it once", name, received,
+                       spellings.size() > 1 ? fmt::format(" (as {}, one option)", fmt::join(spellings, " and ")) : "");
+  }
+  return "";
+}
+
 // True when `path` is a job spec: a .json file, or a file that parses as one. For the
 // words after it, which are then a command given beside a spec, not a command without --.
 bool isSpecFile(const std::string& path) {
@@ -625,6 +659,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
     return usageError(unexpectedArguments(app, app::storeParseHint(args), e.what()));
+  } catch (const CLI::ArgumentMismatch& e) {
+    if (const std::string said = argumentMismatch(e.what(), args); !said.empty()) return usageError(said);
+    std::string hint = app::storeParseHint(args);
+    return usageError(std::string(e.what()) + (hint.empty() ? "; see dtrain --help" : hint));
   } catch (const CLI::ParseError& e) {
     std::string hint = app::storeParseHint(args);
     return usageError(std::string(e.what()) + (hint.empty() ? "; see dtrain --help" : hint));

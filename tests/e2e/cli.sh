@@ -113,6 +113,14 @@ expect_grep "is a directory; give a file path" "$T/err" "--summary-json director
 "$DTRAIN" run --nproc-per-node 1 --log-dir /etc/passwd/x -- true 2>"$T/err"; expect_eq "$?" 2 "--log-dir under a file exits 2"
 expect_grep "^dtrain: error: log_dir \(--log-dir\): \"/etc/passwd/x\" cannot be created: /etc/passwd is not a directory" "$T/err" "--log-dir under a file explained"
 "$DTRAIN" validate "$SRC/configs/env_dump.json" --log-dir /etc/passwd/x 2>"$T/err"; expect_eq "$?" 2 "validate checks the log dir"
+# CLI11's own words ("1 required TEXT missing", "At Most 1 required but received 2") are
+# said with the option and the fix.
+"$DTRAIN" run --nproc_per_node= -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--nproc_per_node= exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --nproc-per-node: the value is empty (an unset variable?); give a value or leave the option out" "--nproc_per_node=: the value is empty"
+"$DTRAIN" run --max-restarts >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--max-restarts without a value exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --max-restarts: no value given; give one (--max-restarts VALUE or --max-restarts=VALUE), or leave the option out" "an option without a value: named, with the fix"
+"$DTRAIN" run --nproc_per_node 2 --nproc-per-node 3 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "an option given twice exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --nproc-per-node: given 2 times (as --nproc_per_node and --nproc-per-node, one option); it takes one value: give it once" "an option given twice: named, with the fix"
 # An empty value (an unset shell variable) is not "option not given".
 for opt in --summary-json --hosts --log-dir; do
   "$DTRAIN" run --nproc-per-node 1 "$opt" "" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "$opt \"\" exits 2"
