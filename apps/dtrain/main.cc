@@ -245,8 +245,11 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   else if (prog.find('/') != std::string::npos)
     fix = prog[0] == '/' ? std::string("no such file; check the path")
                          : fmt::format("no such file (relative to {}); check the path", dir.string());
-  else
-    fix = "no such program on PATH; check the name, or give its path";
+  else  // (`python` where only python3 is installed, torchrun's own interpreter having hidden it)
+    fix = fmt::format("no such program on PATH{}; check the name, or give its path",
+                      launch::findWorkerProgram(prog + "3", s.env, s.cwd).empty()
+                          ? std::string()
+                          : fmt::format(" (did you mean {}3?)", prog));
   throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, fix));
 }
 

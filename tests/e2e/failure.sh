@@ -60,6 +60,10 @@ printf '{"command": ["pyhton3", "x.py"]}' > "$T/typo.json"
 "$DTRAIN" run "$T/typo.json" --max-restarts 3 >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "a misspelt program in a spec: exit 2, no restarts spent"
 expect_eq "$(cat "$T/err")" "dtrain: error: $T/typo.json: /command/0: cannot run \"pyhton3\": no such program on PATH; check the name, or give its path" "misspelt program: names the JSON path"
+# `python` where only python3 is installed: the name it most likely means.
+mkdir -p "$T/p3bin"; ln -s /bin/true "$T/p3bin/python3"
+"$DTRAIN" run --env "PATH=$T/p3bin" -- python train.py >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "python missing, python3 there: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: cannot run \"python\": no such program on PATH (did you mean python3?); check the name, or give its path" "python missing, python3 there: did you mean python3"
 # A bare program name is looked up on the workers' PATH (a venv's bin in the spec's env),
 # by the check and by the exec alike (execvpe searched dtrain's own PATH).
 mkdir -p "$T/venv/bin"; printf '#!/bin/sh\necho "from the venv"\n' > "$T/venv/bin/venvprog"; chmod +x "$T/venv/bin/venvprog"

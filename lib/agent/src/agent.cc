@@ -287,9 +287,12 @@ int runAgent(const AgentOptions& opts) {
       const std::string found = launch::findWorkerProgram(spec.command[0], spec.env, spec.cwd);
       if (found.empty())
         throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}", where, spec.command[0],
-                                    spec.command[0].find('/') == std::string::npos
-                                        ? "no such program on its PATH; check the name, or give its path"
-                                        : "no such executable file; check the path"));
+                                    spec.command[0].find('/') != std::string::npos
+                                        ? std::string("no such executable file; check the path")
+                                        : fmt::format("no such program on its PATH{}; check the name, or give its path",
+                                                      launch::findWorkerProgram(spec.command[0] + "3", spec.env, spec.cwd).empty()
+                                                          ? std::string()
+                                                          : fmt::format(" (did you mean {}3?)", spec.command[0]))));
       if (const std::string why = launch::workerShebangProblem(found, spec.env, spec.cwd); !why.empty())
         throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}; fix its #! line, or give an interpreter "
                                     "that exists as the command's first word",
