@@ -46,6 +46,29 @@ expect_grep "File \"train.py\", line 7" "$T/err" "error file traceback"
 expect_eq "$(grep -c "ValueError: learning rate must be positive" "$T/err")" 3 "the traceback once in the summary (the live line, error:, traceback:; not again in the tail)"
 expect_grep "^      \| loading data$" "$T/err" "the tail keeps what the traceback does not say"
 
+# An @record error file with a message of several lines, an escape sequence and a last line
+# past the tail's 2000-byte cut (what torch writes for bigerr.py): the message's lines are
+# indented under "error:", the ESC is shown as \x1b, and the tail drops all of Python's
+# traceback, its outer frames (above @record's wrapper) included.
+cat > "$T/rec.sh" <<'SH'
+y=$(head -c 2500 /dev/zero | tr '\0' y)
+msg="RuntimeError: line one\\nline two \\u001b[31mred\\u001b[0m\\n$y"
+tb="Traceback (most recent call last):\\n  File \\\"/x/errors/__init__.py\\\", line 346, in wrapper\\n    return f(*args, **kwargs)\\n           ^^^^^^^^^^^^^^^^^^\\n  File \\\"/x/train.py\\\", line 6, in main\\n    raise RuntimeError(msg)\\n$msg\\n"
+printf '{"message": {"message": "%s", "extraInfo": {"py_callstack": "%s", "timestamp": "1"}}}' "$msg" "$tb" > "$TORCHELASTIC_ERROR_FILE"
+echo "loading data" >&2
+printf 'Traceback (most recent call last):\n  File "/x/train.py", line 7, in <module>\n    main()\n  File "/x/errors/__init__.py", line 346, in wrapper\n    return f(*args, **kwargs)\n           ^^^^^^^^^^^^^^^^^^\n  File "/x/train.py", line 6, in main\n    raise RuntimeError(msg)\nRuntimeError: line one\nline two \033[31mred\033[0m\n%s\n' "$y" >&2
+exit 1
+SH
+"$DTRAIN" run -- sh "$T/rec.sh" >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "@record error file: exit 1"
+sed -n '/^  first failure:/,$p' "$T/err" > "$T/summary"
+expect_grep "^    error:      RuntimeError: line one$" "$T/summary" "@record message: its first line"
+expect_grep "^                line two \\\\x1b\[31mred\\\\x1b\[0m$" "$T/summary" "@record message: a later line indented, its ESC visible"
+expect_grep "^                y{2500}$" "$T/summary" "@record message: its last line indented"
+expect_eq "$(grep -c "$(printf '\033')" "$T/summary")" 0 "no raw ESC in the summary"
+expect_eq "$(grep -c '^      | ' "$T/summary")" 1 "the tail less the whole traceback (outer frames and the cut last line too)"
+expect_grep "^      \| loading data$" "$T/summary" "the tail keeps the worker's own line"
+
 # A program that does not exist is refused before any worker starts (exit 2, with the fix;
 # torchrun's habit of naming the script alone gets its python3).
 "$DTRAIN" run --nproc-per-node 2 -- /nonexistent/prog >"$T/out" 2>"$T/err"
