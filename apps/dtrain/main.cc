@@ -50,6 +50,7 @@ struct RunArgs {
   std::string summary_json;
   std::string nproc, max_restarts, shutdown, hostfile, hosts, nnodes;
   std::vector<std::string> ssh_options;  // appended to the spec's ssh.options
+  std::string verb = "run";               // "validate": messages name it
 };
 
 
@@ -183,12 +184,16 @@ std::string torchrunFlagHint(const std::string& flag) {
   std::replace(f.begin(), f.end(), '-', '_');
   static const std::vector<std::pair<std::vector<std::string>, std::string>> kHints = {
       {{"standalone"}, "dtrain needs nothing for it: one node with its own rendezvous store is the default"},
-      {{"master_port", "master_addr"},
-       "dtrain picks a free port and the first host itself; to fix the port workers see, use --env MASTER_PORT=N "
-       "(a spec's rendezvous.master_addr sets the address)"},
-      {{"node_rank", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout", "local_addr"},
+      {{"master_port"}, "dtrain picks a free port itself; to fix the port workers see, use --env MASTER_PORT=N"},
+      {{"master_addr"},
+       "dtrain sets MASTER_ADDR itself (127.0.0.1 on one node, else node 0's address); to give workers another address, "
+       "use --env MASTER_ADDR=ADDR (or rendezvous.master_addr in a multi-node spec)"},
+      {{"node_rank", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout"},
        "dtrain starts every node itself from one command: give the hosts with --hosts h1:N,h2:N or --hostfile FILE "
        "(ssh), and no per-node rank or rendezvous endpoint"},
+      {{"local_addr"},
+       "dtrain starts every node itself from one command (--hosts h1:N,h2:N or --hostfile FILE) and learns how the "
+       "nodes reach each other; to choose a node's address, write address=IP on its hostfile line"},
       {{"no_python", "run_path"}, "dtrain adds nothing to the command: put the whole command after --"},
       {{"m", "module"}, "dtrain adds nothing to the command: run a module as -- python3 -m pkg.module"},
       {{"redirects", "tee", "r", "t"},
@@ -207,8 +212,16 @@ std::string torchrunFlagHint(const std::string& flag) {
 // habit of naming the script alone gets the python3 it needs.
 void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const std::string& prog = s.command.at(0);
-  if (!launch::findWorkerProgram(prog, s.env, s.cwd).empty()) return;
   const std::string where = fromSpec ? fmt::format("{}: /command/0", s.source) : std::string("the command after --");
+  if (const std::string found = launch::findWorkerProgram(prog, s.env, s.cwd); !found.empty()) {
+    // A script whose #! interpreter is missing: exec's ENOENT names the script, as if it
+    // were the missing file.
+    if (const std::string why = launch::workerShebangProblem(found, s.env, s.cwd); !why.empty())
+      throw SpecError(fmt::format("{}: cannot run \"{}\": {}; fix its #! line, or give an interpreter that exists "
+                                  "as the command's first word",
+                                  where, prog, why));
+    return;
+  }
   const std::filesystem::path dir = s.cwd.empty() ? std::filesystem::current_path() : std::filesystem::path(s.cwd);
   const std::filesystem::path file = dir / prog;
   std::error_code ec;
@@ -232,8 +245,11 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   else if (prog.find('/') != std::string::npos)
     fix = prog[0] == '/' ? std::string("no such file; check the path")
                          : fmt::format("no such file (relative to {}); check the path", dir.string());
-  else
-    fix = "no such program on PATH; check the name, or give its path";
+  else  // (`python` where only python3 is installed, torchrun's own interpreter having hidden it)
+    fix = fmt::format("no such program on PATH{}; check the name, or give its path",
+                      launch::findWorkerProgram(prog + "3", s.env, s.cwd).empty()
+                          ? std::string()
+                          : fmt::format(" (did you mean {}3?)", prog));
   throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, fix));
 }
 
@@ -256,7 +272,9 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
     s.command = a.command;
     s.name = jobNameOf(a.command);
   } else {
-    throw SpecError("nothing to run; give a job spec (dtrain run job.json) or a command (dtrain run -- python3 train.py)");
+    throw SpecError(fmt::format("nothing to {0}; give a job spec (dtrain {0} job.json) or a command (dtrain {0} -- "
+                                "python3 train.py)",
+                                a.verb));
   }
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
@@ -514,6 +532,40 @@ std::string unexpectedArguments(CLI::App& app, const std::string& hint, const st
   return fallback + (hint.empty() ? "; see dtrain --help" : hint);
 }
 
+// CLI11's own words for an option given without a value or more than once ("1 required TEXT
+// missing", "At Most 1 required but received 2"), said with the option and the fix; "" for
+// other messages. `args`: the words the user gave, for the spellings they used.
+std::string argumentMismatch(const std::string& what, const std::vector<std::string>& args) {
+  const size_t colon = what.find(": ");
+  if (colon == std::string::npos || what.rfind("--", 0) != 0) return "";
+  const std::string name = what.substr(0, colon), rest = what.substr(colon + 2);
+  // The user's spellings of it (--nproc_per_node and --nproc-per-node are one option).
+  auto sameOption = [&](const std::string& w) {
+    std::string n = w.substr(0, w.find('='));
+    std::replace(n.begin(), n.end(), '_', '-');
+    return n == name;
+  };
+  std::vector<std::string> spellings;
+  bool emptyValue = false;
+  for (const std::string& w : args) {
+    if (w == "--") break;
+    if (!sameOption(w)) continue;
+    const std::string spelt = w.substr(0, w.find('='));
+    if (std::find(spellings.begin(), spellings.end(), spelt) == spellings.end()) spellings.push_back(spelt);
+    if (w.size() == spelt.size() + 1) emptyValue = true;  // "--opt="
+  }
+  if (rest.find("required") != std::string::npos && rest.find("missing") != std::string::npos) {
+    if (emptyValue) return fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name);
+    return fmt::format("{}: no value given; give one ({} VALUE or {}=VALUE), or leave the option out", name, name, name);
+  }
+  if (rest.rfind("At Most ", 0) == 0) {
+    const std::string received = rest.substr(rest.rfind(' ') + 1);
+    return fmt::format("{}: given {} times{}; it takes one value: give it once", name, received,
+                       spellings.size() > 1 ? fmt::format(" (as {}, one option)", fmt::join(spellings, " and ")) : "");
+  }
+  return "";
+}
+
 // True when `path` is a job spec: a .json file, or a file that parses as one. For the
 // words after it, which are then a command given beside a spec, not a command without --.
 bool isSpecFile(const std::string& path) {
@@ -531,14 +583,16 @@ bool isSpecFile(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // For `dtrain run`, everything after the first "--" is the worker's argv, untouched by
-  // CLI11. Other commands leave "--" to CLI11, where it ends the options so that a
-  // positional may start with '-' (dtrain store set -- -key value).
+  // For `dtrain run` and `dtrain validate`, everything after the first "--" is the worker's
+  // argv, untouched by CLI11 (validate checks an ad hoc command as run --dry-run takes it).
+  // Other commands leave "--" to CLI11, where it ends the options so that a positional may
+  // start with '-' (dtrain store set -- -key value).
   std::vector<std::string> args(argv + 1, argv + argc);
   std::vector<std::string> command;
   auto verb = std::find_if(args.begin(), args.end(), [](const std::string& w) { return w.empty() || w[0] != '-'; });
   bool isRun = verb != args.end() && *verb == "run";
-  for (size_t i = 0; isRun && i < args.size(); ++i) {
+  bool takesCommand = isRun || (verb != args.end() && *verb == "validate");
+  for (size_t i = 0; takesCommand && i < args.size(); ++i) {
     if (args[i] == "--") {
       command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
       args.resize(i);
@@ -576,8 +630,12 @@ int main(int argc, char** argv) {
   addOverrideFlags(run, runArgs);
 
   RunArgs valArgs;
-  auto* validate = app.add_subcommand("validate", "Check a job spec and print it resolved");
-  validate->add_option("spec", valArgs.spec_path, "Job spec (JSON)")->required();
+  valArgs.verb = "validate";
+  valArgs.command = command;
+  auto* validate =
+      app.add_subcommand("validate", "Check a job spec (or a command after --) and print it resolved: dtrain validate "
+                                     "job.json | dtrain validate [flags] -- CMD ARGS...");
+  validate->add_option("spec", valArgs.spec_path, "Job spec (JSON)");
   addOverrideFlags(validate, valArgs);
 
   app::addStoreCommands(app);
@@ -604,6 +662,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
     return usageError(unexpectedArguments(app, app::storeParseHint(args), e.what()));
+  } catch (const CLI::ArgumentMismatch& e) {
+    if (const std::string said = argumentMismatch(e.what(), args); !said.empty()) return usageError(said);
+    std::string hint = app::storeParseHint(args);
+    return usageError(std::string(e.what()) + (hint.empty() ? "; see dtrain --help" : hint));
   } catch (const CLI::ParseError& e) {
     std::string hint = app::storeParseHint(args);
     return usageError(std::string(e.what()) + (hint.empty() ? "; see dtrain --help" : hint));
@@ -652,13 +714,18 @@ int main(int argc, char** argv) {
                                     fmt::format("{}", fmt::join(words, " ")), runArgs.spec_path,
                                     shellQuote(runArgs.spec_path), fmt::format("{}", fmt::join(words, " "))));
     }
-    if (!runArgs.spec_path.empty()) words.insert(words.begin(), runArgs.spec_path);
+    if (!runArgs.spec_path.empty()) words.insert(words.begin(), shellQuote(runArgs.spec_path));
+    // torchrun's `torchrun train.py x` names the script alone: the fix gets the python3 that
+    // dtrain would otherwise refuse it without (it adds no interpreter).
+    std::vector<std::string> fixed = words;
+    const std::string first = runArgs.spec_path.empty() ? extra.front() : runArgs.spec_path;
+    if (std::filesystem::path(first).extension() == ".py") fixed.insert(fixed.begin(), "python3");
     return usageError(fmt::format("run: unexpected arguments \"{}\"; to run a program, put its command after --: "
                                   "dtrain run [options] -- {}",
-                                  fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(words, " "))));
+                                  fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(fixed, " "))));
   }
-  if (!command.empty() && !run->parsed()) {
-    std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run'\n";
+  if (!command.empty() && !run->parsed() && !validate->parsed()) {
+    std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run' and 'dtrain validate'\n";
     return kExitUsage;
   }
 
@@ -671,7 +738,8 @@ int main(int argc, char** argv) {
     if (validate->parsed()) {
       spec::JobSpec s = buildSpec(valArgs, "");
       checkOutputs(s, valArgs);
-      std::cout << valArgs.spec_path << ": OK\n" << spec::describe(s);
+      std::cout << (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) << ": OK\n"
+                << spec::describe(s);
       return kExitOk;
     }
   } catch (const SpecError& e) {

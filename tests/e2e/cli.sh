@@ -71,11 +71,18 @@ expect_grep "invalid JSON.*job specs are JSON files: to run a program, put its c
 "$DTRAIN" run --nproc-per-node 1 python3 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a command without -- exits 2"
 expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py\"; to run a program, put its command after --: dtrain run \[options\] -- python3 $T/train.py$" "$T/err" "a command without --: the fix, in order"
 expect_eq "$(cat "$T/out")" "" "nothing ran"
+# torchrun's `torchrun train.py x`: the fix already has the python3 dtrain would ask for next.
+"$DTRAIN" run --nproc_per_node=2 "$T/train.py" x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a script without -- exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"$T/train.py x\"; to run a program, put its command after --: dtrain run [options] -- python3 $T/train.py x" "a script without --: the fix runs it with python3"
 # torchrun's options that dtrain does not take: what to do instead, never the value taken
 # for a spec ("unexpected arguments \"29501 --master_port\"" before).
 "$DTRAIN" run --nproc_per_node 2 --master_port 29501 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "torchrun's --master_port exits 2"
-expect_eq "$(cat "$T/err")" "dtrain: error: run: --master_port is a torchrun option; dtrain picks a free port and the first host itself; to fix the port workers see, use --env MASTER_PORT=N (a spec's rendezvous.master_addr sets the address)" "--master_port: what to do instead"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: --master_port is a torchrun option; dtrain picks a free port itself; to fix the port workers see, use --env MASTER_PORT=N" "--master_port: what to do instead"
+"$DTRAIN" run --master_addr=10.0.0.1 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: --master_addr is a torchrun option; dtrain sets MASTER_ADDR itself (127.0.0.1 on one node, else node 0's address); to give workers another address, use --env MASTER_ADDR=ADDR (or rendezvous.master_addr in a multi-node spec)" "--master_addr: the address's equivalent, not the port's"
+"$DTRAIN" run --local_addr 10.0.0.1 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
+expect_grep "^dtrain: error: run: --local_addr is a torchrun option; .*address=IP on its hostfile line$" "$T/err" "--local_addr: how to give a node's address"
 for f in "--standalone" "--node_rank 1" "--rdzv-endpoint h1:29400" "-m pkg.mod" "--tee 3" "--no_python"; do
   "$DTRAIN" run $f -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
   expect_eq "$?" 2 "torchrun's $f exits 2"
@@ -106,6 +113,14 @@ expect_grep "is a directory; give a file path" "$T/err" "--summary-json director
 "$DTRAIN" run --nproc-per-node 1 --log-dir /etc/passwd/x -- true 2>"$T/err"; expect_eq "$?" 2 "--log-dir under a file exits 2"
 expect_grep "^dtrain: error: log_dir \(--log-dir\): \"/etc/passwd/x\" cannot be created: /etc/passwd is not a directory" "$T/err" "--log-dir under a file explained"
 "$DTRAIN" validate "$SRC/configs/env_dump.json" --log-dir /etc/passwd/x 2>"$T/err"; expect_eq "$?" 2 "validate checks the log dir"
+# CLI11's own words ("1 required TEXT missing", "At Most 1 required but received 2") are
+# said with the option and the fix.
+"$DTRAIN" run --nproc_per_node= -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--nproc_per_node= exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --nproc-per-node: the value is empty (an unset variable?); give a value or leave the option out" "--nproc_per_node=: the value is empty"
+"$DTRAIN" run --max-restarts >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--max-restarts without a value exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --max-restarts: no value given; give one (--max-restarts VALUE or --max-restarts=VALUE), or leave the option out" "an option without a value: named, with the fix"
+"$DTRAIN" run --nproc_per_node 2 --nproc-per-node 3 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "an option given twice exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --nproc-per-node: given 2 times (as --nproc_per_node and --nproc-per-node, one option); it takes one value: give it once" "an option given twice: named, with the fix"
 # An empty value (an unset shell variable) is not "option not given".
 for opt in --summary-json --hosts --log-dir; do
   "$DTRAIN" run --nproc-per-node 1 "$opt" "" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "$opt \"\" exits 2"
@@ -129,6 +144,15 @@ expect_grep "^Usage: dtrain \[OPTIONS\] SUBCOMMAND" "$T/out" "--help: usage name
 # Words no command takes are listed in the order given (CLI11 alone reversed them).
 "$DTRAIN" validate "$SRC/configs/env_dump.json" a b c >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate with extra words exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: validate: unexpected arguments a b c; see dtrain validate --help" "extra words in the user's order"
+# validate checks an ad hoc command as run --dry-run takes it (python3 was taken for the spec).
+"$DTRAIN" validate --nproc-per-node 2 -- python3 "$T/train.py" --lr 0.1 >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate -- CMD exits 0"
+expect_grep "^the command after --: OK$" "$T/out" "validate -- CMD: OK"
+expect_grep "^command: +python3 $T/train.py --lr 0.1$" "$T/out" "validate -- CMD: the command, untouched"
+expect_grep "^nproc_per_node: +2$" "$T/out" "validate -- CMD: flags applied"
+"$DTRAIN" validate -- "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate -- a script alone exits 2"
+expect_grep "^dtrain: error: the command after --: cannot run .*: run python3 " "$T/err" "validate -- CMD: the program checked"
+"$DTRAIN" validate >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate with nothing exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: nothing to validate; give a job spec (dtrain validate job.json) or a command (dtrain validate -- python3 train.py)" "validate with nothing: what to give"
 # A spec then a command: the spec runs its own command; moving both after -- would run the
 # spec file as a program.
 cp "$SRC/configs/env_dump.json" "$T/job.json"

@@ -56,16 +56,17 @@ expect_grep "^dtrain: job 'bo' stopped by SIGINT during the back-off before rest
 expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the back-off: no second verdict"
 expect_grep "^  first failure:" "$T/err" "signal in the back-off: the failure's details"
 # A command that cannot be started is not restarted: every attempt would fail the same way.
-# (A missing program is refused before the launch; one whose #! interpreter is missing gets
-# as far as exec.)
-printf '#!/nonexistent/interp\n' > "$T/dtrain-no-such-prog"; chmod +x "$T/dtrain-no-such-prog"
+# (A missing program or #! interpreter is refused before the launch; a #! line that leads
+# to itself gets as far as exec: ELOOP, 126.)
+printf '#!%s\n' "$T/dtrain-loop-prog" > "$T/dtrain-loop-prog"; chmod +x "$T/dtrain-loop-prog"
+printf '{"name": "loop", "command": ["%s", "x"], "nproc_per_node": 2, "max_restarts": 3}' "$T/dtrain-loop-prog" > "$T/loop.json"
 start=$(date +%s)
-"$DTRAIN" run --nproc-per-node 2 --max-restarts 3 --summary-json "$T/s2b.json" -- "$T/dtrain-no-such-prog" x >"$T/out" 2>"$T/err"
+"$DTRAIN" run "$T/loop.json" --summary-json "$T/s2b.json" >"$T/out" 2>"$T/err"
 rc=$?; took=$(( $(date +%s) - start ))
-expect_eq "$rc" 127 "command not found: exit 127"
-expect_eq "$(jq_ "$T/s2b.json" "d['restarts']")" 0 "command not found: no restart spent"
-expect_eq "$(grep -c "cannot run '$T/dtrain-no-such-prog'" "$T/err")" 3 "one attempt only (2 worker lines + the summary's tail)"
-expect_grep "not restarted: rank [01]'s command '.*dtrain-no-such-prog' cannot be started .*fix the command, PATH or cwd" "$T/err" "says why it is not restarted"
+expect_eq "$rc" 126 "command that cannot be exec'ed: exit 126"
+expect_eq "$(jq_ "$T/s2b.json" "d['restarts']")" 0 "command that cannot be exec'ed: no restart spent"
+expect_eq "$(grep -c "cannot run '$T/dtrain-loop-prog'" "$T/err")" 3 "one attempt only (2 worker lines + the summary's tail)"
+expect_grep "not restarted: rank [01]'s command '.*dtrain-loop-prog' cannot be started \(see its error below\); fix the command, PATH or cwd in $T/loop.json$" "$T/err" "says why it is not restarted, naming the spec"
 [ "$took" -lt 2 ] && pass "no back-off (${took}s)" || fail "took ${took}s"
 
 # A stopped worker that armed its watchdog is killed as hung and restarted.

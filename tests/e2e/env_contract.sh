@@ -46,6 +46,10 @@ tok=$(grep -E "^DTRAIN_STORE_TOKEN=" "$T/env.0" | cut -d= -f2)
 [[ "$tok" =~ ^[0-9a-f]{64}$ ]] && pass "store token is 32 random bytes in hex" || fail "bad token '$tok'"
 expect_eq "$(grep -E "^DTRAIN_STORE_TOKEN=" "$T/env.2" | cut -d= -f2)" "$tok" "same token for every rank"
 expect_eq "${ids[0]}" "${ids[2]}" "same run id"
+expect_eq "$(grep -E "^DTRAIN_BIN=" "$T/env.1" | cut -d= -f2)" "$(readlink -f "$DTRAIN")" "DTRAIN_BIN: the running dtrain, absolute"
+# A worker reaches the job's store through it with dtrain off its PATH (run by path).
+"$DTRAIN" run --nproc-per-node 1 --env PATH=/usr/bin:/bin -- sh -c 'command -v dtrain; "$DTRAIN_BIN" store set k v && "$DTRAIN_BIN" store get k' >"$T/out3" 2>"$T/err3"
+expect_eq "$(cat "$T/out3")" "[rank 0] v" "a worker's \$DTRAIN_BIN store get, dtrain not on PATH"
 
 # A user's OMP_NUM_THREADS is kept, and no notice is printed.
 OMP_NUM_THREADS=7 "$DTRAIN" run --nproc-per-node 2 -- sh -c 'echo "omp=$OMP_NUM_THREADS"' >"$T/out2" 2>"$T/err2"

@@ -46,6 +46,29 @@ expect_grep "File \"train.py\", line 7" "$T/err" "error file traceback"
 expect_eq "$(grep -c "ValueError: learning rate must be positive" "$T/err")" 3 "the traceback once in the summary (the live line, error:, traceback:; not again in the tail)"
 expect_grep "^      \| loading data$" "$T/err" "the tail keeps what the traceback does not say"
 
+# An @record error file with a message of several lines, an escape sequence and a last line
+# past the tail's 2000-byte cut (what torch writes for bigerr.py): the message's lines are
+# indented under "error:", the ESC is shown as \x1b, and the tail drops all of Python's
+# traceback, its outer frames (above @record's wrapper) included.
+cat > "$T/rec.sh" <<'SH'
+y=$(head -c 2500 /dev/zero | tr '\0' y)
+msg="RuntimeError: line one\\nline two \\u001b[31mred\\u001b[0m\\n$y"
+tb="Traceback (most recent call last):\\n  File \\\"/x/errors/__init__.py\\\", line 346, in wrapper\\n    return f(*args, **kwargs)\\n           ^^^^^^^^^^^^^^^^^^\\n  File \\\"/x/train.py\\\", line 6, in main\\n    raise RuntimeError(msg)\\n$msg\\n"
+printf '{"message": {"message": "%s", "extraInfo": {"py_callstack": "%s", "timestamp": "1"}}}' "$msg" "$tb" > "$TORCHELASTIC_ERROR_FILE"
+echo "loading data" >&2
+printf 'Traceback (most recent call last):\n  File "/x/train.py", line 7, in <module>\n    main()\n  File "/x/errors/__init__.py", line 346, in wrapper\n    return f(*args, **kwargs)\n           ^^^^^^^^^^^^^^^^^^\n  File "/x/train.py", line 6, in main\n    raise RuntimeError(msg)\nRuntimeError: line one\nline two \033[31mred\033[0m\n%s\n' "$y" >&2
+exit 1
+SH
+"$DTRAIN" run -- sh "$T/rec.sh" >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "@record error file: exit 1"
+sed -n '/^  first failure:/,$p' "$T/err" > "$T/summary"
+expect_grep "^    error:      RuntimeError: line one$" "$T/summary" "@record message: its first line"
+expect_grep "^                line two \\\\x1b\[31mred\\\\x1b\[0m$" "$T/summary" "@record message: a later line indented, its ESC visible"
+expect_grep "^                y{2500}$" "$T/summary" "@record message: its last line indented"
+expect_eq "$(grep -c "$(printf '\033')" "$T/summary")" 0 "no raw ESC in the summary"
+expect_eq "$(grep -c '^      | ' "$T/summary")" 1 "the tail less the whole traceback (outer frames and the cut last line too)"
+expect_grep "^      \| loading data$" "$T/summary" "the tail keeps the worker's own line"
+
 # A program that does not exist is refused before any worker starts (exit 2, with the fix;
 # torchrun's habit of naming the script alone gets its python3).
 "$DTRAIN" run --nproc-per-node 2 -- /nonexistent/prog >"$T/out" 2>"$T/err"
@@ -60,6 +83,10 @@ printf '{"command": ["pyhton3", "x.py"]}' > "$T/typo.json"
 "$DTRAIN" run "$T/typo.json" --max-restarts 3 >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "a misspelt program in a spec: exit 2, no restarts spent"
 expect_eq "$(cat "$T/err")" "dtrain: error: $T/typo.json: /command/0: cannot run \"pyhton3\": no such program on PATH; check the name, or give its path" "misspelt program: names the JSON path"
+# `python` where only python3 is installed: the name it most likely means.
+mkdir -p "$T/p3bin"; ln -s /bin/true "$T/p3bin/python3"
+"$DTRAIN" run --env "PATH=$T/p3bin" -- python train.py >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "python missing, python3 there: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: cannot run \"python\": no such program on PATH (did you mean python3?); check the name, or give its path" "python missing, python3 there: did you mean python3"
 # A bare program name is looked up on the workers' PATH (a venv's bin in the spec's env),
 # by the check and by the exec alike (execvpe searched dtrain's own PATH).
 mkdir -p "$T/venv/bin"; printf '#!/bin/sh\necho "from the venv"\n' > "$T/venv/bin/venvprog"; chmod +x "$T/venv/bin/venvprog"
@@ -68,11 +95,15 @@ expect_eq "$?" 0 "a program on the workers' PATH runs"
 expect_eq "$(cat "$T/out")" "[rank 0] from the venv" "a program on the workers' PATH: its output"
 "$DTRAIN" run --env "PATH=/nonexistent" -- sh -c true >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "a program missing from the workers' PATH is refused, though on dtrain's"
-# A program that passes that check but cannot be exec'ed (a bad #! line): 127, and the reason.
-printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
-"$DTRAIN" run --nproc-per-node 1 -- "$T/badinterp" >"$T/out" 2>"$T/err"
-expect_eq "$?" 127 "unrunnable program gives 127"
-expect_grep "cannot run '$T/badinterp': No such file or directory" "$T/err" "unrunnable program named"
+# A script whose #! interpreter does not exist: the interpreter is named, not the script
+# (exec's ENOENT read "cannot run './bad.sh': No such file or directory"), before the launch.
+printf '#!/nonexistent/interp\necho hi\n' > "$T/badinterp"; chmod +x "$T/badinterp"
+(cd "$T" && "$DTRAIN_ABS" run --nproc-per-node 1 -- ./badinterp) >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a missing #! interpreter: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: cannot run \"./badinterp\": its interpreter /nonexistent/interp (#! line) does not exist; fix its #! line, or give an interpreter that exists as the command's first word" "a missing #! interpreter named"
+printf '#!/usr/bin/env sh\r\necho hi\r\n' > "$T/crlf"; chmod +x "$T/crlf"
+"$DTRAIN" run -- "$T/crlf" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a #! line with Windows line endings: exit 2"
+expect_grep "its #! line runs sh\\\\r through /usr/bin/env, and there is no sh\\\\r on PATH \(the #! line ends in \\\\r: the file has Windows line endings; convert it" "$T/err" "a #! line with Windows line endings: said so"
 
 # --summary-json for a failed command job.
 "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/sum.json" -- sh -c '[ "$RANK" = 1 ] && kill -KILL $$; sleep 30' >"$T/out" 2>"$T/err"
@@ -91,7 +122,9 @@ python3 -c "
 import json; d = json.load(open('$T/sum2.json'))
 print(*[(x['rank'], x['exit_code'], x['stopped_by_dtrain']) for x in sorted(d['ranks'], key=lambda x: x['rank'])])" >"$T/check"
 expect_eq "$(cat "$T/check")" "(0, 3, False) (1, 3, False)" "own failures are not credited to dtrain's teardown"
-expect_grep "2 workers failed in all" "$T/err" "summary counts both failures"
+expect_grep "^  2 workers failed in all: ranks 0 \(code 3\), 1 \(code 3\); use --log-dir DIR to keep every rank's output in DIR/rank_N.log$" "$T/err" "summary counts both failures, and names no log that is not there"
+"$DTRAIN" run --nproc-per-node 2 --log-dir "$T/ld" -- sh -c 'trap "" TERM; sleep 0.3; [ "$RANK" = 1 ] && sleep 0.3; exit 3' >"$T/out" 2>"$T/err"
+expect_grep "^  2 workers failed in all: ranks 0 \(code 3\), 1 \(code 3\); every rank's output is in $T/ld/rank_N.log$" "$T/err" "with --log-dir: where the others' output is"
 
 # All workers succeed -> 0, no summary.
 "$DTRAIN" run --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"

@@ -257,13 +257,19 @@ expect_eq "$(cat "$T/check")" 0 "2>&1 across nodes: each rank's stdout and stder
 expect_eq "$?" 3 "2>&1 across nodes, failure: the worker's exit code"
 expect_grep "^    last output lines:" "$T/mo" "2>&1 across nodes, failure: the output tail shown"
 expect_grep "^      \| said on stdout$" "$T/mo" "2>&1 across nodes, failure: its stdout line in the tail"
-# A program that passes the check but cannot be exec'ed (a bad #! line) fails the job at
-# once across nodes too: the agents report it, and no restart is spent on it.
-printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
-"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 3 -- "$T/badinterp" >"$T/out" 2>"$T/err"
-expect_eq "$?" 127 "unstartable program across nodes: exit 127"
-expect_grep "cause: +not restarted: rank [01]'s command '.*badinterp' cannot be started on " "$T/err" "unstartable program across nodes: not restarted, says why"
+# A program that passes the agents' check but cannot be exec'ed (a #! line that leads to
+# itself) fails the job at once across nodes too: the agents report it, and no restart is
+# spent on it.
+printf '#!%s\n' "$T/loopinterp" > "$T/loopinterp"; chmod +x "$T/loopinterp"
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 3 -- "$T/loopinterp" >"$T/out" 2>"$T/err"
+expect_eq "$?" 126 "unstartable program across nodes: exit 126"
+expect_grep "cause: +not restarted: rank [01]'s command '.*loopinterp' cannot be started on .*; fix the command after --, or PATH$" "$T/err" "unstartable program across nodes: not restarted, says why"
 expect_eq "$(grep -c "event restart" "$T/err")" 0 "unstartable program across nodes: no restart"
+# Each agent checks the #! interpreter too, before any worker starts.
+printf '#!/nonexistent/interp\n' > "$T/badinterp"; chmod +x "$T/badinterp"
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 -- "$T/badinterp" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a missing #! interpreter across nodes: exit 2"
+expect_grep "node [^:]+: the command after --: cannot run \"$T/badinterp\" on this host: its interpreter /nonexistent/interp \(#! line\) does not exist" "$T/err" "a missing #! interpreter across nodes: named by the agent"
 # An agent that refuses the run at startup (a checkpoint dir it cannot use) leaves no copy of
 # the spec (which may carry secrets) in /tmp.
 touch "$T/afile"

@@ -105,6 +105,50 @@ TEST(SpawnProcess, ProgramThatCannotRunExitsLikeAShell) {
   ::unlink(path);
 }
 
+// A script whose #! interpreter is missing: exec's ENOENT would blame the script itself; the
+// child names the interpreter (for what the launch's pre-check did not see).
+TEST(SpawnProcess, MissingInterpreterIsNamed) {
+  char path[] = "/tmp/dtrain-spawn-XXXXXX";
+  int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string body = "#!/nonexistent/python -u\nprint(1)\n";
+  ASSERT_EQ(::write(fd, body.data(), body.size()), static_cast<ssize_t>(body.size()));
+  ::fchmod(fd, 0700);
+  ::close(fd);
+  EXPECT_EQ(shebangProblem(path, "/usr/bin:/bin", ""), "its interpreter /nonexistent/python (#! line) does not exist");
+  SpawnOptions so = shell("");
+  so.argv = {path};
+  Spawned c = spawnProcess(so);
+  EXPECT_EQ(readAll(c.err), std::string("dtrain: error: cannot run '") + path +
+                                "': its interpreter /nonexistent/python (#! line) does not exist\n");
+  EXPECT_TRUE(c.start_failed);
+  EXPECT_EQ(waitExit(c.pid), 127);
+  ::unlink(path);
+}
+
+TEST(ShebangProblem, InterpreterChecks) {
+  char path[] = "/tmp/dtrain-shebang-XXXXXX";
+  int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  auto with = [&](const std::string& body) {
+    std::ofstream(path, std::ios::trunc) << body;
+    return shebangProblem(path, "/usr/bin:/bin", "");
+  };
+  EXPECT_EQ(with("echo no interpreter line\n"), "");
+  EXPECT_EQ(with("#!/bin/sh\necho hi\n"), "");
+  EXPECT_EQ(with("#! /bin/sh -e\n"), "");
+  EXPECT_EQ(with("#!/usr/bin/env sh\n"), "");
+  EXPECT_EQ(with("#!\n"), "its #! line names no interpreter");
+  EXPECT_EQ(with("#!/etc/passwd\n"), "its interpreter /etc/passwd (#! line) is not an executable file");
+  EXPECT_EQ(with("#!/usr/bin/env dtrain-no-such-interp\n"),
+            "its #! line runs dtrain-no-such-interp through /usr/bin/env, and there is no dtrain-no-such-interp on PATH");
+  EXPECT_EQ(with("#!/bin/sh -e\r\n"), "");  // the '\r' is the argument's: exec runs sh (sh may object)
+  EXPECT_NE(with("#!/bin/sh\r\n").find("its interpreter /bin/sh\\r (#! line) does not exist (the #! line ends in \\r"),
+            std::string::npos);
+  ::unlink(path);
+}
+
 // The child gets its own process group and none of our signal state: dtrain ignores SIGPIPE
 // and blocks every signal around the spawn, a worker must see neither.
 TEST(SpawnProcess, OwnProcessGroupAndDefaultSignals) {

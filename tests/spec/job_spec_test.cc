@@ -131,6 +131,16 @@ TEST(JobSpec, ParsesMultiNodeKeys) {
   EXPECT_EQ(s.nodes[1].slots, 2);
 }
 
+// A command written as one string gets the array it most likely means.
+TEST(JobSpec, CommandAsAStringGetsTheArray) {
+  EXPECT_EQ(errorOf(R"({"command": "python3  train.py --lr 0.1"})"),
+            "job.json: /command: expected an array of strings (argv), got the string \"python3  train.py --lr 0.1\"; "
+            "write it as an array: [\"python3\", \"train.py\", \"--lr\", \"0.1\"]");
+  EXPECT_EQ(errorOf(R"({"command": "python3 train.py > out.txt"})"),
+            "job.json: /command: expected an array of strings (argv), got the string \"python3 train.py > out.txt\"; "
+            "write it as an array, and to have a shell read it: [\"sh\", \"-c\", \"python3 train.py > out.txt\"]");
+}
+
 TEST(JobSpec, MultiNodeKeysAreChecked) {
   EXPECT_EQ(errorOf(R"({"command": ["true"], "host_file": "h"})"),
             "job.json: /host_file: unknown key \"host_file\"; did you mean \"hostfile\"?");

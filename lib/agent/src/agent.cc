@@ -282,14 +282,21 @@ int runAgent(const AgentOptions& opts) {
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
       // rather than as exit 127 from every rank here and a restart budget spent on it.
-      if (launch::findWorkerProgram(spec.command[0], spec.env, spec.cwd).empty())
-        throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}",
-                                    spec.source.empty() || spec.source == "command line" ? std::string("the command after --")
-                                                                                         : spec.source + ": /command/0",
-                                    spec.command[0],
-                                    spec.command[0].find('/') == std::string::npos
-                                        ? "no such program on its PATH; check the name, or give its path"
-                                        : "no such executable file; check the path"));
+      const std::string where = spec.source.empty() || spec.source == "command line" ? std::string("the command after --")
+                                                                                      : spec.source + ": /command/0";
+      const std::string found = launch::findWorkerProgram(spec.command[0], spec.env, spec.cwd);
+      if (found.empty())
+        throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}", where, spec.command[0],
+                                    spec.command[0].find('/') != std::string::npos
+                                        ? std::string("no such executable file; check the path")
+                                        : fmt::format("no such program on its PATH{}; check the name, or give its path",
+                                                      launch::findWorkerProgram(spec.command[0] + "3", spec.env, spec.cwd).empty()
+                                                          ? std::string()
+                                                          : fmt::format(" (did you mean {}3?)", spec.command[0]))));
+      if (const std::string why = launch::workerShebangProblem(found, spec.env, spec.cwd); !why.empty())
+        throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}; fix its #! line, or give an interpreter "
+                                    "that exists as the command's first word",
+                                    where, spec.command[0], why));
     }
   } catch (const SpecError& e) {
     return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});

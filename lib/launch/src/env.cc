@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/launch/plan.h"
+
 extern char** environ;
 
 namespace dtrain::launch {
@@ -39,6 +41,10 @@ EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan
   num("DTRAIN_ROUND", plan.round);
   set("DTRAIN_DEVICE", slot.device);
   if (!spec.log_dir.empty()) set("DTRAIN_LOG_DIR", spec.log_dir);
+  // The dtrain running the job, for a worker's own `dtrain store ...` when dtrain was run by
+  // path (build/bin/dtrain) and is not on the workers' PATH.
+  static const std::string self = selfExecutable();
+  set("DTRAIN_BIN", self);
   if (plan.store_port > 0) {
     set("DTRAIN_STORE_ADDR", plan.store_addr);
     num("DTRAIN_STORE_PORT", plan.store_port);

@@ -17,6 +17,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
@@ -678,11 +679,76 @@ std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, c
     return fmt::format("not restarted: rank {}{} refused its input (exit 2: the spec, a data file or a checkpoint; see its "
                        "error below); every attempt would fail the same way",
                        w.global_rank, host.empty() ? std::string() : " on " + host);
-  return fmt::format("not restarted: rank {}'s command '{}' cannot be started{} (see its error below); fix the command, "
-                     "PATH or cwd in the spec",
+  // (an ad hoc job has no spec to fix: its command is the one after --)
+  const bool fromSpec = !spec.source.empty() && spec.source != "command line";
+  return fmt::format("not restarted: rank {}'s command '{}' cannot be started{} (see its error below); {}",
                      w.global_rank, spec.command.empty() ? std::string() : spec.command.front(),
-                     host.empty() ? std::string() : " on " + host);
+                     host.empty() ? std::string() : " on " + host,
+                     fromSpec ? fmt::format("fix the command, PATH or cwd in {}", spec.source)
+                              : std::string("fix the command after --, or PATH"));
 }
+
+namespace {
+
+// A line of a worker's error file as the summary prints it: control characters other than
+// tab in \xNN form, so that an escape sequence in an exception's message (a colour left
+// on, a cursor move) never reaches the terminal raw. A line's own '\r' (CRLF) is dropped.
+std::string visible(std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  std::string out;
+  out.reserve(line.size());
+  for (char ch : line) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c < 0x20 && c != '\t') || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += ch;
+  }
+  return out;
+}
+
+std::string trimmed(std::string_view l) {
+  const size_t b = l.find_first_not_of(" \t"), e = l.find_last_not_of(" \t\r");
+  return b == std::string_view::npos ? std::string() : std::string(l.substr(b, e - b + 1));
+}
+
+// `File "x.py", line 7, in <module>` (trimmed): a Python traceback's frame line.
+bool isFrameLine(const std::string& t) {
+  if (t.rfind("File \"", 0) != 0) return false;
+  const size_t at = t.find("\", line ");
+  return at != std::string::npos && at + 8 < t.size() && t[at + 8] >= '0' && t[at + 8] <= '9';
+}
+
+// The output tail less what the error file's message and traceback already say: Python
+// prints the traceback to stderr that @record writes to the error file. Its outer frames
+// (`File "train.py", line 53, in <module>` / `main()`, above @record's wrapper, where the
+// file's traceback begins) are traceback lines too, as are a cut line's (the tail keeps
+// TailBuffer::kMaxLine bytes of a line) that begin one of the file's.
+std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
+  if (f.error_traceback.empty()) return f.stderr_tail;
+  std::set<std::string> said;
+  for (const std::string* text : {&f.error_traceback, &f.error_message})
+    for (const auto& l : split(*text, '\n'))
+      if (std::string t = trimmed(l); !t.empty()) said.insert(std::move(t));
+  auto known = [&](const std::string& raw, const std::string& t) {
+    if (said.count(t)) return true;
+    if (raw.size() < TailBuffer::kMaxLine) return false;
+    const auto it = said.lower_bound(t);  // the lines that t begins, if any, sort from here
+    return it != said.end() && it->rfind(t, 0) == 0;
+  };
+  std::vector<std::string> out;
+  bool inFrame = false;  // after a frame line: its source line and ^^^ markers, indented
+  for (const auto& l : f.stderr_tail) {
+    const std::string t = trimmed(l);
+    const bool frame = isFrameLine(t);
+    const bool frameBody = inFrame && !t.empty() && l.rfind("    ", 0) == 0;
+    if (!(frame || frameBody || known(l, t))) out.push_back(l);
+    inFrame = frame || frameBody;
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   if (result.first_failure < 0) {
@@ -713,30 +779,43 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   if (!result.failure_message.empty()) out += fmt::format("    cause:      {}\n", result.failure_message);
   out += fmt::format("    exit:       {}\n", f.signal ? signalName(f.signal) : fmt::format("code {}", f.exit_code));
   out += fmt::format("    time:       {}\n", f.when);
-  if (!f.error_message.empty()) out += fmt::format("    error:      {}\n", f.error_message);
+  // A message of several lines keeps its lines under the first, indented as the block.
+  bool firstLine = true;
+  for (const auto& l : split(f.error_message, '\n')) {
+    if (trimmed(l).empty()) continue;
+    out += (firstLine ? "    error:      " : "                ") + visible(l) + "\n";
+    firstLine = false;
+  }
   if (!f.error_traceback.empty()) {
     out += "    traceback:\n";
     for (const auto& l : split(f.error_traceback, '\n'))
-      if (!l.empty()) out += "      " + l + "\n";
+      if (!l.empty()) out += "      " + visible(l) + "\n";
   }
-  // The tail without what the traceback above already says (Python prints the same
-  // traceback to stderr that @record writes to the error file): said once, not twice.
-  std::set<std::string> shown;
-  auto trimmed = [](const std::string& l) {
-    const size_t b = l.find_first_not_of(" \t"), e = l.find_last_not_of(" \t\r");
-    return b == std::string::npos ? std::string() : l.substr(b, e - b + 1);
-  };
-  for (const auto& l : split(f.error_traceback, '\n')) shown.insert(trimmed(l));
-  if (!f.error_message.empty()) shown.insert(trimmed(f.error_message));
-  std::vector<std::string> tail;
-  for (const auto& l : f.stderr_tail)
-    if (f.error_traceback.empty() || !shown.count(trimmed(l))) tail.push_back(l);
+  // The tail without what the traceback above already says: said once, not twice.
+  const std::vector<std::string> tail = tailLessTraceback(f);
   if (!tail.empty()) {
     out += result.merged_output ? "    last output lines" : "    last stderr lines";
     out += tail.size() < f.stderr_tail.size() ? " (less the traceback's):\n" : ":\n";
     for (const auto& l : tail) out += "      | " + l + "\n";
   }
-  if (failed > 1) out += fmt::format("  {} workers failed in all; see the log for the others\n", failed);
+  // The others' exits, and where their output is: a log directory is not always there.
+  if (failed > 1) {
+    constexpr int kListed = 8;
+    std::vector<std::string> each;
+    for (const auto& w : result.workers) {
+      if (w.stopped_by_dtrain || !(w.signal || w.exit_code)) continue;
+      if (static_cast<int>(each.size()) == kListed) {
+        each.push_back("...");
+        break;
+      }
+      each.push_back(fmt::format("{} ({})", w.global_rank, w.signal ? signalName(w.signal) : fmt::format("code {}", w.exit_code)));
+    }
+    out += fmt::format("  {} workers failed in all: ranks {}; {}\n", failed, fmt::join(each, ", "),
+                       spec.log_dir.empty()
+                           ? std::string("use --log-dir DIR to keep every rank's output in DIR/rank_N.log")
+                           : fmt::format("every rank's output is in {}/rank_N.log{}", spec.log_dir,
+                                         spec.nodes.empty() ? "" : " on its host"));
+  }
   return out;
 }
 

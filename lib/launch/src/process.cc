@@ -15,6 +15,8 @@
 #include <cstring>
 #include <tuple>
 
+#include <fmt/format.h>
+
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 
@@ -73,6 +75,7 @@ struct ChildArgs {
   pid_t parent;
   sigset_t mask;  // the caller's, restored in the child before exec
   const std::string* execError;
+  const std::string* shebangError;  // the whole line for a failed exec, when the #! line is why
   const ErrnoTexts* texts;
 };
 
@@ -131,6 +134,12 @@ int childMain(void* p) {
   if (a.path) {
     ::execvpe(a.path, a.argv, a.envp);
     e = errno;
+  }
+  if (a.path && !a.shebangError->empty() && (e == ENOENT || e == EACCES)) {
+    // The script exists: ENOENT is its interpreter's, which strerror alone would blame on it.
+    (void)!::write(a.statusFd, &e, sizeof(e));
+    (void)!::write(STDERR_FILENO, a.shebangError->data(), a.shebangError->size());
+    ::_exit(e == ENOENT ? 127 : 126);
   }
   (void)!::write(STDERR_FILENO, a.execError->data(), a.execError->size());
   childFail(a, "", e, e == ENOENT ? 127 : 126);
@@ -208,6 +217,15 @@ Spawned spawnProcess(const SpawnOptions& opts) {
       if (kv.rfind("PATH=", 0) == 0) pathVar = kv.c_str() + 5;
     program = findProgram(program, workerPath(pathVar), opts.cwd);
   }
+  // Prepared here, as the child may not allocate: a small read of the program's first bytes.
+  std::string shebangError;
+  if (!program.empty()) {
+    const char* pathVar = nullptr;
+    for (const auto& kv : opts.env)
+      if (kv.rfind("PATH=", 0) == 0) pathVar = kv.c_str() + 5;
+    if (std::string why = shebangProblem(program, workerPath(pathVar), opts.cwd); !why.empty())
+      shebangError = "dtrain: error: cannot run '" + opts.argv.at(0) + "': " + why + "\n";
+  }
   ChildArgs ca{};
   ca.path = program.empty() ? nullptr : program.c_str();
   ca.argv = argv.data();
@@ -219,6 +237,7 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   ca.inFd = inR ? inR.get() : -1;
   ca.parent = ::getpid();
   ca.execError = &execError;
+  ca.shebangError = &shebangError;
   ca.texts = &errnoTexts();
 
   ChildStack stack(argv.size());
@@ -260,6 +279,60 @@ std::string findWorkerProgram(const std::string& program, const std::map<std::st
                               const std::string& cwd) {
   auto it = env.find("PATH");
   return findProgram(program, workerPath(it != env.end() ? it->second.c_str() : nullptr), cwd);
+}
+
+std::string shebangProblem(const std::string& program, const std::string& pathVar, const std::string& cwd) {
+  // The kernel reads at most this much of the #! line (BINPRM_BUF_SIZE).
+  char head[256];
+  const int fd = ::open(program.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return "";
+  const ssize_t got = ::read(fd, head, sizeof(head));
+  ::close(fd);
+  if (got < 2 || head[0] != '#' || head[1] != '!') return "";
+  std::string line(head + 2, static_cast<size_t>(got - 2));
+  line = line.substr(0, line.find('\n'));
+  const bool crlf = !line.empty() && line.back() == '\r';
+  const std::string crlfHint = crlf ? " (the #! line ends in \\r: the file has Windows line endings; convert it, e.g. "
+                                      "with dos2unix)"
+                                    : "";
+  auto words = [](const std::string& l) {
+    std::vector<std::string> out;
+    size_t i = 0;
+    while (i < l.size()) {
+      while (i < l.size() && (l[i] == ' ' || l[i] == '\t')) ++i;
+      size_t j = i;
+      while (j < l.size() && l[j] != ' ' && l[j] != '\t') ++j;
+      if (j > i) out.push_back(l.substr(i, j - i));
+      i = j;
+    }
+    return out;
+  };
+  const std::vector<std::string> w = words(line);
+  if (w.empty()) return "its #! line names no interpreter";
+  const std::string& interp = w[0];
+  auto shown = [](std::string s) {  // a '\r' made visible
+    for (size_t p; (p = s.find('\r')) != std::string::npos;) s.replace(p, 1, "\\r");
+    return s;
+  };
+  const std::string at = interp[0] == '/' || cwd.empty() ? interp : cwd + "/" + interp;
+  struct stat st {};
+  if (::stat(at.c_str(), &st) != 0)
+    return fmt::format("its interpreter {} (#! line) does not exist{}", shown(interp), crlfHint);
+  if (!S_ISREG(st.st_mode) || ::access(at.c_str(), X_OK) != 0)
+    return fmt::format("its interpreter {} (#! line) is not an executable file{}", shown(interp), crlfHint);
+  // `#!/usr/bin/env NAME`: env looks NAME up on the worker's PATH (not `env -S ...`).
+  const size_t slash = interp.rfind('/');
+  if (interp.substr(slash == std::string::npos ? 0 : slash + 1) == "env" && w.size() == 2 && w[1][0] != '-' &&
+      w[1].find('=') == std::string::npos && findProgram(w[1], pathVar, cwd).empty())
+    return fmt::format("its #! line runs {} through {}, and there is no {} on PATH{}", shown(w[1]), interp, shown(w[1]),
+                       crlfHint);
+  return "";
+}
+
+std::string workerShebangProblem(const std::string& program, const std::map<std::string, std::string>& env,
+                                 const std::string& cwd) {
+  auto it = env.find("PATH");
+  return shebangProblem(program, workerPath(it != env.end() ? it->second.c_str() : nullptr), cwd);
 }
 
 std::string findProgram(const std::string& program, const std::string& pathVar, const std::string& cwd) {

@@ -95,6 +95,20 @@ std::string quotedNumberHint(const json& j) {
   return end == s.c_str() + s.size() ? "; numbers are JSON numbers: write it without quotes" : "";
 }
 
+// A command given as one string ("python3 train.py"): the array it most likely means, its
+// words split on spaces (no shell runs it); a shell's syntax keeps the string, under sh -c.
+std::string commandArrayHint(const json& j) {
+  if (!j.is_string()) return "";
+  const std::string s = j.get<std::string>();
+  if (s.find_first_of("'\"\\$|&;<>*?`(){}~") != std::string::npos)
+    return fmt::format("; write it as an array, and to have a shell read it: [\"sh\", \"-c\", {}]", jsonQuoted(s));
+  std::vector<std::string> words;
+  for (const std::string& w : split(s, ' '))
+    if (!w.empty()) words.push_back(jsonQuoted(w));
+  if (words.empty()) return "";
+  return fmt::format("; write it as an array: [{}]", fmt::join(words, ", "));
+}
+
 // Environment variable names, wherever they are given (spec "env", "env_file", --env): what
 // a POSIX shell takes, [A-Za-z_][A-Za-z0-9_]*. "" when fine, else the problem.
 std::string envNameProblem(const std::string& name) {
@@ -790,7 +804,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   if (!hasTrainer) {
     const json& cmd = root["command"];
     if (!cmd.is_array())
-      c.fail("/command", fmt::format("expected an array of strings (argv), got {}", typeName(cmd)));
+      c.fail("/command", fmt::format("expected an array of strings (argv), got {}{}", typeName(cmd), commandArrayHint(cmd)));
     if (cmd.empty()) c.fail("/command", "is empty; give at least the program to run");
     for (size_t i = 0; i < cmd.size(); ++i)
       spec.command.push_back(c.str(cmd[i], fmt::format("/command/{}", i), i != 0));

@@ -90,9 +90,10 @@ bool consoleCanRedraw();
 // Keeps the last N lines.
 class TailBuffer {
  public:
+  static constexpr size_t kMaxLine = 2000;  // a longer line keeps its first kMaxLine bytes
   explicit TailBuffer(size_t n) : n_(n) {}
   void push(std::string_view line) {
-    lines_.emplace_back(line.substr(0, 2000));
+    lines_.emplace_back(line.substr(0, kMaxLine));
     if (lines_.size() > n_) lines_.pop_front();
   }
   const std::deque<std::string>& lines() const { return lines_; }

@@ -52,6 +52,18 @@ std::string findProgram(const std::string& program, const std::string& pathVar, 
 std::string findWorkerProgram(const std::string& program, const std::map<std::string, std::string>& env,
                               const std::string& cwd);
 
+// Why exec would fail on the #! line of `program` (a path, as findProgram returns it), though
+// the file itself is runnable: its interpreter does not exist or is not executable, or
+// (`#!/usr/bin/env NAME`) NAME is not on `pathVar`; a '\r' from Windows line endings is
+// named. "" when the file has no #! line or nothing is wrong with it. E.g. "its interpreter
+// /x/python (#! line) does not exist". A relative interpreter is taken from `cwd`, as the
+// kernel takes it from the worker's.
+std::string shebangProblem(const std::string& program, const std::string& pathVar, const std::string& cwd);
+
+// shebangProblem with the PATH workers get (see findWorkerProgram).
+std::string workerShebangProblem(const std::string& program, const std::map<std::string, std::string>& env,
+                                 const std::string& cwd);
+
 // A pipe with both ends close-on-exec.
 std::pair<Fd, Fd> makePipe();
 
