@@ -468,6 +468,7 @@ int runAgent(const AgentOptions& opts) {
     lo.restart_count = restartCount;
     lo.merge_output = opts.merge_output;
     lo.remove_if_killed = {specFile, resultFile};
+    lo.other_nodes = plan.nnodes > 1;
     try {
       launch::RunResult result = launch::makeLocalLauncher(lo)->run(plan, spec);
       rc = result.exit_code;

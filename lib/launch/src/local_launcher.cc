@@ -379,6 +379,11 @@ void LocalLauncher::checkWatchdogs() {
       stopped = st;
     }
   }
+  // Across nodes the culprit may be on another host (its peers here merely wait for it):
+  // only a stopped worker is sure to be the one; another waits out the deferral, by which
+  // time the culprit's agent has killed it and the job's teardown stops these.
+  if (!stopped && opts_.other_nodes && pick->silent <= spec_->worker_timeout_s + watchdogDeferS(spec_->worker_timeout_s))
+    return;
   std::string others;
   for (const auto& a : armed)
     if (&a != pick && a.silent > spec_->worker_timeout_s / 2)
@@ -387,8 +392,11 @@ void LocalLauncher::checkWatchdogs() {
   Worker& w = *pick->w;
   watchdogFired_ = true;
   w.exit.hung = true;
-  w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}); killed as hung", pick->silent,
-                                     spec_->worker_timeout_s);
+  w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}{}); killed as hung", pick->silent,
+                                     spec_->worker_timeout_s,
+                                     !stopped && opts_.other_nodes
+                                         ? fmt::format(", + {:g} s across nodes", watchdogDeferS(spec_->worker_timeout_s))
+                                         : std::string());
   if (stopped) w.exit.error_message += " (it was stopped: state T)";
   if (!others.empty())
     w.exit.error_message += fmt::format(

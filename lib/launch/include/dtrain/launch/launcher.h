@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -86,7 +87,20 @@ struct LocalRunOptions {
   // Files of the run's own (the trainer's spec snapshot, its result file) that the caller
   // removes when the run ends: the orphan guard removes them if the launcher is killed.
   std::vector<std::string> remove_if_killed;
+  // Agent mode, in a round of several nodes: peers on other hosts wait in the same
+  // collectives. A worker blocked there goes silent at the same moment as a stopped or hung
+  // rank on another host, and this launcher sees only its own workers; so a pick that is not
+  // stopped is killed only after watchdogDeferS(worker_timeout_s) more, giving the agent
+  // that holds the culprit (stopped: killed at worker_timeout_s) time to act first and the
+  // job's teardown time to stop the others.
+  bool other_nodes = false;
 };
+
+// The extra silence an agent in a round of several nodes allows a worker that is not
+// stopped (LocalRunOptions::other_nodes): a quarter of the timeout, 2 s to 30 s.
+inline double watchdogDeferS(double workerTimeoutS) {
+  return std::clamp(workerTimeoutS * 0.25, 2.0, 30.0);
+}
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 
