@@ -1,5 +1,6 @@
 # Elastic fault handling across hosts on the netns test bed (3 hosts x 1 slot): whom the
-# watchdog blames when the hung rank is on another host than its blocked peers.
+# watchdog blames when the hung rank is on another host than its blocked peers; a signal
+# while a lost host is being retried.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/testbed_lib.sh"
 testbed_up 3
@@ -46,4 +47,30 @@ JSON
   expect_eq "$(jq_ "$d/sum.json" "[(e['host'], e['rank']) for e in d['events'] if e['kind'] == 'worker_hung']")" \
     "[('h3', 2)]" "hang $i: one worker_hung event, h3 rank 2"
 done
+# 2. Ctrl-C while a lost host is retried: h3 is cut off the network, lost (silent heartbeat),
+#    and tried again after its cooldown; that ssh waits for its ConnectTimeout (10 s). The
+#    launcher kills it at once and ends within a few seconds, as the pre-flight does.
+d="$T/retry"; mkdir -p "$d"
+cat > "$d/job.json" <<JSON
+{"name": "retry", "hostfile": "$TESTBED_HOSTFILE", "min_nodes": 2, "max_restarts": 3, "restart_backoff_s": 1,
+ "shutdown_timeout_s": 2, "rendezvous": {"heartbeat_timeout_s": 2},
+ "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"], "connect_timeout_s": 10},
+ "command": ["sh", "-c", "echo \$\$ > $d/pid.\$DTRAIN_ROUND.\$RANK; exec sleep 60"]}
+JSON
+"$DTRAIN" run "$d/job.json" --summary-json "$d/sum.json" >"$d/out" 2>"$d/err" &
+DTRAIN_PID=$!
+wait_for "$d/pid.0.0" "$d/pid.0.1" "$d/pid.0.2"
+ip link set dtb-v3 down
+for _ in $(seq 150); do grep -q "trying h3 .* again" "$d/err" && break; sleep 0.1; done
+expect_grep "trying h3 .* again" "$d/err" "retry: h3 is retried"
+sleep 0.5
+start=$(date +%s%N)
+kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+ip link set dtb-v3 up
+expect_eq "$rc" 130 "retry: Ctrl-C ends the job, exit 130"
+[ "$ms" -le 3000 ] && pass "retry: ended ${ms} ms after Ctrl-C" || fail "retry: ended ${ms} ms after Ctrl-C (the retry's ssh was waited for)"
+pgrep -f "ssh .* h3 exec" >/dev/null && fail "retry: an ssh to h3 is left" || pass "retry: no ssh to h3 left"
+for h in h1 h2 h3; do tb_wait_no_pids $h 8 || fail "retry: leftovers on $h"; done
 finish

@@ -596,8 +596,15 @@ void MultiNodeRunner::checkAllIdle() {
 
 void MultiNodeRunner::stopAll(const char* how) {
   pending_ = false;  // no restart after a stop
-  for (auto& n : nodes_)
-    if (n.running) send(n, how);
+  for (auto& n : nodes_) {
+    if (!n.running) continue;
+    send(n, how);
+    // A remote node not heard from yet runs no workers; its ssh may still be connecting to
+    // a host that does not answer (a lost host being retried), which would hold the job's
+    // end up to ssh's ConnectTimeout. Killed now, as the pre-flight's checks are: an agent
+    // that did start there sees its stdin close and ends.
+    if (n.state == NodeState::kStarting && !n.spec->local) ::kill(-n.pid, SIGKILL);
+  }
   if (!stopping_) {
     stopping_ = true;
     stopStarted_ = Clock::now();
