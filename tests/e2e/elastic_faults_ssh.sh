@@ -1,6 +1,6 @@
 # Elastic fault handling across hosts on the netns test bed (3 hosts x 1 slot): whom the
 # watchdog blames when the hung rank is on another host than its blocked peers; a signal
-# while a lost host is being retried.
+# while a lost host is being retried, and in the back-off before a restart.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/testbed_lib.sh"
 testbed_up 3
@@ -73,4 +73,25 @@ expect_eq "$rc" 130 "retry: Ctrl-C ends the job, exit 130"
 [ "$ms" -le 3000 ] && pass "retry: ended ${ms} ms after Ctrl-C" || fail "retry: ended ${ms} ms after Ctrl-C (the retry's ssh was waited for)"
 pgrep -f "ssh .* h3 exec" >/dev/null && fail "retry: an ssh to h3 is left" || pass "retry: no ssh to h3 left"
 for h in h1 h2 h3; do tb_wait_no_pids $h 8 || fail "retry: leftovers on $h"; done
+# 3. Ctrl-C in the back-off before a restart (restart_backoff_s 8): one headline says both,
+#    the stop and the failure it was restarting from, on stderr and in the summary's error
+#    (as on one node); no worker runs, and the notice does not claim to SIGTERM any.
+d="$T/backoff"; mkdir -p "$d"
+cat > "$d/job.json" <<JSON
+{"name": "bo", "hostfile": "$TESTBED_HOSTFILE", "max_restarts": 3, "restart_backoff_s": 8, "shutdown_timeout_s": 2, $SSH_OPTS,
+ "command": ["sh", "-c", "echo \$\$ > $d/pid.\$RANK; if [ \$RANK = 1 ]; then sleep 0.5; exit 4; fi; exec sleep 60"]}
+JSON
+"$DTRAIN" run "$d/job.json" --summary-json "$d/sum.json" >"$d/out" 2>"$d/err" &
+DTRAIN_PID=$!
+for _ in $(seq 150); do grep -q "event restart" "$d/err" && break; sleep 0.1; done
+sleep 1
+kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "backoff: exit 130"
+head="job 'bo' stopped by SIGINT during the back-off before restart 1 of 3, after rank 1 exited with code 4; 2 other worker(s) ended during teardown; exit code 130"
+grep -qxF "dtrain: $head" "$d/err" && pass "backoff: one headline for the stop and the failure" || fail "backoff: no headline: $(cat "$d/err")"
+expect_grep "^    host:       h2$" "$d/err" "backoff: the failure's details follow"
+expect_grep "^dtrain: SIGINT: stopping in the back-off before restart 1 of 3; no worker runs$" "$d/err" "backoff: the notice"
+grep -q "SIGTERM to the workers now\|^dtrain: stopped by SIGINT" "$d/err" && fail "backoff: a generic line: $(cat "$d/err")" || pass "backoff: no generic lines"
+expect_eq "$(jq_ "$d/sum.json" "(d['error'], d['restarts'], d['stopped_by'])")" "(\"$head\", 1, 'SIGINT')" "backoff: the summary's error, restarts, stopped_by"
 finish

@@ -259,6 +259,10 @@ class MultiNodeRunner {
   std::vector<Node> nodes_;
   RunResult result_;
   std::optional<WorkerExit> failedWorker_;
+  // Why the latest restart was scheduled: a worker's failure, else a lost node's message. A
+  // signal in its back-off names it (the job ended by the signal, after that failure).
+  std::optional<WorkerExit> restartWorker_;
+  std::string restartCause_;
   std::map<int, Fd> logs_;
   int firstRoundNodes_ = 0;
   int openRound_ = 0;       // the rendezvous round agents join next / are in
@@ -400,6 +404,9 @@ void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   event("restart", openRound_ + 1,
         fmt::format("rank {} on {} {}; restart {} of {}", w.global_rank, n.name, what, result_.restarts, spec_.max_restarts),
         n.name, w.global_rank);
+  restartWorker_ = w;
+  restartWorker_->host = n.name;
+  restartCause_.clear();
   scheduleRestart(backoff());
 }
 
@@ -443,6 +450,8 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
   event("restart", openRound_ + 1,
         fmt::format("{} node(s) left (min_nodes {}); restart {} of {}", left, spec_.min_nodes, result_.restarts,
                     spec_.max_restarts));
+  restartWorker_.reset();
+  restartCause_ = fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why);
   scheduleRestart(backoff());
 }
 
@@ -531,6 +540,9 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       if (all) {
         restarting_ = false;
         activeRound_ = openRound_;
+        // That restart happened: a later pause (a host joining) is not its back-off.
+        restartWorker_.reset();
+        restartCause_.clear();
         auto early = std::move(earlyFailures_);
         earlyFailures_.clear();
         for (auto& [node, w] : early)
@@ -774,7 +786,25 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
       signals.drain([&](int sig) {
         if (!result_.received_signal) result_.received_signal = sig;
         bool again = stopping_ && sig == SIGINT;
-        if (!stopping_) {
+        if (!stopping_ && pending_ && (restartWorker_ || !restartCause_.empty())) {
+          // In the back-off before a restart its event announced: the job ends by the signal,
+          // after that failure, and says both in one headline (as on one node).
+          result_.stopped_in_backoff = true;
+          if (restartWorker_)
+            failedWorker_ = restartWorker_;
+          else
+            result_.failure_message = restartCause_;
+          // The paused nodes run no workers; those still stopping theirs are all there is.
+          const size_t stopping = static_cast<size_t>(std::count_if(
+              nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member && n.state == NodeState::kRunning; }));
+          if (stopping)
+            writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), stopping, "node", "SIGTERM",
+                                                           spec_.shutdown_timeout_s, sig == SIGINT));
+          else
+            writeAll(STDERR_FILENO, fmt::format("dtrain: {}: stopping in the back-off before restart {} of {}; no worker "
+                                                "runs\n",
+                                                signalName(sig), result_.restarts, spec_.max_restarts));
+        } else if (!stopping_) {
           const size_t running =
               // (the nodes of the round: an agent of a host waiting to rejoin runs no workers)
               static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member; }));

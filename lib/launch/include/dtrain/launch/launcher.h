@@ -39,7 +39,8 @@ struct WorkerExit {
 struct RunResult {
   int exit_code = 0;         // what dtrain should exit with
   int received_signal = 0;   // SIGINT/SIGTERM/SIGHUP that stopped the job, else 0
-  // received_signal came in the pause before a restart: first_failure is why it restarted.
+  // received_signal came in the pause before a restart: first_failure is why it restarted
+  // (multi-node, none: failure_message says why, a lost node).
   bool stopped_in_backoff = false;
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
