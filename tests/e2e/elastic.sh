@@ -55,6 +55,24 @@ expect_eq "$(jq_ "$T/bo.json" "(d['restarts'], [e['reason'] for e in d['events']
 expect_grep "^dtrain: job 'bo' stopped by SIGINT during the back-off before restart 1 of 3, after rank 0 exited with code 4; exit code 130$" "$T/err" "signal in the back-off: one headline"
 expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the back-off: no second verdict"
 expect_grep "^  first failure:" "$T/err" "signal in the back-off: the failure's details"
+# Ctrl-C during the teardown after a failure (restarts left; the failed rank's peer ignores
+# SIGTERM): the signal ended the job, cutting the restart short. One headline says both, as
+# in the back-off (it said "job failed: rank 1 exited with code 9", then "stopped by SIGINT").
+cat > "$T/td.sh" <<'SH'
+trap '' TERM
+if [ "$RANK" = 1 ]; then sleep 0.3; exit 9; fi
+exec sleep 60
+SH
+"$DTRAIN" run --nproc-per-node 2 --max-restarts 2 --summary-json "$T/td.json" -- sh "$T/td.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q "rank 1 failed; waiting" "$T/err" && break; sleep 0.1; done
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "signal in the teardown: exit 130"
+head="job 'td.sh' stopped by SIGINT during the teardown before restart 1 of 2, after rank 1 exited with code 9; 1 other worker(s) ended during teardown; exit code 130"
+grep -qxF "dtrain: $head" "$T/err" && pass "signal in the teardown: one headline" || fail "signal in the teardown: $(cat "$T/err")"
+expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the teardown: no second verdict"
+expect_eq "$(jq_ "$T/td.json" "(d['error'], d['restarts'], d['events'], d['stopped_by'])")" "(\"$head\", 0, [], 'SIGINT')" \
+  "signal in the teardown: the summary's error; no restart spent or announced"
 # A command that cannot be started is not restarted: every attempt would fail the same way.
 # (A missing program is refused before the launch; one whose #! interpreter is missing gets
 # as far as exec.)

@@ -91,7 +91,7 @@ expect_eq "$rc" 130 "backoff: exit 130"
 head="job 'bo' stopped by SIGINT during the back-off before restart 1 of 3, after rank 1 exited with code 4; 2 other worker(s) ended during teardown; exit code 130"
 grep -qxF "dtrain: $head" "$d/err" && pass "backoff: one headline for the stop and the failure" || fail "backoff: no headline: $(cat "$d/err")"
 expect_grep "^    host:       h2$" "$d/err" "backoff: the failure's details follow"
-expect_grep "^dtrain: SIGINT: stopping in the back-off before restart 1 of 3; no worker runs$" "$d/err" "backoff: the notice"
+expect_grep "^dtrain: SIGINT: stopping during the back-off before restart 1 of 3; no worker runs$" "$d/err" "backoff: the notice"
 grep -q "SIGTERM to the workers now\|^dtrain: stopped by SIGINT" "$d/err" && fail "backoff: a generic line: $(cat "$d/err")" || pass "backoff: no generic lines"
 expect_eq "$(jq_ "$d/sum.json" "(d['error'], d['restarts'], d['stopped_by'])")" "(\"$head\", 1, 'SIGINT')" "backoff: the summary's error, restarts, stopped_by"
 finish

@@ -678,10 +678,10 @@ std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, c
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   if (result.first_failure < 0) {
     if (result.failure_message.empty()) return {};
-    if (result.received_signal && result.stopped_in_backoff)  // (a node lost: no worker failed)
-      return fmt::format("dtrain: job '{}' stopped by {} during the back-off before restart {} of {}, after {}; exit code {}\n",
-                         spec.name, signalName(result.received_signal), result.restarts, spec.max_restarts,
-                         result.failure_message, result.exit_code);
+    if (result.received_signal && !result.stopped_during.empty())  // (a node lost: no worker failed)
+      return fmt::format("dtrain: job '{}' stopped by {} during {}, after {}; exit code {}\n", spec.name,
+                         signalName(result.received_signal), result.stopped_during, result.failure_message,
+                         result.exit_code);
     return fmt::format("dtrain: job '{}' failed: {}\n", spec.name, result.failure_message);
   }
   const auto& f = result.workers[result.first_failure];
@@ -696,10 +696,10 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
                            : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
-  if (result.received_signal && result.stopped_in_backoff)  // (the exit code last: it ends the headline)
-    out = fmt::format("dtrain: job '{}' stopped by {} during the back-off before restart {} of {}, after rank {} {}{}; exit code {}",
-                      spec.name, signalName(result.received_signal), result.restarts, spec.max_restarts, f.global_rank,
-                      how, stopped ? fmt::format("; {} other worker(s) ended during teardown", stopped) : std::string(),
+  if (result.received_signal && !result.stopped_during.empty())  // (the exit code last: it ends the headline)
+    out = fmt::format("dtrain: job '{}' stopped by {} during {}, after rank {} {}{}; exit code {}", spec.name,
+                      signalName(result.received_signal), result.stopped_during, f.global_rank, how,
+                      stopped ? fmt::format("; {} other worker(s) ended during teardown", stopped) : std::string(),
                       result.exit_code);
   out += "\n";
   out += "  first failure:\n";

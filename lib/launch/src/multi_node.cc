@@ -786,24 +786,26 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
       signals.drain([&](int sig) {
         if (!result_.received_signal) result_.received_signal = sig;
         bool again = stopping_ && sig == SIGINT;
-        if (!stopping_ && pending_ && (restartWorker_ || !restartCause_.empty())) {
-          // In the back-off before a restart its event announced: the job ends by the signal,
-          // after that failure, and says both in one headline (as on one node).
-          result_.stopped_in_backoff = true;
+        if (!stopping_ && (pending_ || restarting_) && (restartWorker_ || !restartCause_.empty())) {
+          // In the back-off before a restart its event announced (or while its round forms):
+          // the job ends by the signal, after that failure, and says both in one headline (as
+          // on one node).
+          result_.stopped_during = fmt::format("{} restart {} of {}", pending_ ? "the back-off before" : "the start of",
+                                               result_.restarts, spec_.max_restarts);
           if (restartWorker_)
             failedWorker_ = restartWorker_;
           else
             result_.failure_message = restartCause_;
-          // The paused nodes run no workers; those still stopping theirs are all there is.
+          // Paused nodes run no workers: only those still stopping theirs (or, the round
+          // forming, already running its) are told to the user.
           const size_t stopping = static_cast<size_t>(std::count_if(
               nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member && n.state == NodeState::kRunning; }));
           if (stopping)
             writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), stopping, "node", "SIGTERM",
                                                            spec_.shutdown_timeout_s, sig == SIGINT));
           else
-            writeAll(STDERR_FILENO, fmt::format("dtrain: {}: stopping in the back-off before restart {} of {}; no worker "
-                                                "runs\n",
-                                                signalName(sig), result_.restarts, spec_.max_restarts));
+            writeAll(STDERR_FILENO,
+                     fmt::format("dtrain: {}: stopping during {}; no worker runs\n", signalName(sig), result_.stopped_during));
         } else if (!stopping_) {
           const size_t running =
               // (the nodes of the round: an agent of a host waiting to rejoin runs no workers)

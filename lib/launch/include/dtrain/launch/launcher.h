@@ -39,9 +39,10 @@ struct WorkerExit {
 struct RunResult {
   int exit_code = 0;         // what dtrain should exit with
   int received_signal = 0;   // SIGINT/SIGTERM/SIGHUP that stopped the job, else 0
-  // received_signal came in the pause before a restart: first_failure is why it restarted
-  // (multi-node, none: failure_message says why, a lost node).
-  bool stopped_in_backoff = false;
+  // received_signal cut short a restart the job was making: when ("the back-off before
+  // restart 1 of 3", "the teardown before restart 1 of 2"), else "". first_failure is why it
+  // restarted (multi-node, none: failure_message says why, a lost node).
+  std::string stopped_during;
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
   // Each worker's stderr shared its stdout's pipe (dtrain's stdout and stderr are one file),
@@ -119,8 +120,8 @@ inline bool restartCannotHelp(const WorkerExit& w) { return w.start_failed || w.
 // `host` is named when not "".
 std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, const std::string& host = "");
 
-// The failure summary printed when a worker fails; after a signal in a restart's back-off,
-// one headline for both (the stop and the failure it was restarting from).
+// The failure summary printed when a worker fails; after a signal that cut a restart short
+// (stopped_during), one headline for both (the stop and the failure it was restarting from).
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec);
 
 }  // namespace dtrain::launch
