@@ -23,9 +23,9 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/env.h"
 #include "dtrain/launch/launcher.h"
+#include "dtrain/launch/orphan_guard.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/process.h"
-#include "orphan_guard.h"
 #include "signal_scope.h"
 #include "dtrain/spec/error_file.h"
 
@@ -141,7 +141,7 @@ class LocalLauncher final : public Launcher {
   // for both, so that its lines keep the order it wrote them in; all of them go to stdout.
   bool merged_ = false;
   std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
-  detail::OrphanGuard* guard_ = nullptr;  // run()'s, while it runs
+  OrphanGuard* guard_ = nullptr;  // run()'s, while it runs
   std::string barLine_;     // the latest kStatusPrefix bar, shown when no partial line is
   Worker* partialOwner_ = nullptr;  // whose unfinished line statusLine_ shows, if any
 };
@@ -490,7 +490,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
                          "machine; set it in the spec's env or with --env to tune\n",
                          spec.nproc_per_node));
 
-  detail::OrphanGuard guard;
+  OrphanGuard guard;
   guard_ = &guard;
   for (const auto& f : opts_.remove_if_killed) guard.removeIfKilled(f);
   if (tempErrRoot) guard.removeIfKilled(errRoot.string());
