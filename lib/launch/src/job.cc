@@ -87,6 +87,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
         writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
       } else if (spec.max_restarts > 0) {
         r.failure_message = fmt::format("restart budget exhausted: {} restart(s) of {} used", attempt, spec.max_restarts);
+        r.budget_exhausted = true;
       }
     }
     r.restarts = attempt;

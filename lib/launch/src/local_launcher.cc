@@ -696,6 +696,11 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
                            : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
+  // In the headline (the summary's error): a script must not have to compare restarts with
+  // max_restarts to tell that the job gave up. (A lost node's message says it itself.)
+  const bool budgetLine = result.budget_exhausted;
+  if (budgetLine)
+    out += fmt::format("; restart budget exhausted: {} restart(s) of {} used", result.restarts, spec.max_restarts);
   if (result.received_signal && !result.stopped_during.empty())  // (the exit code last: it ends the headline)
     out = fmt::format("dtrain: job '{}' stopped by {} during {}, after rank {} {}{}; exit code {}", spec.name,
                       signalName(result.received_signal), result.stopped_during, f.global_rank, how,
@@ -706,7 +711,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   out += fmt::format("    rank:       {} (local rank {})\n", f.global_rank, f.local_rank);
   out += fmt::format("    host:       {}\n", f.host);
   out += fmt::format("    pid:        {}\n", f.pid);
-  if (!result.failure_message.empty()) out += fmt::format("    cause:      {}\n", result.failure_message);
+  if (!result.failure_message.empty() && !budgetLine) out += fmt::format("    cause:      {}\n", result.failure_message);
   out += fmt::format("    exit:       {}\n", f.signal ? signalName(f.signal) : fmt::format("code {}", f.exit_code));
   out += fmt::format("    time:       {}\n", f.when);
   if (!f.error_message.empty()) out += fmt::format("    error:      {}\n", f.error_message);

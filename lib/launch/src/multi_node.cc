@@ -248,6 +248,9 @@ class MultiNodeRunner {
   void timers();
   void reap();
   int memberCount() const;
+  // The round an incident of the running job belongs to: the active one, or round 0 while
+  // it forms (a node lost during startup is lost in round 0, not "round -1").
+  int eventRound() const { return std::max(activeRound_, 0); }
 
   spec::JobSpec& spec_;
   const MultiNodeOptions& opts_;
@@ -387,13 +390,14 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
 
 void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   std::string what = exitReason(w);
-  if (w.hung) event("worker_hung", activeRound_, w.error_message, n.name, w.global_rank);
+  if (w.hung) event("worker_hung", eventRound(), w.error_message, n.name, w.global_rank);
   if (restartCannotHelp(w)) {
     // Every attempt would fail the same way, so the budget is not spent on it.
     finalFailure(notRestartedReason(w, spec_, n.name), kExitFailure, w);
     return;
   }
   if (result_.restarts >= spec_.max_restarts) {
+    result_.budget_exhausted = spec_.max_restarts > 0;
     finalFailure(spec_.max_restarts > 0 ? fmt::format("restart budget exhausted: {} restart(s) of {} used",
                                                       result_.restarts, spec_.max_restarts)
                                         : "",
@@ -426,13 +430,13 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
           n.name);
     return;
   }
-  event("node_lost", activeRound_, fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
+  event("node_lost", eventRound(), fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
   if (pending_) {
     // A restart is already on its way for this incident (a worker's failure came first:
     // its peers on the lost node were the cause or a consequence). One incident, one
     // restart: the next round starts without this node. (Not so for a round still forming,
     // restarting_ without pending_: it waits for this node, so it must be reopened.)
-    event("host_excluded", activeRound_,
+    event("host_excluded", eventRound(),
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
     return;
   }
@@ -444,7 +448,7 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     finalFailure(msg, kExitFailure);
     return;
   }
-  event("host_excluded", activeRound_, fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures),
+  event("host_excluded", eventRound(), fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures),
         n.name);
   ++result_.restarts;
   event("restart", openRound_ + 1,

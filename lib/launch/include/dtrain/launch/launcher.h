@@ -51,6 +51,8 @@ struct RunResult {
   // Multi-node: a failure that is not a worker's (a node lost, an agent's error), "" if none.
   std::string failure_message;
   int restarts = 0;                      // restarts that spent the budget
+  // The failure came with every restart of max_restarts (> 0) spent: the headline says so.
+  bool budget_exhausted = false;
   std::vector<spec::JobEvent> events;    // elastic events, in order
 };
 
