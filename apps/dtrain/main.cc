@@ -401,7 +401,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);
-  if (r.received_signal && !(r.stopped_in_backoff && r.first_failure >= 0))  // else said in the headline above
+  if (r.received_signal && r.stopped_during.empty())  // else said in the headline above
     verdict += fmt::format("dtrain: stopped by {}; exit code {}\n", signalName(r.received_signal), r.exit_code);
   std::cerr << verdict << std::flush;
   if (!a.summary_json.empty()) {

@@ -20,6 +20,8 @@ rc=$?; took=$(( $(date +%s) - start ))
 expect_eq "$rc" 7 "budget exhausted: the worker's exit code"
 expect_eq "$(jq_ "$T/s2.json" "d['restarts']")" 2 "summary: restarts 2"
 expect_grep "restart budget exhausted: 2 restart\(s\) of 2 used" "$T/err" "summary says the budget is spent"
+expect_eq "$(jq_ "$T/s2.json" "d['error']")" "job 'sh' failed: rank 0 exited with code 7; restart budget exhausted: 2 restart(s) of 2 used" \
+  "budget exhausted: said in the summary's error"
 [ "$took" -lt 10 ] && pass "back-off 1 s + 2 s (${took}s)" || fail "took ${took}s"
 
 # A worker that wrote a TORCHELASTIC_ERROR_FILE (PyTorch's @record): the restart event says
@@ -55,6 +57,24 @@ expect_eq "$(jq_ "$T/bo.json" "(d['restarts'], [e['reason'] for e in d['events']
 expect_grep "^dtrain: job 'bo' stopped by SIGINT during the back-off before restart 1 of 3, after rank 0 exited with code 4; exit code 130$" "$T/err" "signal in the back-off: one headline"
 expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the back-off: no second verdict"
 expect_grep "^  first failure:" "$T/err" "signal in the back-off: the failure's details"
+# Ctrl-C during the teardown after a failure (restarts left; the failed rank's peer ignores
+# SIGTERM): the signal ended the job, cutting the restart short. One headline says both, as
+# in the back-off (it said "job failed: rank 1 exited with code 9", then "stopped by SIGINT").
+cat > "$T/td.sh" <<'SH'
+trap '' TERM
+if [ "$RANK" = 1 ]; then sleep 0.3; exit 9; fi
+exec sleep 60
+SH
+"$DTRAIN" run --nproc-per-node 2 --max-restarts 2 --summary-json "$T/td.json" -- sh "$T/td.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q "rank 1 failed; waiting" "$T/err" && break; sleep 0.1; done
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "signal in the teardown: exit 130"
+head="job 'td.sh' stopped by SIGINT during the teardown before restart 1 of 2, after rank 1 exited with code 9; 1 other worker(s) ended during teardown; exit code 130"
+grep -qxF "dtrain: $head" "$T/err" && pass "signal in the teardown: one headline" || fail "signal in the teardown: $(cat "$T/err")"
+expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the teardown: no second verdict"
+expect_eq "$(jq_ "$T/td.json" "(d['error'], d['restarts'], d['events'], d['stopped_by'])")" "(\"$head\", 0, [], 'SIGINT')" \
+  "signal in the teardown: the summary's error; no restart spent or announced"
 # A command that cannot be started is not restarted: every attempt would fail the same way.
 # (A missing program or #! interpreter is refused before the launch; a #! line that leads
 # to itself gets as far as exec: ELOOP, 126.)
@@ -106,9 +126,24 @@ expect_grep "^dtrain: job '.*' failed: rank 1 hung \(no heartbeat within worker_
 expect_eq "$?" 0 "two nodes: fails once, restarts, succeeds"
 expect_eq "$(tail -1 "$T/seen.1")" "attempt 1 round 1" "node 1 worker saw restart count 1, round 1"
 expect_eq "$(jq_ "$T/s4.json" "(d['restarts'], [r['exit_code'] for r in d['ranks']])")" "(1, [0, 0])" "summary: 1 restart, final ranks succeeded"
-"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 -- sh -c 'sleep 0.3; exit 5' >"$T/out" 2>"$T/err"
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --summary-json "$T/s5.json" -- sh -c 'sleep 0.3; exit 5' >"$T/out" 2>"$T/err"
 expect_eq "$?" 5 "two nodes: budget exhausted exits with the worker's code"
 expect_grep "restart budget exhausted: 1 restart\(s\) of 1 used" "$T/err" "two nodes: budget message"
+expect_grep "^dtrain: job 'sh' failed: rank [01] exited with code 5; .*restart budget exhausted: 1 restart\(s\) of 1 used$" "$T/err" \
+  "two nodes: budget in the headline"
+expect_eq "$(jq_ "$T/s5.json" "d['error'].endswith('; restart budget exhausted: 1 restart(s) of 1 used')")" True \
+  "two nodes: budget in the summary's error"
+# A node lost before round 0 has started (its report held back) is lost in round 0, not -1.
+DTRAIN_TEST_REPORT_DELAY=127.0.0.1:8000 timeout -k 5 30 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 \
+  --summary-json "$T/s6.json" -- sleep 30 >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+agent=""
+for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.1; done
+sleep 0.5; kill -9 "$agent"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "node lost during startup: the job fails"
+expect_grep "event node_lost \(round 0\) host 127.0.0.1" "$T/err" "node lost during startup: round 0 on stderr"
+expect_eq "$(jq_ "$T/s6.json" "[(e['kind'], e['round']) for e in d['events']]")" "[('node_lost', 0)]" "node lost during startup: round 0 in the summary"
 
 # A worker that fails before another node has reported starting the round still restarts
 # the job (its failure used to be dropped as a consequence of the restart, and the job then

@@ -66,4 +66,36 @@ kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null
 DTRAIN_PID=
 for _ in $(seq 100); do [ -e "$snap" ] || break; sleep 0.1; done
 [ -n "$snap" ] && [ ! -e "$snap" ] && pass "trainer snapshot removed after SIGKILL" || fail "trainer snapshot $snap left behind"
+# Across nodes, each agent writes its own private snapshot of the spec (env, maybe secrets).
+# An agent killed before its workers start (here while its report of the round is held back:
+# the window of the rendezvous wait, before any launcher's guard) takes it with it. And an
+# agent removes what dead agents left (a host killed whole, guard and all): only dtrain's
+# exact names, and only where no process has that pid.
+tmp=${TMPDIR:-/tmp}
+dead=$(sh -c 'echo $$')
+for f in "dtrain-0123456789ab-$dead.json" "dtrain-result-0123456789ab-$dead.json" "dtrain-0123456789ab-$$.json" \
+         "dtrain-0123456789ab-$dead.json.keep" "dtrain-0123456789-$dead.json"; do
+  echo '{}' > "$tmp/$f"
+done
+DTRAIN_TEST_REPORT_DELAY=127.0.0.1:8000 timeout -k 5 40 "$DTRAIN" run "$T/tr.json" --nproc-per-node 1 --max-restarts 0 \
+  --hosts localhost:1,127.0.0.1:1 >"$T/ag.out" 2>&1 &
+DTRAIN_PID=$!
+agent=""
+for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.1; done
+runid=$(ps -o args= -p "$agent" | sed -n 's/.*--run-id \([0-9a-f]*\).*/\1/p')
+snap="$tmp/dtrain-$runid-$agent.json"
+wait_for "$snap"
+[ -n "$runid" ] && [ -e "$snap" ] && pass "agent snapshot exists ($snap)" || fail "no agent snapshot '$snap'"
+for f in "dtrain-0123456789ab-$dead.json" "dtrain-result-0123456789ab-$dead.json"; do
+  [ ! -e "$tmp/$f" ] && pass "a dead agent's $f removed" || { fail "a dead agent's $f left"; rm -f "$tmp/$f"; }
+done
+for f in "dtrain-0123456789ab-$$.json" "dtrain-0123456789ab-$dead.json.keep" "dtrain-0123456789-$dead.json"; do
+  [ -e "$tmp/$f" ] && pass "$f kept (pid alive, or not dtrain's name)" || fail "$f removed"
+  rm -f "$tmp/$f"
+done
+kill -9 "$agent"
+for _ in $(seq 50); do [ -e "$snap" ] || break; sleep 0.1; done
+[ ! -e "$snap" ] && pass "agent SIGKILLed before its workers started: its snapshot removed" || { fail "agent snapshot $snap left"; rm -f "$snap"; }
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "the job fails: its node was lost (max_restarts 0)"
 finish

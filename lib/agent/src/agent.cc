@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +29,7 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/agent_protocol.h"
 #include "dtrain/launch/launcher.h"
+#include "dtrain/launch/orphan_guard.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/plan.h"
 #include "dtrain/launch/process.h"
@@ -184,6 +186,52 @@ void reportDelayForTests(const std::string& node) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+// Removes the private files (spec snapshot, result file) that agents of this user left in
+// `dir` when they died without their cleanup: a whole host killed (the guard with them), or
+// one killed before it had a guard. Only dtrain's exact names, "dtrain-<run id>-<agent
+// pid>.json" and "dtrain-result-<run id>-<agent pid>.json", regular files of ours, whose
+// agent is gone (no process with that pid here); a pid in use, even by another program,
+// keeps its file.
+// The agent pid in an agent's file name "dtrain-[result-]<12 hex run id>-<pid>.json", else -1.
+long agentFilePid(std::string_view name) {
+  auto eat = [&](std::string_view p) {
+    if (name.substr(0, p.size()) != p) return false;
+    name.remove_prefix(p.size());
+    return true;
+  };
+  if (!eat("dtrain-")) return -1;
+  eat("result-");
+  for (int i = 0; i < 12; ++i) {  // the run id (newRunId)
+    if (name.empty() || !((name[0] >= '0' && name[0] <= '9') || (name[0] >= 'a' && name[0] <= 'f'))) return -1;
+    name.remove_prefix(1);
+  }
+  if (!eat("-")) return -1;
+  long pid = 0;
+  size_t digits = 0;
+  while (digits < name.size() && digits < 10 && name[digits] >= '0' && name[digits] <= '9')
+    pid = pid * 10 + (name[digits++] - '0');
+  name.remove_prefix(digits);
+  return digits > 0 && digits < 10 && name == ".json" ? pid : -1;
+}
+
+// Removes the private files (spec snapshot, result file) that agents of this user left in
+// `dir` when they died without their cleanup: a whole host killed (the guard with them), or
+// one killed before it had a guard. Only dtrain's exact names (agentFilePid), regular files
+// of ours, whose agent is gone (no process with that pid here); a pid in use, even by
+// another program, keeps its file.
+void removeStaleAgentFiles(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const long pid = agentFilePid(it->path().filename().string());
+    struct stat st {};
+    if (pid <= 1 || pid == ::getpid() || ::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != ::geteuid())
+      continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::remove(it->path().c_str());
+  }
+}
+
 }  // namespace
 
 int runAgent(const AgentOptions& opts) {
@@ -255,6 +303,11 @@ int runAgent(const AgentOptions& opts) {
   }
   std::string resultFile;
   std::string specFile;
+  // Registered with a guard of the agent's own before they are written: the agent may be
+  // killed at any point (while it waits for the rendezvous, between rounds) and the guard
+  // then removes them. A guard dies with its host, so an agent also removes what dead agents
+  // left here.
+  std::optional<launch::OrphanGuard> fileGuard;
   // This node's copies (the spec may carry secrets) go however the agent ends: a refusal at
   // startup (a checkpoint dir it cannot use) returned with them left in /tmp.
   struct RemoveAtEnd {
@@ -265,14 +318,22 @@ int runAgent(const AgentOptions& opts) {
       if (!result.empty()) std::remove(result.c_str());
     }
   } removeAtEnd{specFile, resultFile};
+  {
+    std::error_code ec;
+    auto tmp = std::filesystem::temp_directory_path(ec);
+    if (!ec) removeStaleAgentFiles(tmp);
+  }
   try {
     spec::resolve(spec);
     if (spec.trainer) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
       auto tmp = std::filesystem::temp_directory_path();
       specFile = (tmp / fmt::format("dtrain-{}-{}.json", opts.run_id, ::getpid())).string();
-      writePrivateFile(specFile, specText);  // its env may carry secrets
       resultFile = (tmp / fmt::format("dtrain-result-{}-{}.json", opts.run_id, ::getpid())).string();
+      fileGuard.emplace();
+      fileGuard->removeIfKilled(specFile);
+      fileGuard->removeIfKilled(resultFile);
+      writePrivateFile(specFile, specText);  // its env may carry secrets
       spec.env["DTRAIN_RESULT_FILE"] = resultFile;
       spec.command = {launch::selfExecutable(), "train", specFile};
       // Rank 0 writes checkpoints on node 0's host: the first node's agent makes sure it can
@@ -475,6 +536,7 @@ int runAgent(const AgentOptions& opts) {
     lo.restart_count = restartCount;
     lo.merge_output = opts.merge_output;
     lo.remove_if_killed = {specFile, resultFile};
+    lo.other_nodes = plan.nnodes > 1;
     try {
       launch::RunResult result = launch::makeLocalLauncher(lo)->run(plan, spec);
       rc = result.exit_code;

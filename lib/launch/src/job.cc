@@ -57,6 +57,18 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     lo.remove_if_killed = remove_if_killed;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
+    // A worker failed and then a signal came, during the teardown: the job ends by the signal,
+    // cutting short the restart that failure would have started (said in one headline, as in
+    // the back-off; nothing announced it, so it spends nothing).
+    if (r.received_signal && r.first_failure >= 0) {
+      const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
+      if (f.hung) {
+        events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
+        writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
+      }
+      if (attempt < spec.max_restarts && !restartCannotHelp(f))
+        r.stopped_during = fmt::format("the teardown before restart {} of {}", attempt + 1, spec.max_restarts);
+    }
     bool failed = r.first_failure >= 0 && !r.received_signal;
     if (failed) {
       const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
@@ -75,6 +87,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
         writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
       } else if (spec.max_restarts > 0) {
         r.failure_message = fmt::format("restart budget exhausted: {} restart(s) of {} used", attempt, spec.max_restarts);
+        r.budget_exhausted = true;
       }
     }
     r.restarts = attempt;
@@ -97,7 +110,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
           r.received_signal = sig;
           r.exit_code = 128 + sig;
           r.restarts = attempt + 1;  // announced by the restart event: it spent the budget
-          r.stopped_in_backoff = true;
+          r.stopped_during = fmt::format("the back-off before restart {} of {}", attempt + 1, spec.max_restarts);
           return r;
         }
       }

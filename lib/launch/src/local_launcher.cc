@@ -24,9 +24,9 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/env.h"
 #include "dtrain/launch/launcher.h"
+#include "dtrain/launch/orphan_guard.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/process.h"
-#include "orphan_guard.h"
 #include "signal_scope.h"
 #include "dtrain/spec/error_file.h"
 
@@ -146,7 +146,7 @@ class LocalLauncher final : public Launcher {
   // for both, so that its lines keep the order it wrote them in; all of them go to stdout.
   bool merged_ = false;
   std::string statusLine_;  // drawn at the bottom of a terminal; "" = none
-  detail::OrphanGuard* guard_ = nullptr;  // run()'s, while it runs
+  OrphanGuard* guard_ = nullptr;  // run()'s, while it runs
   std::string barLine_;     // the latest kStatusPrefix bar, shown when no partial line is
   Worker* partialOwner_ = nullptr;  // whose unfinished line statusLine_ shows, if any
 };
@@ -396,6 +396,11 @@ void LocalLauncher::checkWatchdogs() {
       stopped = st;
     }
   }
+  // Across nodes the culprit may be on another host (its peers here merely wait for it):
+  // only a stopped worker is sure to be the one; another waits out the deferral, by which
+  // time the culprit's agent has killed it and the job's teardown stops these.
+  if (!stopped && opts_.other_nodes && pick->silent <= spec_->worker_timeout_s + watchdogDeferS(spec_->worker_timeout_s))
+    return;
   std::string others;
   for (const auto& a : armed)
     if (&a != pick && a.silent > spec_->worker_timeout_s / 2)
@@ -404,8 +409,11 @@ void LocalLauncher::checkWatchdogs() {
   Worker& w = *pick->w;
   watchdogFired_ = true;
   w.exit.hung = true;
-  w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}); killed as hung", pick->silent,
-                                     spec_->worker_timeout_s);
+  w.exit.error_message = fmt::format("no heartbeat for {:.1f} s (worker_timeout_s {}{}); killed as hung", pick->silent,
+                                     spec_->worker_timeout_s,
+                                     !stopped && opts_.other_nodes
+                                         ? fmt::format(", + {:g} s across nodes", watchdogDeferS(spec_->worker_timeout_s))
+                                         : std::string());
   if (stopped) w.exit.error_message += " (it was stopped: state T)";
   if (!others.empty())
     w.exit.error_message += fmt::format(
@@ -499,7 +507,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
                          "machine; set it in the spec's env or with --env to tune\n",
                          spec.nproc_per_node));
 
-  detail::OrphanGuard guard;
+  OrphanGuard guard;
   guard_ = &guard;
   for (const auto& f : opts_.remove_if_killed) guard.removeIfKilled(f);
   if (tempErrRoot) guard.removeIfKilled(errRoot.string());
@@ -753,6 +761,10 @@ std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   if (result.first_failure < 0) {
     if (result.failure_message.empty()) return {};
+    if (result.received_signal && !result.stopped_during.empty())  // (a node lost: no worker failed)
+      return fmt::format("dtrain: job '{}' stopped by {} during {}, after {}; exit code {}\n", spec.name,
+                         signalName(result.received_signal), result.stopped_during, result.failure_message,
+                         result.exit_code);
     return fmt::format("dtrain: job '{}' failed: {}\n", spec.name, result.failure_message);
   }
   const auto& f = result.workers[result.first_failure];
@@ -766,17 +778,23 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   std::string how = f.hung ? "hung (no heartbeat within worker_timeout_s) and was killed"
                            : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
-  if (result.received_signal && result.stopped_in_backoff)
-    out = fmt::format("dtrain: job '{}' stopped by {} during the back-off before restart {} of {}, after rank {} {}; exit code {}",
-                      spec.name, signalName(result.received_signal), result.restarts, spec.max_restarts, f.global_rank,
-                      how, result.exit_code);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
+  // In the headline (the summary's error): a script must not have to compare restarts with
+  // max_restarts to tell that the job gave up. (A lost node's message says it itself.)
+  const bool budgetLine = result.budget_exhausted;
+  if (budgetLine)
+    out += fmt::format("; restart budget exhausted: {} restart(s) of {} used", result.restarts, spec.max_restarts);
+  if (result.received_signal && !result.stopped_during.empty())  // (the exit code last: it ends the headline)
+    out = fmt::format("dtrain: job '{}' stopped by {} during {}, after rank {} {}{}; exit code {}", spec.name,
+                      signalName(result.received_signal), result.stopped_during, f.global_rank, how,
+                      stopped ? fmt::format("; {} other worker(s) ended during teardown", stopped) : std::string(),
+                      result.exit_code);
   out += "\n";
   out += "  first failure:\n";
   out += fmt::format("    rank:       {} (local rank {})\n", f.global_rank, f.local_rank);
   out += fmt::format("    host:       {}\n", f.host);
   out += fmt::format("    pid:        {}\n", f.pid);
-  if (!result.failure_message.empty()) out += fmt::format("    cause:      {}\n", result.failure_message);
+  if (!result.failure_message.empty() && !budgetLine) out += fmt::format("    cause:      {}\n", result.failure_message);
   out += fmt::format("    exit:       {}\n", f.signal ? signalName(f.signal) : fmt::format("code {}", f.exit_code));
   out += fmt::format("    time:       {}\n", f.when);
   // A message of several lines keeps its lines under the first, indented as the block.

@@ -248,6 +248,9 @@ class MultiNodeRunner {
   void timers();
   void reap();
   int memberCount() const;
+  // The round an incident of the running job belongs to: the active one, or round 0 while
+  // it forms (a node lost during startup is lost in round 0, not "round -1").
+  int eventRound() const { return std::max(activeRound_, 0); }
 
   spec::JobSpec& spec_;
   const MultiNodeOptions& opts_;
@@ -259,6 +262,10 @@ class MultiNodeRunner {
   std::vector<Node> nodes_;
   RunResult result_;
   std::optional<WorkerExit> failedWorker_;
+  // Why the latest restart was scheduled: a worker's failure, else a lost node's message. A
+  // signal in its back-off names it (the job ended by the signal, after that failure).
+  std::optional<WorkerExit> restartWorker_;
+  std::string restartCause_;
   std::map<int, Fd> logs_;
   int firstRoundNodes_ = 0;
   int openRound_ = 0;       // the rendezvous round agents join next / are in
@@ -383,13 +390,14 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
 
 void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   std::string what = exitReason(w);
-  if (w.hung) event("worker_hung", activeRound_, w.error_message, n.name, w.global_rank);
+  if (w.hung) event("worker_hung", eventRound(), w.error_message, n.name, w.global_rank);
   if (restartCannotHelp(w)) {
     // Every attempt would fail the same way, so the budget is not spent on it.
     finalFailure(notRestartedReason(w, spec_, n.name), kExitFailure, w);
     return;
   }
   if (result_.restarts >= spec_.max_restarts) {
+    result_.budget_exhausted = spec_.max_restarts > 0;
     finalFailure(spec_.max_restarts > 0 ? fmt::format("restart budget exhausted: {} restart(s) of {} used",
                                                       result_.restarts, spec_.max_restarts)
                                         : "",
@@ -400,6 +408,9 @@ void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   event("restart", openRound_ + 1,
         fmt::format("rank {} on {} {}; restart {} of {}", w.global_rank, n.name, what, result_.restarts, spec_.max_restarts),
         n.name, w.global_rank);
+  restartWorker_ = w;
+  restartWorker_->host = n.name;
+  restartCause_.clear();
   scheduleRestart(backoff());
 }
 
@@ -419,13 +430,13 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
           n.name);
     return;
   }
-  event("node_lost", activeRound_, fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
+  event("node_lost", eventRound(), fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
   if (pending_) {
     // A restart is already on its way for this incident (a worker's failure came first:
     // its peers on the lost node were the cause or a consequence). One incident, one
     // restart: the next round starts without this node. (Not so for a round still forming,
     // restarting_ without pending_: it waits for this node, so it must be reopened.)
-    event("host_excluded", activeRound_,
+    event("host_excluded", eventRound(),
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
     return;
   }
@@ -437,12 +448,14 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     finalFailure(msg, kExitFailure);
     return;
   }
-  event("host_excluded", activeRound_, fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures),
+  event("host_excluded", eventRound(), fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures),
         n.name);
   ++result_.restarts;
   event("restart", openRound_ + 1,
         fmt::format("{} node(s) left (min_nodes {}); restart {} of {}", left, spec_.min_nodes, result_.restarts,
                     spec_.max_restarts));
+  restartWorker_.reset();
+  restartCause_ = fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why);
   scheduleRestart(backoff());
 }
 
@@ -531,6 +544,9 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       if (all) {
         restarting_ = false;
         activeRound_ = openRound_;
+        // That restart happened: a later pause (a host joining) is not its back-off.
+        restartWorker_.reset();
+        restartCause_.clear();
         auto early = std::move(earlyFailures_);
         earlyFailures_.clear();
         for (auto& [node, w] : early)
@@ -596,8 +612,15 @@ void MultiNodeRunner::checkAllIdle() {
 
 void MultiNodeRunner::stopAll(const char* how) {
   pending_ = false;  // no restart after a stop
-  for (auto& n : nodes_)
-    if (n.running) send(n, how);
+  for (auto& n : nodes_) {
+    if (!n.running) continue;
+    send(n, how);
+    // A remote node not heard from yet runs no workers; its ssh may still be connecting to
+    // a host that does not answer (a lost host being retried), which would hold the job's
+    // end up to ssh's ConnectTimeout. Killed now, as the pre-flight's checks are: an agent
+    // that did start there sees its stdin close and ends.
+    if (n.state == NodeState::kStarting && !n.spec->local) ::kill(-n.pid, SIGKILL);
+  }
   if (!stopping_) {
     stopping_ = true;
     stopStarted_ = Clock::now();
@@ -767,7 +790,27 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
       signals.drain([&](int sig) {
         if (!result_.received_signal) result_.received_signal = sig;
         bool again = stopping_ && sig == SIGINT;
-        if (!stopping_) {
+        if (!stopping_ && (pending_ || restarting_) && (restartWorker_ || !restartCause_.empty())) {
+          // In the back-off before a restart its event announced (or while its round forms):
+          // the job ends by the signal, after that failure, and says both in one headline (as
+          // on one node).
+          result_.stopped_during = fmt::format("{} restart {} of {}", pending_ ? "the back-off before" : "the start of",
+                                               result_.restarts, spec_.max_restarts);
+          if (restartWorker_)
+            failedWorker_ = restartWorker_;
+          else
+            result_.failure_message = restartCause_;
+          // Paused nodes run no workers: only those still stopping theirs (or, the round
+          // forming, already running its) are told to the user.
+          const size_t stopping = static_cast<size_t>(std::count_if(
+              nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member && n.state == NodeState::kRunning; }));
+          if (stopping)
+            writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), stopping, "node", "SIGTERM",
+                                                           spec_.shutdown_timeout_s, sig == SIGINT));
+          else
+            writeAll(STDERR_FILENO,
+                     fmt::format("dtrain: {}: stopping during {}; no worker runs\n", signalName(sig), result_.stopped_during));
+        } else if (!stopping_) {
           const size_t running =
               // (the nodes of the round: an agent of a host waiting to rejoin runs no workers)
               static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member; }));

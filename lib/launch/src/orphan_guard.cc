@@ -1,4 +1,4 @@
-#include "orphan_guard.h"
+#include "dtrain/launch/orphan_guard.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-namespace dtrain::launch::detail {
+namespace dtrain::launch {
 namespace {
 
 // The guard is /bin/sh running this (argv[0] "dtrain-guard", what ps shows): a shell starts
@@ -103,4 +103,4 @@ void OrphanGuard::send(const std::string& line) {
   }
 }
 
-}  // namespace dtrain::launch::detail
+}  // namespace dtrain::launch

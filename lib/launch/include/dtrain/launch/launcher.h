@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -38,8 +39,10 @@ struct WorkerExit {
 struct RunResult {
   int exit_code = 0;         // what dtrain should exit with
   int received_signal = 0;   // SIGINT/SIGTERM/SIGHUP that stopped the job, else 0
-  // received_signal came in the pause before a restart: first_failure is why it restarted.
-  bool stopped_in_backoff = false;
+  // received_signal cut short a restart the job was making: when ("the back-off before
+  // restart 1 of 3", "the teardown before restart 1 of 2"), else "". first_failure is why it
+  // restarted (multi-node, none: failure_message says why, a lost node).
+  std::string stopped_during;
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
   // Each worker's stderr shared its stdout's pipe (dtrain's stdout and stderr are one file),
@@ -48,6 +51,8 @@ struct RunResult {
   // Multi-node: a failure that is not a worker's (a node lost, an agent's error), "" if none.
   std::string failure_message;
   int restarts = 0;                      // restarts that spent the budget
+  // The failure came with every restart of max_restarts (> 0) spent: the headline says so.
+  bool budget_exhausted = false;
   std::vector<spec::JobEvent> events;    // elastic events, in order
 };
 
@@ -86,7 +91,20 @@ struct LocalRunOptions {
   // Files of the run's own (the trainer's spec snapshot, its result file) that the caller
   // removes when the run ends: the orphan guard removes them if the launcher is killed.
   std::vector<std::string> remove_if_killed;
+  // Agent mode, in a round of several nodes: peers on other hosts wait in the same
+  // collectives. A worker blocked there goes silent at the same moment as a stopped or hung
+  // rank on another host, and this launcher sees only its own workers; so a pick that is not
+  // stopped is killed only after watchdogDeferS(worker_timeout_s) more, giving the agent
+  // that holds the culprit (stopped: killed at worker_timeout_s) time to act first and the
+  // job's teardown time to stop the others.
+  bool other_nodes = false;
 };
+
+// The extra silence an agent in a round of several nodes allows a worker that is not
+// stopped (LocalRunOptions::other_nodes): a quarter of the timeout, 2 s to 30 s.
+inline double watchdogDeferS(double workerTimeoutS) {
+  return std::clamp(workerTimeoutS * 0.25, 2.0, 30.0);
+}
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 
@@ -104,8 +122,8 @@ inline bool restartCannotHelp(const WorkerExit& w) { return w.start_failed || w.
 // `host` is named when not "".
 std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, const std::string& host = "");
 
-// The failure summary printed when a worker fails; after a signal in a restart's back-off,
-// one headline for both (the stop and the failure it was restarting from).
+// The failure summary printed when a worker fails; after a signal that cut a restart short
+// (stopped_during), one headline for both (the stop and the failure it was restarting from).
 std::string formatFailure(const RunResult& result, const spec::JobSpec& spec);
 
 }  // namespace dtrain::launch

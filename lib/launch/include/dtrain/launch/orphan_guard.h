@@ -9,6 +9,9 @@
 // launcher is gone, however it died) it SIGKILLs every group it still knows, then exits.
 // Cost: ~2-3 ms of a 2-worker launch on a 2-vCPU VM (docs/PERFORMANCE.md).
 //
+// A node's agent keeps one for its whole life too, for its private files alone (the spec
+// snapshot it writes before any launcher's guard exists, and keeps between rounds).
+//
 // Safety: a group is watched only while its leader (the worker) is unreaped, so its ID cannot
 // have been reused; the launcher unwatches a worker as it reaps it. Thread-safety: none; the
 // launcher's event loop owns it.
@@ -19,7 +22,7 @@
 
 #include "dtrain/common/fd.h"
 
-namespace dtrain::launch::detail {
+namespace dtrain::launch {
 
 class OrphanGuard {
  public:
@@ -45,4 +48,4 @@ class OrphanGuard {
   std::set<pid_t> watched_;
 };
 
-}  // namespace dtrain::launch::detail
+}  // namespace dtrain::launch
