@@ -73,8 +73,9 @@ for _ in $(seq 100); do [ -e "$snap" ] || break; sleep 0.1; done
 # exact names, and only where no process has that pid.
 tmp=${TMPDIR:-/tmp}
 dead=$(sh -c 'echo $$')
-for f in "dtrain-0123456789ab-$dead.json" "dtrain-result-0123456789ab-$dead.json" "dtrain-0123456789ab-$$.json" \
-         "dtrain-0123456789ab-$dead.json.keep" "dtrain-0123456789-$dead.json"; do
+ns=$(readlink /proc/self/ns/pid | tr -dc 0-9)
+for f in "dtrain-0123456789ab-$ns-$dead.json" "dtrain-result-0123456789ab-$ns-$dead.json" "dtrain-0123456789ab-$ns-$$.json" \
+         "dtrain-0123456789ab-$ns-$dead.json.keep" "dtrain-0123456789-$ns-$dead.json" "dtrain-0123456789ab-1$ns-$dead.json"; do
   echo '{}' > "$tmp/$f"
 done
 DTRAIN_TEST_REPORT_DELAY=127.0.0.1:8000 timeout -k 5 40 "$DTRAIN" run "$T/tr.json" --nproc-per-node 1 --max-restarts 0 \
@@ -83,14 +84,15 @@ DTRAIN_PID=$!
 agent=""
 for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.1; done
 runid=$(ps -o args= -p "$agent" | sed -n 's/.*--run-id \([0-9a-f]*\).*/\1/p')
-snap="$tmp/dtrain-$runid-$agent.json"
+snap="$tmp/dtrain-$runid-$ns-$agent.json"
 wait_for "$snap"
 [ -n "$runid" ] && [ -e "$snap" ] && pass "agent snapshot exists ($snap)" || fail "no agent snapshot '$snap'"
-for f in "dtrain-0123456789ab-$dead.json" "dtrain-result-0123456789ab-$dead.json"; do
+for f in "dtrain-0123456789ab-$ns-$dead.json" "dtrain-result-0123456789ab-$ns-$dead.json"; do
   [ ! -e "$tmp/$f" ] && pass "a dead agent's $f removed" || { fail "a dead agent's $f left"; rm -f "$tmp/$f"; }
 done
-for f in "dtrain-0123456789ab-$$.json" "dtrain-0123456789ab-$dead.json.keep" "dtrain-0123456789-$dead.json"; do
-  [ -e "$tmp/$f" ] && pass "$f kept (pid alive, or not dtrain's name)" || fail "$f removed"
+for f in "dtrain-0123456789ab-$ns-$$.json" "dtrain-0123456789ab-$ns-$dead.json.keep" "dtrain-0123456789-$ns-$dead.json" \
+         "dtrain-0123456789ab-1$ns-$dead.json"; do
+  [ -e "$tmp/$f" ] && pass "$f kept (pid alive, another pid namespace's, or not dtrain's name)" || fail "$f removed"
   rm -f "$tmp/$f"
 done
 kill -9 "$agent"

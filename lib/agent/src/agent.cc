@@ -186,13 +186,20 @@ void reportDelayForTests(const std::string& node) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-// Removes the private files (spec snapshot, result file) that agents of this user left in
-// `dir` when they died without their cleanup: a whole host killed (the guard with them), or
-// one killed before it had a guard. Only dtrain's exact names, "dtrain-<run id>-<agent
-// pid>.json" and "dtrain-result-<run id>-<agent pid>.json", regular files of ours, whose
-// agent is gone (no process with that pid here); a pid in use, even by another program,
-// keeps its file.
-// The agent pid in an agent's file name "dtrain-[result-]<12 hex run id>-<pid>.json", else -1.
+// This process's pid namespace (the inode of /proc/self/ns/pid), in an agent's file names:
+// containers that share /tmp but not their pids must not judge each other's files by pid.
+// "0" when it cannot be read.
+std::string pidNamespace() {
+  char buf[64] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);  // "pid:[4026531836]"
+  std::string digits;
+  for (ssize_t i = 0; i < n; ++i)
+    if (buf[i] >= '0' && buf[i] <= '9') digits.push_back(buf[i]);
+  return digits.empty() ? "0" : digits;
+}
+
+// The agent pid in an agent's file name, "dtrain-[result-]<12 hex run id>-<pid namespace>-
+// <pid>.json", when the namespace is this process's; else -1.
 long agentFilePid(std::string_view name) {
   auto eat = [&](std::string_view p) {
     if (name.substr(0, p.size()) != p) return false;
@@ -205,7 +212,8 @@ long agentFilePid(std::string_view name) {
     if (name.empty() || !((name[0] >= '0' && name[0] <= '9') || (name[0] >= 'a' && name[0] <= 'f'))) return -1;
     name.remove_prefix(1);
   }
-  if (!eat("-")) return -1;
+  static const std::string ns = pidNamespace();
+  if (!eat("-") || !eat(ns) || !eat("-")) return -1;
   long pid = 0;
   size_t digits = 0;
   while (digits < name.size() && digits < 10 && name[digits] >= '0' && name[digits] <= '9')
@@ -328,8 +336,8 @@ int runAgent(const AgentOptions& opts) {
     if (spec.trainer) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
       auto tmp = std::filesystem::temp_directory_path();
-      specFile = (tmp / fmt::format("dtrain-{}-{}.json", opts.run_id, ::getpid())).string();
-      resultFile = (tmp / fmt::format("dtrain-result-{}-{}.json", opts.run_id, ::getpid())).string();
+      specFile = (tmp / fmt::format("dtrain-{}-{}-{}.json", opts.run_id, pidNamespace(), ::getpid())).string();
+      resultFile = (tmp / fmt::format("dtrain-result-{}-{}-{}.json", opts.run_id, pidNamespace(), ::getpid())).string();
       fileGuard.emplace();
       fileGuard->removeIfKilled(specFile);
       fileGuard->removeIfKilled(resultFile);
