@@ -55,6 +55,7 @@ y=$(head -c 2500 /dev/zero | tr '\0' y)
 msg="RuntimeError: line one\\nline two \\u001b[31mred\\u001b[0m\\n$y"
 tb="Traceback (most recent call last):\\n  File \\\"/x/errors/__init__.py\\\", line 346, in wrapper\\n    return f(*args, **kwargs)\\n           ^^^^^^^^^^^^^^^^^^\\n  File \\\"/x/train.py\\\", line 6, in main\\n    raise RuntimeError(msg)\\n$msg\\n"
 printf '{"message": {"message": "%s", "extraInfo": {"py_callstack": "%s", "timestamp": "1"}}}' "$msg" "$tb" > "$TORCHELASTIC_ERROR_FILE"
+printf 'Traceback (most recent call last):\n  File "/x/dl.py", line 3, in fetch\n    urlopen(u)\nConnectionError: download failed, will retry\n' >&2
 echo "loading data" >&2
 printf 'Traceback (most recent call last):\n  File "/x/train.py", line 7, in <module>\n    main()\n  File "/x/errors/__init__.py", line 346, in wrapper\n    return f(*args, **kwargs)\n           ^^^^^^^^^^^^^^^^^^\n  File "/x/train.py", line 6, in main\n    raise RuntimeError(msg)\nRuntimeError: line one\nline two \033[31mred\033[0m\n%s\n' "$y" >&2
 exit 1
@@ -66,8 +67,9 @@ expect_grep "^    error:      RuntimeError: line one$" "$T/summary" "@record mes
 expect_grep "^                line two \\\\x1b\[31mred\\\\x1b\[0m$" "$T/summary" "@record message: a later line indented, its ESC visible"
 expect_grep "^                y{2500}$" "$T/summary" "@record message: its last line indented"
 expect_eq "$(grep -c "$(printf '\033')" "$T/summary")" 0 "no raw ESC in the summary"
-expect_eq "$(grep -c '^      | ' "$T/summary")" 1 "the tail less the whole traceback (outer frames and the cut last line too)"
+expect_eq "$(grep -c '^      | ' "$T/summary")" 5 "the tail less the whole traceback (outer frames and the cut last line too)"
 expect_grep "^      \| loading data$" "$T/summary" "the tail keeps the worker's own line"
+expect_eq "$(grep '^      | ' "$T/summary" | head -4 | tr -d '\n')" "      | Traceback (most recent call last):      |   File \"/x/dl.py\", line 3, in fetch      |     urlopen(u)      | ConnectionError: download failed, will retry" "the tail keeps a traceback the script printed itself (a handled exception), header and frames"
 
 # A program that does not exist is refused before any worker starts (exit 2, with the fix;
 # torchrun's habit of naming the script alone gets its python3).

@@ -73,9 +73,10 @@ for _ in $(seq 100); do [ -e "$snap" ] || break; sleep 0.1; done
 # exact names, and only where no process has that pid.
 tmp=${TMPDIR:-/tmp}
 dead=$(sh -c 'echo $$')
-ns=$(readlink /proc/self/ns/pid | tr -dc 0-9)
+# (the agent's place in its file names: its machine's boot id, 12 hex digits, and pid namespace)
+ns=$(tr -dc 0-9a-f </proc/sys/kernel/random/boot_id | cut -c1-12).$(readlink /proc/self/ns/pid | tr -dc 0-9)
 for f in "dtrain-0123456789ab-$ns-$dead.json" "dtrain-result-0123456789ab-$ns-$dead.json" "dtrain-0123456789ab-$ns-$$.json" \
-         "dtrain-0123456789ab-$ns-$dead.json.keep" "dtrain-0123456789-$ns-$dead.json" "dtrain-0123456789ab-1$ns-$dead.json"; do
+         "dtrain-0123456789ab-$ns-$dead.json.keep" "dtrain-0123456789-$ns-$dead.json" "dtrain-0123456789ab-f$ns-$dead.json"; do
   echo '{}' > "$tmp/$f"
 done
 DTRAIN_TEST_REPORT_DELAY=127.0.0.1:8000 timeout -k 5 40 "$DTRAIN" run "$T/tr.json" --nproc-per-node 1 --max-restarts 0 \
@@ -91,8 +92,8 @@ for f in "dtrain-0123456789ab-$ns-$dead.json" "dtrain-result-0123456789ab-$ns-$d
   [ ! -e "$tmp/$f" ] && pass "a dead agent's $f removed" || { fail "a dead agent's $f left"; rm -f "$tmp/$f"; }
 done
 for f in "dtrain-0123456789ab-$ns-$$.json" "dtrain-0123456789ab-$ns-$dead.json.keep" "dtrain-0123456789-$ns-$dead.json" \
-         "dtrain-0123456789ab-1$ns-$dead.json"; do
-  [ -e "$tmp/$f" ] && pass "$f kept (pid alive, another pid namespace's, or not dtrain's name)" || fail "$f removed"
+         "dtrain-0123456789ab-f$ns-$dead.json"; do
+  [ -e "$tmp/$f" ] && pass "$f kept (pid alive, another machine's or pid namespace's, or not dtrain's name)" || fail "$f removed"
   rm -f "$tmp/$f"
 done
 kill -9 "$agent"

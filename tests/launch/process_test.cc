@@ -143,6 +143,10 @@ TEST(ShebangProblem, InterpreterChecks) {
   EXPECT_EQ(with("#!/etc/passwd\n"), "its interpreter /etc/passwd (#! line) is not an executable file");
   EXPECT_EQ(with("#!/usr/bin/env dtrain-no-such-interp\n"),
             "its #! line runs dtrain-no-such-interp through /usr/bin/env, and there is no dtrain-no-such-interp on PATH");
+  EXPECT_EQ(with("#!/usr/bin/env sh -e \n"),
+            "its #! line gives /usr/bin/env \"sh -e\" as one word (Linux does not split the #! line), a program that "
+            "does not exist; write #!/usr/bin/env -S sh -e, or run the interpreter itself");
+  EXPECT_EQ(with("#!/usr/bin/env -S sh -e\n"), "");
   EXPECT_EQ(with("#!/bin/sh -e\r\n"), "");  // the '\r' is the argument's: exec runs sh (sh may object)
   EXPECT_NE(with("#!/bin/sh\r\n").find("its interpreter /bin/sh\\r (#! line) does not exist (the #! line ends in \\r"),
             std::string::npos);

@@ -623,6 +623,16 @@ TEST(Checkpoint, PreparingTheDirectoryPeeksAtTheNewestWithoutReadingTheWeights) 
   s.step = 6;
   saveCheckpoint(t.checkpoint.dir, s, 3);
   prepareCheckpointDir(t, "job.json");  // the newest readable one agrees
+  // A newer one damaged where the config hash is: not taken for another config (the peek
+  // alone would say so), but verified, found corrupt and skipped, as rank 0 skips it.
+  s.step = 7;
+  const std::string damaged = saveCheckpoint(t.checkpoint.dir, s, 3);
+  {
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(16);
+    f.put('\x5a');
+  }
+  prepareCheckpointDir(t, "job.json");
 }
 
 TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {

@@ -14,6 +14,7 @@
 #include <deque>
 #include <cstdlib>
 #include <filesystem>
+#include <cctype>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -186,20 +187,29 @@ void reportDelayForTests(const std::string& node) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-// This process's pid namespace (the inode of /proc/self/ns/pid), in an agent's file names:
-// containers that share /tmp but not their pids must not judge each other's files by pid.
-// "0" when it cannot be read.
-std::string pidNamespace() {
+// Where this process's pids mean something, in an agent's file names: the machine (the first
+// 12 hex digits of its boot id: hosts may share a temp dir, TMPDIR on a shared filesystem)
+// and the pid namespace (the inode of /proc/self/ns/pid: containers may share /tmp but not
+// their pids). A sweep judges by pid only the files of its own place. "0" for a part that
+// cannot be read.
+std::string pidPlace() {
+  std::string boot;
+  if (std::ifstream f("/proc/sys/kernel/random/boot_id"); f) {
+    std::string line;
+    std::getline(f, line);
+    for (char c : line)
+      if (std::isxdigit(static_cast<unsigned char>(c)) && boot.size() < 12) boot.push_back(static_cast<char>(std::tolower(c)));
+  }
   char buf[64] = {0};
   const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);  // "pid:[4026531836]"
-  std::string digits;
+  std::string ns;
   for (ssize_t i = 0; i < n; ++i)
-    if (buf[i] >= '0' && buf[i] <= '9') digits.push_back(buf[i]);
-  return digits.empty() ? "0" : digits;
+    if (buf[i] >= '0' && buf[i] <= '9') ns.push_back(buf[i]);
+  return (boot.empty() ? "0" : boot) + "." + (ns.empty() ? "0" : ns);
 }
 
-// The agent pid in an agent's file name, "dtrain-[result-]<12 hex run id>-<pid namespace>-
-// <pid>.json", when the namespace is this process's; else -1.
+// The agent pid in an agent's file name, "dtrain-[result-]<12 hex run id>-<pid place>-
+// <pid>.json", when the place (pidPlace) is this process's; else -1.
 long agentFilePid(std::string_view name) {
   auto eat = [&](std::string_view p) {
     if (name.substr(0, p.size()) != p) return false;
@@ -212,8 +222,8 @@ long agentFilePid(std::string_view name) {
     if (name.empty() || !((name[0] >= '0' && name[0] <= '9') || (name[0] >= 'a' && name[0] <= 'f'))) return -1;
     name.remove_prefix(1);
   }
-  static const std::string ns = pidNamespace();
-  if (!eat("-") || !eat(ns) || !eat("-")) return -1;
+  static const std::string place = pidPlace();
+  if (!eat("-") || !eat(place) || !eat("-")) return -1;
   long pid = 0;
   size_t digits = 0;
   while (digits < name.size() && digits < 10 && name[digits] >= '0' && name[digits] <= '9')
@@ -336,8 +346,8 @@ int runAgent(const AgentOptions& opts) {
     if (spec.trainer) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
       auto tmp = std::filesystem::temp_directory_path();
-      specFile = (tmp / fmt::format("dtrain-{}-{}-{}.json", opts.run_id, pidNamespace(), ::getpid())).string();
-      resultFile = (tmp / fmt::format("dtrain-result-{}-{}-{}.json", opts.run_id, pidNamespace(), ::getpid())).string();
+      specFile = (tmp / fmt::format("dtrain-{}-{}-{}.json", opts.run_id, pidPlace(), ::getpid())).string();
+      resultFile = (tmp / fmt::format("dtrain-result-{}-{}-{}.json", opts.run_id, pidPlace(), ::getpid())).string();
       fileGuard.emplace();
       fileGuard->removeIfKilled(specFile);
       fileGuard->removeIfKilled(resultFile);

@@ -744,15 +744,42 @@ std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
     const auto it = said.lower_bound(t);  // the lines that t begins, if any, sort from here
     return it != said.end() && it->rfind(t, 0) == 0;
   };
-  std::vector<std::string> out;
-  bool inFrame = false;  // after a frame line: its source line and ^^^ markers, indented
-  for (const auto& l : f.stderr_tail) {
-    const std::string t = trimmed(l);
-    const bool frame = isFrameLine(t);
-    const bool frameBody = inFrame && !t.empty() && l.rfind("    ", 0) == 0;
-    if (!(frame || frameBody || known(l, t))) out.push_back(l);
-    inFrame = frame || frameBody;
+  // Entries: a frame (its line, then its source line and ^^^ markers, indented) or one other
+  // line. Dropped, from the end back: a frame the file has, and the run of frames just
+  // before one (the outer frames); another line the file has, but a "Traceback (most recent
+  // call last):" header only above dropped frames. A traceback the script printed itself (an
+  // exception it handled) keeps its header and frames.
+  const auto& tail = f.stderr_tail;
+  struct Entry {
+    size_t begin, end;
+    bool frame;
+  };
+  std::vector<Entry> entries;
+  for (size_t i = 0; i < tail.size();) {
+    size_t j = i + 1;
+    const bool frame = isFrameLine(trimmed(tail[i]));
+    if (frame)
+      while (j < tail.size() && !trimmed(tail[j]).empty() && tail[j].rfind("    ", 0) == 0) ++j;
+    entries.push_back({i, j, frame});
+    i = j;
   }
+  std::vector<bool> drop(entries.size(), false);
+  bool nextDropped = false, nextDroppedFrame = false;
+  for (size_t k = entries.size(); k-- > 0;) {
+    const Entry& e = entries[k];
+    const std::string t = trimmed(tail[e.begin]);
+    if (e.frame)
+      drop[k] = known(tail[e.begin], t) || nextDroppedFrame;
+    else if (t == "Traceback (most recent call last):")
+      drop[k] = nextDropped && nextDroppedFrame;
+    else
+      drop[k] = known(tail[e.begin], t);
+    nextDropped = drop[k];
+    nextDroppedFrame = drop[k] && e.frame;
+  }
+  std::vector<std::string> out;
+  for (size_t k = 0; k < entries.size(); ++k)
+    if (!drop[k]) out.insert(out.end(), tail.begin() + static_cast<long>(entries[k].begin), tail.begin() + static_cast<long>(entries[k].end));
   return out;
 }
 

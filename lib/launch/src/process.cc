@@ -322,7 +322,17 @@ std::string shebangProblem(const std::string& program, const std::string& pathVa
     return fmt::format("its interpreter {} (#! line) is not an executable file{}", shown(interp), crlfHint);
   // `#!/usr/bin/env NAME`: env looks NAME up on the worker's PATH (not `env -S ...`).
   const size_t slash = interp.rfind('/');
-  if (interp.substr(slash == std::string::npos ? 0 : slash + 1) == "env" && w.size() == 2 && w[1][0] != '-' &&
+  const bool viaEnv = interp.substr(slash == std::string::npos ? 0 : slash + 1) == "env";
+  // Linux passes the rest of the #! line to the interpreter as one word: `#!/usr/bin/env
+  // python3 -u` asks env for a program named "python3 -u".
+  if (viaEnv && w.size() > 2 && w[1][0] != '-' && w[1].find('=') == std::string::npos) {
+    std::string rest = line.substr(line.find(w[1]));
+    while (!rest.empty() && (rest.back() == ' ' || rest.back() == '\t')) rest.pop_back();
+    return fmt::format("its #! line gives {} \"{}\" as one word (Linux does not split the #! line), a program that "
+                       "does not exist; write #!{} -S {}, or run the interpreter itself",
+                       interp, shown(rest), interp, shown(rest));
+  }
+  if (viaEnv && w.size() == 2 && w[1][0] != '-' &&
       w[1].find('=') == std::string::npos && findProgram(w[1], pathVar, cwd).empty())
     return fmt::format("its #! line runs {} through {}, and there is no {} on PATH{}", shown(w[1]), interp, shown(w[1]),
                        crlfHint);

@@ -412,7 +412,12 @@ void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source)
       TrainState st;
       std::array<uint64_t, 2> counts{};
       if (!readCheckpointFile(path, st, /*peek=*/true, &counts).empty()) continue;
-      const std::string why = mismatchText(t, st, counts[0], counts[1], path.string(), params);
+      if (mismatchText(t, st, counts[0], counts[1], path.string(), params).empty()) break;
+      // A refusal is made on a verified file only: a damaged one (its config hash hit) is
+      // skipped, as rank 0 would skip it, for the next.
+      TrainState full;
+      if (!readCheckpointFile(path, full).empty()) continue;
+      const std::string why = checkpointMismatch(t, full, path.string(), params);
       if (!why.empty()) throw SpecError(fmt::format("{}: {}; {}", where, why, fixText(t)));
       break;
     }
