@@ -24,6 +24,15 @@ expect_grep "^\[localhost rank 1\] hello from 1$" "$T/out" "lines prefixed with 
 expect_grep "^\[127.0.0.1 rank 2\] hello from 2$" "$T/out" "second node's lines"
 expect_eq "$(grep -v '^==== dtrain run ' "$T/logs/rank_2.log")" "hello from 2" "per-rank log file on the launching host"
 
+# Rank logs across nodes: every rank of a round gets its file, a silent one too, under a
+# header per round (as a single node's per attempt).
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --log-dir "$T/logs2" -- sh -c \
+  '[ "$RANK" = 0 ] && echo "r0 round $TORCHELASTIC_RESTART_COUNT"; [ "$RANK$TORCHELASTIC_RESTART_COUNT" = 00 ] && exit 3; exit 0' >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "rank logs across nodes: the restarted job succeeds"
+expect_eq "$(grep -c '^==== dtrain run .* attempt [01] ' "$T/logs2/rank_1.log" 2>/dev/null)" 2 "rank logs across nodes: a silent rank's log, one header per round"
+expect_eq "$(grep -v '^==== ' "$T/logs2/rank_1.log" 2>/dev/null | wc -l)" 0 "rank logs across nodes: nothing else in a silent rank's log"
+expect_eq "$(sed 's/^==== dtrain run [0-9a-f]* attempt \([01]\) .*/H\1/' "$T/logs2/rank_0.log" | tr '\n' ' ')" "H0 r0 round 0 H1 r0 round 1 " "rank logs across nodes: each round's lines under its header"
+
 # Dry run: the plan in hostfile order.
 "$DTRAIN" run --dry-run --hosts "$HOSTS" -- true >"$T/plan" 2>&1
 expect_eq "$?" 0 "dry run"

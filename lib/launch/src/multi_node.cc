@@ -267,6 +267,8 @@ class MultiNodeRunner {
   std::optional<WorkerExit> restartWorker_;
   std::string restartCause_;
   std::map<int, Fd> logs_;
+  // (Re)opens rank's log under a header of `round`.
+  std::map<int, Fd>::iterator openLog(int rank, int round);
   int firstRoundNodes_ = 0;
   int openRound_ = 0;       // the rendezvous round agents join next / are in
   int activeRound_ = -1;    // the round whose workers run (all members reported it)
@@ -346,6 +348,18 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   send(n, "token " + token_);
 }
 
+std::map<int, Fd>::iterator MultiNodeRunner::openLog(int rank, int round) {
+  auto path = std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank);
+  // Appended to, after a header line (the round): earlier runs and rounds stay.
+  Fd fd(openRankLog(path.string(), runId_, round));
+  auto it = logs_.find(rank);
+  if (it != logs_.end()) {
+    it->second = std::move(fd);
+    return it;
+  }
+  return logs_.emplace(rank, std::move(fd)).first;
+}
+
 void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRank, std::string_view text) {
   std::string prefix = spec_.prefix_output ? fmt::format("[{} rank {}] ", n.name, rank) : std::string();
   if (!isErr && text.substr(0, kStatusPrefix.size()) == kStatusPrefix) {
@@ -357,11 +371,7 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
   }
   if (!spec_.log_dir.empty()) {
     auto it = logs_.find(rank);
-    if (it == logs_.end()) {
-      auto path = std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank);
-      // Appended to, after a header line (the round it was opened in): earlier runs stay.
-      it = logs_.emplace(rank, Fd(openRankLog(path.string(), runId_, std::max(activeRound_, 0)))).first;
-    }
+    if (it == logs_.end()) it = openLog(rank, std::max(activeRound_, 0));  // (a line before its round record)
     std::string rec(text);
     rec.push_back('\n');
     writeAll(it->second.get(), rec);
@@ -538,6 +548,11 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       n.localWorkers = std::max(0, intField(7));
       n.state = NodeState::kRunning;
       n.exits.clear();
+      // Each rank of the node's round gets its log now, under a header of that round, as a
+      // single node's ranks get one per attempt: a rank that prints nothing still has its
+      // file, and a rank that moved host between rounds has its rounds told apart.
+      if (!spec_.log_dir.empty())
+        for (int r = n.rankOffset; r < n.rankOffset + n.localWorkers; ++r) openLog(r, n.round);
       bool all = restarting_ && !pending_;
       for (const auto& m : nodes_)
         if (m.member && m.round != openRound_) all = false;
