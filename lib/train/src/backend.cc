@@ -10,6 +10,7 @@
 
 #include "dtrain/common/dynlib.h"
 #include "dtrain/common/errors.h"
+#include "dtrain/common/memory.h"
 #include "dtrain/train/backend.h"
 #include "stage_math.h"
 
@@ -21,7 +22,7 @@ class CpuBackend final : public MathBackend {
   CpuBackend(const MlpConfig& cfg, uint64_t seed, bool adam) : model_(cfg), adam_(adam) {
     model_.init(seed);
     n_ = model_.params().size();
-    state_.assign(model_.params().size() * (adam ? 2 : 1), 0.0f);
+    assignFresh(state_, model_.params().size() * (adam ? 2 : 1), 0.0f);
   }
 
   std::string describe() const override { return "cpu"; }

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/memory.h"
 #include "dtrain/common/strings.h"
 
 namespace dtrain::train {
@@ -243,6 +244,7 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
       if (rows * static_cast<uint64_t>(inputs) < (1ull << 32)) {  // (no estimate worth 16 GB)
         x.reserve(rows * static_cast<uint64_t>(inputs));
         y.reserve(rows);
+        adviseHugePages(x.data(), x.capacity() * sizeof(float));
       }
     }
     const char* p = line.data();

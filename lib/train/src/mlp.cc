@@ -6,6 +6,7 @@
 #include <random>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/memory.h"
 #include "blas.h"
 
 namespace dtrain::train {
@@ -83,8 +84,8 @@ Mlp::Mlp(MlpConfig cfg) : cfg_(std::move(cfg)) {
   offsets_.push_back(0);
   for (size_t l = 0; l + 1 < cfg_.layers.size(); ++l)
     offsets_.push_back(offsets_.back() + static_cast<size_t>(cfg_.layers[l + 1]) * cfg_.layers[l] + cfg_.layers[l + 1]);
-  params_.assign(offsets_.back(), 0.0f);
-  grads_.assign(offsets_.back(), 0.0f);
+  assignFresh(params_, offsets_.back(), 0.0f);
+  assignFresh(grads_, offsets_.back(), 0.0f);
 }
 
 void Mlp::init(uint64_t seed) {

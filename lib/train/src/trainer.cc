@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/memory.h"
 #include "dtrain/train/backend.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
@@ -98,7 +99,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   detail::HostCollectives hostComm(comm, *be);
   const size_t P = be->numParams();
   // Host copies of the weights and optimizer state: checkpoints, the hash and staging.
-  std::vector<float> params(P), momentum(be->stateSize());
+  std::vector<float> params, momentum;
+  assignFresh(params, P);
+  assignFresh(momentum, be->stateSize());
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
   bool overlap = overlapGradients(ts.overlap, dev.cuda);
@@ -213,7 +216,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   std::vector<comm::WorkPtr> works;
   std::vector<size_t> closed;
   // Gradients staged through the host (GPU math, host communicator).
-  std::vector<float> hostGrads(direct || world == 1 ? 0 : P);
+  std::vector<float> hostGrads;
+  assignFresh(hostGrads, direct || world == 1 ? 0 : P);
   float* const grads = be->grads();
   std::vector<float> gradTail(std::min<size_t>(P, 64));
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
