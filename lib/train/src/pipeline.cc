@@ -33,6 +33,7 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/memory.h"
 #include "dtrain/spec/checkpoint_manifest.h"
 #include "dtrain/train/backend.h"
 #include "dtrain/train/checkpoint.h"
@@ -483,7 +484,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                                 "but this worker trains on {}", model.describe()));
   const size_t nParams = model.numParams();
   // Host copies of the stage's weights and optimizer state: checkpoints, hashes, staging.
-  std::vector<float> hostParams(nParams), state(model.stateSize());
+  std::vector<float> hostParams, state;
+  assignFresh(hostParams, nParams);
+  assignFresh(state, model.stateSize());
   const bool firstStage = p == 0, lastStage = p == P - 1;
 
   // Sub-communicators: this replica's pipeline (P ranks, group rank = stage) carries the
