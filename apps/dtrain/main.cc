@@ -217,9 +217,7 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
     // A script whose #! interpreter is missing: exec's ENOENT names the script, as if it
     // were the missing file.
     if (const std::string why = launch::workerShebangProblem(found, s.env, s.cwd); !why.empty())
-      throw SpecError(fmt::format("{}: cannot run \"{}\": {}; fix its #! line, or give an interpreter that exists "
-                                  "as the command's first word",
-                                  where, prog, why));
+      throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, why));
     return;
   }
   const std::filesystem::path dir = s.cwd.empty() ? std::filesystem::current_path() : std::filesystem::path(s.cwd);
@@ -245,11 +243,9 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   else if (prog.find('/') != std::string::npos)
     fix = prog[0] == '/' ? std::string("no such file; check the path")
                          : fmt::format("no such file (relative to {}); check the path", dir.string());
-  else  // (`python` where only python3 is installed, torchrun's own interpreter having hidden it)
+  else
     fix = fmt::format("no such program on PATH{}; check the name, or give its path",
-                      launch::findWorkerProgram(prog + "3", s.env, s.cwd).empty()
-                          ? std::string()
-                          : fmt::format(" (did you mean {}3?)", prog));
+                      launch::missingProgramHint(prog, s.env, s.cwd));
   throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, fix));
 }
 

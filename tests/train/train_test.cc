@@ -574,7 +574,7 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
   t.data.type = "csv";
   t.data.path = path;
   t.data.label_column = "label";
-  auto d = openDataset(t, false);
+  auto d = openDatasets(t).train;
   ASSERT_EQ(d->size(), 3u);
   for (uint64_t r = 0; r < 3; ++r) {
     float x[3];
@@ -587,7 +587,7 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
   for (const std::string bad : {"1.5x", "", "--1", "1 2"}) {
     std::ofstream(path) << "a,b,c,label\n1," << bad << ",3,0\n";
     try {
-      openDataset(t, false);
+      openDatasets(t);
       ADD_FAILURE() << "accepted \"" << bad << "\"";
     } catch (const SpecError& e) {
       EXPECT_NE(std::string(e.what()).find(":2: column 2 is not a number"), std::string::npos) << e.what();

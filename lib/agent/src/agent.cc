@@ -192,7 +192,7 @@ void reportDelayForTests(const std::string& node) {
 // and the pid namespace (the inode of /proc/self/ns/pid: containers may share /tmp but not
 // their pids). A sweep judges by pid only the files of its own place. "0" for a part that
 // cannot be read.
-std::string pidPlace() {
+std::string readPidPlace() {
   std::string boot;
   if (std::ifstream f("/proc/sys/kernel/random/boot_id"); f) {
     std::string line;
@@ -206,6 +206,11 @@ std::string pidPlace() {
   for (ssize_t i = 0; i < n; ++i)
     if (buf[i] >= '0' && buf[i] <= '9') ns.push_back(buf[i]);
   return (boot.empty() ? "0" : boot) + "." + (ns.empty() ? "0" : ns);
+}
+
+const std::string& pidPlace() {
+  static const std::string place = readPidPlace();
+  return place;
 }
 
 // The agent pid in an agent's file name, "dtrain-[result-]<12 hex run id>-<pid place>-
@@ -222,8 +227,7 @@ long agentFilePid(std::string_view name) {
     if (name.empty() || !((name[0] >= '0' && name[0] <= '9') || (name[0] >= 'a' && name[0] <= 'f'))) return -1;
     name.remove_prefix(1);
   }
-  static const std::string place = pidPlace();
-  if (!eat("-") || !eat(place) || !eat("-")) return -1;
+  if (!eat("-") || !eat(pidPlace()) || !eat("-")) return -1;
   long pid = 0;
   size_t digits = 0;
   while (digits < name.size() && digits < 10 && name[digits] >= '0' && name[digits] <= '9')
@@ -369,13 +373,9 @@ int runAgent(const AgentOptions& opts) {
                                     spec.command[0].find('/') != std::string::npos
                                         ? std::string("no such executable file; check the path")
                                         : fmt::format("no such program on its PATH{}; check the name, or give its path",
-                                                      launch::findWorkerProgram(spec.command[0] + "3", spec.env, spec.cwd).empty()
-                                                          ? std::string()
-                                                          : fmt::format(" (did you mean {}3?)", spec.command[0]))));
+                                                      launch::missingProgramHint(spec.command[0], spec.env, spec.cwd))));
       if (const std::string why = launch::workerShebangProblem(found, spec.env, spec.cwd); !why.empty())
-        throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}; fix its #! line, or give an interpreter "
-                                    "that exists as the command's first word",
-                                    where, spec.command[0], why));
+        throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}", where, spec.command[0], why));
     }
   } catch (const SpecError& e) {
     return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});

@@ -715,11 +715,6 @@ std::string visible(std::string_view line) {
   return out;
 }
 
-std::string trimmed(std::string_view l) {
-  const size_t b = l.find_first_not_of(" \t"), e = l.find_last_not_of(" \t\r");
-  return b == std::string_view::npos ? std::string() : std::string(l.substr(b, e - b + 1));
-}
-
 // `File "x.py", line 7, in <module>` (trimmed): a Python traceback's frame line.
 bool isFrameLine(const std::string& t) {
   if (t.rfind("File \"", 0) != 0) return false;
@@ -737,7 +732,7 @@ std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
   std::set<std::string> said;
   for (const std::string* text : {&f.error_traceback, &f.error_message})
     for (const auto& l : split(*text, '\n'))
-      if (std::string t = trimmed(l); !t.empty()) said.insert(std::move(t));
+      if (std::string t = trim(l); !t.empty()) said.insert(std::move(t));
   auto known = [&](const std::string& raw, const std::string& t) {
     if (said.count(t)) return true;
     if (raw.size() < TailBuffer::kMaxLine) return false;
@@ -757,9 +752,9 @@ std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
   std::vector<Entry> entries;
   for (size_t i = 0; i < tail.size();) {
     size_t j = i + 1;
-    const bool frame = isFrameLine(trimmed(tail[i]));
+    const bool frame = isFrameLine(trim(tail[i]));
     if (frame)
-      while (j < tail.size() && !trimmed(tail[j]).empty() && tail[j].rfind("    ", 0) == 0) ++j;
+      while (j < tail.size() && !trim(tail[j]).empty() && tail[j].rfind("    ", 0) == 0) ++j;
     entries.push_back({i, j, frame});
     i = j;
   }
@@ -767,7 +762,7 @@ std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
   bool nextDropped = false, nextDroppedFrame = false;
   for (size_t k = entries.size(); k-- > 0;) {
     const Entry& e = entries[k];
-    const std::string t = trimmed(tail[e.begin]);
+    const std::string t = trim(tail[e.begin]);
     if (e.frame)
       drop[k] = known(tail[e.begin], t) || nextDroppedFrame;
     else if (t == "Traceback (most recent call last):")
@@ -808,8 +803,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
   // In the headline (the summary's error): a script must not have to compare restarts with
   // max_restarts to tell that the job gave up. (A lost node's message says it itself.)
-  const bool budgetLine = result.budget_exhausted;
-  if (budgetLine)
+  if (result.budget_exhausted)
     out += fmt::format("; restart budget exhausted: {} restart(s) of {} used", result.restarts, spec.max_restarts);
   if (result.received_signal && !result.stopped_during.empty())  // (the exit code last: it ends the headline)
     out = fmt::format("dtrain: job '{}' stopped by {} during {}, after rank {} {}{}; exit code {}", spec.name,
@@ -821,13 +815,13 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   out += fmt::format("    rank:       {} (local rank {})\n", f.global_rank, f.local_rank);
   out += fmt::format("    host:       {}\n", f.host);
   out += fmt::format("    pid:        {}\n", f.pid);
-  if (!result.failure_message.empty() && !budgetLine) out += fmt::format("    cause:      {}\n", result.failure_message);
+  if (!result.failure_message.empty() && !result.budget_exhausted) out += fmt::format("    cause:      {}\n", result.failure_message);
   out += fmt::format("    exit:       {}\n", f.signal ? signalName(f.signal) : fmt::format("code {}", f.exit_code));
   out += fmt::format("    time:       {}\n", f.when);
   // A message of several lines keeps its lines under the first, indented as the block.
   bool firstLine = true;
   for (const auto& l : split(f.error_message, '\n')) {
-    if (trimmed(l).empty()) continue;
+    if (trim(l).empty()) continue;
     out += (firstLine ? "    error:      " : "                ") + visible(l) + "\n";
     firstLine = false;
   }

@@ -351,13 +351,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
 std::map<int, Fd>::iterator MultiNodeRunner::openLog(int rank, int round) {
   auto path = std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank);
   // Appended to, after a header line (the round): earlier runs and rounds stay.
-  Fd fd(openRankLog(path.string(), runId_, round));
-  auto it = logs_.find(rank);
-  if (it != logs_.end()) {
-    it->second = std::move(fd);
-    return it;
-  }
-  return logs_.emplace(rank, std::move(fd)).first;
+  return logs_.insert_or_assign(rank, Fd(openRankLog(path.string(), runId_, round))).first;
 }
 
 void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRank, std::string_view text) {

@@ -342,7 +342,13 @@ std::string shebangProblem(const std::string& program, const std::string& pathVa
 std::string workerShebangProblem(const std::string& program, const std::map<std::string, std::string>& env,
                                  const std::string& cwd) {
   auto it = env.find("PATH");
-  return shebangProblem(program, workerPath(it != env.end() ? it->second.c_str() : nullptr), cwd);
+  const std::string why = shebangProblem(program, workerPath(it != env.end() ? it->second.c_str() : nullptr), cwd);
+  return why.empty() ? why : why + "; fix its #! line, or give an interpreter that exists as the command's first word";
+}
+
+std::string missingProgramHint(const std::string& program, const std::map<std::string, std::string>& env,
+                               const std::string& cwd) {
+  return findWorkerProgram(program + "3", env, cwd).empty() ? std::string() : fmt::format(" (did you mean {}3?)", program);
 }
 
 std::string findProgram(const std::string& program, const std::string& pathVar, const std::string& cwd) {

@@ -98,13 +98,6 @@ namespace {
 
 using Fail = std::function<void(const std::string&)>;
 
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
 std::vector<std::string> words(const std::string& s) {
   std::vector<std::string> out;
   std::istringstream in(s);

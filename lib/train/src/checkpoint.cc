@@ -5,19 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
-#include <array>
-#include <condition_variable>
-#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
-#include <thread>
 #include <set>
 #include <string_view>
+#include <thread>
 
 #include <openssl/evp.h>
 
@@ -45,15 +45,6 @@ bool get(std::string_view b, size_t& pos, T& v) {
   if (b.size() - pos < sizeof(T)) return false;
   std::memcpy(&v, b.data() + pos, sizeof(T));
   pos += sizeof(T);
-  return true;
-}
-
-bool getFloats(std::string_view b, size_t& pos, std::vector<float>& v) {
-  uint64_t n = 0;
-  if (!get(b, pos, n) || n > (b.size() - pos) / sizeof(float)) return false;
-  v.resize(n);
-  std::memcpy(v.data(), b.data() + pos, n * sizeof(float));
-  pos += n * sizeof(float);
   return true;
 }
 
@@ -248,18 +239,6 @@ std::vector<std::string> configDescription(const spec::TrainerSpec& t) {
 
 namespace {
 
-// v.resize(n) for a read into it, huge pages asked for first (adviseHugePages): faulting in
-// a fresh 7.5 MB vector 4 KiB at a time took 23 ms here, twice the read of the file into it.
-void sizeForRead(std::vector<float>& v, size_t n) {
-  if (v.capacity() < n) {
-    v.clear();
-    v.shrink_to_fit();
-    v.reserve(n);  // (a fresh allocation, untouched until the resize)
-    adviseHugePages(v.data(), n * sizeof(float));
-  }
-  v.resize(n);
-}
-
 // Reads one checkpoint file straight into its TrainState, hashing as it goes (on a thread of
 // its own): the weights are read into their vectors, not through a copy of the whole file (a
 // 200 MB checkpoint took 1.5 s through one). Returns "" or why the file cannot be used.
@@ -312,7 +291,9 @@ std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = 
       left -= n * sizeof(float);
       return ::lseek(fd.get(), static_cast<off_t>(n * sizeof(float)), SEEK_CUR) >= 0;
     }
-    sizeForRead(v, n);
+    // (huge pages: faulting in a fresh 7.5 MB vector 4 KiB at a time took 23 ms here, twice
+    // the read of the file into it)
+    assignFresh(v, n);
     return read(v.data(), n * sizeof(float));
   };
   bool ok = read(&s.config_hash, sizeof(s.config_hash)) && read(&s.step, sizeof(s.step)) &&
@@ -346,10 +327,6 @@ std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = 
   if (!ok || p != rest.size()) return "malformed";
   return "";
 }
-
-}  // namespace
-
-namespace {
 
 // checkpointMismatch() of a checkpoint whose arrays hold nParams and nState floats (read, or
 // only counted by a peek).
@@ -552,7 +529,6 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   }
   return path;
 }
-
 
 std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std::function<void(const std::string&)>& warn,
                                                std::string* pathOut, long long maxStep) {

@@ -165,10 +165,9 @@ bool isLabel(const spec::TrainerSpec& t, double v) {
 }
 
 void checkLabel(const spec::TrainerSpec& t, double v, const std::string& where) {
-  if (t.model.loss == "mse") return;
-  int classes = t.model.layers.back();
-  if (v != std::floor(v) || v < 0 || v >= classes)
-    throw SpecError(fmt::format("{}: label {} is not a class index in 0..{} (the model's output width)", where, v, classes - 1));
+  if (isLabel(t, v)) return;
+  throw SpecError(fmt::format("{}: label {} is not a class index in 0..{} (the model's output width)", where, v,
+                              t.model.layers.back() - 1));
 }
 
 std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& path) {
@@ -183,10 +182,6 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
   // (an index too large for any file: "does not exist" below, like any other missing column)
   if (lcIsIndex) labelCol = lc.size() > 9 ? std::numeric_limits<int>::max() : std::stoi(lc);
   // Spreadsheet exports: a UTF-8 byte order mark before the first line, spaces after commas.
-  auto trim = [](std::string c) {
-    const size_t b = c.find_first_not_of(" \t"), e = c.find_last_not_of(" \t");
-    return b == std::string::npos ? std::string() : c.substr(b, e - b + 1);
-  };
   if (in.peek() == 0xEF) {
     char bom[3] = {0, 0, 0};
     in.read(bom, 3);
@@ -379,22 +374,6 @@ Datasets openDatasets(const spec::TrainerSpec& t) {
   }
   const uint64_t cut = n - n / 10;  // the last 10% are held out
   return {std::make_unique<Slice>(all, 0, cut), std::make_unique<Slice>(all, cut, n)};
-}
-
-std::unique_ptr<Dataset> openDataset(const spec::TrainerSpec& t, bool eval) {
-  const auto& d = t.data;
-  if (d.type == "synthetic") return std::make_unique<SyntheticSet>(t, eval);
-  auto load = [&](const std::string& path, const std::string& labels) { return loadFile(t, path, labels); };
-  if (eval && !d.eval_path.empty()) {
-    auto set = load(d.eval_path, d.eval_labels_path);
-    uint64_t n = set->size();
-    return std::make_unique<Slice>(std::move(set), 0, n);
-  }
-  std::shared_ptr<Dataset> all = load(d.path, d.labels_path);
-  uint64_t n = all->size();
-  if (!d.eval_path.empty()) return std::make_unique<Slice>(all, 0, n);
-  uint64_t cut = n - n / 10;  // the last 10% are held out
-  return eval ? std::make_unique<Slice>(all, cut, n) : std::make_unique<Slice>(all, 0, cut);
 }
 
 }  // namespace dtrain::train

@@ -15,6 +15,9 @@ std::string closestMatch(std::string_view word, const std::vector<std::string>& 
 
 std::vector<std::string> split(std::string_view s, char sep);
 
+// s without the blanks (spaces, tabs, CR, LF) at either end.
+std::string trim(std::string_view s);
+
 // The length of the longest prefix of s, at most max bytes, that does not end inside a UTF-8
 // character (for cutting text to fit).
 size_t utf8PrefixLength(std::string_view s, size_t max);

@@ -60,9 +60,17 @@ std::string findWorkerProgram(const std::string& program, const std::map<std::st
 // kernel takes it from the worker's.
 std::string shebangProblem(const std::string& program, const std::string& pathVar, const std::string& cwd);
 
-// shebangProblem with the PATH workers get (see findWorkerProgram).
+// shebangProblem with the PATH workers get (see findWorkerProgram), with the fix when there
+// is one ("...; fix its #! line, or give an interpreter that exists as the command's first
+// word"), for the pre-launch checks of dtrain run and of each node's agent.
 std::string workerShebangProblem(const std::string& program, const std::map<std::string, std::string>& env,
                                  const std::string& cwd);
+
+// " (did you mean python3?)" when `program`, not on the workers' PATH, is there with a 3
+// appended (`python` where only python3 is installed, torchrun's own interpreter having
+// hidden it), else "".
+std::string missingProgramHint(const std::string& program, const std::map<std::string, std::string>& env,
+                               const std::string& cwd);
 
 // A pipe with both ends close-on-exec.
 std::pair<Fd, Fd> makePipe();

@@ -18,13 +18,9 @@ class Dataset {
   virtual void sample(uint64_t index, float* x, int* label, float* targets) const = 0;
 };
 
-// The training (eval = false) or held-out (eval = true) set of a trainer spec, checked
-// against the model's input and output widths. File data sets without an eval file hold
-// out their last 10%. Throws SpecError naming the file, line and column of bad data.
-std::unique_ptr<Dataset> openDataset(const spec::TrainerSpec& t, bool eval);
-
-// Both sets at once: a file is read and parsed once for the two (openDataset twice reads
-// it twice).
+// The training and held-out sets of a trainer spec, checked against the model's input and
+// output widths; a file is read and parsed once for the two. File data sets without an eval
+// file hold out their last 10%. Throws SpecError naming the file, line and column of bad data.
 struct Datasets {
   std::unique_ptr<Dataset> train, eval;
 };
