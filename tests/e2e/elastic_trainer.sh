@@ -4,12 +4,12 @@
 # (debug sample log) are exactly the uninterrupted run's: none skipped, none seen twice.
 # Then SIGKILL during checkpoint writes, many times: a resume never loads a torn file.
 source "$(dirname "$0")/lib.sh"
-spec() {  # spec DIR EXTRA-TOP-LEVEL-KEYS
+spec() {  # spec DIR EXTRA-TOP-LEVEL-KEYS EXTRA-CHECKPOINT-KEYS
   cat > "$1/job.json" <<JSON
 {"name": "ft", "nproc_per_node": 4, "max_restarts": 1, "restart_backoff_s": 0, "worker_timeout_s": 30 ${2:-},
  "trainer": {"model": {"layers": [16, 32, 4]}, "data": {"type": "synthetic", "train_samples": 2560, "eval_samples": 256, "seed": 5},
   "batch_size": 16, "epochs": 2, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000,
-  "checkpoint": {"dir": "$1/ckpt", "every_steps": 4}}}
+  "checkpoint": {"dir": "$1/ckpt", "every_steps": 4 ${3:-}}}}
 JSON
 }
 hash_of() { grep -o '"weights_sha256": *"[0-9a-f]*"' "$1" | grep -o '[0-9a-f]\{64\}'; }
@@ -20,10 +20,9 @@ expect_eq "$?" 0 "uninterrupted run"
 REF=$(hash_of "$T/ref/sum.json")
 [ -n "$REF" ] || fail "no weights hash in the reference summary"
 
-RANDOM=20261202  # seeded: the same steps and ranks on every run of this test
-for trial in 1 2 3; do
-  d="$T/t$trial"; mkdir -p "$d"; spec "$d"
-  step=$(( 2 + RANDOM % 75 )); rank=$(( RANDOM % 4 ))  # 80 steps in all
+trial() {  # trial NAME RANK STEP [EXTRA-CHECKPOINT-KEYS]
+  local trial="$1" rank="$2" step="$3" d="$T/t$1"
+  mkdir -p "$d"; spec "$d" "" "${4:-}"
   DTRAIN_DEBUG_KILL_AT="$rank:$step" DTRAIN_DEBUG_SAMPLE_LOG="$d/samples" \
     "$DTRAIN" run "$d/job.json" --summary-json "$d/sum.json" >"$d/out" 2>&1
   expect_eq "$?" 0 "trial $trial (rank $rank killed at step $step): the job completes"
@@ -50,7 +49,16 @@ if got != ref or max(got.values()) != 1:
     print(f"resume at step {resume}: {sum(got.values())} samples vs {sum(ref.values())} expected", file=sys.stderr)
     sys.exit(1)
 PY
+}
+RANDOM=20261202  # seeded: the same steps and ranks on every run of this test
+for t in 1 2 3; do
+  step=$(( 2 + RANDOM % 75 )); rank=$(( RANDOM % 4 ))  # 80 steps in all
+  trial "$t" "$rank" "$step"
 done
+# checkpoint.async: rank 0, the writer, killed as the step after a checkpoint begins (its
+# write may still be going on): the resume is from an intact checkpoint, the end the same.
+trial async 0 9 ', "async": true'
+[ -z "$(find "$T/tasync/ckpt" -name '*.tmp')" ] && pass "async: no temporary file left at the end" || fail "async: $(ls "$T/tasync/ckpt")"
 
 # SIGKILL while checkpoints are being written (every step), 8 times at random moments; each
 # time the next run resumes from an intact checkpoint, and the end is bit-identical.

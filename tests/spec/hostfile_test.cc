@@ -648,6 +648,7 @@ void expectRoundTrip(const JobSpec& s) {
   EXPECT_EQ(a.log_every_steps, b.log_every_steps);
   EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
   EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
+  EXPECT_EQ(a.checkpoint.async, b.checkpoint.async);
 }
 
 TEST(SerializeForNode, CommandJobRoundTrips) {
@@ -697,7 +698,7 @@ TEST(SerializeForNode, TrainerEveryFieldRoundTrips) {
       "optimizer": {"type": "sgd", "lr": 0.123456789012345, "momentum": 0.85, "nesterov": true, "weight_decay": 0.0001},
       "lr_schedule": {"type": "step", "step_size": 10, "gamma": 0.3},
       "grad_clip_norm": 1.5, "device": "cpu", "seed": 42, "bucket_mb": 0.5, "overlap": false, "log_every_steps": 3,
-      "checkpoint": {"dir": "/tmp/dtrain-serialize-ckpt", "every_steps": 5}}})",
+      "checkpoint": {"dir": "/tmp/dtrain-serialize-ckpt", "every_steps": 5, "async": true}}})",
                            "job.json");
   resolve(s);
   expectRoundTrip(s);

@@ -293,6 +293,34 @@ TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
   std::filesystem::remove_all(dir);
 }
 
+// checkpoint.async: each stage's file is written on a thread and the manifest follows once all
+// are durable (at the next checkpoint or the end): the end state is the inline one's, and a
+// resume is bit-identical to a straight run.
+TEST(Pipeline, AsyncCheckpointsWriteTheManifestAndResumeBitIdentical) {
+  std::string dir = ::testing::TempDir() + "/dtrain_pipe_async_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto t = model(2, 2, "1f1b");
+  t.max_steps = 16;
+  auto straight = run(4, t);
+  t.checkpoint.dir = dir;
+  t.checkpoint.every_steps = 3;
+  t.checkpoint.async = true;
+  t.max_steps = 8;
+  run(4, t);
+  auto m = spec::readPipelineManifest(dir + "/manifest.json");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->step, 8);
+  ASSERT_EQ(m->files.size(), 2u);
+  for (const auto& f : m->files) EXPECT_TRUE(std::filesystem::exists(dir + "/" + f)) << f;
+  EXPECT_EQ(m->files[1], "stage-1-of-2/ckpt-0000000008.bin");
+  t.max_steps = 16;
+  auto resumed = run(4, t);
+  EXPECT_EQ(resumed.weights, straight.weights);
+  EXPECT_EQ(resumed.results[0].steps, 16);
+  EXPECT_EQ(spec::readPipelineManifest(dir + "/manifest.json")->step, 16);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Pipeline, StageCheckpointsFromDifferentStepsResumeFromTheCommonStep) {
   // A run killed between two stages' writes: stage 1's newest is missing, so both stages go
   // back to step 4, and the run ends as a straight one.

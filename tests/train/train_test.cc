@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -218,6 +219,37 @@ TEST(Checkpoint, ResumeAtTheSameWorldSizeIsBitIdentical) {
   EXPECT_EQ(resumed[1], straight[0]);
 }
 
+std::string fileBytes(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// checkpoint.async writes on a thread while training goes on: the same files, byte for byte,
+// as written inline (the snapshot is the step's, not a later one's), the last one durable
+// when train() returns, and a resume from them is bit-identical to a straight run.
+TEST(Checkpoint, AsyncWritesTheSameFilesAndResumesBitIdentical) {
+  auto t = small(32);
+  t.max_steps = 40;
+  auto straight = runWith(2, t);
+  t.checkpoint.every_steps = 3;
+  t.max_steps = 17;  // checkpoints at 3, 6, ..., 15 and 17; the newest 3 are kept
+  const std::string inlineDir = tempDir("inline"), asyncDir = tempDir("async");
+  t.checkpoint.dir = inlineDir;
+  runWith(2, t);
+  t.checkpoint.dir = asyncDir;
+  t.checkpoint.async = true;
+  runWith(2, t);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(asyncDir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-0000000012.bin", "ckpt-0000000015.bin", "ckpt-0000000017.bin"}));
+  for (const auto& n : names) EXPECT_EQ(fileBytes(asyncDir + "/" + n), fileBytes(inlineDir + "/" + n)) << n;
+  t.max_steps = 40;
+  auto resumed = runWith(2, t);
+  EXPECT_EQ(resumed[0], straight[0]);
+  EXPECT_EQ(resumed[1], straight[0]);
+}
+
 // Loading the next batch on a thread (trainer.data.prefetch) changes when a batch is made,
 // never what it holds: the same batches in the same order, across an epoch boundary (where
 // nothing is prefetched) and a mid-epoch end, and bit-identical weights.
@@ -317,6 +349,20 @@ TEST(Checkpoint, ResumeAtAnotherWorldSizeSeesEverySampleOnce) {
   for (int v : seen) once += v == 1, twice += v > 1;
   EXPECT_EQ(twice, 0);
   EXPECT_EQ(once, 640 + 27 * 128);  // the last 4096 - 640 - 27*128 = 0 are dropped (none here)
+}
+
+// A write cut short leaves ckpt-<step>.bin.tmp; the next save removes those of older steps
+// (no writer of the job can finish them) and nothing else.
+TEST(Checkpoint, TemporaryFilesOfWritesCutShortAreRemoved) {
+  auto dir = tempDir("stale-tmp");
+  std::filesystem::create_directories(dir);
+  for (const char* n : {"ckpt-0000000003.bin.tmp", "ckpt-0000000099.bin.tmp", "ckpt-x.bin.tmp", "notes.tmp"})
+    std::ofstream(dir + "/" + n) << "partial";
+  TrainState a{1, 10, 0, 640, 2, {1, 2, 3}, {0, 0, 0}};
+  saveCheckpoint(dir, a);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt-0000000003.bin.tmp"));
+  for (const char* n : {"ckpt-0000000099.bin.tmp", "ckpt-x.bin.tmp", "notes.tmp", "ckpt-0000000010.bin"})
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + n)) << n;
 }
 
 TEST(Checkpoint, DamagedNewestIsSkippedAndConfigChangesAreRefused) {

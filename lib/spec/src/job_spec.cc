@@ -50,7 +50,7 @@ const std::vector<std::string> kDataKeys = {"type", "train_samples", "eval_sampl
                                             "eval_path", "eval_labels_path", "label_column", "header", "prefetch"};
 const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"};
 const std::vector<std::string> kScheduleKeys = {"type", "step_size", "gamma", "warmup_steps", "min_lr"};
-const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps"};
+const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps", "async"};
 
 // Messages are one line: control characters (a newline in a key or value) are shown escaped.
 std::string oneLine(const std::string& s) {
@@ -547,6 +547,7 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     }
     if (k.contains("every_steps"))
       ts.checkpoint.every_steps = static_cast<int>(c.integer(k["every_steps"], P + "/checkpoint/every_steps", 0, 1 << 30, "an integer"));
+    if (k.contains("async")) ts.checkpoint.async = c.boolean(k["async"], P + "/checkpoint/async");
     if (!k.contains("dir")) c.fail(P + "/checkpoint/dir", "missing; give a directory for checkpoints");
   }
   if (ts.model.loss == "cross_entropy" && ts.model.layers.back() < 2)
@@ -1169,7 +1170,8 @@ std::string serializeForNode(const JobSpec& spec) {
     tj["bucket_mb"] = t.bucket_mb;
     tj["overlap"] = t.overlap ? json(*t.overlap) : json("auto");
     tj["log_every_steps"] = t.log_every_steps;
-    if (!t.checkpoint.dir.empty()) tj["checkpoint"] = {{"dir", t.checkpoint.dir}, {"every_steps", t.checkpoint.every_steps}};
+    if (!t.checkpoint.dir.empty())
+      tj["checkpoint"] = {{"dir", t.checkpoint.dir}, {"every_steps", t.checkpoint.every_steps}, {"async", t.checkpoint.async}};
     json par = {{"pipeline_stages", t.parallel.pipeline_stages}, {"micro_batches", t.parallel.micro_batches},
                 {"schedule", t.parallel.schedule}};
     if (!t.parallel.stage_layers.empty()) par["stage_layers"] = t.parallel.stage_layers;
@@ -1221,7 +1223,8 @@ std::string describeTrainer(const TrainerSpec& t) {
   os << fmt::format("  device:           {}, seed {}, bucket_mb {}, overlap {}, log every {} steps\n", t.device, t.seed,
                     t.bucket_mb, autoOr(t.overlap), t.log_every_steps);
   os << fmt::format("  checkpoint:       {}\n", t.checkpoint.dir.empty() ? std::string("(none)")
-                                                  : fmt::format("{} every {} steps", t.checkpoint.dir, t.checkpoint.every_steps));
+                                                  : fmt::format("{} every {} steps{}", t.checkpoint.dir, t.checkpoint.every_steps,
+                                                                t.checkpoint.async ? ", written in the background" : ""));
   const auto& p = t.parallel;
   if (p.pipeline_stages > 1)
     os << fmt::format("  parallel:         {} pipeline stages{}, {} micro-batches, {}\n", p.pipeline_stages,

@@ -527,6 +527,19 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
     }
     if (++valid > std::max(keep, 1)) fs::remove(file, ec);
   }
+  // A write cut short (the writer killed mid-write: a restart, a lost node) leaves its
+  // ckpt-<step>.bin.tmp behind, as large as a checkpoint. One of an older step than this one
+  // can never be completed by a writer of this job: the writer of a directory is one rank,
+  // and steps only grow.
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || name.size() < 14 || name.substr(name.size() - 8) != ".bin.tmp") continue;
+    const std::string digits = name.substr(5, name.size() - 13);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
+    if (std::stoll(digits) < s.step) stale.push_back(e.path());
+  }
+  for (const auto& f : stale) fs::remove(f, ec);
   return path;
 }
 

@@ -41,6 +41,7 @@
 #include "dtrain/train/device.h"
 #include "dtrain/train/metrics.h"
 #include "batch_loader.h"
+#include "checkpoint_writer.h"
 #include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
@@ -647,8 +648,6 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
   if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
-  // Collective (every rank calls it at the same steps): replica 0 of each stage writes its
-  // stage's file; once all are durable, rank 0 writes the manifest naming them.
   // Collective: stops every rank at once when any stage's weights are not finite.
   auto checkWeightsFinite = [&] {
     model.storeParams(hostParams.data());
@@ -656,13 +655,34 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     worldComm.allreduceHost(&finite, 1, comm::DataType::kInt32, comm::ReduceOp::kMin);
     if (!finite) throw detail::divergedError(ts, step, "the weights are not finite");
   };
+  // With checkpoint.async the stage files are written on a thread while the next steps train
+  // (from hostParams and state: nothing refills them before finishSave); the manifest follows
+  // once every stage's file is durable, at the next checkpoint or the end of training.
+  detail::CheckpointWriter writer(ts.checkpoint.async && d == 0, opts.heartbeat,
+                                  [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
+  bool savePending = false;  // the same on every rank: saves are collective
+  spec::PipelineManifest pending;
+  auto finishSave = [&] {
+    if (!savePending) return;
+    savePending = false;
+    const std::string written = writer.wait();
+    int32_t saved = 1;
+    worldComm.allreduceHost(&saved, 1, comm::DataType::kInt32, comm::ReduceOp::kSum);
+    if (rank != 0) return;
+    for (int s = 0; s < P; ++s)
+      pending.files.push_back(
+          fmt::format("stage-{}-of-{}/{}", s, P, std::filesystem::path(written).filename().string()));
+    spec::writePipelineManifest(manifestPath, pending);
+  };
+  // Collective (every rank calls it at the same steps): replica 0 of each stage writes its
+  // stage's file; once all are durable, rank 0 writes the manifest naming them.
   auto save = [&](long long epoch, uint64_t cursor) {
     if (stageDir.empty()) return;
+    finishSave();
     if (cursor + globalBatch > N) {
       ++epoch;
       cursor = 0;
     }
-    std::string written;
     // Weights that are not finite (a step that overflowed) are never written; every rank
     // learns it here together (a rank stopping alone would leave its peers to fail on a lost
     // peer).
@@ -671,25 +691,22 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
-      written = saveCheckpoint(stageDir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}, 3,
-                               [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); }, opts.heartbeat);
+      writer.start([&stageDir, view = CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}](
+                       const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
+        return saveCheckpoint(stageDir, view, 3, warn, progress);
+      });
       if (opts.heartbeat) opts.heartbeat();
     }
-    int32_t saved = 1;
-    worldComm.allreduceHost(&saved, 1, comm::DataType::kInt32, comm::ReduceOp::kSum);
-    if (rank != 0) return;
-    spec::PipelineManifest m;
-    m.step = step;
-    m.epoch = epoch;
-    m.cursor = cursor;
-    m.world = world;
-    m.stages = P;
-    m.stage_layers = stageCounts;
-    m.config_hash = fmt::format("{:016x}", hash);
-    for (int s = 0; s < P; ++s)
-      m.files.push_back(
-          fmt::format("stage-{}-of-{}/{}", s, P, std::filesystem::path(written).filename().string()));
-    spec::writePipelineManifest(manifestPath, m);
+    pending = spec::PipelineManifest{};
+    pending.step = step;
+    pending.epoch = epoch;
+    pending.cursor = cursor;
+    pending.world = world;
+    pending.stages = P;
+    pending.stage_layers = stageCounts;
+    pending.config_hash = fmt::format("{:016x}", hash);
+    savePending = true;
+    if (!ts.checkpoint.async) finishSave();
   };
 
   // Inputs (first stage) and targets (last stage) of the whole per-replica batch, loaded
@@ -994,6 +1011,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     result.stage_ms.assign(t.begin(), t.begin() + P);
     result.bubble_fraction = detail::pipelineBubble(t[static_cast<size_t>(P)], t[static_cast<size_t>(P) + 1], P);
   }
+  finishSave();  // the last checkpoint is durable before the result (and hostParams are free)
   checkWeightsFinite();  // (the last step may have overflowed with finite gradients)
   result.peak_activation_bytes = model.peakBytes();
 

@@ -19,6 +19,7 @@
 #include "dtrain/train/pipeline.h"
 
 #include "batch_loader.h"
+#include "checkpoint_writer.h"
 #include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
@@ -172,8 +173,13 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
   if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
+  // Rank 0 writes; with checkpoint.async from `params` and `momentum` on a thread while the
+  // next steps train, so nothing may refill them before writer.wait().
+  detail::CheckpointWriter writer(ts.checkpoint.async && rank == 0, opts.heartbeat,
+                                  [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
   auto save = [&](long long epoch, uint64_t cursor) {
     if (ts.checkpoint.dir.empty()) return;
+    writer.wait();
     // Weights that are not finite (a step that overflowed) are never written as the
     // checkpoint later runs resume from. Every rank holds the same weights, so every rank
     // stops here at once (a rank alone would leave its peers to fail on a lost peer).
@@ -189,8 +195,10 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     // (params were stored above).
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
-    saveCheckpoint(ts.checkpoint.dir, CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}, 3,
-                   [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); }, opts.heartbeat);
+    writer.start([&ts, view = CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}](
+                     const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
+      return saveCheckpoint(ts.checkpoint.dir, view, 3, warn, progress);
+    });
     if (opts.heartbeat) opts.heartbeat();
   };
 
@@ -318,6 +326,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       }
     }
   }
+  // The last checkpoint is durable before the run reports its result (and `params` is free).
+  writer.wait();
   // (the last step's update may have overflowed with finite gradients; same weights everywhere)
   be->storeParams(params.data());
   if (!detail::allFinite(params.data(), params.size())) throw detail::divergedError(ts, step, "the weights are not finite");

@@ -99,6 +99,8 @@ struct TrainerSpec {
   struct Checkpoint {
     std::string dir;
     int every_steps = 0;
+    // Written on a thread of the writing rank while training goes on (docs/trainer.md).
+    bool async = false;
     bool operator==(const Checkpoint&) const = default;
   } checkpoint;
   // Pipeline (model) parallelism, combined with data parallelism: world = D x

@@ -1,0 +1,63 @@
+#pragma once
+// Writes the trainer's checkpoints inline or, with trainer.checkpoint.async, on a thread of
+// its own, so that training goes on while a checkpoint's bytes reach the disk (and every
+// other rank, which would wait for the writer in the next step's collective, goes on too).
+//
+// Contract:
+// - One write at a time. The buffers a write reads (the trainer's host copies of weights and
+//   optimizer state) must stay untouched until it is waited for: wait() returns only when the
+//   write started last is durable (renamed, directory synced) or has failed.
+// - Not thread-safe: one owner thread (the trainer's) calls every method. `heartbeat` and
+//   `warn` are called on that thread only: warnings of a background write are handed over by
+//   the next wait(), and while wait() blocks on a write that still makes progress it calls
+//   `heartbeat` (a write that stalls is a silence the watchdog should see).
+// - The destructor waits for a write in flight and drops its error: an exception that unwinds
+//   the trainer (a lost peer) still leaves the checkpoint of the last good step on disk.
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtrain::train::detail {
+
+class CheckpointWriter {
+ public:
+  // Writes the checkpoint, calling `progress` as bytes go out and `warn` for each warning;
+  // returns the path written.
+  using Job = std::function<std::string(const std::function<void()>& progress,
+                                        const std::function<void(const std::string&)>& warn)>;
+
+  CheckpointWriter(bool async, std::function<void()> heartbeat, std::function<void(const std::string&)> warn);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Waits for the previous write (rethrowing its error), then starts `job`: on the thread
+  // when async, else here, before returning.
+  void start(Job job);
+  // Waits for the write started last; returns its path ("" when none was started since the
+  // last wait) and rethrows its error.
+  std::string wait();
+  bool async() const { return async_; }
+
+ private:
+  void flushWarnings();
+
+  const bool async_;
+  std::function<void()> heartbeat_;
+  std::function<void(const std::string&)> warn_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_.
+  bool running_ = false;
+  unsigned long long progress_ = 0;
+  std::exception_ptr error_;
+  std::string path_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace dtrain::train::detail

@@ -1,0 +1,112 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "checkpoint_writer.h"  // lib/train/src: the trainer's own
+#include "dtrain/common/errors.h"
+
+namespace dtrain::train::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(CheckpointWriter, AsyncReturnsAtOnceAndWaitGivesThePath) {
+  CheckpointWriter w(true, {}, {});
+  std::atomic<bool> done{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  w.start([&](const auto&, const auto&) {
+    std::this_thread::sleep_for(300ms);
+    done = true;
+    return std::string("dir/ckpt-1.bin");
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 200ms);
+  EXPECT_FALSE(done.load());
+  EXPECT_EQ(w.wait(), "dir/ckpt-1.bin");
+  EXPECT_TRUE(done.load());
+  EXPECT_EQ(w.wait(), "");  // nothing started since
+}
+
+TEST(CheckpointWriter, InlineWritesBeforeStartReturns) {
+  int beats = 0;
+  CheckpointWriter w(false, [&] { ++beats; }, {});
+  bool done = false;
+  w.start([&](const auto& progress, const auto&) {
+    progress();  // the owner's heartbeat itself, on the owner's thread
+    done = true;
+    return std::string("p");
+  });
+  EXPECT_TRUE(done);
+  EXPECT_EQ(beats, 1);
+  EXPECT_EQ(w.wait(), "p");
+}
+
+// A background write's failure (a full disk) is the owner's: it surfaces at the next wait,
+// as the exception the write threw, and does not stick to later writes.
+TEST(CheckpointWriter, ABackgroundFailureSurfacesAtTheNextWait) {
+  CheckpointWriter w(true, {}, {});
+  w.start([](const auto&, const auto&) -> std::string { throw IoError("checkpoint: cannot write x.tmp: No space left"); });
+  EXPECT_THROW(w.wait(), IoError);
+  w.start([](const auto&, const auto&) { return std::string("ok"); });
+  EXPECT_EQ(w.wait(), "ok");
+  // ... also when the next write is what waits for it.
+  w.start([](const auto&, const auto&) -> std::string { throw IoError("boom"); });
+  EXPECT_THROW(w.start([](const auto&, const auto&) { return std::string("never"); }), IoError);
+}
+
+// Warnings and heartbeats run on the owner's thread only (the trainer's log and watchdog
+// hooks are not thread-safe); the watchdog is fed while a write progresses, not while it
+// stalls.
+TEST(CheckpointWriter, WarningsAndHeartbeatsStayOnTheOwnersThread) {
+  const auto owner = std::this_thread::get_id();
+  std::atomic<int> beats{0}, foreign{0};
+  std::vector<std::string> warnings;
+  CheckpointWriter w(
+      true,
+      [&] {
+        ++beats;
+        if (std::this_thread::get_id() != owner) ++foreign;
+      },
+      [&](const std::string& m) {
+        warnings.push_back(m);
+        if (std::this_thread::get_id() != owner) ++foreign;
+      });
+  w.start([](const auto& progress, const auto& warn) {
+    warn("junk file left alone");
+    for (int i = 0; i < 8; ++i) {
+      std::this_thread::sleep_for(100ms);
+      progress();
+    }
+    return std::string("p");
+  });
+  EXPECT_EQ(w.wait(), "p");
+  EXPECT_EQ(warnings, std::vector<std::string>{"junk file left alone"});
+  EXPECT_GE(beats.load(), 2);
+  EXPECT_EQ(foreign.load(), 0);
+
+  beats = 0;
+  w.start([](const auto&, const auto&) {
+    std::this_thread::sleep_for(700ms);  // stalled: no progress
+    return std::string("q");
+  });
+  EXPECT_EQ(w.wait(), "q");
+  EXPECT_EQ(beats.load(), 0);
+}
+
+// Unwinding the trainer (a lost peer) still completes the checkpoint in flight.
+TEST(CheckpointWriter, TheDestructorWaitsForTheWriteInFlight) {
+  std::atomic<bool> done{false};
+  {
+    CheckpointWriter w(true, {}, {});
+    w.start([&](const auto&, const auto&) {
+      std::this_thread::sleep_for(200ms);
+      done = true;
+      return std::string("p");
+    });
+  }
+  EXPECT_TRUE(done.load());
+}
+
+}  // namespace
+}  // namespace dtrain::train::detail
