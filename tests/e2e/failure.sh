@@ -151,4 +151,17 @@ D="$T" "$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 20 -- bash "$T/stopme
 took=$(( $(date +%s) - start )); wait
 expect_grep "^\[rank 1\] got-term$" "$T/out" "stopped worker: its SIGTERM handler ran"
 [ "$took" -lt 10 ] && pass "stopped worker: no wait for the grace period (${took}s)" || fail "stopped worker: took ${took}s"
+# The exit reaped first is not always the first failure: rank 1 exits 1 saying its collective
+# lost rank 0 (dtrain's communicator's words) before rank 0's SIGKILL is reaped (here: rank 0
+# kills itself as the teardown's SIGTERM arrives). The job, its exit code and the restart
+# event blame rank 0, the rank that died, not the rank that noticed.
+cat > "$T/lost.sh" <<'SH'
+if [ "$RANK" = 1 ]; then sleep 0.3; echo "dtrain: error: allreduce on rank 1: lost rank 0: connection closed (the process exited or was killed)" >&2; exit 1; fi
+trap 'kill -9 $$' TERM
+sleep 30 & wait
+SH
+"$DTRAIN" run --nproc-per-node 2 --max-restarts 1 -- bash "$T/lost.sh" >"$T/out" 2>"$T/err"
+expect_eq "$?" 137 "collateral first: the exit code is the lost rank's (SIGKILL)"
+expect_grep "event restart \(round 1\) host .* rank 0: rank 0 killed by SIGKILL; restart 1 of 1" "$T/err" "collateral first: the restart blames the rank that died"
+expect_grep "job 'lost.sh' failed: rank 0 killed by SIGKILL" "$T/err" "collateral first: so does the headline"
 finish

@@ -1,4 +1,7 @@
 #include "dtrain/launch/output.h"
+#include "dtrain/launch/launcher.h"
+
+#include <csignal>
 
 #include <gtest/gtest.h>
 
@@ -97,6 +100,53 @@ TEST(TailBuffer, KeepsLastN) {
   t.push("c");
   ASSERT_EQ(t.lines().size(), 2u);
   EXPECT_EQ(t.lines().front(), "b");
+}
+
+}  // namespace
+}  // namespace dtrain::launch
+
+namespace dtrain::launch {
+namespace {
+
+WorkerExit exitOf(int rank, int code, int sig, std::vector<std::string> tail = {}, bool stopped = false) {
+  WorkerExit w;
+  w.global_rank = rank;
+  w.exit_code = code;
+  w.signal = sig;
+  w.stderr_tail = std::move(tail);
+  w.stopped_by_dtrain = stopped;
+  return w;
+}
+
+// The first exit reaped is not always the first failure: a rank that lost its peer says so,
+// and the peer that failed on its own is the cause.
+TEST(RootCause, APeerLostRankPointsToThePeerThatFailedOnItsOwn) {
+  const std::string lost0 = "dtrain: error: allreduce on rank 1: lost rank 0: connection closed (the process exited or was killed)";
+  std::vector<WorkerExit> ws{exitOf(0, 0, SIGKILL), exitOf(1, 1, 0, {"step 9", lost0}), exitOf(2, 0, SIGTERM, {}, true)};
+  EXPECT_EQ(rootCause(ws, 1), 0);
+  EXPECT_EQ(rootCause(ws, 0), 0);
+  EXPECT_EQ(rootCause(ws, -1), -1);
+  // From the error file too; and along a chain (2 lost 1, which lost 0).
+  ws[2] = exitOf(2, 1, 0);
+  ws[2].error_message = "broadcast on rank 2: lost rank 1: timed out after 300 s";
+  EXPECT_EQ(rootCause(ws, 2), 0);
+  // The peer did not fail on its own (stopped by dtrain, or succeeded): the rank stays.
+  ws[0] = exitOf(0, 0, SIGTERM, {}, true);
+  EXPECT_EQ(rootCause(ws, 1), 1);
+  ws[0] = exitOf(0, 0, 0);
+  EXPECT_EQ(rootCause(ws, 1), 1);
+  // Only the rank's own message counts (a [first failure in this job: ... on rank 2: lost
+  // rank 0] quote names another rank's loss), and a peer not among the workers is ignored.
+  ws[0] = exitOf(0, 0, SIGKILL);
+  ws[1] = exitOf(1, 1, 0, {"x [first failure in this job: allreduce on rank 2: lost rank 0: closed]"});
+  EXPECT_EQ(rootCause(ws, 1), 1);
+  ws[1] = exitOf(1, 1, 0, {"allreduce on rank 1: lost rank 7: closed"});
+  EXPECT_EQ(rootCause(ws, 1), 1);
+  // Two ranks blaming each other end the chain, not loop.
+  ws[0] = exitOf(0, 1, 0, {"allreduce on rank 0: lost rank 1: closed"});
+  ws[1] = exitOf(1, 1, 0, {"allreduce on rank 1: lost rank 0: closed"});
+  const int c = rootCause(ws, 1);
+  EXPECT_TRUE(c == 0 || c == 1);
 }
 
 }  // namespace

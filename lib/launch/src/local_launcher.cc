@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <bitset>
 #include <cerrno>
 #include <chrono>
@@ -648,6 +649,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     std::filesystem::remove(errRoot / fmt::format("attempt_{}", opts_.restart_count), ec);
     std::filesystem::remove(errRoot, ec);
   }
+  // Reaped first is not always first to fail: a rank that only lost its peer names it.
+  result_.first_failure = rootCause(result_.workers, result_.first_failure);
   if (result_.received_signal) {
     result_.exit_code = 128 + result_.received_signal;
   } else if (result_.first_failure >= 0) {
@@ -662,6 +665,37 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts) {
   return std::make_unique<LocalLauncher>(std::move(opts));
+}
+
+int rootCause(const std::vector<WorkerExit>& workers, int first) {
+  // The peer a rank says it lost: the communicator's "<op> on rank R: lost rank K" (R its own).
+  auto lostPeer = [](const WorkerExit& w) -> int {
+    auto find = [&](std::string_view text) -> int {
+      const std::string own = fmt::format(" on rank {}: lost rank ", w.global_rank);
+      const size_t at = text.find(own);
+      if (at == std::string_view::npos) return -1;
+      int k = -1;
+      const char* b = text.data() + at + own.size();
+      auto [end, ec] = std::from_chars(b, text.data() + text.size(), k);
+      return ec == std::errc() && end != b ? k : -1;
+    };
+    if (int k = find(w.error_message); k >= 0) return k;
+    for (auto it = w.stderr_tail.rbegin(); it != w.stderr_tail.rend(); ++it)
+      if (int k = find(*it); k >= 0) return k;
+    return -1;
+  };
+  auto failedOnItsOwn = [](const WorkerExit& w) {
+    return (w.signal != 0 || w.exit_code != 0) && !w.stopped_by_dtrain && !w.lost;
+  };
+  int cause = first;
+  for (size_t hops = 0; cause >= 0 && hops < workers.size(); ++hops) {
+    const int k = lostPeer(workers[static_cast<size_t>(cause)]);
+    if (k < 0) break;
+    auto it = std::find_if(workers.begin(), workers.end(), [&](const WorkerExit& w) { return w.global_rank == k; });
+    if (it == workers.end() || !failedOnItsOwn(*it)) break;
+    cause = static_cast<int>(it - workers.begin());
+  }
+  return cause;
 }
 
 std::string exitReason(const WorkerExit& w) {

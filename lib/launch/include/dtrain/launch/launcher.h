@@ -114,6 +114,14 @@ std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts = {});
 inline constexpr size_t kExitReasonMessageMax = 160;
 std::string exitReason(const WorkerExit& w);
 
+// The failure that caused the others: `first` (an index into workers, the first failure
+// reaped) unless it only lost a peer. A rank whose collective failed because a peer died says
+// so ("allreduce on rank 1: lost rank 0: ...", in its error file or stderr); when that peer
+// failed too, on its own (not stopped by dtrain), the peer is the cause, whichever exit was
+// reaped first (a SIGKILLed worker with a thread in fsync is reaped after its peers noticed
+// its closed sockets). Followed along a chain of such ranks; -1 stays -1.
+int rootCause(const std::vector<WorkerExit>& workers, int first);
+
 // A failure no restart can help (start_failed, refused_input): the job ends at once with its
 // code instead of spending the restart budget on attempts that would fail the same way.
 inline bool restartCannotHelp(const WorkerExit& w) { return w.start_failed || w.refused_input; }
