@@ -291,4 +291,24 @@ expect_eq "$?" 2 "agent refuses an unusable checkpoint dir: exit 2"
 rid=$(python3 -c "import json; print(json.load(open('$T/badck_sum.json'))['run_id'])")
 left=$(ls "${TMPDIR:-/tmp}" | grep -- "-$rid-" || true)
 expect_eq "$left" "" "agent refusal: no spec copy left in /tmp"
+# SIGUSR1/SIGUSR2 to the launcher reach every worker on every node, through each agent
+# (agent_protocol.h "signal"); the job goes on.
+cat > "$T/usr.sh" <<'SH'
+got=""
+trap 'got="$got USR1"' USR1
+trap 'got="$got USR2"' USR2
+echo $$ > "$D/upid.$RANK"
+while [ "$(echo $got | wc -w)" -lt 2 ]; do sleep 0.05; done
+echo "got$got"
+SH
+rm -f "$T"/upid.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" -- bash "$T/usr.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/upid.0" "$T/upid.1" "$T/upid.2"; then
+  kill -USR1 "$DTRAIN_PID"; sleep 0.3; kill -USR2 "$DTRAIN_PID"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 0 "SIGUSR1/2 across nodes: the job goes on"
+  expect_eq "$(grep -c 'rank [0-2]\] got USR1 USR2$' "$T/out")" 3 "every rank on both nodes got USR1 then USR2"
+  expect_grep "^dtrain: SIGUSR1: passed on to the workers of 2 nodes$" "$T/err" "SIGUSR1 passed on, said"
+fi
 finish

@@ -43,4 +43,41 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 expect_eq "$rc" 143 "grace-killed job exits 143"
 [ "$ms" -ge 900 ] && [ "$ms" -lt 6000 ] && pass "SIGKILL after the grace period (${ms} ms)" || fail "teardown took ${ms} ms"
 for r in 0 1; do alive "$(cat "$T/pid.$r")" && fail "rank $r survived" || pass "rank $r killed"; done
+# SIGUSR1/SIGUSR2 are the workers' (as with mpirun; Slurm's --signal=USR1@120 warns a job
+# before its time limit): passed on to each worker's own process, the job goes on, and dtrain
+# says so. A worker's child (a DataLoader process) is not signalled. A worker without a
+# handler dies of it like any failure; a restart's back-off drops the signal with a notice.
+cat > "$T/usr.py" <<'PY'
+import os, signal, subprocess, sys, time
+d, rank = os.environ["D"], os.environ["RANK"]
+got = []
+signal.signal(signal.SIGUSR1, lambda s, _: got.append("USR1"))
+signal.signal(signal.SIGUSR2, lambda s, _: got.append("USR2"))
+child = subprocess.Popen(["sleep", "30"])  # default SIGUSR1 action: it would die
+open(f"{d}/pid.{rank}", "w").write(str(os.getpid()))
+while len(got) < 3: time.sleep(0.02)
+print(rank, " ".join(got), "child alive" if child.poll() is None else "child died", flush=True)
+child.kill()
+PY
+rm -f "$T"/pid.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 -- python3 "$T/usr.py" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/pid.0" "$T/pid.1"; then
+  kill -USR1 "$DTRAIN_PID"; sleep 0.2; kill -USR2 "$DTRAIN_PID"; sleep 0.2; kill -USR1 "$DTRAIN_PID"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 0 "SIGUSR1/2: the job goes on and succeeds"
+  for r in 0 1; do expect_grep "^\[rank $r\] $r USR1 USR2 USR1 child alive$" "$T/out" "rank $r got USR1, USR2, USR1 in order; its child not signalled"; done
+  expect_eq "$(grep -c '^dtrain: SIGUSR1: passed on to 2 workers$' "$T/err")" 2 "SIGUSR1 said twice"
+  expect_grep "^dtrain: SIGUSR2: passed on to 2 workers$" "$T/err" "SIGUSR2 said"
+fi
+cat > "$T/nohandler.sh" <<'SH'
+[ -e "$D/again" ] && exit 0; touch "$D/again"; echo $$ > "$D/pid.$RANK"; sleep 30 & wait
+SH
+rm -f "$T"/pid.* "$T/again"
+D="$T" "$DTRAIN" run --nproc-per-node 1 --max-restarts 1 -- bash "$T/nohandler.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/pid.0" && kill -USR1 "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "no handler: the worker died of SIGUSR1 and the restart succeeded"
+expect_grep "event restart \(round 1\) host .* rank 0: rank 0 killed by SIGUSR1; restart 1 of 1" "$T/err" "no handler: a failure like any other, restarted"
 finish

@@ -96,9 +96,11 @@ std::string routeSource(const std::string& peer) {
 // A command from the launcher (agent_protocol.h).
 struct Command {
   // kLost is not a word on the wire: the launcher or its store is gone (stdin EOF, no heartbeat).
-  enum Kind { kStop, kKill, kLost, kPause, kRestart, kExit } kind = kStop;
+  // kPassOn: a signal for the workers ("signal SIGUSR1"); never a step of the agent's own.
+  enum Kind { kStop, kKill, kLost, kPause, kRestart, kExit, kPassOn } kind = kStop;
   int restart_count = 0;
   int nnodes = 0;
+  int signal = 0;  // kPassOn
 };
 
 std::optional<Command> parseCommand(const std::string& line) {
@@ -108,6 +110,8 @@ std::optional<Command> parseCommand(const std::string& line) {
   if (w[0] == "kill") return Command{Command::kKill};
   if (w[0] == "pause") return Command{Command::kPause};
   if (w[0] == "exit") return Command{Command::kExit};
+  if (w[0] == "signal" && w.size() == 2 && (w[1] == "SIGUSR1" || w[1] == "SIGUSR2"))
+    return Command{Command::kPassOn, 0, 0, w[1] == "SIGUSR1" ? SIGUSR1 : SIGUSR2};
   if (w[0] == "restart" && w.size() == 3) {
     try {
       return Command{Command::kRestart, std::stoi(w[1]), std::stoi(w[2])};
@@ -118,7 +122,10 @@ std::optional<Command> parseCommand(const std::string& line) {
 }
 
 // Commands from the stdin thread (and the heartbeat thread, which posts kLost when the
-// store is gone) to the main thread. A pipe byte per command wakes LocalLauncher's poll.
+// store is gone) to the main thread. A pipe byte per command wakes LocalLauncher's poll;
+// every command taken (pop, takePassOn, dropPassOns) reads one, so the pipe is readable
+// exactly while one waits. Signals to pass on are kept apart: they are no step of the agent
+// (pending() and pop() do not see them, so they never end a rendezvous or a round).
 // Thread-safety: post() from any thread; the rest from the main thread.
 class Control {
  public:
@@ -126,11 +133,26 @@ class Control {
   void post(Command c) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      q_.push_back(c);
+      (c.kind == Command::kPassOn ? passOn_ : q_).push_back(c);
     }
     cv_.notify_all();
     char b = 1;
     (void)!::write(w_.get(), &b, 1);
+  }
+  // The oldest signal to pass on, or 0.
+  int takePassOn() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (passOn_.empty()) return 0;
+    const int sig = passOn_.front().signal;
+    passOn_.pop_front();
+    char b;
+    (void)!::read(r_.get(), &b, 1);
+    return sig;
+  }
+  // Signals that arrived while no worker ran (between rounds) are not for the next round's.
+  void dropPassOns() {
+    while (takePassOn() != 0) {
+    }
   }
   int fd() const { return r_.get(); }
   bool pending() {
@@ -152,7 +174,7 @@ class Control {
   Fd r_, w_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Command> q_;
+  std::deque<Command> q_, passOn_;
 };
 
 struct Failure {
@@ -542,8 +564,11 @@ int runAgent(const AgentOptions& opts) {
     };
     lo.on_exit = [](const launch::WorkerExit& w) { send(proto::exitRecord(w)); };
     lo.control_fd = control.fd();
+    control.dropPassOns();
     // Any command ends this round's workers; what comes next is decided after they are down.
     lo.on_control = [&control, &next]() {
+      if (const int sig = control.takePassOn())
+        return sig == SIGUSR1 ? launch::ControlAction::kPassOnUsr1 : launch::ControlAction::kPassOnUsr2;
       if (!control.pending()) return launch::ControlAction::kNone;
       Command c = control.pop();
       // A later word replaces an earlier one (pause -> restart), but stop, kill and lost stand.

@@ -106,7 +106,12 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
         pollfd p{signals.fd(), POLLIN, 0};
         if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
         unsigned char sig = 0;
-        if (::read(signals.fd(), &sig, 1) == 1 && sig != SIGCHLD) {
+        if (::read(signals.fd(), &sig, 1) == 1 && detail::passedOn(sig)) {
+          writeAll(STDERR_FILENO, fmt::format("dtrain: {}: no worker runs during the back-off before restart {} of {}; "
+                                              "not passed on\n", signalName(sig), attempt + 1, spec.max_restarts));
+          continue;
+        }
+        if (sig != 0 && sig != SIGCHLD) {
           r.received_signal = sig;
           r.exit_code = 128 + sig;
           r.restarts = attempt + 1;  // announced by the restart event: it spent the budget

@@ -130,6 +130,8 @@ class LocalLauncher final : public Launcher {
   void checkWatchdogs();
   void fillExit(Worker& w);
   void startShutdown(int sig, double graceS);
+  // A passedOn() signal (SIGUSR1/2) for the workers.
+  void passOn(int sig);
 
   LocalRunOptions opts_;
   const spec::JobSpec* spec_ = nullptr;
@@ -306,6 +308,20 @@ void LocalLauncher::signalAll(int sig) {
     if (sig != SIGKILL && sig != SIGCONT) ::kill(-w.pid, SIGCONT);
     w.sent.set(static_cast<size_t>(sig));
   }
+}
+
+void LocalLauncher::passOn(int sig) {
+  // To each worker's own process, not its group (as mpirun does): a DataLoader's processes
+  // would die of a signal only the script handles. Not during a teardown: the workers are
+  // going anyway, and a SIGUSR1 without a handler would read as a failure of their own.
+  size_t n = 0;
+  if (!stopping_)
+    for (auto& w : workers_)
+      if (w.running && ::kill(w.pid, sig) == 0) ++n;
+  if (!opts_.line_sink)  // an agent's launcher: the user's console (and its notice) is elsewhere
+    writeAboveStatus(STDERR_FILENO, n ? fmt::format("dtrain: {}: passed on to {} worker{}\n", signalName(sig), n, n == 1 ? "" : "s")
+                                      : fmt::format("dtrain: {}: no worker runs{}; not passed on\n", signalName(sig),
+                                                    stopping_ ? " (stopping)" : ""));
 }
 
 void LocalLauncher::startShutdown(int sig, double graceS) {
@@ -592,13 +608,15 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
                                                                  spec_->shutdown_timeout_s, sig == SIGINT));
         }
         startShutdown(sig, spec_->shutdown_timeout_s);
-      });
+      }, [&](int sig) { passOn(sig); });
       reap();
     }
     if (opts_.control_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       ControlAction a = opts_.on_control ? opts_.on_control() : ControlAction::kNone;
       if (a == ControlAction::kStop) startShutdown(SIGTERM, spec.shutdown_timeout_s);
       if (a == ControlAction::kKill) startShutdown(SIGKILL, 0);  // or, already stopping, SIGKILL now
+      if (a == ControlAction::kPassOnUsr1) passOn(SIGUSR1);
+      if (a == ControlAction::kPassOnUsr2) passOn(SIGUSR2);
       if (a == ControlAction::kLost) {
         controlClosed_ = true;  // the controller is gone: nothing more to read
         startShutdown(SIGTERM, std::min(spec.shutdown_timeout_s, kLostControllerGraceS));

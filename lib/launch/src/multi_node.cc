@@ -835,6 +835,19 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           writeAll(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
         }
         stopAll(again ? "kill" : "stop");  // a second Ctrl-C means "now"
+      }, [&](int sig) {
+        // For the workers (agent_protocol.h "signal"): each agent passes it to its own.
+        size_t nodes = 0;
+        if (!stopping_)
+          for (auto& node : nodes_)
+            if (node.running && node.member && node.state == NodeState::kRunning) {
+              send(node, "signal " + signalName(sig));
+              ++nodes;
+            }
+        writeAll(STDERR_FILENO, nodes ? fmt::format("dtrain: {}: passed on to the workers of {} node{}\n", signalName(sig),
+                                                    nodes, nodes == 1 ? "" : "s")
+                                      : fmt::format("dtrain: {}: no worker runs{}; not passed on\n", signalName(sig),
+                                                    stopping_ ? " (stopping)" : ""));
       });
     }
     for (size_t i = 1; n > 0 && i < fds.size(); ++i) {

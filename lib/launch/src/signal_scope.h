@@ -9,6 +9,7 @@
 #include <ctime>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -36,10 +37,20 @@ inline std::string shutdownNotice(const std::string& signal, size_t workers, con
                      what, workers == 1 ? "" : "s", sent, graceS, interrupt ? "; Ctrl-C again to kill now" : "");
 }
 
-// Installs the handlers for the lifetime of a run and restores the old ones after.
+// Signals passed on to the workers instead of stopping the job, as mpirun does: a batch
+// system's warning before its time limit (Slurm's --signal=USR1@120, `scancel -s USR1`) is
+// for the training script, which checkpoints on it.
+inline bool passedOn(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
+inline void dropSignal(int) {}
+
+// Installs the handlers for the lifetime of a run and restores the old ones after, except
+// for passedOn() signals: those stay caught (and dropped) once a launch has begun, since
+// their default action would end dtrain, and with it every worker, between two launches'
+// scopes (a restart's back-off, a new round). Caught, not ignored: a worker gets SIG_DFL back
+// (spawnProcess), while an ignored signal would be inherited.
 class SignalScope {
  public:
-  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2};
   SignalScope() {
     if (::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) throwErrno("pipe");
     struct sigaction sa {};
@@ -52,7 +63,17 @@ class SignalScope {
     ::sigaction(SIGPIPE, &ign, &oldPipe_);
   }
   ~SignalScope() {
-    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      if (passedOn(kSignals[i]) && old_[i].sa_handler == SIG_DFL) {
+        struct sigaction drop {};
+        drop.sa_handler = dropSignal;
+        sigemptyset(&drop.sa_mask);
+        drop.sa_flags = SA_RESTART;
+        ::sigaction(kSignals[i], &drop, nullptr);
+        continue;
+      }
+      ::sigaction(kSignals[i], &old_[i], nullptr);
+    }
     ::sigaction(SIGPIPE, &oldPipe_, nullptr);
     ::close(gSignalPipe[0]);
     ::close(gSignalPipe[1]);
@@ -61,15 +82,26 @@ class SignalScope {
   SignalScope(const SignalScope&) = delete;
   SignalScope& operator=(const SignalScope&) = delete;
   int fd() const { return gSignalPipe[0]; }
-  // Reads every pending signal and calls onSignal(sig) for each but SIGCHLD (which only
-  // wakes the loop so that it reaps).
-  template <typename F>
-  void drain(F&& onSignal) {
+  // Reads every pending signal and calls onSignal(sig) for each that stops the job,
+  // onPassOn(sig) for each passedOn() one; SIGCHLD only wakes the loop so that it reaps.
+  template <typename F, typename G>
+  void drain(F&& onSignal, G&& onPassOn) {
     unsigned char sigs[64];
     ssize_t got;
     while ((got = ::read(fd(), sigs, sizeof(sigs))) > 0)
-      for (ssize_t i = 0; i < got; ++i)
-        if (sigs[i] != SIGCHLD) onSignal(static_cast<int>(sigs[i]));
+      for (ssize_t i = 0; i < got; ++i) {
+        const int sig = static_cast<int>(sigs[i]);
+        if (sig == SIGCHLD) continue;
+        if (passedOn(sig))
+          onPassOn(sig);
+        else
+          onSignal(sig);
+      }
+  }
+  // Where no worker runs: passedOn() signals are dropped.
+  template <typename F>
+  void drain(F&& onSignal) {
+    drain(std::forward<F>(onSignal), [](int) {});
   }
 
  private:

@@ -6,6 +6,8 @@
 //                     of ssh); then
 //   "stop\n"          tear the workers down gracefully (SIGTERM, grace, SIGKILL)
 //   "kill\n"          tear down now: SIGKILL at once (a second Ctrl-C)
+//   "signal SIGUSR1\n" / "signal SIGUSR2\n"
+//                     pass the signal on to each running worker (the user's, to dtrain run)
 //   EOF               the launcher is gone: tear down within kLostControllerGraceS
 //
 // Agent -> launcher, one record per line on the agent's stdout: a type letter and

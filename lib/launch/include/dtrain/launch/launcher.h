@@ -61,7 +61,8 @@ struct RunResult {
 class Launcher {
  public:
   virtual ~Launcher() = default;
-  // Runs the plan to completion. Blocks; handles SIGINT/SIGTERM/SIGHUP while it runs.
+  // Runs the plan to completion. Blocks; handles SIGINT/SIGTERM/SIGHUP while it runs, and
+  // passes SIGUSR1/SIGUSR2 on to the workers.
   virtual RunResult run(const Plan& plan, const spec::JobSpec& spec) = 0;
 };
 
@@ -71,6 +72,8 @@ enum class ControlAction {
   kStop,  // teardown as for SIGTERM: SIGTERM, then SIGKILL after shutdown_timeout_s
   kKill,  // the user asked for it now (a second Ctrl-C): SIGKILL at once
   kLost,  // the controller is gone: SIGTERM, then SIGKILL within kLostControllerGraceS
+  kPassOnUsr1,  // the user's SIGUSR1 / SIGUSR2, for each worker (not a stop)
+  kPassOnUsr2,
 };
 inline constexpr double kLostControllerGraceS = 2.0;
 
