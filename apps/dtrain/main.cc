@@ -399,6 +399,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);
   if (r.received_signal && r.stopped_during.empty())  // else said in the headline above
     verdict += fmt::format("dtrain: stopped by {}; exit code {}\n", signalName(r.received_signal), r.exit_code);
+  if (r.teardown_signal)
+    verdict += fmt::format("dtrain: {} during the teardown after the failure: the workers still running were stopped "
+                           "at once; exit code {}, the failure's\n", signalName(r.teardown_signal), r.exit_code);
   std::cerr << verdict << std::flush;
   if (!a.summary_json.empty()) {
     spec::RunSummary sum;

@@ -164,4 +164,22 @@ SH
 expect_eq "$?" 137 "collateral first: the exit code is the lost rank's (SIGKILL)"
 expect_grep "event restart \(round 1\) host .* rank 0: rank 0 killed by SIGKILL; restart 1 of 1" "$T/err" "collateral first: the restart blames the rank that died"
 expect_grep "job 'lost.sh' failed: rank 0 killed by SIGKILL" "$T/err" "collateral first: so does the headline"
+# Ctrl-C during the teardown after a failure with no restart left: the job had failed
+# already; the signal only stops the remaining workers at once. It ends as that failure
+# (exit code, headline, summary), and says what the signal did.
+cat > "$T/slowstop.sh" <<'SH'
+trap 'sleep 20; exit 0' TERM
+if [ "$RANK" = 1 ]; then sleep 0.3; echo "boom" >&2; exit 3; fi
+echo $$ > "$D/slow.pid"; sleep 30 & wait
+SH
+rm -f "$T/slow.pid"
+D="$T" "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/slow.json" -- bash "$T/slowstop.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/slow.pid" && sleep 1 && kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 3 "Ctrl-C in the final teardown: the failure's exit code"
+expect_grep "^dtrain: job 'slowstop.sh' failed: rank 1 exited with code 3" "$T/err" "Ctrl-C in the final teardown: the failure's headline"
+expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were stopped at once; exit code 3, the failure's$" "$T/err" "Ctrl-C in the final teardown: said"
+if grep -q "stopped by" "$T/err"; then fail "Ctrl-C in the final teardown: said 'stopped by'"; else pass "Ctrl-C in the final teardown: not 'stopped by'"; fi
+expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["stopped_by"])' "$T/slow.json")" "failed 3 None" "Ctrl-C in the final teardown: the summary"
 finish

@@ -62,6 +62,17 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     // the back-off; nothing announced it, so it spends nothing).
     if (r.received_signal && r.first_failure >= 0) {
       const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
+      // ... unless no restart was coming (none left, or none could help): then the job had
+      // already failed, and the signal only cut its teardown short. It ends as that failure
+      // (its exit code, its headline), and says what the signal did.
+      if (attempt >= spec.max_restarts || restartCannotHelp(f)) {
+        r.teardown_signal = r.received_signal;
+        r.received_signal = 0;
+        r.exit_code = f.signal ? 128 + f.signal : f.exit_code;
+      }
+    }
+    if (r.received_signal && r.first_failure >= 0) {
+      const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
       if (f.hung) {
         events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
         writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");

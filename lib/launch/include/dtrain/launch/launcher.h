@@ -39,6 +39,9 @@ struct WorkerExit {
 struct RunResult {
   int exit_code = 0;         // what dtrain should exit with
   int received_signal = 0;   // SIGINT/SIGTERM/SIGHUP that stopped the job, else 0
+  // A signal that came during the teardown after a failure that ended the job anyway (no
+  // restart left or none could help): it only hurried the teardown; received_signal is 0.
+  int teardown_signal = 0;
   // received_signal cut short a restart the job was making: when ("the back-off before
   // restart 1 of 3", "the teardown before restart 1 of 2"), else "". first_failure is why it
   // restarted (multi-node, none: failure_message says why, a lost node).
