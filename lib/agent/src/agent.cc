@@ -195,12 +195,17 @@ std::string storeAddrFromSsh() {
   return parts.empty() ? "" : parts[0];
 }
 
-// Test hook: DTRAIN_TEST_REPORT_DELAY="<node>:<ms>" holds that node's report of a started
-// round back, staging a node that is slow to start its workers (tests/e2e/elastic.sh).
-void reportDelayForTests(const std::string& node) {
+// Test hook: DTRAIN_TEST_REPORT_DELAY="<node>:<ms>[@<round>]" holds that node's report of a
+// started round (only of that round, with @) back, staging a node that is slow to start its
+// workers (tests/e2e/elastic.sh, tests/e2e/elastic_events.sh).
+void reportDelayForTests(const std::string& node, int round) {
   const char* v = std::getenv("DTRAIN_TEST_REPORT_DELAY");
   if (!v) return;
   std::string s(v);
+  if (auto at = s.rfind('@'); at != std::string::npos) {
+    if (s.substr(at + 1) != std::to_string(round)) return;
+    s.resize(at);
+  }
   auto colon = s.rfind(':');
   if (colon == std::string::npos || s.substr(0, colon) != node) return;
   char* end = nullptr;
@@ -552,7 +557,7 @@ int runAgent(const AgentOptions& opts) {
       rc = fail({"io", fmt::format("node {}: rendezvous failed: {}", opts.node, e.what())});
       break;
     }
-    reportDelayForTests(opts.node);
+    reportDelayForTests(opts.node, round.round);
     send(proto::record('N', {std::to_string(round.node_rank), std::to_string(round.nnodes),
                              std::to_string(round.world_size), std::to_string(round.rank_offset), plan.master_addr,
                              std::to_string(plan.master_port), std::to_string(round.round),

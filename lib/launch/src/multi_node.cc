@@ -234,11 +234,19 @@ class MultiNodeRunner {
   void emitWorkerLine(Node& n, bool isErr, int rank, int localRank, std::string_view text);
   void event(const std::string& kind, int round, const std::string& reason, const std::string& host = "", int rank = -1);
   void send(Node& n, const std::string& cmd);
+  // A failure of the running round's worker: held back (detail::kCollateralHold) in a round
+  // of several nodes, else judged at once by blameWorker.
   void workerFailed(Node& n, const WorkerExit& w);
+  // The incident is this worker's failure (reported at `since`): a restart, or the job's end.
+  void blameWorker(Node& n, const WorkerExit& w, Clock::time_point since);
+  void releaseHeld();  // the held failure is the incident's cause after all: judged now
+  bool heldSettled() const;
   void nodeLost(Node& n, const std::string& why);
-  // Pauses the members' workers now and starts the next round after delayS. The caller has
-  // already counted the restart when it spends the budget (a join does not).
-  void scheduleRestart(double delayS);
+  void pauseMembers();
+  // Pauses the members' workers now and starts the next round delayS after `since` (the
+  // incident's first report). The caller has already counted the restart when it spends the
+  // budget (a join does not).
+  void scheduleRestart(double delayS, Clock::time_point since = Clock::now());
   double backoff() const;  // before restart number result_.restarts
   void tryRestart();
   void finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker = std::nullopt);
@@ -248,9 +256,14 @@ class MultiNodeRunner {
   void timers();
   void reap();
   int memberCount() const;
-  // The round an incident of the running job belongs to: the active one, or round 0 while
-  // it forms (a node lost during startup is lost in round 0, not "round -1").
-  int eventRound() const { return std::max(activeRound_, 0); }
+  // The round an event carries (docs/elastic.md, "Events"): the round that runs, or forms
+  // (round 0 during startup, not "round -1"); from a restart's announcement (its `restart`
+  // event names openRound_ + 1, as does a join's pause) until that round is opened, the
+  // round it opens. So rounds never go down along the event log, and everything between a
+  // `restart (round N)` and the start of round N (a node lost in the teardown, a lost
+  // host's retry that fails, a node lost while round N forms) says N. Not the round the
+  // workers last ran in: activeRound_ stays at N - 1 until every member has started N.
+  int eventRound() const { return detail::eventRound(openRound_, pending_); }
 
   spec::JobSpec& spec_;
   const MultiNodeOptions& opts_;
@@ -277,6 +290,16 @@ class MultiNodeRunner {
   // round, another had not reported it yet): handled once the round is active. Dropping
   // them left the job waiting forever for the slower node's healthy workers.
   std::vector<std::pair<Node*, WorkerExit>> earlyFailures_;
+  // The first worker failure of an incident in a round of several nodes, its verdict held
+  // back for up to detail::kCollateralHold: it may be collateral of a node lost in the same
+  // incident, which is then blamed instead. Later failures meanwhile are consequences, as
+  // after a restart's announcement.
+  struct HeldFailure {
+    Node* node;
+    WorkerExit exit;
+    Clock::time_point at;  // reported: the incident's start
+  };
+  std::optional<HeldFailure> held_;
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
   std::optional<Clock::time_point> minNodesDeadline_;
@@ -393,13 +416,43 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
 }
 
 void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
-  std::string what = exitReason(w);
   if (w.hung) event("worker_hung", eventRound(), w.error_message, n.name, w.global_rank);
   if (restartCannotHelp(w)) {
     // Every attempt would fail the same way, so the budget is not spent on it.
     finalFailure(notRestartedReason(w, spec_, n.name), kExitFailure, w);
     return;
   }
+  if (memberCount() > 1) {
+    // Its peers on other nodes may have failed only because a node vanished, and this
+    // report may have overtaken that node's loss: judged once the round's nodes have all
+    // been heard from, or after detail::kCollateralHold. The workers stop now whatever the
+    // verdict.
+    held_ = HeldFailure{&n, w, Clock::now()};
+    pauseMembers();
+    return;
+  }
+  blameWorker(n, w, Clock::now());
+}
+
+bool MultiNodeRunner::heldSettled() const {
+  // Every node of the round has reported its workers ended (idle): no loss of one of them
+  // can be on its way. (A lost node is no longer a member; its loss took the hold over.)
+  return std::all_of(nodes_.begin(), nodes_.end(),
+                     [](const Node& m) { return !m.member || m.state == NodeState::kIdle; });
+}
+
+void MultiNodeRunner::releaseHeld() {
+  HeldFailure h = std::move(*held_);
+  held_.reset();
+  const bool wasStopping = stopping_;
+  blameWorker(*h.node, h.exit, h.at);
+  // The job ends: its workers were told to stop at the failure (the pause), and the agents'
+  // grace period runs from then, so the teardown's notice counts from then too.
+  if (stopping_ && !wasStopping) stopStarted_ = h.at;
+}
+
+void MultiNodeRunner::blameWorker(Node& n, const WorkerExit& w, Clock::time_point since) {
+  std::string what = exitReason(w);
   if (result_.restarts >= spec_.max_restarts) {
     result_.budget_exhausted = spec_.max_restarts > 0;
     finalFailure(spec_.max_restarts > 0 ? fmt::format("restart budget exhausted: {} restart(s) of {} used",
@@ -415,7 +468,7 @@ void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   restartWorker_ = w;
   restartWorker_->host = n.name;
   restartCause_.clear();
-  scheduleRestart(backoff());
+  scheduleRestart(backoff(), since);
 }
 
 void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
@@ -429,12 +482,23 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
   double cooldown = std::min(300.0, std::max(1.0, spec_.restart_backoff_s) * std::pow(2.0, n.failures));
   n.retryAt = Clock::now() + std::chrono::milliseconds(static_cast<long>(cooldown * 1000));
   if (!wasMember) {
-    event("host_excluded", openRound_, fmt::format("{} ({}) did not come back: {}; next try in {:.0f} s", n.name,
+    // (a retried host that failed again: the event of the round that runs, or of the one a
+    // restart has announced, eventRound)
+    event("host_excluded", eventRound(), fmt::format("{} ({}) did not come back: {}; next try in {:.0f} s", n.name,
                                                    n.spec->origin, why, cooldown),
           n.name);
     return;
   }
-  event("node_lost", eventRound(), fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why), n.name);
+  const std::string lost = fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why);
+  Clock::time_point since = Clock::now();
+  if (held_) {
+    // A worker's failure came first, its verdict held: most likely collateral of this loss
+    // (its collective lost the peers that ran here), whose report it overtook. The incident
+    // is this node's; the worker's exit stays in the summary's ranks.
+    since = held_->at;
+    held_.reset();
+  }
+  event("node_lost", eventRound(), lost, n.name);
   if (pending_) {
     // A restart is already on its way for this incident (a worker's failure came first:
     // its peers on the lost node were the cause or a consequence). One incident, one
@@ -446,7 +510,7 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
   }
   int left = memberCount();
   if (spec_.max_restarts == 0 || result_.restarts >= spec_.max_restarts) {
-    std::string msg = fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why);
+    std::string msg = lost;
     if (spec_.max_restarts > 0)
       msg += fmt::format("; restart budget exhausted: {} restart(s) of {} used", result_.restarts, spec_.max_restarts);
     finalFailure(msg, kExitFailure);
@@ -456,22 +520,27 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
         n.name);
   ++result_.restarts;
   event("restart", openRound_ + 1,
-        fmt::format("{} node(s) left (min_nodes {}); restart {} of {}", left, spec_.min_nodes, result_.restarts,
-                    spec_.max_restarts));
+        fmt::format("{}; {} node(s) left (min_nodes {}); restart {} of {}", lost, left, spec_.min_nodes,
+                    result_.restarts, spec_.max_restarts),
+        n.name);
   restartWorker_.reset();
-  restartCause_ = fmt::format("node {} ({}) lost: {}", n.name, n.spec->origin, why);
-  scheduleRestart(backoff());
+  restartCause_ = lost;
+  scheduleRestart(backoff(), since);
 }
 
 double MultiNodeRunner::backoff() const {
   return std::min(60.0, spec_.restart_backoff_s * std::pow(2.0, result_.restarts - 1));
 }
 
-void MultiNodeRunner::scheduleRestart(double delayS) {
-  // Workers stop now; the next round starts after the back-off.
+void MultiNodeRunner::pauseMembers() {
   for (auto& n : nodes_)
     if (connected(n) && (n.state == NodeState::kRunning || n.state == NodeState::kJoining)) send(n, "pause");
-  auto at = Clock::now() + std::chrono::milliseconds(static_cast<long>(delayS * 1000));
+}
+
+void MultiNodeRunner::scheduleRestart(double delayS, Clock::time_point since) {
+  // Workers stop now (a held failure's already are); the next round starts after the back-off.
+  pauseMembers();
+  auto at = since + std::chrono::milliseconds(static_cast<long>(delayS * 1000));
   if (!pending_ || at > pendingAt_) pendingAt_ = at;
   pending_ = true;
   restarting_ = true;  // failures until the next round starts are consequences, not causes
@@ -559,7 +628,8 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
         auto early = std::move(earlyFailures_);
         earlyFailures_.clear();
         for (auto& [node, w] : early)
-          if (!stopping_ && !finishing_ && !restarting_ && node->member && node->round == activeRound_) workerFailed(*node, w);
+          if (!stopping_ && !finishing_ && !restarting_ && !held_ && node->member && node->round == activeRound_)
+            workerFailed(*node, w);
       }
       return;
     }
@@ -570,7 +640,7 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       n.exits.push_back(*w);
       bool failed = (w->signal || w->exit_code) && !w->stopped_by_dtrain;
       if (!failed || stopping_ || finishing_) return;
-      if (!restarting_ && n.round == activeRound_) {
+      if (!restarting_ && !held_ && n.round == activeRound_) {
         workerFailed(n, *w);
       } else if (restarting_ && !pending_ && n.round == openRound_) {
         earlyFailures_.emplace_back(&n, *w);  // the round is starting: a cause, not a consequence
@@ -608,7 +678,7 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
 }
 
 void MultiNodeRunner::checkAllIdle() {
-  if (restarting_ || pending_ || stopping_ || finishing_) return;
+  if (restarting_ || pending_ || held_ || stopping_ || finishing_) return;
   for (const auto& n : nodes_)
     if (n.member && (n.state != NodeState::kIdle || n.idleRc != 0)) return;
   finishing_ = true;
@@ -621,6 +691,7 @@ void MultiNodeRunner::checkAllIdle() {
 
 void MultiNodeRunner::stopAll(const char* how) {
   pending_ = false;  // no restart after a stop
+  held_.reset();     // nor a verdict on a held failure (a signal judged it first)
   for (auto& n : nodes_) {
     if (!n.running) continue;
     send(n, how);
@@ -697,6 +768,7 @@ void MultiNodeRunner::reap() {
 void MultiNodeRunner::timers() {
   auto now = Clock::now();
   if (stopping_ || finishing_) return;
+  if (held_ && detail::heldFailureDue(held_->at, now, heldSettled())) releaseHeld();
   if (pending_ && now >= pendingAt_) tryRestart();
   // Liveness: a connected agent whose heartbeat stopped is cut off (and then lost).
   if (now >= nextHeartbeatCheck_) {
@@ -726,7 +798,7 @@ void MultiNodeRunner::timers() {
   }
   // A waiting host is admitted at once (a membership change spends no restart).
   bool waiting = std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kWaiting; });
-  if (waiting && !pending_ && !restarting_ && memberCount() < spec_.max_nodes) scheduleRestart(0);
+  if (waiting && !pending_ && !restarting_ && !held_ && memberCount() < spec_.max_nodes) scheduleRestart(0);
 }
 
 RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& excluded) {
@@ -804,6 +876,9 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     if (n > 0 && (fds[0].revents & POLLIN)) {
       signals.drain([&](int sig) {
         if (!result_.received_signal) result_.received_signal = sig;
+        // A failure whose verdict is held is judged with what is known now: the signal's
+        // headline names it as it would have after the hold.
+        if (held_ && !stopping_) releaseHeld();
         bool again = stopping_ && sig == SIGINT;
         if (!stopping_ && (pending_ || restarting_) && (restartWorker_ || !restartCause_.empty())) {
           // In the back-off before a restart its event announced (or while its round forms):
@@ -970,6 +1045,24 @@ Plan makeNodesPlan(const spec::JobSpec& spec, const std::string& run_id) {
   }
   return plan;
 }
+
+namespace detail {
+
+int eventRound(int openRound, bool restartAnnounced) { return restartAnnounced ? openRound + 1 : openRound; }
+
+// A vanished node makes its peers on the other nodes fail ("lost rank N"), and which report
+// reaches the launcher first is a race: an agent killed, its ssh ends a network round trip
+// later, while the collateral exit travels over another node's connection. The hold is short
+// (its restart's back-off counts from the failure, and the default back-off, 1 s, covers it)
+// and usually ends sooner: the nodes' workers are stopped at once, and once every node has
+// said that they ended, no loss can be on its way. A node lost later than that (heartbeat
+// silence, seconds away) is a separate report, after the failure's verdict.
+bool heldFailureDue(std::chrono::steady_clock::time_point heldAt, std::chrono::steady_clock::time_point now,
+                    bool everyNodeHeardFrom) {
+  return everyNodeHeardFrom || now >= heldAt + kCollateralHold;
+}
+
+}  // namespace detail
 
 RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const MultiNodeOptions& opts) {
   std::vector<const spec::NodeSpec*> remotes;

@@ -2,6 +2,7 @@
 // Multi-node jobs: the launcher hosts the store, checks every remote host (pre-flight),
 // starts one `dtrain agent` per node (over ssh, or as a child for local entries), streams
 // their workers' output, and tears every node down on a failure or a signal.
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,25 @@ std::vector<std::string> sshArgv(const spec::JobSpec& spec, const spec::NodeSpec
 
 // The plan as the hostfile describes it (node order = node rank), for --dry-run.
 Plan makeNodesPlan(const spec::JobSpec& spec, const std::string& run_id);
+
+namespace detail {
+
+// The round an elastic event of a multi-node job carries (docs/elastic.md, "Events"):
+// `openRound`, the round that runs or forms (0 during startup); once a restart has been
+// announced (`restartAnnounced`: its `restart` event names openRound + 1) and until that
+// round is opened, the round it opens. Rounds never go down along the event log.
+int eventRound(int openRound, bool restartAnnounced);
+
+// How long a worker's failure in a round of several nodes may wait for its verdict: a node
+// lost meanwhile is the incident's cause, the failure likely its collateral (docs/elastic.md,
+// "Who is blamed").
+inline constexpr std::chrono::milliseconds kCollateralHold{1000};
+
+// Whether a failure held since `heldAt` is judged now: its hold is over, or every node of
+// the round has reported its workers ended (no node's loss can be on its way).
+bool heldFailureDue(std::chrono::steady_clock::time_point heldAt, std::chrono::steady_clock::time_point now,
+                    bool everyNodeHeardFrom);
+
+}  // namespace detail
 
 }  // namespace dtrain::launch
