@@ -311,4 +311,19 @@ if wait_for "$T/upid.0" "$T/upid.1" "$T/upid.2"; then
   expect_eq "$(grep -c 'rank [0-2]\] got USR1 USR2$' "$T/out")" 3 "every rank on both nodes got USR1 then USR2"
   expect_grep "^dtrain: SIGUSR1: passed on to the workers of 2 nodes$" "$T/err" "SIGUSR1 passed on, said"
 fi
+# Ctrl-C during the teardown after a failure with no restart left ends the job as that
+# failure (exit code, summary), as on one node.
+cat > "$T/slowstop.sh" <<'SH'
+trap 'sleep 20; exit 0' TERM
+if [ "$RANK" = 2 ]; then sleep 0.5; echo "boom" >&2; exit 3; fi
+echo $$ > "$D/slow.$RANK"; sleep 30 & wait
+SH
+rm -f "$T"/slow.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --summary-json "$T/slow.json" -- bash "$T/slowstop.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+wait_for "$T/slow.0" "$T/slow.1" && sleep 1.5 && kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 3 "multi-node, Ctrl-C in the final teardown: the failure's exit code"
+expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were stopped at once; exit code 3, the failure's$" "$T/err" "multi-node, Ctrl-C in the final teardown: said"
+expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["stopped_by"])' "$T/slow.json")" "failed 3 None" "multi-node, Ctrl-C in the final teardown: the summary"
 finish
