@@ -875,6 +875,9 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     }
     if (n > 0 && (fds[0].revents & POLLIN)) {
       signals.drain([&](int sig) {
+        // A failure whose verdict is held is judged with what is known now: the signal's
+        // headline names it as it would have after the hold.
+        if (held_ && !stopping_) releaseHeld();
         // In the teardown after a failure that ends the job anyway (no restart is coming: a
         // restart's teardown pauses, it does not stop), a signal only hurries the teardown:
         // the job still ends as that failure, as on one node (RunResult::teardown_signal).
@@ -882,9 +885,6 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           result_.teardown_signal = sig;
         else if (!result_.received_signal && !result_.teardown_signal)
           result_.received_signal = sig;
-        // A failure whose verdict is held is judged with what is known now: the signal's
-        // headline names it as it would have after the hold.
-        if (held_ && !stopping_) releaseHeld();
         bool again = stopping_ && sig == SIGINT;
         if (!stopping_ && (pending_ || restarting_) && (restartWorker_ || !restartCause_.empty())) {
           // In the back-off before a restart its event announced (or while its round forms):
