@@ -14,8 +14,17 @@ expect_grep "nothing to run" "$T/err" "nothing to run message"
 expect_grep "^dtrain: error: --nproc-per-node: expected a worker count between 1 and 4096 or \"auto\", got \"-3\"$" "$T/err" "bad --nproc-per-node message"
 "$DTRAIN" run --nproc-per-node 5000 -- true 2>"$T/err"; expect_eq "$?" 2 "--nproc-per-node 5000 exits 2"
 expect_grep "^dtrain: error: --nproc-per-node: expected a worker count between 1 and 4096 or \"auto\", got \"5000\"$" "$T/err" "--nproc-per-node range stated"
-"$DTRAIN" run --env NOEQUALS --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "bad --env exits 2"
-expect_grep "--env: expected KEY=VALUE" "$T/err" "bad --env message"
+env -u NOEQUALS "$DTRAIN" run --env NOEQUALS --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "--env NAME unset exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --env: NOEQUALS is not set in dtrain's environment, so there is no value to pass on; set it before dtrain run (export NOEQUALS=...), or give --env NOEQUALS=VALUE" "--env NAME unset: named, with the fix"
+"$DTRAIN" run --env =x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "--env =x exits 2"
+expect_grep "--env: expected KEY=VALUE \(or a NAME, for dtrain's own value of it\), got \"=x\"" "$T/err" "bad --env message"
+# --env NAME (mpirun's -x NAME): the launcher's value, to local and remote workers alike.
+FROM_LAUNCHER="a b=c" "$DTRAIN" run --env FROM_LAUNCHER --nproc-per-node 1 -- sh -c 'echo "got=$FROM_LAUNCHER"' >"$T/out" 2>"$T/err"
+expect_eq "$(cat "$T/out")" "[rank 0] got=a b=c" "--env NAME: the launcher's value"
+FROM_LAUNCHER=v1 "$DTRAIN" validate --hosts gpu-a:2,gpu-b:2 --env FROM_LAUNCHER -- true >"$T/out" 2>"$T/err"
+expect_grep "^env: +FROM_LAUNCHER=v1$" "$T/out" "--env NAME: in the job's env (what remote workers get)"
+"$DTRAIN" run --help >"$T/out" 2>&1
+expect_grep "or NAME alone for dtrain's own value of NAME" "$T/out" "--help: --env NAME explained"
 "$DTRAIN" run --env 1A=x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "--env 1A=x exits 2"
 expect_grep "^dtrain: error: --env: bad variable name \"1A\"; names are letters, digits and '_', not starting with a digit$" "$T/err" "--env name rule"
 "$DTRAIN" run --max-restarts x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "bad --max-restarts exits 2"
@@ -68,6 +77,14 @@ expect_eq "$(cat "$T/out")" "[rank 0] --lr 0.1 --help" "worker flags after -- un
 echo 'print("ran")' > "$T/train.py"
 "$DTRAIN" run --nproc-per-node 2 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a script as the spec exits 2"
 expect_grep "invalid JSON.*job specs are JSON files: to run a program, put its command after --, e.g. dtrain run --nproc-per-node 2 -- python3 $T/train.py$" "$T/err" "a script as the spec: how to run it"
+# Only a .py gets python3 in the fix; another script gets the ./ it needs (not on PATH).
+printf '#!/bin/sh\nenv\n' > "$T/env.sh"; chmod +x "$T/env.sh"
+(cd "$T" && "$DTRAIN" run ./env.sh >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "a shell script as the spec exits 2"
+expect_grep "job specs are JSON files: to run a program, put its command after --, e.g. dtrain run --nproc-per-node 2 -- ./env.sh$" "$T/err" "a shell script as the spec: -- ./env.sh, no python3"
+(cd "$T" && "$DTRAIN" run env.sh >"$T/out" 2>"$T/err")
+expect_grep "e.g. dtrain run --nproc-per-node 2 -- ./env.sh$" "$T/err" "a script named without ./: the fix has it"
+(cd "$T" && "$DTRAIN" run env.sh x >"$T/out" 2>"$T/err")
+expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"env.sh x\"; to run a program, put its command after --: dtrain run [options] -- ./env.sh x" "a script without --: the same fix"
 "$DTRAIN" run --nproc-per-node 1 python3 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a command without -- exits 2"
 expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py\"; to run a program, put its command after --: dtrain run \[options\] -- python3 $T/train.py$" "$T/err" "a command without --: the fix, in order"
 expect_eq "$(cat "$T/out")" "" "nothing ran"
@@ -92,6 +109,35 @@ done
 expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py --epochs 3 -t 4\"; to run a program, put its command after --" "$T/err" "a command without -- keeps its own options (not taken for dtrain's)"
 "$DTRAIN" run --frob 3 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
 expect_eq "$(cat "$T/err")" "dtrain: error: run: unknown option --frob; see dtrain run --help" "an unknown option with a value: the option, not its value"
+# mpirun's, horovodrun's and the DeepSpeed launcher's options: the dtrain equivalent, exit 2,
+# under run and validate alike (-hostfile was read by CLI11 as -h: help, exit 0).
+while IFS='|' read -r f launcher fix; do
+  for verb in run validate; do
+    "$DTRAIN" $verb $f -- true >"$T/out" 2>"$T/err"; rc=$?
+    expect_eq "$rc" 2 "$verb $f exits 2"
+    expect_grep "^dtrain: error: $verb: ${f%% *} is $launcher.*; .*$fix" "$T/err" "$verb $f: the dtrain equivalent"
+    expect_eq "$(wc -l < "$T/err")" 1 "$verb $f: one line"
+  done
+done <<'EOF_FLAGS'
+-np 4|an mpirun/horovodrun option \(the total number of processes\)|--nproc-per-node N on one host
+--np 4|an mpirun/horovodrun option|--hosts h1:2,h2:2 or slots=N in a --hostfile
+-n 4|an mpirun/horovodrun option|--nproc-per-node N
+--num-proc 4|an mpirun/horovodrun option|--nproc-per-node N
+--nproc 4|an mpirun/horovodrun option|--nproc-per-node N
+-H h1:2,h2:2|an mpirun/horovodrun option|--hosts h1:2,h2:2
+-host h1,h2|an mpirun/horovodrun option|--hosts h1:2,h2:2
+-x NCCL_DEBUG|an mpirun option|--env KEY=VALUE, or --env NAME
+-hostfile hosts|an mpirun option|dtrain's is --hostfile FILE
+--output-filename out|an mpirun option|--log-dir DIR
+--tag-output|an mpirun option|--no-prefix turns that off
+--num_gpus 2|a DeepSpeed launcher option|--nproc-per-node N
+--num-gpus 2|a DeepSpeed launcher option|--nproc-per-node N
+--num_nodes 2|a DeepSpeed launcher option|--nnodes MIN:MAX
+--include localhost:1,3|a DeepSpeed launcher option|gpus=0,1 on its hostfile line
+--exclude h2|a DeepSpeed launcher option|list only the hosts to use
+EOF_FLAGS
+"$DTRAIN" run --np 2 -- true >"$T/out" 2>"$T/err"
+grep -q "did you mean" "$T/err" && fail "--np: a did-you-mean instead of the equivalent: $(cat "$T/err")" || pass "--np: no misleading did-you-mean"
 "$DTRAIN" runn "$SRC/configs/env_dump.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt command exits 2"
 expect_grep "^dtrain: error: dtrain: unknown command \"runn\" \(did you mean \"run\"\?\); the commands are run, validate, store, bench, train$" "$T/err" "misspelt command: did you mean"
 "$DTRAIN" store frob >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt store verb exits 2"
@@ -138,6 +184,18 @@ expect_grep "^dtrain: error: --nnodes: 3 node\(s\) asked for but 2 host\(s\) giv
 expect_grep "^dtrain: error: --nnodes: 1 node\(s\) at most, but 2 host\(s\) given, .* or raise --nnodes to 2$" "$T/err" "--nnodes named (below the hosts)"
 "$DTRAIN" validate "$SRC/tests/spec/bad/console_ranks_contradiction.json" --local-ranks-filter 0 >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "--local-ranks-filter replaces the spec's console_ranks"
+# A job from the command line alone forwards what a spec file does (env_forward's default
+# lives in one place), and --env-forward adds to it.
+"$DTRAIN" validate --hosts gpu-a:2,gpu-b:2 -- "$T/env.sh" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate --hosts ... -- CMD"
+expect_grep "^env_forward: +NCCL_ GLOO_ OMP_ OPENBLAS_ MKL_ PYTHON TORCH_ HF_ WANDB_$" "$T/out" "a command-line job forwards the default prefixes"
+echo '{"command": ["true"]}' > "$T/plain.json"
+"$DTRAIN" validate "$T/plain.json" --hosts gpu-a:2,gpu-b:2 >"$T/out2" 2>"$T/err"
+expect_eq "$(grep '^env_forward:' "$T/out2")" "$(grep '^env_forward:' "$T/out")" "the same default as a spec file's"
+"$DTRAIN" validate --hosts gpu-a:2,gpu-b:2 --env-forward MY_APP_ --env-forward NCCL_ -- "$T/env.sh" >"$T/out" 2>"$T/err"
+expect_grep "^env_forward: +NCCL_ GLOO_ OMP_ OPENBLAS_ MKL_ PYTHON TORCH_ HF_ WANDB_ MY_APP_$" "$T/out" "--env-forward adds a prefix, once"
+"$DTRAIN" validate --hosts gpu-a:2 --env-forward 1X -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env-forward 1X exits 2"
+expect_grep "^dtrain: error: --env-forward: bad variable-name prefix \"1X\"" "$T/err" "--env-forward: bad prefix named"
+
 # The usage line names the program.
 "$DTRAIN" --help >"$T/out" 2>&1
 expect_grep "^Usage: dtrain \[OPTIONS\] SUBCOMMAND" "$T/out" "--help: usage names dtrain"

@@ -326,6 +326,26 @@ TEST(EnvFile, Errors) {
   EXPECT_EQ(err("A=\"open\n"), "vars.env:1: unterminated quote in the value of A; values are one line: close the double quote");
 }
 
+// --env NAME (mpirun's -x NAME): the launcher's own value, refused when it has none.
+TEST(SpecOverrides, EnvNameAloneTakesTheLaunchersValue) {
+  ::setenv("DTRAIN_TEST_FROM_LAUNCHER", "a b=c", 1);
+  ::unsetenv("DTRAIN_TEST_UNSET");
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  Overrides o;
+  o.env = {"DTRAIN_TEST_FROM_LAUNCHER"};
+  applyOverrides(s, o);
+  EXPECT_EQ(s.env.at("DTRAIN_TEST_FROM_LAUNCHER"), "a b=c");
+  o.env = {"DTRAIN_TEST_UNSET"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }),
+            "--env: DTRAIN_TEST_UNSET is not set in dtrain's environment, so there is no value to pass on; set it before "
+            "dtrain run (export DTRAIN_TEST_UNSET=...), or give --env DTRAIN_TEST_UNSET=VALUE");
+  o.env = {"1A"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env: bad variable name \"1A\"", 0), 0u);
+  o.env = {"=x"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env: expected KEY=VALUE (or a NAME", 0), 0u);
+  ::unsetenv("DTRAIN_TEST_FROM_LAUNCHER");
+}
+
 TEST(EnvFile, MergedUnderSpecEnv) {
   TempFile f("A=from-file\nB=from-file\n");
   JobSpec s = parseJobSpec(R"({"command": ["true"], "env": {"A": "from-spec"}, "env_file": ")" + f.path() + R"("})", "job.json");
@@ -465,6 +485,15 @@ TEST(SpecRendezvous, AddrAndMasterAddr) {
 
 TEST(SpecEnvForward, DefaultAndExplicit) {
   EXPECT_EQ(parseJobSpec(R"({"command": ["true"]})", "job.json").env_forward, kDefaultEnvForward);
+  EXPECT_EQ(JobSpec{}.env_forward, kDefaultEnvForward);  // a command-line job (dtrain run --hosts ... -- CMD) too
+  // --env-forward adds to the spec's list (or the default), once each.
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "env_forward": ["NCCL_"]})", "job.json");
+  Overrides o;
+  o.env_forward = {"MY_", "NCCL_", "MY_"};
+  applyOverrides(s, o);
+  EXPECT_EQ(s.env_forward, (std::vector<std::string>{"NCCL_", "MY_"}));
+  o.env_forward = {"1X"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env-forward: bad variable-name prefix \"1X\"", 0), 0u);
   EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env_forward": ["MY_", "NCCL_"]})", "job.json").env_forward,
             (std::vector<std::string>{"MY_", "NCCL_"}));
   EXPECT_TRUE(parseJobSpec(R"({"command": ["true"], "env_forward": []})", "job.json").env_forward.empty());

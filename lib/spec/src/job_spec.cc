@@ -901,6 +901,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     const json& f = root["env_forward"];
     if (!f.is_array())
       c.fail("/env_forward", fmt::format("expected an array of variable-name prefixes like [\"NCCL_\"], got {}", typeName(f)));
+    spec.env_forward.clear();  // the spec's list replaces the default ([] forwards none)
     for (size_t i = 0; i < f.size(); ++i) {
       std::string p = fmt::format("/env_forward/{}", i);
       std::string prefix = c.str(f[i], p, false);
@@ -909,8 +910,6 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
                               jsonQuoted(prefix)));
       spec.env_forward.push_back(prefix);
     }
-  } else {
-    spec.env_forward = kDefaultEnvForward;
   }
   if (root.contains("env_file")) {
     spec.env_file = c.str(root["env_file"], "/env_file", false);
@@ -981,13 +980,35 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
   }
   for (const auto& kv : o.env) {
     auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw SpecError(oneLine(fmt::format("--env: expected KEY=VALUE, got \"{}\"", kv)));
-    if (auto problem = envNameProblem(kv.substr(0, eq)); !problem.empty()) throw SpecError("--env: " + problem);
-    if (kv.find('\0') != std::string::npos)
+    if (eq == 0 || kv.empty())
+      throw SpecError(oneLine(fmt::format("--env: expected KEY=VALUE (or a NAME, for dtrain's own value of it), got \"{}\"", kv)));
+    const std::string name = kv.substr(0, eq);
+    if (auto problem = envNameProblem(name); !problem.empty()) throw SpecError(oneLine("--env: " + problem));
+    std::string value;
+    if (eq == std::string::npos) {
+      // mpirun's -x NAME: the variable as the launcher has it (local workers inherit it anyway;
+      // this also takes it to remote hosts).
+      const char* mine = std::getenv(name.c_str());
+      if (mine == nullptr)
+        throw SpecError(fmt::format("--env: {} is not set in dtrain's environment, so there is no value to pass on; set "
+                                    "it before dtrain run (export {}=...), or give --env {}=VALUE",
+                                    name, name, name));
+      value = mine;
+    } else {
+      value = kv.substr(eq + 1);
+    }
+    if (value.find('\0') != std::string::npos)
       throw SpecError(fmt::format("--env: the value of {} contains a NUL character, which the environment cannot carry; remove it",
-                                  kv.substr(0, eq)));
-    spec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+                                  name));
+    spec.env[name] = value;
+  }
+  for (const auto& prefix : o.env_forward) {
+    if (!envNameProblem(prefix).empty())
+      throw SpecError(oneLine(fmt::format("--env-forward: bad variable-name prefix \"{}\"; prefixes are letters, digits "
+                                          "and '_', not starting with a digit (e.g. --env-forward MY_APP_)",
+                                          prefix)));
+    if (std::find(spec.env_forward.begin(), spec.env_forward.end(), prefix) == spec.env_forward.end())
+      spec.env_forward.push_back(prefix);
   }
   if (o.local_ranks_filter)
     spec.console_ranks = parseRankList(*o.local_ranks_filter, [](const std::string& m) { throw SpecError("--local-ranks-filter: " + m); });

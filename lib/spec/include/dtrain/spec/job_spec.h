@@ -113,6 +113,11 @@ struct TrainerSpec {
   bool operator==(const TrainerSpec&) const = default;
 };
 
+// The launcher's variables remote workers get unless the job says otherwise (env_forward):
+// the default of every JobSpec, from a spec file or from the command line alone.
+inline const std::vector<std::string> kDefaultEnvForward = {"NCCL_", "GLOO_", "OMP_", "OPENBLAS_", "MKL_",
+                                                            "PYTHON", "TORCH_", "HF_", "WANDB_"};
+
 // Paths (cwd, log_dir, hostfile, env_file, ssh.identity_file, the trainer's data files and
 // checkpoint.dir) are absolute once parsed: a relative one means what it means in the
 // directory dtrain is started in, whatever `cwd` says.
@@ -146,8 +151,9 @@ struct JobSpec {
   std::string hostfile;                       // the file nodes came from, if any
   SshSpec ssh;
   // Prefixes of the launcher's environment variables that reach remote workers (local ones
-  // inherit everything anyway). Default: kDefaultEnvForward.
-  std::vector<std::string> env_forward;
+  // inherit everything anyway). The default lives here, so that a spec file without the key
+  // and a job given on the command line alone (dtrain run --hosts ... -- CMD) get the same.
+  std::vector<std::string> env_forward = kDefaultEnvForward;
   std::string env_file;                       // KEY=VALUE lines merged under env (env wins)
   bool operator==(const JobSpec&) const = default;
 };
@@ -156,9 +162,6 @@ struct JobSpec {
 inline constexpr int kMaxProcsPerNode = 4096;  // nproc_per_node, slots; local ranks are below it
 inline constexpr int kMaxNodes = 4096;         // min_nodes, max_nodes, --nnodes
 inline constexpr int kMaxRestarts = 1000000;   // max_restarts, --max-restarts
-
-inline const std::vector<std::string> kDefaultEnvForward = {"NCCL_", "GLOO_", "OMP_", "OPENBLAS_", "MKL_",
-                                                            "PYTHON", "TORCH_", "HF_", "WANDB_"};
 
 // Reads and validates a job spec file. Throws SpecError with one line:
 // "<file>: <json pointer>: <problem>; <fix>".
@@ -174,7 +177,8 @@ struct Overrides {
   std::optional<std::string> nnodes;          // --nnodes N or MIN:MAX
   std::optional<std::string> log_dir;
   std::optional<double> shutdown_timeout_s;
-  std::vector<std::string> env;               // "K=V"
+  std::vector<std::string> env;               // "K=V", or "K": the launcher's own value of K
+  std::vector<std::string> env_forward;       // --env-forward PREFIX: added to the spec's env_forward
   std::optional<std::string> local_ranks_filter;  // "0,2"
   bool no_prefix = false;
   std::optional<std::string> hostfile;        // --hostfile FILE (replaces the spec's nodes)
