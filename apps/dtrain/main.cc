@@ -204,7 +204,8 @@ std::string foreignFlagHint(const std::string& flag) {
        "give the hosts with their workers as --hosts h1:2,h2:2 (or --hostfile FILE, one host slots=N per line)"},
       {"an mpirun option", {"x"},
        "use --env KEY=VALUE, or --env NAME to pass on dtrain's own value of NAME (repeatable)"},
-      {"an mpirun option", {"hostfile", "machinefile"}, "dtrain's is --hostfile FILE (host slots=N lines)"},
+      {"an mpirun option", {"hostfile", "machinefile"}, "dtrain's is --hostfile FILE (host slots=N lines; OpenMPI's "
+                                                        "max_slots=N is taken too)"},
       {"an mpirun option", {"output_filename"}, "use --log-dir DIR: each rank's output also goes to DIR/rank_N.log"},
       {"an mpirun option", {"tag_output", "timestamp_output"},
        "worker lines are prefixed with [rank N] by default (--no-prefix turns that off); add timestamps in your "
@@ -215,7 +216,8 @@ std::string foreignFlagHint(const std::string& flag) {
        "dtrain runs on every host given (--hosts h1:N,h2:N or --hostfile FILE); --nnodes MIN:MAX is the elastic "
        "range"},
       {"a DeepSpeed launcher option", {"include", "exclude"},
-       "list only the hosts to use (--hosts, or a hostfile), and a host's GPUs as gpus=0,1 on its hostfile line"},
+       "list only the hosts to use (--hosts, or a hostfile), and a host's GPUs as gpus=0,1 on its hostfile line (one "
+       "worker per GPU listed)"},
   };
   static const std::vector<std::pair<std::vector<std::string>, std::string>> kHints = {
       {{"standalone"}, "dtrain needs nothing for it: one node with its own rendezvous store is the default"},
@@ -337,6 +339,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   s.ssh.options.insert(s.ssh.options.end(), a.ssh_options.begin(), a.ssh_options.end());
   spec::resolve(s, a.overrides);
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
+  for (const auto& [about, line] : s.warnings) std::cerr << "dtrain: warning: " << line << "\n";
   // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the
   // resolved spec (cmdRun writes it): absolute paths whatever `cwd` says, the overrides
   // included, and unchanged by edits to the spec file while the job runs.

@@ -196,6 +196,41 @@ expect_grep "^env_forward: +NCCL_ GLOO_ OMP_ OPENBLAS_ MKL_ PYTHON TORCH_ HF_ WA
 "$DTRAIN" validate --hosts gpu-a:2 --env-forward 1X -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env-forward 1X exits 2"
 expect_grep "^dtrain: error: --env-forward: bad variable-name prefix \"1X\"" "$T/err" "--env-forward: bad prefix named"
 
+# --nproc-per-node against a host's own slots: refused, not silently ignored.
+"$DTRAIN" run --hosts localhost:2 --nproc-per-node 1 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hosts localhost:2 --nproc-per-node 1 exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --nproc-per-node 1: host \"localhost\" (--hosts) has 2 slots, not 1; drop --nproc-per-node or the host's slots (hosts without slots run --nproc-per-node workers)" "--nproc-per-node vs slots: host, slots and flag named"
+echo "localhost slots=2" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --nproc-per-node 1 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hostfile slots=2 --nproc-per-node 1 exits 2"
+expect_grep "^dtrain: error: --nproc-per-node 1: host \"localhost\" \($T/hosts:1\) has 2 slots, not 1" "$T/err" "--nproc-per-node vs a hostfile line"
+"$DTRAIN" run --hostfile "$T/hosts" --nproc-per-node 2 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "--nproc-per-node agreeing with slots"
+echo "{\"command\": [\"true\"], \"nproc_per_node\": 1, \"hostfile\": \"$T/hosts\"}" > "$T/hf.json"
+"$DTRAIN" run "$T/hf.json" --dry-run >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a spec's nproc_per_node is the default for hosts without slots"
+expect_eq "$(grep -c ' true$' "$T/out")" 2 "a spec's nproc_per_node + slots=2: 2 workers"
+# gpus= without slots: one worker per GPU listed (DeepSpeed's --include localhost:1,3).
+echo "localhost gpus=1,3" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "gpus=1,3 without slots"
+expect_eq "$(grep -c ' true$' "$T/out")" 2 "gpus=1,3 without slots: 2 workers"
+expect_grep "^localhost +0 +1 +1 +cuda:3 +true$" "$T/out" "gpus=1,3: the second worker on GPU 3"
+echo "localhost slots=4 gpus=1,3" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "slots above the GPUs listed runs"
+expect_grep "^dtrain: warning: $T/hosts:1: host \"localhost\" runs 4 workers on 2 GPUs \(gpus=1,3\): they share GPUs" "$T/err" "slots above the GPUs listed: a warning"
+# A number is no host name: DeepSpeed's --include syntax, refused at once (it was an ssh to
+# 0.0.0.2 that timed out after 10 s).
+start=$(date +%s)
+"$DTRAIN" run --hosts localhost:1,2 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hosts localhost:1,2 exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --hosts: \"2\" is not a host name; DeepSpeed's --include localhost:1,2 (GPUs 1,2) is the hostfile line \"localhost gpus=1,2\" (--hostfile FILE); in --hosts, host:N means N workers" "--hosts localhost:1,2: the fix"
+[ $(( $(date +%s) - start )) -lt 5 ] && pass "--hosts localhost:1,2: refused at once" || fail "--hosts localhost:1,2 took $(( $(date +%s) - start )) s"
+printf 'localhost\n2\n' > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a numeric hostfile host exits 2"
+expect_grep "^dtrain: error: --hostfile: $T/hosts:2: \"2\" is not a host name; DeepSpeed's --include host:1,2" "$T/err" "a numeric hostfile host: file:line and the fix"
+# OpenMPI's max_slots=N: taken; dtrain runs exactly slots, so slots above it are refused.
+echo "localhost slots=2 max_slots=4" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "max_slots=4 with slots=2"
+expect_eq "$(grep -c ' true$' "$T/out")" 2 "max_slots: exactly slots workers"
+echo "localhost slots=4 max_slots=2" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "slots above max_slots exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --hostfile: $T/hosts:1: slots=4 is more than max_slots=2 for host \"localhost\"; dtrain runs exactly slots workers and never oversubscribes: give max_slots >= slots, or leave max_slots out" "slots above max_slots: the line and the fix"
+
 # The usage line names the program.
 "$DTRAIN" --help >"$T/out" 2>&1
 expect_grep "^Usage: dtrain \[OPTIONS\] SUBCOMMAND" "$T/out" "--help: usage names dtrain"

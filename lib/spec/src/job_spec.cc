@@ -1102,10 +1102,49 @@ void resolve(JobSpec& spec, const Overrides& given) {
     }
     return;
   }
-  // "auto" is counted on each node itself (its GPUs, its cores), so those slots stay 0 here.
+  // A host's workers: its slots; without them one per GPU it lists (DeepSpeed's
+  // `--include host:1,3` is two workers), else nproc_per_node. "auto" is counted on each node
+  // itself (its GPUs, its cores), so those slots stay 0 here. The spec's nproc_per_node is
+  // the default for hosts without slots; --nproc-per-node on the command line overrides the
+  // spec, and a host's own count it cannot override is refused rather than ignored.
   const NodeSpec* smallest = nullptr;
   for (auto& n : spec.nodes) {
-    if (n.slots == 0 && !spec.nproc_auto) n.slots = spec.nproc_per_node;
+    std::vector<std::string> g;
+    for (int i : n.gpus) g.push_back(std::to_string(i));
+    const std::string gpus = fmt::format("gpus={}", fmt::join(g, ","));
+    const bool fromGpus = n.slots == 0 && !n.gpus.empty();
+    if (fromGpus) n.slots = static_cast<int>(n.gpus.size());
+    if (given.nproc_per_node && !spec.nproc_auto && n.slots > 0 && n.slots != spec.nproc_per_node) {
+      const std::string has =
+          fromGpus ? fmt::format("lists {} GPUs ({}) and no slots, so it runs one worker per GPU", n.slots, gpus)
+                   : fmt::format("has {} slot{}", n.slots, n.slots == 1 ? "" : "s");
+      const std::string fix =
+          fromGpus ? fmt::format("drop --nproc-per-node, or give the host slots={} (then its {} worker{} see{} all "
+                                 "these GPUs)",
+                                 spec.nproc_per_node, spec.nproc_per_node, spec.nproc_per_node == 1 ? "" : "s",
+                                 spec.nproc_per_node == 1 ? "s" : "")
+                   : std::string("drop --nproc-per-node or the host's slots (hosts without slots run --nproc-per-node "
+                                 "workers)");
+      throw SpecError(fmt::format("--nproc-per-node {}: {} ({}) {}, not {}; {}", spec.nproc_per_node,
+                                  detail::hostLabel(n), n.origin, has, spec.nproc_per_node, fix));
+    }
+    const bool fromNproc = n.slots == 0 && !spec.nproc_auto;
+    if (fromNproc) n.slots = spec.nproc_per_node;
+    // (explicit slots above max_slots were refused with the hostfile line)
+    if (n.max_slots > 0 && n.slots > n.max_slots) {
+      const char* nproc = given.nproc_per_node ? "--nproc-per-node" : "nproc_per_node";
+      throw SpecError(fmt::format("{}: {} would run {} workers ({}) but its max_slots is {}, and dtrain never runs "
+                                  "more; give it slots=N with N <= {}{}",
+                                  n.origin, detail::hostLabel(n), n.slots,
+                                  fromGpus ? "one per GPU listed" : fmt::format("{} {}", nproc, n.slots), n.max_slots,
+                                  n.max_slots, fromNproc ? fmt::format(", or lower {}", nproc) : std::string()));
+    }
+    if (!n.gpus.empty() && n.slots > static_cast<int>(n.gpus.size()))
+      spec.warnings["nodes: " + n.origin] = fmt::format(
+          "{}: {} runs {} workers on {} GPU{} ({}): they share GPUs, which NCCL refuses within one communicator (the "
+          "built-in trainer then uses the CPU); list {} GPUs, or give slots={}",
+          n.origin, detail::hostLabel(n), n.slots, n.gpus.size(), n.gpus.size() == 1 ? "" : "s", gpus, n.slots,
+          n.gpus.size());
     if (n.slots > 0 && (smallest == nullptr || n.slots < smallest->slots)) smallest = &n;
   }
   if (smallest == nullptr) return;

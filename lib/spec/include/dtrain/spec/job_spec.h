@@ -26,7 +26,9 @@ struct NodeSpec {
   std::string host;       // as ssh (or the resolver) reaches it, without user@
   std::string user;       // "" = ssh.user, else ssh's own default
   int port = 0;           // ssh port; 0 = ssh.port, else 22
-  int slots = 0;          // workers on this node; 0 = nproc_per_node (resolved on that node if "auto")
+  int slots = 0;          // workers on this node; 0 = one per GPU in gpus, else nproc_per_node
+                          // (resolved on that node if "auto")
+  int max_slots = 0;      // hostfile max_slots=N (OpenMPI): slots may not exceed it; 0 = no cap
   std::string address;    // how other nodes reach this one; "" = learned at run time
   std::vector<int> gpus;  // CUDA_VISIBLE_DEVICES for this node's workers; empty = leave as is
   bool local = false;     // resolved: this machine (localhost, 127.x, ::1, its host name); no ssh
@@ -155,6 +157,11 @@ struct JobSpec {
   // and a job given on the command line alone (dtrain run --hosts ... -- CMD) get the same.
   std::vector<std::string> env_forward = kDefaultEnvForward;
   std::string env_file;                       // KEY=VALUE lines merged under env (env wins)
+  // Things the launcher should say on stderr before it starts anything (a MASTER_PORT set
+  // over dtrain's, a host with more workers than GPUs): one line each, naming where it was
+  // given; keyed by what it is about, so a later source replaces an earlier one's line.
+  // Not shipped to nodes.
+  std::map<std::string, std::string> warnings;
   bool operator==(const JobSpec&) const = default;
 };
 
