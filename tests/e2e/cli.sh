@@ -196,6 +196,19 @@ expect_grep "^env_forward: +NCCL_ GLOO_ OMP_ OPENBLAS_ MKL_ PYTHON TORCH_ HF_ WA
 "$DTRAIN" validate --hosts gpu-a:2 --env-forward 1X -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env-forward 1X exits 2"
 expect_grep "^dtrain: error: --env-forward: bad variable-name prefix \"1X\"" "$T/err" "--env-forward: bad prefix named"
 
+# Worker identity variables are dtrain's: a job setting one is refused, naming where.
+"$DTRAIN" run --env RANK=0 --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env RANK=0 exits 2"
+expect_grep "^dtrain: error: --env: RANK is set by dtrain for every worker \(each worker's global rank, from the job's layout\)" "$T/err" "--env RANK=0: refused, naming --env"
+printf 'A=1\nexport WORLD_SIZE=8\n' > "$T/vars.env"
+echo "{\"command\": [\"true\"], \"env_file\": \"$T/vars.env\"}" > "$T/envfile.json"
+"$DTRAIN" run "$T/envfile.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "env_file WORLD_SIZE exits 2"
+expect_grep "^dtrain: error: $T/vars.env:2: WORLD_SIZE is set by dtrain for every worker" "$T/err" "env_file: refused, naming file:line"
+# MASTER_PORT/MASTER_ADDR may be chosen (torchrun's --master_port hint says how): one warning line.
+"$DTRAIN" run --env MASTER_PORT=29517 --nproc-per-node 1 -- sh -c 'echo "port=$MASTER_PORT"' >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "--env MASTER_PORT runs"
+expect_eq "$(cat "$T/out")" "[rank 0] port=29517" "--env MASTER_PORT reaches the worker"
+expect_eq "$(grep -c '^dtrain: warning: --env: MASTER_PORT=29517 replaces the free port dtrain picks' "$T/err")" 1 "--env MASTER_PORT: one warning line"
+
 # --nproc-per-node against a host's own slots: refused, not silently ignored.
 "$DTRAIN" run --hosts localhost:2 --nproc-per-node 1 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hosts localhost:2 --nproc-per-node 1 exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: --nproc-per-node 1: host \"localhost\" (--hosts) has 2 slots, not 1; drop --nproc-per-node or the host's slots (hosts without slots run --nproc-per-node workers)" "--nproc-per-node vs slots: host, slots and flag named"
@@ -230,6 +243,11 @@ expect_eq "$(grep -c ' true$' "$T/out")" 2 "max_slots: exactly slots workers"
 echo "localhost slots=4 max_slots=2" > "$T/hosts"
 "$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "slots above max_slots exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: --hostfile: $T/hosts:1: slots=4 is more than max_slots=2 for host \"localhost\"; dtrain runs exactly slots workers and never oversubscribes: give max_slots >= slots, or leave max_slots out" "slots above max_slots: the line and the fix"
+
+# A wall-clock limit is timeout(1)'s: exit 124, the workers stopped cleanly (SIGTERM first).
+timeout 2 "$DTRAIN" run --nproc-per-node 2 -- sh -c 'trap "echo stopped cleanly; exit 0" TERM; sleep 60 & wait' >"$T/out" 2>"$T/err"
+expect_eq "$?" 124 "timeout 2 dtrain run: exit 124"
+expect_eq "$(grep -c 'stopped cleanly$' "$T/out")" 2 "timeout: every worker got SIGTERM"
 
 # The usage line names the program.
 "$DTRAIN" --help >"$T/out" 2>&1

@@ -374,6 +374,48 @@ TEST(EnvFile, Errors) {
   EXPECT_EQ(err("A=\"open\n"), "vars.env:1: unterminated quote in the value of A; values are one line: close the double quote");
 }
 
+// RANK and the other identity variables are dtrain's to set, per worker: a job setting one
+// (spec env, env_file, --env) is refused, naming where. MASTER_ADDR/MASTER_PORT are allowed
+// (the documented way to choose them) and said as a warning.
+TEST(EnvFile, IdentityVariablesAreRefused) {
+  auto err = [](const std::string& text) { return errorOf([&] { parseEnvFile(text, "vars.env"); }); };
+  EXPECT_EQ(err("A=1\nRANK=0\n"),
+            "vars.env:2: RANK is set by dtrain for every worker (each worker's global rank, from the job's layout), and a "
+            "value here would replace it in all of them; remove it (the layout comes from nproc_per_node and the hosts' "
+            "slots)");
+  for (const char* v : {"LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CROSS_RANK", "LOCAL_SIZE"})
+    EXPECT_EQ(err(std::string("export ") + v + "=1\n").rfind(std::string("vars.env:1: ") + v + " is set by dtrain", 0), 0u) << v;
+  EXPECT_EQ(specError(R"({"command": ["true"], "env": {"WORLD_SIZE": "4"}})").rfind(
+                "job.json: /env/WORLD_SIZE: WORLD_SIZE is set by dtrain for every worker (the number of workers", 0),
+            0u);
+  TempFile f("X=1\nLOCAL_RANK=0\n");
+  EXPECT_EQ(specError(R"({"command": ["true"], "env_file": ")" + f.path() + R"("})").rfind(f.path() + ":2: LOCAL_RANK is set", 0),
+            0u);
+  // ROLE_NAME is not an identity: the spec may name the role.
+  EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env": {"ROLE_NAME": "trainer"}})", "job.json").env.at("ROLE_NAME"), "trainer");
+
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  Overrides o;
+  o.env = {"RANK=0"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env: RANK is set by dtrain for every worker", 0), 0u);
+}
+
+TEST(EnvFile, MasterAddrAndPortAreWarnings) {
+  TempFile f("A=1\nMASTER_ADDR=10.0.0.9\n");
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "env": {"MASTER_PORT": "29501"}, "env_file": ")" + f.path() + R"("})",
+                           "job.json");
+  EXPECT_EQ(s.env.at("MASTER_PORT"), "29501");
+  ASSERT_EQ(s.warnings.size(), 2u);
+  EXPECT_EQ(s.warnings.at("MASTER_PORT").rfind("job.json: /env/MASTER_PORT: MASTER_PORT=29501 replaces the free port", 0), 0u);
+  EXPECT_EQ(s.warnings.at("MASTER_ADDR").rfind(f.path() + ":2: MASTER_ADDR=10.0.0.9 replaces the address", 0), 0u);
+  Overrides o;
+  o.env = {"MASTER_PORT=30000"};
+  applyOverrides(s, o);
+  EXPECT_EQ(s.env.at("MASTER_PORT"), "30000");
+  EXPECT_EQ(s.warnings.at("MASTER_PORT").rfind("--env: MASTER_PORT=30000 replaces", 0), 0u);  // the winner's line only
+  EXPECT_TRUE(parseJobSpec(R"({"command": ["true"], "env": {"A": "1"}})", "job.json").warnings.empty());
+}
+
 // --env NAME (mpirun's -x NAME): the launcher's own value, refused when it has none.
 TEST(SpecOverrides, EnvNameAloneTakesTheLaunchersValue) {
   ::setenv("DTRAIN_TEST_FROM_LAUNCHER", "a b=c", 1);

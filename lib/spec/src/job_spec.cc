@@ -119,6 +119,31 @@ std::string envNameProblem(const std::string& name) {
   return fmt::format("bad variable name {}; names are letters, digits and '_', not starting with a digit", jsonQuoted(name));
 }
 
+// A worker identity variable given by the job: the problem and the fix, "" for other names.
+std::string identityProblem(const std::string& name) {
+  const std::string what = workerIdentityVar(name);
+  if (what.empty()) return "";
+  return fmt::format("{} is set by dtrain for every worker ({}, from the job's layout), and a value here would "
+                     "replace it in all of them; remove it (the layout comes from nproc_per_node and the hosts' slots)",
+                     name, what);
+}
+
+// MASTER_ADDR / MASTER_PORT given by the job: allowed (the torchrun way to choose them,
+// docs/job-spec.md), said once as a warning naming `where`; "" for other names.
+std::string masterOverrideWarning(const std::string& where, const std::string& name, const std::string& value) {
+  if (name == "MASTER_PORT")
+    return oneLine(fmt::format("{}: MASTER_PORT={} replaces the free port dtrain picks for the workers' process group: "
+                               "it must be free on node 0 when the workers start, and two jobs given the same port "
+                               "collide; leave it out to get a free one",
+                               where, value));
+  if (name == "MASTER_ADDR")
+    return oneLine(fmt::format("{}: MASTER_ADDR={} replaces the address dtrain gives the workers (127.0.0.1 on one "
+                               "node, else node 0's): every rank must reach rank 0 there; leave it out unless that is "
+                               "the point",
+                               where, value));
+  return "";
+}
+
 // The bounds a number field accepts: [lo, hi], or open at one end.
 enum class Bounds { kClosed, kOpenLow, kOpenHigh };
 
@@ -723,7 +748,26 @@ bool validUtf8(const std::string& s) {
   return true;
 }
 
-std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source) {
+std::string workerIdentityVar(const std::string& name) {
+  static const std::map<std::string, std::string> kVars = {
+      {"RANK", "each worker's global rank"},
+      {"ROLE_RANK", "each worker's global rank"},
+      {"LOCAL_RANK", "each worker's rank on its node"},
+      {"GROUP_RANK", "the rank of the worker's node"},
+      {"CROSS_RANK", "the rank of the worker's node"},
+      {"WORLD_SIZE", "the number of workers"},
+      {"ROLE_WORLD_SIZE", "the number of workers"},
+      {"LOCAL_WORLD_SIZE", "the number of workers on the node"},
+      {"LOCAL_SIZE", "the number of workers on the node"},
+      {"GROUP_WORLD_SIZE", "the number of nodes"},
+      {"CROSS_SIZE", "the number of nodes"},
+  };
+  const auto it = kVars.find(name);
+  return it == kVars.end() ? std::string() : it->second;
+}
+
+std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source,
+                                                std::map<std::string, int>* lineOf) {
   std::map<std::string, std::string> env;
   std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);  // without a UTF-8 BOM
   std::string line;
@@ -743,6 +787,7 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
       fail(fmt::format("expected KEY=VALUE, got \"{}\"; write one KEY=VALUE per line ('#' starts a comment line)", body));
     std::string key = body.substr(0, eq);
     if (auto problem = envNameProblem(key); !problem.empty()) fail(problem + " (no spaces around '=')");
+    if (auto problem = identityProblem(key); !problem.empty()) fail(problem);
     std::string value = body.substr(eq + 1);
     if (value.find('\0') != std::string::npos)
       fail(fmt::format("the value of {} contains a NUL byte, which the environment cannot carry; remove it", key));
@@ -753,6 +798,7 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
       value = value.substr(1, value.size() - 2);
     }
     env[key] = value;
+    if (lineOf) (*lineOf)[key] = lineNo;
   }
   return env;
 }
@@ -816,7 +862,10 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     for (auto it = env.begin(); it != env.end(); ++it) {
       std::string p = "/env/" + pointerToken(it.key());
       if (auto problem = envNameProblem(it.key()); !problem.empty()) c.fail(p, problem);
+      if (auto problem = identityProblem(it.key()); !problem.empty()) c.fail(p, problem);
       spec.env[it.key()] = c.str(it.value(), p);
+      if (auto w = masterOverrideWarning(source + ": " + p, it.key(), spec.env[it.key()]); !w.empty())
+        spec.warnings[it.key()] = w;
     }
   }
   if (root.contains("cwd")) {
@@ -926,7 +975,12 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
                                       spec.env_file, f.reason));
     if (f.status != S::kOk) c.fail("/env_file", fmt::format("cannot read \"{}\": {}", spec.env_file, f.reason));
     // The spec's own env wins over the file.
-    for (auto& [k, v] : parseEnvFile(f.text, spec.env_file)) spec.env.emplace(k, v);
+    std::map<std::string, int> lineOf;
+    for (auto& [k, v] : parseEnvFile(f.text, spec.env_file, &lineOf)) {
+      if (!spec.env.emplace(k, v).second) continue;
+      if (auto w = masterOverrideWarning(fmt::format("{}:{}", spec.env_file, lineOf[k]), k, v); !w.empty())
+        spec.warnings[k] = w;
+    }
   }
   makePathsAbsolute(spec);
   return spec;
@@ -984,6 +1038,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
       throw SpecError(oneLine(fmt::format("--env: expected KEY=VALUE (or a NAME, for dtrain's own value of it), got \"{}\"", kv)));
     const std::string name = kv.substr(0, eq);
     if (auto problem = envNameProblem(name); !problem.empty()) throw SpecError(oneLine("--env: " + problem));
+    if (auto problem = identityProblem(name); !problem.empty()) throw SpecError("--env: " + problem);
     std::string value;
     if (eq == std::string::npos) {
       // mpirun's -x NAME: the variable as the launcher has it (local workers inherit it anyway;
@@ -1001,6 +1056,8 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
       throw SpecError(fmt::format("--env: the value of {} contains a NUL character, which the environment cannot carry; remove it",
                                   name));
     spec.env[name] = value;
+    spec.warnings.erase(name);  // --env wins: its line, not the spec's
+    if (auto w = masterOverrideWarning("--env", name, value); !w.empty()) spec.warnings[name] = w;
   }
   for (const auto& prefix : o.env_forward) {
     if (!envNameProblem(prefix).empty())

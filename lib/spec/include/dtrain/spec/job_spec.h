@@ -202,8 +202,16 @@ std::vector<NodeSpec> parseHostList(const std::string& list);
 
 // An env_file's text: KEY=VALUE lines, '#' comments, blank lines, optional "export ",
 // values literal (no expansion) with one pair of surrounding quotes removed. Throws
-// SpecError "<source>:<line>: problem; fix".
-std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source);
+// SpecError "<source>:<line>: problem; fix" (a worker identity variable is one).
+// `lineOf`, when given, gets each name's line.
+std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source,
+                                                std::map<std::string, int>* lineOf = nullptr);
+
+// The worker identity variables dtrain sets from the job's layout (RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK and their torchrun/DeepSpeed aliases): "" when
+// `name` is not one, else what it holds ("each worker's global rank"). A job may not set
+// them: one value for every worker would give all of them the same identity.
+std::string workerIdentityVar(const std::string& name);
 
 // True when host names this machine (localhost, 127.0.0.0/8, ::1, gethostname(), or an
 // address of one of its interfaces).
