@@ -157,7 +157,11 @@ int launch(comm::Collective c, CLI::App* sub) {
     s.command.push_back(a.json);
   }
   spec::Overrides ov;
-  ov.nproc_per_node = a.nproc;
+  // Given, --nproc-per-node is an override like run's (a host's slots that disagree are
+  // refused); else 2 ranks is the default, for the hosts without slots.
+  const CLI::Option* nprocOpt = sub->get_option_no_throw("--nproc-per-node");
+  if (nprocOpt && nprocOpt->count() > 0) ov.nproc_per_node = a.nproc;
+  else s.nproc_per_node = 2;
   if (!a.hostfile.empty()) ov.hostfile = a.hostfile;
   if (!a.hosts.empty()) ov.hosts = a.hosts;
   spec::applyOverrides(s, ov);

@@ -61,7 +61,14 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--nnodes", a.nnodes, "Elastic node range N or MIN:MAX (multi-node; default: all hosts given)");
   cmd->add_option("--log-dir,--log_dir", a.overrides.log_dir, "Directory for per-rank log files (rank_N.log)");
   // One value per --env: a vector option would otherwise swallow the spec after it.
-  cmd->add_option("--env", a.overrides.env, "Extra worker environment KEY=VALUE (repeatable)")->allow_extra_args(false);
+  cmd->add_option("--env", a.overrides.env,
+                  "Extra worker environment KEY=VALUE, or NAME alone for dtrain's own value of NAME (mpirun's -x "
+                  "NAME; it must be set); repeatable, wins over the spec")
+      ->allow_extra_args(false);
+  cmd->add_option("--env-forward", a.overrides.env_forward,
+                  "Also pass the launcher's variables starting with PREFIX to remote workers (repeatable; added to the "
+                  "spec's env_forward)")
+      ->allow_extra_args(false);
   cmd->add_option("--shutdown-timeout", a.shutdown, "Seconds between SIGTERM and SIGKILL at teardown (default 30)");
   cmd->add_option("--local-ranks-filter,--local_ranks_filter", a.overrides.local_ranks_filter,
                   "Show only these local ranks on the console, e.g. 0,2 (log files still get all)");
@@ -176,12 +183,42 @@ std::string jobNameOf(const std::vector<std::string>& cmd) {
   return prog;
 }
 
-// What dtrain does instead of a torchrun option it does not take (torchrun's own spelling
-// or dashed); "" for other words. Options dtrain shares (--nproc_per_node, --nnodes,
-// --max_restarts, --log_dir) never get here.
-std::string torchrunFlagHint(const std::string& flag) {
+// What dtrain does instead of another launcher's option it does not take: "<flag> is a
+// torchrun option; <what to do>" (torchrun's, mpirun's, horovodrun's or the DeepSpeed
+// launcher's own spelling, or dashed); "" for other words. Options dtrain shares
+// (--nproc_per_node, --nnodes, --max_restarts, --log_dir, --hostfile, --hosts) never get here.
+std::string foreignFlagHint(const std::string& flag) {
   std::string f = flag.substr(flag.find_first_not_of('-') == std::string::npos ? flag.size() : flag.find_first_not_of('-'));
   std::replace(f.begin(), f.end(), '-', '_');
+  struct Hint {
+    const char* launcher;
+    std::vector<std::string> names;
+    std::string what;
+  };
+  static const char* kTorchrun = "a torchrun option";
+  static const std::vector<Hint> kMpiHints = {
+      {"an mpirun/horovodrun option (the total number of processes)", {"np", "n", "num_proc", "nproc"},
+       "dtrain counts workers per host: --nproc-per-node N on one host; across hosts each host's slots (--hosts "
+       "h1:2,h2:2 or slots=N in a --hostfile), the total being their sum"},
+      {"an mpirun/horovodrun option", {"H", "host"},
+       "give the hosts with their workers as --hosts h1:2,h2:2 (or --hostfile FILE, one host slots=N per line)"},
+      {"an mpirun option", {"x"},
+       "use --env KEY=VALUE, or --env NAME to pass on dtrain's own value of NAME (repeatable)"},
+      {"an mpirun option", {"hostfile", "machinefile"}, "dtrain's is --hostfile FILE (host slots=N lines; OpenMPI's "
+                                                        "max_slots=N is taken too)"},
+      {"an mpirun option", {"output_filename"}, "use --log-dir DIR: each rank's output also goes to DIR/rank_N.log"},
+      {"an mpirun option", {"tag_output", "timestamp_output"},
+       "worker lines are prefixed with [rank N] by default (--no-prefix turns that off); add timestamps in your "
+       "script's logging"},
+      {"a DeepSpeed launcher option", {"num_gpus"}, "use --nproc-per-node N (workers per host; auto = one per visible "
+                                                    "GPU)"},
+      {"a DeepSpeed launcher option", {"num_nodes"},
+       "dtrain runs on every host given (--hosts h1:N,h2:N or --hostfile FILE); --nnodes MIN:MAX is the elastic "
+       "range"},
+      {"a DeepSpeed launcher option", {"include", "exclude"},
+       "list only the hosts to use (--hosts, or a hostfile), and a host's GPUs as gpus=0,1 on its hostfile line (one "
+       "worker per GPU listed)"},
+  };
   static const std::vector<std::pair<std::vector<std::string>, std::string>> kHints = {
       {{"standalone"}, "dtrain needs nothing for it: one node with its own rendezvous store is the default"},
       {{"master_port"}, "dtrain picks a free port itself; to fix the port workers see, use --env MASTER_PORT=N"},
@@ -203,8 +240,26 @@ std::string torchrunFlagHint(const std::string& flag) {
       {{"role", "start_method", "max_restarts_per_node"}, "dtrain has no such setting; see dtrain run --help"},
   };
   for (const auto& [names, hint] : kHints)
-    if (std::find(names.begin(), names.end(), f) != names.end()) return hint;
+    if (std::find(names.begin(), names.end(), f) != names.end()) return fmt::format("{} is {}; {}", flag, kTorchrun, hint);
+  for (const auto& h : kMpiHints)
+    if (std::find(h.names.begin(), h.names.end(), f) != h.names.end())
+      return fmt::format("{} is {}; {}", flag, h.launcher, h.what);
   return "";
+}
+
+// How to run `words` (a program, as the user gave it) with dtrain: the words after --, with
+// the python3 a Python script needs (dtrain adds no interpreter, unlike torchrun) or the ./
+// a script in this directory needs (it is not on PATH). For the fixes of `dtrain run x.py`
+// and `dtrain run ./env.sh`.
+std::vector<std::string> commandFix(std::vector<std::string> words) {
+  if (words.empty()) return words;
+  const std::string& first = words.front();
+  std::error_code ec;
+  if (std::filesystem::path(first).extension() == ".py")
+    words.insert(words.begin(), "python3");
+  else if (first.find('/') == std::string::npos && std::filesystem::is_regular_file(first, ec))
+    words.front() = "./" + first;
+  return words;
 }
 
 // A local job's program must be one exec can run: said here, once, with the fix (exit 2),
@@ -260,9 +315,11 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
       // torchrun's habit, `dtrain run train.py`: say how to run a command.
       const std::string ext = std::filesystem::path(a.spec_path).extension().string();
       if (ext == ".json" || std::string(e.what()).find("invalid JSON") == std::string::npos) throw;
+      std::vector<std::string> fixed;
+      for (const std::string& w : commandFix({a.spec_path})) fixed.push_back(shellQuote(w));
       throw SpecError(fmt::format("{}; job specs are JSON files: to run a program, put its command after --, e.g. "
-                                  "dtrain run --nproc-per-node 2 -- python3 {}",
-                                  e.what(), a.spec_path));
+                                  "dtrain run --nproc-per-node 2 -- {}",
+                                  e.what(), fmt::join(fixed, " ")));
     }
   } else if (!a.command.empty()) {
     s.command = a.command;
@@ -282,6 +339,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   s.ssh.options.insert(s.ssh.options.end(), a.ssh_options.begin(), a.ssh_options.end());
   spec::resolve(s, a.overrides);
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
+  for (const auto& [about, line] : s.warnings) std::cerr << "dtrain: warning: " << line << "\n";
   // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the
   // resolved spec (cmdRun writes it): absolute paths whatever `cwd` says, the overrides
   // included, and unchanged by edits to the spec file while the job runs.
@@ -589,6 +647,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::vector<std::string> command;
   auto verb = std::find_if(args.begin(), args.end(), [](const std::string& w) { return w.empty() || w[0] != '-'; });
+  const std::string verbWord = verb != args.end() ? *verb : std::string();
   bool isRun = verb != args.end() && *verb == "run";
   bool takesCommand = isRun || (verb != args.end() && *verb == "validate");
   for (size_t i = 0; takesCommand && i < args.size(); ++i) {
@@ -646,6 +705,13 @@ int main(int argc, char** argv) {
     std::cerr << "dtrain: error: " << bad << "\n";
     return kExitUsage;
   }
+  // mpirun's single-dash long options: CLI11 would read `-hostfile` as -h (help, exit 0).
+  for (size_t i = 0; takesCommand && i < args.size(); ++i) {
+    const std::string& w = args[i];
+    if (w.size() > 2 && w[0] == '-' && w[1] != '-')
+      if (const std::string hint = foreignFlagHint(w.substr(0, w.find('='))); !hint.empty())
+        return usageError(verbWord + ": " + hint);
+  }
   // Words left over after `run`'s spec are most often a command given without "--"
   // (torchrun's habit); said below with the fix instead of CLI11's generic message.
   run->allow_extras();
@@ -660,6 +726,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
+    // validate takes no extra words: another launcher's option gets its hint, as under run.
+    if (validate->parsed() && validate->remaining_size(false) > 0) {
+      const std::string first = validate->remaining(false).front();
+      if (first.size() > 1 && first[0] == '-')
+        if (const std::string hint = foreignFlagHint(first.substr(0, first.find('='))); !hint.empty())
+          return usageError("validate: " + hint);
+    }
     return usageError(unexpectedArguments(app, app::storeParseHint(args), e.what()));
   } catch (const CLI::ArgumentMismatch& e) {
     if (const std::string said = argumentMismatch(e.what(), args); !said.empty()) return usageError(said);
@@ -692,9 +765,7 @@ int main(int argc, char** argv) {
     auto opt = extra.begin();
     if (opt->size() > 1 && (*opt)[0] == '-') {
       const std::string word = opt->substr(0, opt->find('='));
-      if (const std::string hint = torchrunFlagHint(word); !hint.empty()) {
-        return usageError(fmt::format("run: {} is a torchrun option; {}", word, hint));
-      }
+      if (const std::string hint = foreignFlagHint(word); !hint.empty()) return usageError("run: " + hint);
       std::vector<std::string> known;
       for (const CLI::Option* o : run->get_options())
         for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
@@ -716,9 +787,9 @@ int main(int argc, char** argv) {
     if (!runArgs.spec_path.empty()) words.insert(words.begin(), shellQuote(runArgs.spec_path));
     // torchrun's `torchrun train.py x` names the script alone: the fix gets the python3 that
     // dtrain would otherwise refuse it without (it adds no interpreter).
-    std::vector<std::string> fixed = words;
-    const std::string first = runArgs.spec_path.empty() ? extra.front() : runArgs.spec_path;
-    if (std::filesystem::path(first).extension() == ".py") fixed.insert(fixed.begin(), "python3");
+    std::vector<std::string> given = extra, fixed;
+    if (!runArgs.spec_path.empty()) given.insert(given.begin(), runArgs.spec_path);
+    for (const std::string& w : commandFix(given)) fixed.push_back(shellQuote(w));
     return usageError(fmt::format("run: unexpected arguments \"{}\"; to run a program, put its command after --: "
                                   "dtrain run [options] -- {}",
                                   fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(fixed, " "))));

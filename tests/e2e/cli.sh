@@ -14,8 +14,17 @@ expect_grep "nothing to run" "$T/err" "nothing to run message"
 expect_grep "^dtrain: error: --nproc-per-node: expected a worker count between 1 and 4096 or \"auto\", got \"-3\"$" "$T/err" "bad --nproc-per-node message"
 "$DTRAIN" run --nproc-per-node 5000 -- true 2>"$T/err"; expect_eq "$?" 2 "--nproc-per-node 5000 exits 2"
 expect_grep "^dtrain: error: --nproc-per-node: expected a worker count between 1 and 4096 or \"auto\", got \"5000\"$" "$T/err" "--nproc-per-node range stated"
-"$DTRAIN" run --env NOEQUALS --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "bad --env exits 2"
-expect_grep "--env: expected KEY=VALUE" "$T/err" "bad --env message"
+env -u NOEQUALS "$DTRAIN" run --env NOEQUALS --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "--env NAME unset exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --env: NOEQUALS is not set in dtrain's environment, so there is no value to pass on; set it before dtrain run (export NOEQUALS=...), or give --env NOEQUALS=VALUE" "--env NAME unset: named, with the fix"
+"$DTRAIN" run --env =x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "--env =x exits 2"
+expect_grep "--env: expected KEY=VALUE \(or a NAME, for dtrain's own value of it\), got \"=x\"" "$T/err" "bad --env message"
+# --env NAME (mpirun's -x NAME): the launcher's value, to local and remote workers alike.
+FROM_LAUNCHER="a b=c" "$DTRAIN" run --env FROM_LAUNCHER --nproc-per-node 1 -- sh -c 'echo "got=$FROM_LAUNCHER"' >"$T/out" 2>"$T/err"
+expect_eq "$(cat "$T/out")" "[rank 0] got=a b=c" "--env NAME: the launcher's value"
+FROM_LAUNCHER=v1 "$DTRAIN" validate --hosts gpu-a:2,gpu-b:2 --env FROM_LAUNCHER -- true >"$T/out" 2>"$T/err"
+expect_grep "^env: +FROM_LAUNCHER=v1$" "$T/out" "--env NAME: in the job's env (what remote workers get)"
+"$DTRAIN" run --help >"$T/out" 2>&1
+expect_grep "or NAME alone for dtrain's own value of NAME" "$T/out" "--help: --env NAME explained"
 "$DTRAIN" run --env 1A=x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "--env 1A=x exits 2"
 expect_grep "^dtrain: error: --env: bad variable name \"1A\"; names are letters, digits and '_', not starting with a digit$" "$T/err" "--env name rule"
 "$DTRAIN" run --max-restarts x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "bad --max-restarts exits 2"
@@ -68,6 +77,14 @@ expect_eq "$(cat "$T/out")" "[rank 0] --lr 0.1 --help" "worker flags after -- un
 echo 'print("ran")' > "$T/train.py"
 "$DTRAIN" run --nproc-per-node 2 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a script as the spec exits 2"
 expect_grep "invalid JSON.*job specs are JSON files: to run a program, put its command after --, e.g. dtrain run --nproc-per-node 2 -- python3 $T/train.py$" "$T/err" "a script as the spec: how to run it"
+# Only a .py gets python3 in the fix; another script gets the ./ it needs (not on PATH).
+printf '#!/bin/sh\nenv\n' > "$T/env.sh"; chmod +x "$T/env.sh"
+(cd "$T" && "$DTRAIN" run ./env.sh >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "a shell script as the spec exits 2"
+expect_grep "job specs are JSON files: to run a program, put its command after --, e.g. dtrain run --nproc-per-node 2 -- ./env.sh$" "$T/err" "a shell script as the spec: -- ./env.sh, no python3"
+(cd "$T" && "$DTRAIN" run env.sh >"$T/out" 2>"$T/err")
+expect_grep "e.g. dtrain run --nproc-per-node 2 -- ./env.sh$" "$T/err" "a script named without ./: the fix has it"
+(cd "$T" && "$DTRAIN" run env.sh x >"$T/out" 2>"$T/err")
+expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"env.sh x\"; to run a program, put its command after --: dtrain run [options] -- ./env.sh x" "a script without --: the same fix"
 "$DTRAIN" run --nproc-per-node 1 python3 "$T/train.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a command without -- exits 2"
 expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py\"; to run a program, put its command after --: dtrain run \[options\] -- python3 $T/train.py$" "$T/err" "a command without --: the fix, in order"
 expect_eq "$(cat "$T/out")" "" "nothing ran"
@@ -92,6 +109,35 @@ done
 expect_grep "^dtrain: error: run: unexpected arguments \"python3 $T/train.py --epochs 3 -t 4\"; to run a program, put its command after --" "$T/err" "a command without -- keeps its own options (not taken for dtrain's)"
 "$DTRAIN" run --frob 3 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"
 expect_eq "$(cat "$T/err")" "dtrain: error: run: unknown option --frob; see dtrain run --help" "an unknown option with a value: the option, not its value"
+# mpirun's, horovodrun's and the DeepSpeed launcher's options: the dtrain equivalent, exit 2,
+# under run and validate alike (-hostfile was read by CLI11 as -h: help, exit 0).
+while IFS='|' read -r f launcher fix; do
+  for verb in run validate; do
+    "$DTRAIN" $verb $f -- true >"$T/out" 2>"$T/err"; rc=$?
+    expect_eq "$rc" 2 "$verb $f exits 2"
+    expect_grep "^dtrain: error: $verb: ${f%% *} is $launcher.*; .*$fix" "$T/err" "$verb $f: the dtrain equivalent"
+    expect_eq "$(wc -l < "$T/err")" 1 "$verb $f: one line"
+  done
+done <<'EOF_FLAGS'
+-np 4|an mpirun/horovodrun option \(the total number of processes\)|--nproc-per-node N on one host
+--np 4|an mpirun/horovodrun option|--hosts h1:2,h2:2 or slots=N in a --hostfile
+-n 4|an mpirun/horovodrun option|--nproc-per-node N
+--num-proc 4|an mpirun/horovodrun option|--nproc-per-node N
+--nproc 4|an mpirun/horovodrun option|--nproc-per-node N
+-H h1:2,h2:2|an mpirun/horovodrun option|--hosts h1:2,h2:2
+-host h1,h2|an mpirun/horovodrun option|--hosts h1:2,h2:2
+-x NCCL_DEBUG|an mpirun option|--env KEY=VALUE, or --env NAME
+-hostfile hosts|an mpirun option|dtrain's is --hostfile FILE
+--output-filename out|an mpirun option|--log-dir DIR
+--tag-output|an mpirun option|--no-prefix turns that off
+--num_gpus 2|a DeepSpeed launcher option|--nproc-per-node N
+--num-gpus 2|a DeepSpeed launcher option|--nproc-per-node N
+--num_nodes 2|a DeepSpeed launcher option|--nnodes MIN:MAX
+--include localhost:1,3|a DeepSpeed launcher option|gpus=0,1 on its hostfile line
+--exclude h2|a DeepSpeed launcher option|list only the hosts to use
+EOF_FLAGS
+"$DTRAIN" run --np 2 -- true >"$T/out" 2>"$T/err"
+grep -q "did you mean" "$T/err" && fail "--np: a did-you-mean instead of the equivalent: $(cat "$T/err")" || pass "--np: no misleading did-you-mean"
 "$DTRAIN" runn "$SRC/configs/env_dump.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt command exits 2"
 expect_grep "^dtrain: error: dtrain: unknown command \"runn\" \(did you mean \"run\"\?\); the commands are run, validate, store, bench, train$" "$T/err" "misspelt command: did you mean"
 "$DTRAIN" store frob >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "misspelt store verb exits 2"
@@ -138,6 +184,71 @@ expect_grep "^dtrain: error: --nnodes: 3 node\(s\) asked for but 2 host\(s\) giv
 expect_grep "^dtrain: error: --nnodes: 1 node\(s\) at most, but 2 host\(s\) given, .* or raise --nnodes to 2$" "$T/err" "--nnodes named (below the hosts)"
 "$DTRAIN" validate "$SRC/tests/spec/bad/console_ranks_contradiction.json" --local-ranks-filter 0 >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "--local-ranks-filter replaces the spec's console_ranks"
+# A job from the command line alone forwards what a spec file does (env_forward's default
+# lives in one place), and --env-forward adds to it.
+"$DTRAIN" validate --hosts gpu-a:2,gpu-b:2 -- "$T/env.sh" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate --hosts ... -- CMD"
+expect_grep "^env_forward: +NCCL_ GLOO_ OMP_ OPENBLAS_ MKL_ PYTHON TORCH_ HF_ WANDB_$" "$T/out" "a command-line job forwards the default prefixes"
+echo '{"command": ["true"]}' > "$T/plain.json"
+"$DTRAIN" validate "$T/plain.json" --hosts gpu-a:2,gpu-b:2 >"$T/out2" 2>"$T/err"
+expect_eq "$(grep '^env_forward:' "$T/out2")" "$(grep '^env_forward:' "$T/out")" "the same default as a spec file's"
+"$DTRAIN" validate --hosts gpu-a:2,gpu-b:2 --env-forward MY_APP_ --env-forward NCCL_ -- "$T/env.sh" >"$T/out" 2>"$T/err"
+expect_grep "^env_forward: +NCCL_ GLOO_ OMP_ OPENBLAS_ MKL_ PYTHON TORCH_ HF_ WANDB_ MY_APP_$" "$T/out" "--env-forward adds a prefix, once"
+"$DTRAIN" validate --hosts gpu-a:2 --env-forward 1X -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env-forward 1X exits 2"
+expect_grep "^dtrain: error: --env-forward: bad variable-name prefix \"1X\"" "$T/err" "--env-forward: bad prefix named"
+
+# Worker identity variables are dtrain's: a job setting one is refused, naming where.
+"$DTRAIN" run --env RANK=0 --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env RANK=0 exits 2"
+expect_grep "^dtrain: error: --env: RANK is set by dtrain for every worker \(each worker's global rank, from the job's layout\)" "$T/err" "--env RANK=0: refused, naming --env"
+printf 'A=1\nexport WORLD_SIZE=8\n' > "$T/vars.env"
+echo "{\"command\": [\"true\"], \"env_file\": \"$T/vars.env\"}" > "$T/envfile.json"
+"$DTRAIN" run "$T/envfile.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "env_file WORLD_SIZE exits 2"
+expect_grep "^dtrain: error: $T/vars.env:2: WORLD_SIZE is set by dtrain for every worker" "$T/err" "env_file: refused, naming file:line"
+# MASTER_PORT/MASTER_ADDR may be chosen (torchrun's --master_port hint says how): one warning line.
+"$DTRAIN" run --env MASTER_PORT=29517 --nproc-per-node 1 -- sh -c 'echo "port=$MASTER_PORT"' >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "--env MASTER_PORT runs"
+expect_eq "$(cat "$T/out")" "[rank 0] port=29517" "--env MASTER_PORT reaches the worker"
+expect_eq "$(grep -c '^dtrain: warning: --env: MASTER_PORT=29517 replaces the free port dtrain picks' "$T/err")" 1 "--env MASTER_PORT: one warning line"
+
+# --nproc-per-node against a host's own slots: refused, not silently ignored.
+"$DTRAIN" run --hosts localhost:2 --nproc-per-node 1 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hosts localhost:2 --nproc-per-node 1 exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --nproc-per-node 1: host \"localhost\" (--hosts) has 2 slots, not 1; drop --nproc-per-node or the host's slots (hosts without slots run --nproc-per-node workers)" "--nproc-per-node vs slots: host, slots and flag named"
+echo "localhost slots=2" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --nproc-per-node 1 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hostfile slots=2 --nproc-per-node 1 exits 2"
+expect_grep "^dtrain: error: --nproc-per-node 1: host \"localhost\" \($T/hosts:1\) has 2 slots, not 1" "$T/err" "--nproc-per-node vs a hostfile line"
+"$DTRAIN" run --hostfile "$T/hosts" --nproc-per-node 2 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "--nproc-per-node agreeing with slots"
+echo "{\"command\": [\"true\"], \"nproc_per_node\": 1, \"hostfile\": \"$T/hosts\"}" > "$T/hf.json"
+"$DTRAIN" run "$T/hf.json" --dry-run >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a spec's nproc_per_node is the default for hosts without slots"
+expect_eq "$(grep -c ' true$' "$T/out")" 2 "a spec's nproc_per_node + slots=2: 2 workers"
+# gpus= without slots: one worker per GPU listed (DeepSpeed's --include localhost:1,3).
+echo "localhost gpus=1,3" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "gpus=1,3 without slots"
+expect_eq "$(grep -c ' true$' "$T/out")" 2 "gpus=1,3 without slots: 2 workers"
+expect_grep "^localhost +0 +1 +1 +cuda:3 +true$" "$T/out" "gpus=1,3: the second worker on GPU 3"
+echo "localhost slots=4 gpus=1,3" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "slots above the GPUs listed runs"
+expect_grep "^dtrain: warning: $T/hosts:1: host \"localhost\" runs 4 workers on 2 GPUs \(gpus=1,3\): they share GPUs" "$T/err" "slots above the GPUs listed: a warning"
+# A number is no host name: DeepSpeed's --include syntax, refused at once (it was an ssh to
+# 0.0.0.2 that timed out after 10 s).
+start=$(date +%s)
+"$DTRAIN" run --hosts localhost:1,2 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hosts localhost:1,2 exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --hosts: \"2\" is not a host name; DeepSpeed's --include localhost:1,2 (GPUs 1,2) is the hostfile line \"localhost gpus=1,2\" (--hostfile FILE); in --hosts, host:N means N workers" "--hosts localhost:1,2: the fix"
+[ $(( $(date +%s) - start )) -lt 5 ] && pass "--hosts localhost:1,2: refused at once" || fail "--hosts localhost:1,2 took $(( $(date +%s) - start )) s"
+printf 'localhost\n2\n' > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a numeric hostfile host exits 2"
+expect_grep "^dtrain: error: --hostfile: $T/hosts:2: \"2\" is not a host name; DeepSpeed's --include host:1,2" "$T/err" "a numeric hostfile host: file:line and the fix"
+# OpenMPI's max_slots=N: taken; dtrain runs exactly slots, so slots above it are refused.
+echo "localhost slots=2 max_slots=4" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "max_slots=4 with slots=2"
+expect_eq "$(grep -c ' true$' "$T/out")" 2 "max_slots: exactly slots workers"
+echo "localhost slots=4 max_slots=2" > "$T/hosts"
+"$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "slots above max_slots exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: --hostfile: $T/hosts:1: slots=4 is more than max_slots=2 for host \"localhost\"; dtrain runs exactly slots workers and never oversubscribes: give max_slots >= slots, or leave max_slots out" "slots above max_slots: the line and the fix"
+
+# A wall-clock limit is timeout(1)'s: exit 124, the workers stopped cleanly (SIGTERM first).
+timeout 2 "$DTRAIN" run --nproc-per-node 2 -- sh -c 'trap "echo stopped cleanly; exit 0" TERM; sleep 60 & wait' >"$T/out" 2>"$T/err"
+expect_eq "$?" 124 "timeout 2 dtrain run: exit 124"
+expect_eq "$(grep -c 'stopped cleanly$' "$T/out")" 2 "timeout: every worker got SIGTERM"
+
 # The usage line names the program.
 "$DTRAIN" --help >"$T/out" 2>&1
 expect_grep "^Usage: dtrain \[OPTIONS\] SUBCOMMAND" "$T/out" "--help: usage names dtrain"

@@ -20,6 +20,11 @@ for r in 0 1 2; do
   expect_eq "$(v LOCAL_WORLD_SIZE)" 3 "rank $r LOCAL_WORLD_SIZE"
   expect_eq "$(v ROLE_WORLD_SIZE)" 3 "rank $r ROLE_WORLD_SIZE"
   expect_eq "$(v GROUP_WORLD_SIZE)" 1 "rank $r GROUP_WORLD_SIZE"
+  # The DeepSpeed launcher's names for the layout; MPI's and Horovod's are not set.
+  expect_eq "$(v LOCAL_SIZE)" 3 "rank $r LOCAL_SIZE"
+  expect_eq "$(v CROSS_RANK)" 0 "rank $r CROSS_RANK"
+  expect_eq "$(v CROSS_SIZE)" 1 "rank $r CROSS_SIZE"
+  expect_eq "$(grep -cE '^(OMPI_COMM_WORLD_|PMI_|PMIX_RANK|HOROVOD_)' "$f")" 0 "rank $r no MPI/Horovod variables"
   expect_eq "$(v MASTER_ADDR)" 127.0.0.1 "rank $r MASTER_ADDR"
   expect_eq "$(v TORCHELASTIC_RESTART_COUNT)" 0 "rank $r restart count"
   expect_eq "$(v TORCHELASTIC_MAX_RESTARTS)" 4 "rank $r max restarts"

@@ -14,6 +14,9 @@ expect_eq "$(v 0 LOCAL_RANK) $(v 1 LOCAL_RANK) $(v 2 LOCAL_RANK)" "0 1 0" "LOCAL
 expect_eq "$(v 0 LOCAL_WORLD_SIZE) $(v 2 LOCAL_WORLD_SIZE)" "2 1" "LOCAL_WORLD_SIZE per node"
 expect_eq "$(v 0 WORLD_SIZE) $(v 2 WORLD_SIZE)" "3 3" "WORLD_SIZE"
 expect_eq "$(v 0 GROUP_WORLD_SIZE) $(v 2 GROUP_WORLD_SIZE)" "2 2" "GROUP_WORLD_SIZE"
+expect_eq "$(v 0 CROSS_RANK) $(v 1 CROSS_RANK) $(v 2 CROSS_RANK)" "0 0 1" "CROSS_RANK (DeepSpeed's) per node"
+expect_eq "$(v 0 LOCAL_SIZE) $(v 2 LOCAL_SIZE)" "2 1" "LOCAL_SIZE (DeepSpeed's) per node"
+expect_eq "$(v 0 CROSS_SIZE) $(v 2 CROSS_SIZE)" "2 2" "CROSS_SIZE (DeepSpeed's)"
 expect_eq "$(v 0 DTRAIN_NNODES)" 2 "DTRAIN_NNODES"
 expect_eq "$(v 0 MASTER_PORT)" "$(v 2 MASTER_PORT)" "one MASTER_PORT"
 expect_eq "$(v 0 MASTER_ADDR)" "$(v 2 MASTER_ADDR)" "one MASTER_ADDR"
@@ -23,6 +26,13 @@ expect_eq "$(v 0 TORCHELASTIC_RUN_ID)" "$(v 2 TORCHELASTIC_RUN_ID)" "one run id"
 expect_grep "^\[localhost rank 1\] hello from 1$" "$T/out" "lines prefixed with host and rank"
 expect_grep "^\[127.0.0.1 rank 2\] hello from 2$" "$T/out" "second node's lines"
 expect_eq "$(grep -v '^==== dtrain run ' "$T/logs/rank_2.log")" "hello from 2" "per-rank log file on the launching host"
+
+# A forwarded prefix that matches a worker identity variable of the launcher's (dtrain run
+# inside another launcher's worker) forwards the others, never the identity: each worker
+# keeps its own.
+LOCAL_RANK=7 LOCAL_DATA=x "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --env-forward LOCAL_ -- sh -c 'echo "lr=$LOCAL_RANK data=$LOCAL_DATA"' >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "--env-forward LOCAL_ with LOCAL_RANK in the launcher's environment"
+expect_eq "$(grep -c 'lr=0 data=x$' "$T/out")" 2 "forwarded prefix: identity variables stay each worker's own"
 
 # Rank logs across nodes: every rank of a round gets its file, a silent one too, under a
 # header per round (as a single node's per attempt).

@@ -22,9 +22,10 @@ for _ in $(seq 100); do [ -e "$errroot" ] || break; sleep 0.1; done
 # DataLoader's processes) is not reached by the worker's own death signal; dtrain's guard
 # process kills each worker's whole process group when dtrain dies. Single node, and
 # across (local) nodes, where each node's agent dies with dtrain.
+# (--nproc-per-node only for the single node: the hosts' own slots say 1 each.)
 for hosts in "" "--hosts localhost:1,127.0.0.1:1"; do
   rm -f "$T"/gpid.*
-  D="$T" "$DTRAIN" run --nproc-per-node 2 $hosts -- sh -c 'sleep 120 & echo $! > "$D/gpid.$RANK"; wait' >/dev/null 2>&1 &
+  D="$T" "$DTRAIN" run $([ -z "$hosts" ] && echo --nproc-per-node 2) $hosts -- sh -c 'sleep 120 & echo $! > "$D/gpid.$RANK"; wait' >/dev/null 2>&1 &
   DTRAIN_PID=$!
   wait_for "$T/gpid.0" "$T/gpid.1"
   kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null

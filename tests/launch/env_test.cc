@@ -33,6 +33,13 @@ TEST(WorkerEnv, TorchrunContract) {
   EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "2");
   EXPECT_EQ(env.at("GROUP_WORLD_SIZE"), "1");
   EXPECT_EQ(env.at("ROLE_WORLD_SIZE"), "2");
+  // The DeepSpeed launcher's names for the same layout; never MPI's (an MPI library would
+  // take them for an mpirun launch).
+  EXPECT_EQ(env.at("LOCAL_SIZE"), "2");
+  EXPECT_EQ(env.at("CROSS_RANK"), "0");
+  EXPECT_EQ(env.at("CROSS_SIZE"), "1");
+  for (const char* mpi : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "HOROVOD_RANK"})
+    EXPECT_EQ(env.count(mpi), 0u) << mpi;
   EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
   EXPECT_EQ(env.at("MASTER_PORT"), "4242");
   EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "1");

@@ -171,12 +171,60 @@ TEST(Hostfile, Duplicates) {
 
 TEST(Hostfile, UnknownFields) {
   EXPECT_EQ(hostfileError("h1\nh2\nh3 foo=1\n"),
-            "hosts:3: unknown field \"foo=1\"; known fields: slots=N, gpus=..., port=N, address=...");
+            "hosts:3: unknown field \"foo=1\"; known fields: slots=N, max_slots=N, gpus=..., port=N, address=...");
   EXPECT_EQ(hostfileError("h1 slot=4\n"),
-            "hosts:1: unknown field \"slot=4\"; did you mean \"slots=4\"? known fields: slots=N, gpus=..., port=N, address=...");
-  EXPECT_EQ(hostfileError("h1 max_slots=4\n"),
-            "hosts:1: unknown field \"max_slots=4\"; known fields: slots=N, gpus=..., port=N, address=...");
-  EXPECT_EQ(hostfileError("h1 4\n"), "hosts:1: unknown field \"4\"; known fields: slots=N, gpus=..., port=N, address=...");
+            "hosts:1: unknown field \"slot=4\"; did you mean \"slots=4\"? known fields: slots=N, max_slots=N, gpus=..., port=N, address=...");
+  EXPECT_EQ(hostfileError("h1 4\n"), "hosts:1: unknown field \"4\"; known fields: slots=N, max_slots=N, gpus=..., port=N, address=...");
+}
+
+// OpenMPI's max_slots=N: taken, as a cap dtrain never needs (it runs exactly slots).
+TEST(Hostfile, MaxSlots) {
+  auto nodes = parseHostfile("a slots=2 max_slots=4\nb max_slots=8\nc slots=3 max_slots=3\n", "hosts");
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_EQ(nodes[0].slots, 2);
+  EXPECT_EQ(nodes[0].max_slots, 4);
+  EXPECT_EQ(nodes[1].slots, 0);
+  EXPECT_EQ(nodes[1].max_slots, 8);
+  EXPECT_EQ(nodes[2].max_slots, 3);
+  EXPECT_EQ(hostfileError("a slots=4 max_slots=2\n"),
+            "hosts:1: slots=4 is more than max_slots=2 for host \"a\"; dtrain runs exactly slots workers and never "
+            "oversubscribes: give max_slots >= slots, or leave max_slots out");
+  EXPECT_EQ(hostfileError("a:4 max_slots=2\n").rfind("hosts:1: slots=4 is more than max_slots=2", 0), 0u);
+  EXPECT_EQ(hostfileError("a max_slots=x\n"),
+            "hosts:1: bad max_slots \"x\" for host \"a\"; give max_slots=N with N between 1 and 4096");
+  EXPECT_NE(hostfileError("a max_slots=0\n").find("bad max_slots \"0\""), std::string::npos);
+  EXPECT_NE(hostfileError("a max_slots=1 max_slots=2\n").find("max_slots is given twice"), std::string::npos);
+  // Without slots, the count it caps is decided in resolve: nproc_per_node, or one per GPU.
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 8})", "job.json");
+  s.nodes = parseHostfile("a max_slots=4\n", "hosts");
+  EXPECT_EQ(errorOf([&] { resolve(s); }),
+            "hosts:1: host \"a\" would run 8 workers (nproc_per_node 8) but its max_slots is 4, and dtrain never runs "
+            "more; give it slots=N with N <= 4, or lower nproc_per_node");
+  s.nodes = parseHostfile("a max_slots=4 gpus=0,1,2,3,4\n", "hosts");
+  EXPECT_EQ(errorOf([&] { resolve(s); }).rfind("hosts:1: host \"a\" would run 5 workers (one per GPU listed)", 0), 0u);
+  s.nodes = parseHostfile("a max_slots=8\n", "hosts");
+  resolve(s);
+  EXPECT_EQ(s.nodes[0].slots, 8);
+}
+
+// A number is no host name: DeepSpeed's --include host:1,2 given as a host list or line.
+TEST(Hostfile, NumericHostNamesAreRefused) {
+  EXPECT_EQ(hostfileError("localhost\n2 slots=1\n"),
+            "hosts:2: \"2\" is not a host name; DeepSpeed's --include host:1,2 (GPUs 1 and 2) is gpus=1,2 on that "
+            "host's hostfile line (\"host gpus=1,2\"), and host:N means N workers");
+  EXPECT_EQ(hostfileError("localhost:1,3\n"),
+            "hosts:1: bad slot count \"1,3\" for host \"localhost\"; give slots=N (or host:N) with N between 1 and 4096 "
+            "(GPU indices go in gpus=: \"localhost gpus=1,3\" on a hostfile line)");
+  EXPECT_EQ(errorOf([] { parseHostList("localhost:1,2"); }),
+            "--hosts: \"2\" is not a host name; DeepSpeed's --include localhost:1,2 (GPUs 1,2) is the hostfile line "
+            "\"localhost gpus=1,2\" (--hostfile FILE); in --hosts, host:N means N workers");
+  EXPECT_NE(errorOf([] { parseHostList("a:0,1,3"); }).find("\"a gpus=0,1,3\""), std::string::npos);
+  EXPECT_EQ(errorOf([] { parseHostList("7"); }).rfind("--hosts: \"7\" is not a host name", 0), 0u);
+  EXPECT_EQ(specError(R"({"command": ["true"], "nodes": [{"host": "12"}]})"),
+            "job.json: /nodes/0/host: \"12\" is not a host name (a number is read as an IPv4 address); give a host name "
+            "or address");
+  // Addresses with dots are addresses.
+  EXPECT_EQ(parseHostList("10.0.0.2:2")[0].host, "10.0.0.2");
 }
 
 TEST(Hostfile, BadFieldValues) {
@@ -326,6 +374,68 @@ TEST(EnvFile, Errors) {
   EXPECT_EQ(err("A=\"open\n"), "vars.env:1: unterminated quote in the value of A; values are one line: close the double quote");
 }
 
+// RANK and the other identity variables are dtrain's to set, per worker: a job setting one
+// (spec env, env_file, --env) is refused, naming where. MASTER_ADDR/MASTER_PORT are allowed
+// (the documented way to choose them) and said as a warning.
+TEST(EnvFile, IdentityVariablesAreRefused) {
+  auto err = [](const std::string& text) { return errorOf([&] { parseEnvFile(text, "vars.env"); }); };
+  EXPECT_EQ(err("A=1\nRANK=0\n"),
+            "vars.env:2: RANK is set by dtrain for every worker (each worker's global rank, from the job's layout), and a "
+            "value here would replace it in all of them; remove it (the layout comes from nproc_per_node and the hosts' "
+            "slots)");
+  for (const char* v : {"LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CROSS_RANK", "LOCAL_SIZE"})
+    EXPECT_EQ(err(std::string("export ") + v + "=1\n").rfind(std::string("vars.env:1: ") + v + " is set by dtrain", 0), 0u) << v;
+  EXPECT_EQ(specError(R"({"command": ["true"], "env": {"WORLD_SIZE": "4"}})").rfind(
+                "job.json: /env/WORLD_SIZE: WORLD_SIZE is set by dtrain for every worker (the number of workers", 0),
+            0u);
+  TempFile f("X=1\nLOCAL_RANK=0\n");
+  EXPECT_EQ(specError(R"({"command": ["true"], "env_file": ")" + f.path() + R"("})").rfind(f.path() + ":2: LOCAL_RANK is set", 0),
+            0u);
+  // ROLE_NAME is not an identity: the spec may name the role.
+  EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env": {"ROLE_NAME": "trainer"}})", "job.json").env.at("ROLE_NAME"), "trainer");
+
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  Overrides o;
+  o.env = {"RANK=0"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env: RANK is set by dtrain for every worker", 0), 0u);
+}
+
+TEST(EnvFile, MasterAddrAndPortAreWarnings) {
+  TempFile f("A=1\nMASTER_ADDR=10.0.0.9\n");
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "env": {"MASTER_PORT": "29501"}, "env_file": ")" + f.path() + R"("})",
+                           "job.json");
+  EXPECT_EQ(s.env.at("MASTER_PORT"), "29501");
+  ASSERT_EQ(s.warnings.size(), 2u);
+  EXPECT_EQ(s.warnings.at("MASTER_PORT").rfind("job.json: /env/MASTER_PORT: MASTER_PORT=29501 replaces the free port", 0), 0u);
+  EXPECT_EQ(s.warnings.at("MASTER_ADDR").rfind(f.path() + ":2: MASTER_ADDR=10.0.0.9 replaces the address", 0), 0u);
+  Overrides o;
+  o.env = {"MASTER_PORT=30000"};
+  applyOverrides(s, o);
+  EXPECT_EQ(s.env.at("MASTER_PORT"), "30000");
+  EXPECT_EQ(s.warnings.at("MASTER_PORT").rfind("--env: MASTER_PORT=30000 replaces", 0), 0u);  // the winner's line only
+  EXPECT_TRUE(parseJobSpec(R"({"command": ["true"], "env": {"A": "1"}})", "job.json").warnings.empty());
+}
+
+// --env NAME (mpirun's -x NAME): the launcher's own value, refused when it has none.
+TEST(SpecOverrides, EnvNameAloneTakesTheLaunchersValue) {
+  ::setenv("DTRAIN_TEST_FROM_LAUNCHER", "a b=c", 1);
+  ::unsetenv("DTRAIN_TEST_UNSET");
+  JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  Overrides o;
+  o.env = {"DTRAIN_TEST_FROM_LAUNCHER"};
+  applyOverrides(s, o);
+  EXPECT_EQ(s.env.at("DTRAIN_TEST_FROM_LAUNCHER"), "a b=c");
+  o.env = {"DTRAIN_TEST_UNSET"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }),
+            "--env: DTRAIN_TEST_UNSET is not set in dtrain's environment, so there is no value to pass on; set it before "
+            "dtrain run (export DTRAIN_TEST_UNSET=...), or give --env DTRAIN_TEST_UNSET=VALUE");
+  o.env = {"1A"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env: bad variable name \"1A\"", 0), 0u);
+  o.env = {"=x"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env: expected KEY=VALUE (or a NAME", 0), 0u);
+  ::unsetenv("DTRAIN_TEST_FROM_LAUNCHER");
+}
+
 TEST(EnvFile, MergedUnderSpecEnv) {
   TempFile f("A=from-file\nB=from-file\n");
   JobSpec s = parseJobSpec(R"({"command": ["true"], "env": {"A": "from-spec"}, "env_file": ")" + f.path() + R"("})", "job.json");
@@ -414,7 +524,7 @@ TEST(SpecHostfile, ReadsRelativeToCwdAndNamesTheHostfileInErrors) {
   EXPECT_EQ(specError(R"({"command": ["true"], "hostfile": "/tmp"})"), "job.json: /hostfile: \"/tmp\" is a directory; give a hostfile");
   TempFile bad("h1\nh2 foo=1\n");
   EXPECT_EQ(specError(R"({"command": ["true"], "hostfile": ")" + bad.path() + R"("})"),
-            bad.path() + ":2: unknown field \"foo=1\"; known fields: slots=N, gpus=..., port=N, address=...");
+            bad.path() + ":2: unknown field \"foo=1\"; known fields: slots=N, max_slots=N, gpus=..., port=N, address=...");
 }
 
 TEST(SpecSsh, ParsesAndChecks) {
@@ -465,6 +575,15 @@ TEST(SpecRendezvous, AddrAndMasterAddr) {
 
 TEST(SpecEnvForward, DefaultAndExplicit) {
   EXPECT_EQ(parseJobSpec(R"({"command": ["true"]})", "job.json").env_forward, kDefaultEnvForward);
+  EXPECT_EQ(JobSpec{}.env_forward, kDefaultEnvForward);  // a command-line job (dtrain run --hosts ... -- CMD) too
+  // --env-forward adds to the spec's list (or the default), once each.
+  JobSpec s = parseJobSpec(R"({"command": ["true"], "env_forward": ["NCCL_"]})", "job.json");
+  Overrides o;
+  o.env_forward = {"MY_", "NCCL_", "MY_"};
+  applyOverrides(s, o);
+  EXPECT_EQ(s.env_forward, (std::vector<std::string>{"NCCL_", "MY_"}));
+  o.env_forward = {"1X"};
+  EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env-forward: bad variable-name prefix \"1X\"", 0), 0u);
   EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env_forward": ["MY_", "NCCL_"]})", "job.json").env_forward,
             (std::vector<std::string>{"MY_", "NCCL_"}));
   EXPECT_TRUE(parseJobSpec(R"({"command": ["true"], "env_forward": []})", "job.json").env_forward.empty());
@@ -530,6 +649,57 @@ TEST(SpecResolve, SlotsAndConsoleRanks) {
   // Single node: unchanged.
   JobSpec one = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2, "console_ranks": [2]})", "job.json");
   EXPECT_NE(errorOf([&] { resolve(one); }).find("local rank 2 does not exist with nproc_per_node 2"), std::string::npos);
+}
+
+// A host's worker count: its slots; without them one per GPU it lists; else nproc_per_node.
+// The spec's nproc_per_node is that default; --nproc-per-node is an override, and one a
+// host's own count contradicts is refused, naming the host (not silently ignored).
+TEST(SpecResolve, SlotsGpusAndTheNprocFlag) {
+  JobSpec g = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 8})", "job.json");
+  g.nodes = parseHostfile("localhost gpus=1,3\nb slots=1 gpus=0,1\nc\n", "hosts");
+  resolve(g);
+  EXPECT_EQ(g.nodes[0].slots, 2);  // DeepSpeed's --include localhost:1,3
+  EXPECT_EQ(g.nodes[1].slots, 1);  // slots win: one worker seeing two GPUs
+  EXPECT_EQ(g.nodes[2].slots, 8);
+  EXPECT_TRUE(g.warnings.empty());
+
+  // More workers than GPUs listed: a warning naming the line.
+  JobSpec w = parseJobSpec(R"({"command": ["true"]})", "job.json");
+  w.nodes = parseHostfile("a slots=4 gpus=0,1\n", "hosts");
+  resolve(w);
+  ASSERT_EQ(w.warnings.size(), 1u);
+  EXPECT_EQ(w.warnings.begin()->second.rfind("hosts:1: host \"a\" runs 4 workers on 2 GPUs (gpus=0,1): they share GPUs", 0),
+            0u);
+
+  auto withFlag = [](const std::string& hostfile, const std::string& nproc) {
+    JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+    Overrides o;
+    o.nproc_per_node = nproc;
+    applyOverrides(s, o);
+    s.nodes = parseHostfile(hostfile, "hosts");
+    resolve(s, o);
+    return s;
+  };
+  EXPECT_EQ(errorOf([&] { withFlag("localhost slots=2\n", "1"); }),
+            "--nproc-per-node 1: host \"localhost\" (hosts:1) has 2 slots, not 1; drop --nproc-per-node or the host's "
+            "slots (hosts without slots run --nproc-per-node workers)");
+  EXPECT_EQ(errorOf([&] { withFlag("a gpus=1,3\n", "1"); }),
+            "--nproc-per-node 1: host \"a\" (hosts:1) lists 2 GPUs (gpus=1,3) and no slots, so it runs one worker per "
+            "GPU, not 1; drop --nproc-per-node, or give the host slots=1 (then its 1 worker sees all these GPUs)");
+  JobSpec ok = withFlag("a slots=2\nb\n", "2");  // agrees; b takes it
+  EXPECT_EQ(ok.nodes[1].slots, 2);
+  JobSpec autoFlag = withFlag("a slots=2\nb\n", "auto");  // "auto" only fills hosts without slots
+  EXPECT_EQ(autoFlag.nodes[0].slots, 2);
+  EXPECT_EQ(autoFlag.nodes[1].slots, 0);
+  // The flag against a spec's nodes, too; the spec's own nproc_per_node stays a default.
+  JobSpec n = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 1, "nodes": [{"host": "a", "slots": 4}]})", "t.json");
+  resolve(n);
+  EXPECT_EQ(n.nodes[0].slots, 4);
+  Overrides o;
+  o.nproc_per_node = "2";
+  applyOverrides(n, o);
+  EXPECT_EQ(errorOf([&] { resolve(n, o); }).rfind("--nproc-per-node 2: host \"a\" (t.json: /nodes/0) has 4 slots, not 2", 0),
+            0u);
 }
 
 // Node range and console rank errors name where the value came from: min_nodes when

@@ -26,6 +26,11 @@ EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan
   num("WORLD_SIZE", plan.world_size);
   num("GROUP_WORLD_SIZE", plan.nnodes);
   num("ROLE_WORLD_SIZE", plan.world_size);
+  // The DeepSpeed launcher's names for the node layout (scripts written for it read them);
+  // not MPI's OMPI_COMM_WORLD_* / PMI_*, which MPI libraries would take for an mpirun launch.
+  num("LOCAL_SIZE", plan.local_world_size);
+  num("CROSS_RANK", slot.node_rank);
+  num("CROSS_SIZE", plan.nnodes);
   set("MASTER_ADDR", plan.master_addr);
   num("MASTER_PORT", plan.master_port);
   num("TORCHELASTIC_RESTART_COUNT", opts.restart_count);

@@ -1108,7 +1108,7 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   if (shipped.trainer) shipped.command.clear();  // each agent starts its own `dtrain train`
   for (const auto& [k, v] : currentEnvironment()) {
     for (const auto& prefix : spec.env_forward)
-      if (k.rfind(prefix, 0) == 0 && !shipped.env.count(k)) shipped.env[k] = v;
+      if (k.rfind(prefix, 0) == 0 && !shipped.env.count(k) && spec::workerIdentityVar(k).empty()) shipped.env[k] = v;
   }
   // Relative paths mean what they mean here; agents start elsewhere (ssh: the home directory).
   if (shipped.cwd.empty()) shipped.cwd = std::filesystem::current_path().string();

@@ -56,7 +56,15 @@ std::string nameProblem(const std::string& value, const char* what, const std::s
 }
 }  // namespace
 
-std::string hostProblem(const std::string& host) { return nameProblem(host, "host name", ":%"); }
+bool allDigits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char ch) { return std::isdigit(ch); });
+}
+
+std::string hostProblem(const std::string& host) {
+  // "2" would be taken for the IPv4 address 0.0.0.2 (inet_aton's short forms): never meant.
+  if (allDigits(host)) return fmt::format("\"{}\" is not a host name (a number is read as an IPv4 address)", host);
+  return nameProblem(host, "host name", ":%");
+}
 std::string userProblem(const std::string& user) { return nameProblem(user, "user name", ""); }
 
 int parseSlotCount(const std::string& text) {
@@ -136,16 +144,24 @@ bool parseHostToken(const std::string& token, NodeSpec& n, const Fail& fail, con
   } else {
     n.host = rest;  // a plain name, or an IPv6 address without slots
   }
+  if (detail::allDigits(n.host))
+    fail(fmt::format("\"{}\" is not a host name; DeepSpeed's --include host:1,2 (GPUs 1 and 2) is gpus=1,2 on that "
+                     "host's hostfile line (\"host gpus=1,2\"), and host:N means N workers",
+                     n.host));
   if (auto p = detail::hostProblem(n.host); !p.empty())
     fail(fmt::format("{}; give a host name or address{}", p, n.host.empty() ? "" : " (user@host for a login name)"));
   if (hasSlots) {
     n.slots = detail::parseSlotCount(slots);
-    if (n.slots < 0) fail(fmt::format("bad slot count \"{}\" for host \"{}\"; {}", slots, n.host, slotsFix));
+    if (n.slots < 0)
+      fail(fmt::format("bad slot count \"{}\" for host \"{}\"; {}{}", slots, n.host, slotsFix,
+                       slots.find(',') != std::string::npos
+                           ? fmt::format(" (GPU indices go in gpus=: \"{} gpus={}\" on a hostfile line)", n.host, slots)
+                           : std::string()));
   }
   return hasSlots;
 }
 
-const char* kKnownFields = "slots=N, gpus=..., port=N, address=...";
+const char* kKnownFields = "slots=N, max_slots=N, gpus=..., port=N, address=...";
 
 }  // namespace
 
@@ -174,7 +190,7 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
       auto eq = tok.find('=');
       std::string key = eq == std::string::npos ? tok : tok.substr(0, eq);
       std::string value = eq == std::string::npos ? "" : tok.substr(eq + 1);
-      static const std::vector<std::string> kFields = {"slots", "gpus", "port", "address"};
+      static const std::vector<std::string> kFields = {"slots", "max_slots", "gpus", "port", "address"};
       // "slots = 2", "slots= 2", "slots =2": spaces around '=' split a field in two.
       const std::string next = i + 1 < tokens.size() ? tokens[i + 1] : std::string();
       if ((eq == std::string::npos && !next.empty() && next[0] == '=') || eq == 0 ||
@@ -200,6 +216,11 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
       if (key == "slots") {
         n.slots = detail::parseSlotCount(value);
         if (n.slots < 0) fail(fmt::format("bad slot count \"{}\" for host \"{}\"; {}", value, n.host, slotsFix));
+      } else if (key == "max_slots") {  // OpenMPI's cap on oversubscription; dtrain runs exactly slots
+        n.max_slots = detail::parseSlotCount(value);
+        if (n.max_slots < 0)
+          fail(fmt::format("bad max_slots \"{}\" for host \"{}\"; give max_slots=N with N between 1 and 4096", value,
+                           n.host));
       } else if (key == "gpus") {
         if (auto p = detail::parseGpuList(value, n.gpus); !p.empty())
           fail(fmt::format("{} for host \"{}\"; give GPU indices like gpus=0,1", p, n.host));
@@ -218,6 +239,10 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
         n.address = value;
       }
     }
+    if (n.max_slots > 0 && n.slots > n.max_slots)
+      fail(fmt::format("slots={} is more than max_slots={} for host \"{}\"; dtrain runs exactly slots workers and never "
+                       "oversubscribes: give max_slots >= slots, or leave max_slots out",
+                       n.slots, n.max_slots, n.host));
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       fail(fmt::format("{} is listed twice (first on line {}); remove one of the lines (slots=N runs more workers on one host)",
                        detail::hostLabel(n), lineOf[dup]));
@@ -245,6 +270,18 @@ std::vector<NodeSpec> parseHostList(const std::string& list) {
                         : fmt::format("empty entry {} in \"{}\"; give hosts like \"h1:2,user@h2:2,h3\"", i + 1, list));
     NodeSpec n;
     n.origin = "--hosts";
+    // DeepSpeed's --include localhost:0,2 given here: "2" is no host (and "localhost:0" no
+    // slot count), said before either.
+    const std::string next = i + 1 < items.size() ? trim(items[i + 1]) : std::string();
+    if (detail::allDigits(next) && std::count(item.begin(), item.end(), ':') == 1 &&
+        detail::allDigits(item.substr(item.find(':') + 1))) {
+      const std::string host = item.substr(0, item.find(':'));
+      std::string gpus = item.substr(item.find(':') + 1);
+      for (size_t k = i + 1; k < items.size() && detail::allDigits(trim(items[k])); ++k) gpus += "," + trim(items[k]);
+      fail(fmt::format("\"{}\" is not a host name; DeepSpeed's --include {}:{} (GPUs {}) is the hostfile line \"{} "
+                       "gpus={}\" (--hostfile FILE); in --hosts, host:N means N workers",
+                       next, host, gpus, gpus, host, gpus));
+    }
     parseHostToken(item, n, fail, "give host:N with N between 1 and 4096");
     if (int dup = detail::findDuplicate(nodes, n); dup >= 0)
       fail(fmt::format("{} is listed twice (entries {} and {}); give it once, with host:N for more workers",

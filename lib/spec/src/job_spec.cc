@@ -119,6 +119,31 @@ std::string envNameProblem(const std::string& name) {
   return fmt::format("bad variable name {}; names are letters, digits and '_', not starting with a digit", jsonQuoted(name));
 }
 
+// A worker identity variable given by the job: the problem and the fix, "" for other names.
+std::string identityProblem(const std::string& name) {
+  const std::string what = workerIdentityVar(name);
+  if (what.empty()) return "";
+  return fmt::format("{} is set by dtrain for every worker ({}, from the job's layout), and a value here would "
+                     "replace it in all of them; remove it (the layout comes from nproc_per_node and the hosts' slots)",
+                     name, what);
+}
+
+// MASTER_ADDR / MASTER_PORT given by the job: allowed (the torchrun way to choose them,
+// docs/job-spec.md), said once as a warning naming `where`; "" for other names.
+std::string masterOverrideWarning(const std::string& where, const std::string& name, const std::string& value) {
+  if (name == "MASTER_PORT")
+    return oneLine(fmt::format("{}: MASTER_PORT={} replaces the free port dtrain picks for the workers' process group: "
+                               "it must be free on node 0 when the workers start, and two jobs given the same port "
+                               "collide; leave it out to get a free one",
+                               where, value));
+  if (name == "MASTER_ADDR")
+    return oneLine(fmt::format("{}: MASTER_ADDR={} replaces the address dtrain gives the workers (127.0.0.1 on one "
+                               "node, else node 0's): every rank must reach rank 0 there; leave it out unless that is "
+                               "the point",
+                               where, value));
+  return "";
+}
+
 // The bounds a number field accepts: [lo, hi], or open at one end.
 enum class Bounds { kClosed, kOpenLow, kOpenHigh };
 
@@ -724,7 +749,26 @@ bool validUtf8(const std::string& s) {
   return true;
 }
 
-std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source) {
+std::string workerIdentityVar(const std::string& name) {
+  static const std::map<std::string, std::string> kVars = {
+      {"RANK", "each worker's global rank"},
+      {"ROLE_RANK", "each worker's global rank"},
+      {"LOCAL_RANK", "each worker's rank on its node"},
+      {"GROUP_RANK", "the rank of the worker's node"},
+      {"CROSS_RANK", "the rank of the worker's node"},
+      {"WORLD_SIZE", "the number of workers"},
+      {"ROLE_WORLD_SIZE", "the number of workers"},
+      {"LOCAL_WORLD_SIZE", "the number of workers on the node"},
+      {"LOCAL_SIZE", "the number of workers on the node"},
+      {"GROUP_WORLD_SIZE", "the number of nodes"},
+      {"CROSS_SIZE", "the number of nodes"},
+  };
+  const auto it = kVars.find(name);
+  return it == kVars.end() ? std::string() : it->second;
+}
+
+std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source,
+                                                std::map<std::string, int>* lineOf) {
   std::map<std::string, std::string> env;
   std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);  // without a UTF-8 BOM
   std::string line;
@@ -744,6 +788,7 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
       fail(fmt::format("expected KEY=VALUE, got \"{}\"; write one KEY=VALUE per line ('#' starts a comment line)", body));
     std::string key = body.substr(0, eq);
     if (auto problem = envNameProblem(key); !problem.empty()) fail(problem + " (no spaces around '=')");
+    if (auto problem = identityProblem(key); !problem.empty()) fail(problem);
     std::string value = body.substr(eq + 1);
     if (value.find('\0') != std::string::npos)
       fail(fmt::format("the value of {} contains a NUL byte, which the environment cannot carry; remove it", key));
@@ -754,6 +799,7 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
       value = value.substr(1, value.size() - 2);
     }
     env[key] = value;
+    if (lineOf) (*lineOf)[key] = lineNo;
   }
   return env;
 }
@@ -817,7 +863,10 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     for (auto it = env.begin(); it != env.end(); ++it) {
       std::string p = "/env/" + pointerToken(it.key());
       if (auto problem = envNameProblem(it.key()); !problem.empty()) c.fail(p, problem);
+      if (auto problem = identityProblem(it.key()); !problem.empty()) c.fail(p, problem);
       spec.env[it.key()] = c.str(it.value(), p);
+      if (auto w = masterOverrideWarning(source + ": " + p, it.key(), spec.env[it.key()]); !w.empty())
+        spec.warnings[it.key()] = w;
     }
   }
   if (root.contains("cwd")) {
@@ -902,6 +951,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     const json& f = root["env_forward"];
     if (!f.is_array())
       c.fail("/env_forward", fmt::format("expected an array of variable-name prefixes like [\"NCCL_\"], got {}", typeName(f)));
+    spec.env_forward.clear();  // the spec's list replaces the default ([] forwards none)
     for (size_t i = 0; i < f.size(); ++i) {
       std::string p = fmt::format("/env_forward/{}", i);
       std::string prefix = c.str(f[i], p, false);
@@ -910,8 +960,6 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
                               jsonQuoted(prefix)));
       spec.env_forward.push_back(prefix);
     }
-  } else {
-    spec.env_forward = kDefaultEnvForward;
   }
   if (root.contains("env_file")) {
     spec.env_file = c.str(root["env_file"], "/env_file", false);
@@ -928,7 +976,12 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
                                       spec.env_file, f.reason));
     if (f.status != S::kOk) c.fail("/env_file", fmt::format("cannot read \"{}\": {}", spec.env_file, f.reason));
     // The spec's own env wins over the file.
-    for (auto& [k, v] : parseEnvFile(f.text, spec.env_file)) spec.env.emplace(k, v);
+    std::map<std::string, int> lineOf;
+    for (auto& [k, v] : parseEnvFile(f.text, spec.env_file, &lineOf)) {
+      if (!spec.env.emplace(k, v).second) continue;
+      if (auto w = masterOverrideWarning(fmt::format("{}:{}", spec.env_file, lineOf[k]), k, v); !w.empty())
+        spec.warnings[k] = w;
+    }
   }
   makePathsAbsolute(spec);
   return spec;
@@ -982,13 +1035,38 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
   }
   for (const auto& kv : o.env) {
     auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw SpecError(oneLine(fmt::format("--env: expected KEY=VALUE, got \"{}\"", kv)));
-    if (auto problem = envNameProblem(kv.substr(0, eq)); !problem.empty()) throw SpecError("--env: " + problem);
-    if (kv.find('\0') != std::string::npos)
+    if (eq == 0 || kv.empty())
+      throw SpecError(oneLine(fmt::format("--env: expected KEY=VALUE (or a NAME, for dtrain's own value of it), got \"{}\"", kv)));
+    const std::string name = kv.substr(0, eq);
+    if (auto problem = envNameProblem(name); !problem.empty()) throw SpecError(oneLine("--env: " + problem));
+    if (auto problem = identityProblem(name); !problem.empty()) throw SpecError("--env: " + problem);
+    std::string value;
+    if (eq == std::string::npos) {
+      // mpirun's -x NAME: the variable as the launcher has it (local workers inherit it anyway;
+      // this also takes it to remote hosts).
+      const char* mine = std::getenv(name.c_str());
+      if (mine == nullptr)
+        throw SpecError(fmt::format("--env: {} is not set in dtrain's environment, so there is no value to pass on; set "
+                                    "it before dtrain run (export {}=...), or give --env {}=VALUE",
+                                    name, name, name));
+      value = mine;
+    } else {
+      value = kv.substr(eq + 1);
+    }
+    if (value.find('\0') != std::string::npos)
       throw SpecError(fmt::format("--env: the value of {} contains a NUL character, which the environment cannot carry; remove it",
-                                  kv.substr(0, eq)));
-    spec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+                                  name));
+    spec.env[name] = value;
+    spec.warnings.erase(name);  // --env wins: its line, not the spec's
+    if (auto w = masterOverrideWarning("--env", name, value); !w.empty()) spec.warnings[name] = w;
+  }
+  for (const auto& prefix : o.env_forward) {
+    if (!envNameProblem(prefix).empty())
+      throw SpecError(oneLine(fmt::format("--env-forward: bad variable-name prefix \"{}\"; prefixes are letters, digits "
+                                          "and '_', not starting with a digit (e.g. --env-forward MY_APP_)",
+                                          prefix)));
+    if (std::find(spec.env_forward.begin(), spec.env_forward.end(), prefix) == spec.env_forward.end())
+      spec.env_forward.push_back(prefix);
   }
   if (o.local_ranks_filter)
     spec.console_ranks = parseRankList(*o.local_ranks_filter, [](const std::string& m) { throw SpecError("--local-ranks-filter: " + m); });
@@ -1082,10 +1160,49 @@ void resolve(JobSpec& spec, const Overrides& given) {
     }
     return;
   }
-  // "auto" is counted on each node itself (its GPUs, its cores), so those slots stay 0 here.
+  // A host's workers: its slots; without them one per GPU it lists (DeepSpeed's
+  // `--include host:1,3` is two workers), else nproc_per_node. "auto" is counted on each node
+  // itself (its GPUs, its cores), so those slots stay 0 here. The spec's nproc_per_node is
+  // the default for hosts without slots; --nproc-per-node on the command line overrides the
+  // spec, and a host's own count it cannot override is refused rather than ignored.
   const NodeSpec* smallest = nullptr;
   for (auto& n : spec.nodes) {
-    if (n.slots == 0 && !spec.nproc_auto) n.slots = spec.nproc_per_node;
+    std::vector<std::string> g;
+    for (int i : n.gpus) g.push_back(std::to_string(i));
+    const std::string gpus = fmt::format("gpus={}", fmt::join(g, ","));
+    const bool fromGpus = n.slots == 0 && !n.gpus.empty();
+    if (fromGpus) n.slots = static_cast<int>(n.gpus.size());
+    if (given.nproc_per_node && !spec.nproc_auto && n.slots > 0 && n.slots != spec.nproc_per_node) {
+      const std::string has =
+          fromGpus ? fmt::format("lists {} GPUs ({}) and no slots, so it runs one worker per GPU", n.slots, gpus)
+                   : fmt::format("has {} slot{}", n.slots, n.slots == 1 ? "" : "s");
+      const std::string fix =
+          fromGpus ? fmt::format("drop --nproc-per-node, or give the host slots={} (then its {} worker{} see{} all "
+                                 "these GPUs)",
+                                 spec.nproc_per_node, spec.nproc_per_node, spec.nproc_per_node == 1 ? "" : "s",
+                                 spec.nproc_per_node == 1 ? "s" : "")
+                   : std::string("drop --nproc-per-node or the host's slots (hosts without slots run --nproc-per-node "
+                                 "workers)");
+      throw SpecError(fmt::format("--nproc-per-node {}: {} ({}) {}, not {}; {}", spec.nproc_per_node,
+                                  detail::hostLabel(n), n.origin, has, spec.nproc_per_node, fix));
+    }
+    const bool fromNproc = n.slots == 0 && !spec.nproc_auto;
+    if (fromNproc) n.slots = spec.nproc_per_node;
+    // (explicit slots above max_slots were refused with the hostfile line)
+    if (n.max_slots > 0 && n.slots > n.max_slots) {
+      const char* nproc = given.nproc_per_node ? "--nproc-per-node" : "nproc_per_node";
+      throw SpecError(fmt::format("{}: {} would run {} workers ({}) but its max_slots is {}, and dtrain never runs "
+                                  "more; give it slots=N with N <= {}{}",
+                                  n.origin, detail::hostLabel(n), n.slots,
+                                  fromGpus ? "one per GPU listed" : fmt::format("{} {}", nproc, n.slots), n.max_slots,
+                                  n.max_slots, fromNproc ? fmt::format(", or lower {}", nproc) : std::string()));
+    }
+    if (!n.gpus.empty() && n.slots > static_cast<int>(n.gpus.size()))
+      spec.warnings["nodes: " + n.origin] = fmt::format(
+          "{}: {} runs {} workers on {} GPU{} ({}): they share GPUs, which NCCL refuses within one communicator (the "
+          "built-in trainer then uses the CPU); list {} GPUs, or give slots={}",
+          n.origin, detail::hostLabel(n), n.slots, n.gpus.size(), n.gpus.size() == 1 ? "" : "s", gpus, n.slots,
+          n.gpus.size());
     if (n.slots > 0 && (smallest == nullptr || n.slots < smallest->slots)) smallest = &n;
   }
   if (smallest == nullptr) return;

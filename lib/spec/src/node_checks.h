@@ -15,6 +15,9 @@ namespace dtrain::spec::detail {
 std::string hostProblem(const std::string& host);
 std::string userProblem(const std::string& user);
 
+// True for a non-empty string of decimal digits only ("2": not a host name).
+bool allDigits(const std::string& s);
+
 // "1".."4096" -> slots; -1 when the text is not such a count.
 int parseSlotCount(const std::string& text);
 

@@ -26,7 +26,9 @@ struct NodeSpec {
   std::string host;       // as ssh (or the resolver) reaches it, without user@
   std::string user;       // "" = ssh.user, else ssh's own default
   int port = 0;           // ssh port; 0 = ssh.port, else 22
-  int slots = 0;          // workers on this node; 0 = nproc_per_node (resolved on that node if "auto")
+  int slots = 0;          // workers on this node; 0 = one per GPU in gpus, else nproc_per_node
+                          // (resolved on that node if "auto")
+  int max_slots = 0;      // hostfile max_slots=N (OpenMPI): slots may not exceed it; 0 = no cap
   std::string address;    // how other nodes reach this one; "" = learned at run time
   std::vector<int> gpus;  // CUDA_VISIBLE_DEVICES for this node's workers; empty = leave as is
   bool local = false;     // resolved: this machine (localhost, 127.x, ::1, its host name); no ssh
@@ -115,6 +117,11 @@ struct TrainerSpec {
   bool operator==(const TrainerSpec&) const = default;
 };
 
+// The launcher's variables remote workers get unless the job says otherwise (env_forward):
+// the default of every JobSpec, from a spec file or from the command line alone.
+inline const std::vector<std::string> kDefaultEnvForward = {"NCCL_", "GLOO_", "OMP_", "OPENBLAS_", "MKL_",
+                                                            "PYTHON", "TORCH_", "HF_", "WANDB_"};
+
 // Paths (cwd, log_dir, hostfile, env_file, ssh.identity_file, the trainer's data files and
 // checkpoint.dir) are absolute once parsed: a relative one means what it means in the
 // directory dtrain is started in, whatever `cwd` says.
@@ -148,9 +155,15 @@ struct JobSpec {
   std::string hostfile;                       // the file nodes came from, if any
   SshSpec ssh;
   // Prefixes of the launcher's environment variables that reach remote workers (local ones
-  // inherit everything anyway). Default: kDefaultEnvForward.
-  std::vector<std::string> env_forward;
+  // inherit everything anyway). The default lives here, so that a spec file without the key
+  // and a job given on the command line alone (dtrain run --hosts ... -- CMD) get the same.
+  std::vector<std::string> env_forward = kDefaultEnvForward;
   std::string env_file;                       // KEY=VALUE lines merged under env (env wins)
+  // Things the launcher should say on stderr before it starts anything (a MASTER_PORT set
+  // over dtrain's, a host with more workers than GPUs): one line each, naming where it was
+  // given; keyed by what it is about, so a later source replaces an earlier one's line.
+  // Not shipped to nodes.
+  std::map<std::string, std::string> warnings;
   bool operator==(const JobSpec&) const = default;
 };
 
@@ -158,9 +171,6 @@ struct JobSpec {
 inline constexpr int kMaxProcsPerNode = 4096;  // nproc_per_node, slots; local ranks are below it
 inline constexpr int kMaxNodes = 4096;         // min_nodes, max_nodes, --nnodes
 inline constexpr int kMaxRestarts = 1000000;   // max_restarts, --max-restarts
-
-inline const std::vector<std::string> kDefaultEnvForward = {"NCCL_", "GLOO_", "OMP_", "OPENBLAS_", "MKL_",
-                                                            "PYTHON", "TORCH_", "HF_", "WANDB_"};
 
 // Reads and validates a job spec file. Throws SpecError with one line:
 // "<file>: <json pointer>: <problem>; <fix>".
@@ -176,7 +186,8 @@ struct Overrides {
   std::optional<std::string> nnodes;          // --nnodes N or MIN:MAX
   std::optional<std::string> log_dir;
   std::optional<double> shutdown_timeout_s;
-  std::vector<std::string> env;               // "K=V"
+  std::vector<std::string> env;               // "K=V", or "K": the launcher's own value of K
+  std::vector<std::string> env_forward;       // --env-forward PREFIX: added to the spec's env_forward
   std::optional<std::string> local_ranks_filter;  // "0,2"
   bool no_prefix = false;
   std::optional<std::string> hostfile;        // --hostfile FILE (replaces the spec's nodes)
@@ -193,8 +204,16 @@ std::vector<NodeSpec> parseHostList(const std::string& list);
 
 // An env_file's text: KEY=VALUE lines, '#' comments, blank lines, optional "export ",
 // values literal (no expansion) with one pair of surrounding quotes removed. Throws
-// SpecError "<source>:<line>: problem; fix".
-std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source);
+// SpecError "<source>:<line>: problem; fix" (a worker identity variable is one).
+// `lineOf`, when given, gets each name's line.
+std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source,
+                                                std::map<std::string, int>* lineOf = nullptr);
+
+// The worker identity variables dtrain sets from the job's layout (RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK and their torchrun/DeepSpeed aliases): "" when
+// `name` is not one, else what it holds ("each worker's global rank"). A job may not set
+// them: one value for every worker would give all of them the same identity.
+std::string workerIdentityVar(const std::string& name);
 
 // True when host names this machine (localhost, 127.0.0.0/8, ::1, gethostname(), or an
 // address of one of its interfaces).
