@@ -1,6 +1,7 @@
 // Thin main: parses the command line and calls into the libraries. Every error that can
 // reach here is printed as one "dtrain: error: ..." line and mapped to an exit code
 // (docs/errors.md).
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -452,6 +453,13 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   } else {
     r = launch::runLocalJob(s, runId, {snapshot.path, resultFile});
   }
+  // The job is over. A signal from now on (a late second Ctrl-C; timeout(1) sends its SIGTERM
+  // to its process group as well as to dtrain) must not end dtrain with the default action
+  // before the verdict and the summary are written: held until dtrain exits.
+  sigset_t hold;
+  sigemptyset(&hold);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&hold, sig);
+  ::sigprocmask(SIG_BLOCK, &hold, nullptr);
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);
