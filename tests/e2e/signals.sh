@@ -80,4 +80,16 @@ wait_for "$T/pid.0" && kill -USR1 "$DTRAIN_PID"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 0 "no handler: the worker died of SIGUSR1 and the restart succeeded"
 expect_grep "event restart \(round 1\) host .* rank 0: rank 0 killed by SIGUSR1; restart 1 of 1" "$T/err" "no handler: a failure like any other, restarted"
+# nohup: SIGHUP ignored when dtrain starts stays ignored (the terminal closing must not end
+# the job), for dtrain and its workers.
+cat > "$T/hup.sh" <<'SH'
+echo $$ > "$D/hpid.$RANK"; sleep 1.5; echo "survived"
+SH
+rm -f "$T"/hpid.*
+D="$T" nohup "$DTRAIN" run --nproc-per-node 2 -- bash "$T/hup.sh" >"$T/hup.out" 2>&1 &
+DTRAIN_PID=$!
+wait_for "$T/hpid.0" "$T/hpid.1" && kill -HUP "$DTRAIN_PID" && kill -HUP "$(cat "$T/hpid.0")"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "nohup: SIGHUP does not stop the job"
+expect_eq "$(grep -c survived "$T/hup.out")" 2 "nohup: both workers ran on"
 finish

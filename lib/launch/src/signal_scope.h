@@ -57,7 +57,15 @@ class SignalScope {
     sa.sa_handler = onSignal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      ::sigaction(kSignals[i], nullptr, &old_[i]);
+      // SIGHUP ignored when dtrain started stays ignored: that is what `nohup dtrain run`
+      // asks for (the workers inherit it, as nohup's child would). Not SIGINT, which a
+      // script's background jobs start with ignored: scripts stop a background dtrain with
+      // kill -INT, and dtrain always ended on it.
+      if (old_[i].sa_handler == SIG_IGN && kSignals[i] == SIGHUP) continue;
+      ::sigaction(kSignals[i], &sa, nullptr);
+    }
     struct sigaction ign {};
     ign.sa_handler = SIG_IGN;
     ::sigaction(SIGPIPE, &ign, &oldPipe_);
