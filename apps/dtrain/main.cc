@@ -429,6 +429,16 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
 #endif
   }
 
+  // An earlier run's summary must not outlive this run's start: if dtrain is SIGKILLed (or
+  // the machine lost), a script would read that run's outcome as this one's. A regular file
+  // says "running" until the outcome replaces it (a pipe or /dev/stdout gets the outcome only).
+  if (!a.summary_json.empty() && !isSpecialOutput(a.summary_json) && inheritedOutputFd(a.summary_json) < 0) {
+    spec::RunSummary sum;
+    sum.job = s.name;
+    sum.run_id = runId;
+    sum.running = true;
+    writeSummary(a, sum);
+  }
   // The trainer's rank 0 leaves its outcome here for the summary.
   std::string resultFile;
   RemoveOnExit snapshot, resultCleanup;

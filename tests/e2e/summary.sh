@@ -71,4 +71,13 @@ expect_grep "unreachable-host \(--hosts\): ssh failed" "$T/err" "--ssh-option: t
 # A summary path where nothing can be created (/proc) is refused before the job, not after it.
 "$DTRAIN" run --summary-json /proc/dtrain-summary.json -- touch "$T/ran-proc" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "summary in /proc: exit 2 before the run"
 [ -e "$T/ran-proc" ] && fail "summary in /proc: the job ran" || pass "summary in /proc: nothing ran"
+# An earlier run's summary does not outlive this run's start: while the job runs (and when
+# dtrain is SIGKILLed) the file says "running", not the earlier outcome.
+"$DTRAIN" run --nproc-per-node 1 --summary-json "$T/stale.json" -- true >/dev/null 2>&1
+expect_eq "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' "$T/stale.json")" "succeeded" "stale: the first run succeeded"
+"$DTRAIN" run --nproc-per-node 1 --summary-json "$T/stale.json" -- sh -c "touch $T/started; sleep 30" >/dev/null 2>&1 &
+DTRAIN_PID=$!
+wait_for "$T/started"
+kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["run_id"] is not None)' "$T/stale.json")" "running None True" "stale: a SIGKILLed run's file says running, not the earlier success"
 finish

@@ -44,8 +44,8 @@ std::string toJson(const RunSummary& s) {
   json j;
   j["job"] = s.job.empty() ? json(nullptr) : json(s.job);
   j["run_id"] = s.run_id.empty() ? json(nullptr) : json(s.run_id);  // (a run refused on its command line has none)
-  j["status"] = s.succeeded ? "succeeded" : "failed";
-  j["exit_code"] = s.exit_code;
+  j["status"] = s.running ? "running" : s.succeeded ? "succeeded" : "failed";
+  j["exit_code"] = s.running ? json(nullptr) : json(s.exit_code);
   j["restarts"] = s.restarts;
   j["wall_s"] = s.wall_s;
   j["stopped_by"] = s.stopped_by.empty() ? json(nullptr) : json(s.stopped_by);

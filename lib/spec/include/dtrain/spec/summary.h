@@ -52,6 +52,9 @@ struct RunSummary {
   std::string job;
   std::string run_id;
   bool succeeded = false;
+  // Written as the job starts: status "running", exit_code null. A file that still says so
+  // later is a run that never finished (dtrain SIGKILLed, the machine lost).
+  bool running = false;
   int exit_code = 0;
   int restarts = 0;
   double wall_s = 0;
