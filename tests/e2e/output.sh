@@ -213,4 +213,17 @@ mkdir -p "$T/logs7/rank_1.log"
 "$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs7" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "rank log that is a directory: exit 2"
 expect_grep "cannot append to .*/logs7/rank_1.log: it is a directory" "$T/err" "rank log that is a directory: named"
 expect_eq "$(ls "$T/logs7")" "rank_1.log" "rank log that is a directory: nothing else made"
+# A log dir on a full disk: the run goes on (the console has the output) and says once per
+# rank that its log could not be written, instead of leaving empty logs without a word.
+mkdir -p "$T/full"
+if mount -t tmpfs -o size=16k tmpfs "$T/full" 2>/dev/null; then
+  "$DTRAIN" run --nproc-per-node 2 --log-dir "$T/full/logs" -- sh -c 'head -c 30000 /dev/zero | tr "\0" x | fold -w 100; echo end' >"$T/out" 2>"$T/err"
+  rc=$?
+  umount "$T/full"
+  expect_eq "$rc" 0 "full log dir: the job succeeds"
+  expect_eq "$(grep -c '^\[rank [01]\] x*end$' "$T/out")" 2 "full log dir: the output reached the console"
+  expect_eq "$(grep -c "^dtrain: warning: cannot write $T/full/logs/rank_[01].log: No space left on device; rank [01]'s output from here on is not in it" "$T/err")" 2 "full log dir: said once per rank"
+else
+  echo "skip: cannot mount a tmpfs (not root?)"
+fi
 finish

@@ -88,6 +88,8 @@ struct Worker {
   bool running = false;
   Stream out, err;
   Fd log;
+  std::string log_path;
+  bool log_failed = false;  // a write to it failed: said once
   TailBuffer tail{20};
   std::string error_file;
   std::string watchdog_file;  // DTRAIN_WATCHDOG_FILE; armed once the worker first touches it
@@ -205,7 +207,11 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     rec.reserve(line.size() + 1);
     rec.append(line);
     rec.push_back('\n');
-    writeAll(w.log.get(), rec);
+    if (!writeAll(w.log.get(), rec) && !w.log_failed) {
+      const int err = errno;
+      w.log_failed = true;
+      writeAboveStatus(STDERR_FILENO, logWriteWarning(w.log_path, fmt::format("rank {}", w.slot.global_rank), err));
+    }
   }
   if (!onConsole(w)) return;
   std::string rec = prefix(w);
@@ -516,6 +522,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       auto logPath = std::filesystem::path(spec.log_dir) / fmt::format("rank_{}.log", w.slot.global_rank);
       // Appended to, after a header line: earlier runs and attempts stay.
       w.log = Fd(openRankLog(logPath.string(), plan.run_id, opts_.restart_count));
+      w.log_path = logPath.string();
     }
   }
   if (setsOmpThreads(base, spec) && !opts_.line_sink && opts_.restart_count == 0)  // an agent's launcher says it once for all nodes

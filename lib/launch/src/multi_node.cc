@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <cmath>
+#include <set>
 #include <optional>
 
 #include <fmt/format.h>
@@ -280,6 +280,7 @@ class MultiNodeRunner {
   std::optional<WorkerExit> restartWorker_;
   std::string restartCause_;
   std::map<int, Fd> logs_;
+  std::set<int> logsFailed_;  // ranks whose log could not be written (said once)
   // (Re)opens rank's log under a header of `round`.
   std::map<int, Fd>::iterator openLog(int rank, int round);
   int firstRoundNodes_ = 0;
@@ -391,7 +392,12 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
     if (it == logs_.end()) it = openLog(rank, std::max(activeRound_, 0));  // (a line before its round record)
     std::string rec(text);
     rec.push_back('\n');
-    writeAll(it->second.get(), rec);
+    if (!writeAll(it->second.get(), rec)) {
+      const int err = errno;
+      if (logsFailed_.insert(rank).second)  // said once per rank's log
+        writeAll(STDERR_FILENO, logWriteWarning((std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank)).string(),
+                                                fmt::format("rank {}", rank), err));
+    }
   }
   const auto& filter = spec_.console_ranks;
   if (!filter.empty() && std::find(filter.begin(), filter.end(), localRank) == filter.end()) return;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -25,15 +26,22 @@ bool consoleCanRedraw() {
   return ::isatty(STDOUT_FILENO) == 1 && !(term && std::string_view(term) == "dumb");
 }
 
-void writeAll(int fd, std::string_view data) {
+bool writeAll(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;
+      return false;
     }
     data.remove_prefix(static_cast<size_t>(n));
   }
+  return true;
+}
+
+std::string logWriteWarning(const std::string& path, const std::string& what, int err) {
+  return fmt::format("dtrain: warning: cannot write {}: {}; {}'s output from here on is not in it (it still reaches "
+                     "the console); free space there or use another log_dir\n",
+                     path, std::strerror(err), what);
 }
 
 int openRankLog(const std::string& path, std::string_view run_id, int attempt) {

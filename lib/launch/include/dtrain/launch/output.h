@@ -68,9 +68,13 @@ class LineSplitter {
 };
 
 // Writes all of `data` to fd with one write() where the kernel allows, retrying on EINTR and
-// partial writes. Errors (a closed console) are ignored: losing the console must not kill
-// the job.
-void writeAll(int fd, std::string_view data);
+// partial writes. An error (a closed console, a full disk) ends the write and returns false
+// (errno says why): losing the console must not kill the job, so most callers ignore it.
+bool writeAll(int fd, std::string_view data);
+
+// A log file that could not be written (a full disk): the one-line warning, said once per
+// file by the caller. `what` names whose output it was ("rank 3").
+std::string logWriteWarning(const std::string& path, const std::string& what, int err);
 
 // Opens (creating it) a rank's log file under log_dir for appending, and writes the line
 // that begins a run's or an attempt's part of it:
