@@ -415,7 +415,8 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // Checkpoints: created and tried here, with the newest one's config, so that a directory
   // rank 0 cannot write is not found at the first save (or at the end, the whole run lost),
   // and an old config's checkpoint is one line, not a refusal on every restart.
-  if (s.trainer && s.nodes.empty()) train::prepareCheckpointDir(*s.trainer, s.source);
+  Fd checkpointLock;  // held until the job ends (restarts included): one job per directory
+  if (s.trainer && s.nodes.empty()) checkpointLock = train::prepareCheckpointDir(*s.trainer, s.source);
   // Asking for GPUs on a machine without them is bad input, said before anything starts
   // (multi-node: each node checks its own).
   if (s.trainer && s.trainer->device == "cuda" && s.nodes.empty()) {

@@ -132,7 +132,8 @@ int runTrainCommand() {
   if (!s.trainer) throw SpecError(fmt::format("{}: /trainer: missing; dtrain train needs a \"trainer\" section", gSpec));
   // Run by hand, this is the launch: the checkpoint directory is made and tried first.
   // (Under dtrain run the launcher or node 0's agent did it.)
-  if (!std::getenv("DTRAIN_STORE_ADDR")) train::prepareCheckpointDir(*s.trainer, gSpec);
+  Fd checkpointLock;  // (held while this process trains)
+  if (!std::getenv("DTRAIN_STORE_ADDR")) checkpointLock = train::prepareCheckpointDir(*s.trainer, gSpec);
   // The device decides the communicator: NCCL all-reduces device memory in place, TCP host
   // memory. Resolved before the communicator exists, with the rule NCCL uses to pick its
   // GPU (LOCAL_RANK % visible GPUs), so both land on the same device.

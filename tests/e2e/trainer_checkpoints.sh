@@ -119,4 +119,20 @@ spec "$T/j.json" "$T/ck-j"
 expect_eq "$?" 0 "a run beside junk checkpoints"
 expect_eq "$(cd "$T/ck-j" && ls | tr '\n' ' ')" "ckpt-0000000024.bin ckpt-0000000028.bin ckpt-0000000032.bin ckpt-0000009997.bin ckpt-0000009998.bin ckpt-0000009999.bin " "the newest 3 real checkpoints kept, junk left alone"
 expect_eq "$(grep -c 'is named like a checkpoint but is not a dtrain checkpoint' "$T/out")" 3 "one warning per junk file"
+# One job per checkpoint directory: a second job on a directory another job is using is
+# refused at once (exit 2, one line naming the holder); once the first job is gone, the
+# directory is free again.
+spec "$T/busy.json" "$T/ck-busy"
+sed 's/"epochs": 2/"epochs": 100000/' "$T/busy.json" > "$T/busy-long.json"
+"$DTRAIN" run "$T/busy-long.json" >"$T/busy1.out" 2>&1 &
+DTRAIN_PID=$!
+for _ in $(seq 200); do ls "$T/ck-busy"/ckpt-*.bin >/dev/null 2>&1 && break; sleep 0.05; done
+"$DTRAIN" run "$T/busy.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a busy checkpoint dir: exit 2"
+one_line "$T/err" "a busy checkpoint dir"
+expect_grep "^dtrain: error: $T/busy.json: /trainer/checkpoint/dir: \"$T/ck-busy\" is in use by another dtrain job \(pid $DTRAIN_PID on " "$T/err" "a busy checkpoint dir: names the holder"
+kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 143 "a busy checkpoint dir: the first job ran on until stopped"
+"$DTRAIN" run "$T/busy.json" >"$T/out" 2>&1
+expect_eq "$?" 0 "a busy checkpoint dir: free again once that job ended"
 finish

@@ -49,8 +49,9 @@ grep -q "lost rank" "$T/err" && fail "diverged: a rank failed on a lost peer: $(
 python3 - "$T/ck" <<'PY' && pass "diverged: every checkpoint written holds finite weights" || fail "diverged: a checkpoint holds NaN weights"
 import math, os, struct, sys
 d = sys.argv[1]
-if not os.listdir(d): sys.exit(1)  # (the steps before it diverged were checkpointed)
-for name in sorted(os.listdir(d)):
+names = sorted(n for n in os.listdir(d) if n.endswith(".bin"))
+if not names: sys.exit(1)  # (the steps before it diverged were checkpointed)
+for name in names:
     b = open(os.path.join(d, name), "rb").read()
     # magic (8), payload size, hash, step, epoch, cursor, world, n params, params...
     n = struct.unpack_from("<Q", b, 8 + 8 * 6)[0]

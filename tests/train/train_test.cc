@@ -485,15 +485,32 @@ TEST(Checkpoint, MismatchNamesWhatChanged) {
 TEST(Checkpoint, PreparingTheDirectoryCreatesAndChecksIt) {
   auto t = small(32);
   t.checkpoint.dir = std::filesystem::path(tempDir("prepare") + "/a/b").lexically_normal().string();
-  prepareCheckpointDir(t, "job.json");
+  (void)prepareCheckpointDir(t, "job.json");
   EXPECT_TRUE(std::filesystem::is_directory(t.checkpoint.dir));
-  EXPECT_TRUE(std::filesystem::is_empty(t.checkpoint.dir));  // the write check leaves nothing
+  // The write check leaves nothing but the directory's lock file.
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(t.checkpoint.dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{".dtrain.lock"});
+  {
+    // One job per directory: while the lock is held, another is refused, naming the holder.
+    Fd held = prepareCheckpointDir(t, "job.json");
+    try {
+      (void)prepareCheckpointDir(t, "other.json");
+      ADD_FAILURE() << "no error";
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find("other.json: /trainer/checkpoint/dir: \"" + t.checkpoint.dir +
+                                           "\" is in use by another dtrain job (pid " + std::to_string(::getpid()) + " on "),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  (void)prepareCheckpointDir(t, "job.json");  // released with its holder
   // Under a regular file: one line naming the spec, the pointer and the part in the way.
   std::ofstream(t.checkpoint.dir + "/f") << "x";
   auto u = t;
   u.checkpoint.dir = t.checkpoint.dir + "/f/sub";
   try {
-    prepareCheckpointDir(u, "job.json");
+    (void)prepareCheckpointDir(u, "job.json");
     ADD_FAILURE() << "no error";
   } catch (const SpecError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("job.json: /trainer/checkpoint/dir: cannot create \"" + u.checkpoint.dir +
@@ -507,10 +524,10 @@ TEST(Checkpoint, PreparingTheDirectoryCreatesAndChecksIt) {
   t.max_steps = 2;
   t.checkpoint.every_steps = 1;
   runWith(1, t);
-  prepareCheckpointDir(t, "job.json");  // the same config: fine
+  (void)prepareCheckpointDir(t, "job.json");  // the same config: fine
   t.model.layers = {20, 8, 4};
   try {
-    prepareCheckpointDir(t, "job.json");
+    (void)prepareCheckpointDir(t, "job.json");
     ADD_FAILURE() << "no error";
   } catch (const SpecError& e) {
     const std::string m = e.what();
@@ -655,7 +672,7 @@ TEST(Checkpoint, PreparingTheDirectoryPeeksAtTheNewestWithoutReadingTheWeights) 
   saveCheckpoint(t.checkpoint.dir, s, 3);
   std::ofstream(t.checkpoint.dir + "/ckpt-0000000009.bin") << "junk";
   try {
-    prepareCheckpointDir(t, "job.json");
+    (void)prepareCheckpointDir(t, "job.json");
     ADD_FAILURE() << "no error";
   } catch (const SpecError& e) {
     EXPECT_NE(std::string(e.what()).find("ckpt-0000000005.bin (step 5) was written by a different trainer config: the "
@@ -668,7 +685,7 @@ TEST(Checkpoint, PreparingTheDirectoryPeeksAtTheNewestWithoutReadingTheWeights) 
   s.momentum.resize(params);
   s.step = 6;
   saveCheckpoint(t.checkpoint.dir, s, 3);
-  prepareCheckpointDir(t, "job.json");  // the newest readable one agrees
+  (void)prepareCheckpointDir(t, "job.json");  // the newest readable one agrees
   // A newer one damaged where the config hash is: not taken for another config (the peek
   // alone would say so), but verified, found corrupt and skipped, as rank 0 skips it.
   s.step = 7;
@@ -678,7 +695,7 @@ TEST(Checkpoint, PreparingTheDirectoryPeeksAtTheNewestWithoutReadingTheWeights) 
     f.seekp(16);
     f.put('\x5a');
   }
-  prepareCheckpointDir(t, "job.json");
+  (void)prepareCheckpointDir(t, "job.json");
 }
 
 TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {

@@ -357,6 +357,7 @@ int runAgent(const AgentOptions& opts) {
   // then removes them. A guard dies with its host, so an agent also removes what dead agents
   // left here.
   std::optional<launch::OrphanGuard> fileGuard;
+  Fd checkpointLock;  // node 0: the checkpoint directory's lock, held for the job
   // This node's copies (the spec may carry secrets) go however the agent ends: a refusal at
   // startup (a checkpoint dir it cannot use) returned with them left in /tmp.
   struct RemoveAtEnd {
@@ -388,7 +389,7 @@ int runAgent(const AgentOptions& opts) {
       // Rank 0 writes checkpoints on node 0's host: the first node's agent makes sure it can
       // (and that they are this config's) before any worker starts, as the launcher does for
       // a local job; else the run's work is lost at its first save.
-      if (opts.order == 0) train::prepareCheckpointDir(*spec.trainer, spec.source);
+      if (opts.order == 0) checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source);
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
       // rather than as exit 127 from every rank here and a restart budget spent on it.

@@ -1,6 +1,7 @@
 #include "dtrain/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -362,9 +363,9 @@ std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, 
   return mismatchText(t, s, s.params.size(), s.momentum.size(), path, params);
 }
 
-void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source) {
+Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source) {
   const std::string& dir = t.checkpoint.dir;
-  if (dir.empty()) return;
+  if (dir.empty()) return Fd();
   const std::string where = fmt::format("{}: /trainer/checkpoint/dir", source.empty() ? "job" : source);
   const std::string fix = "give a directory that can be written (on node 0's host, where rank 0 writes checkpoints)";
   std::error_code ec;
@@ -386,6 +387,30 @@ void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source)
   if (fd < 0) throw SpecError(fmt::format("{}: cannot write in \"{}\": {}; {}", where, dir, std::strerror(errno), fix));
   ::close(fd);
   ::unlink(probe.c_str());
+  // One job per directory, for the whole job (the caller keeps the lock).
+  const std::string lockPath = (fs::path(dir) / ".dtrain.lock").string();
+  Fd lock(::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock) throw SpecError(fmt::format("{}: cannot create {}: {}; {}", where, lockPath, std::strerror(errno), fix));
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder;
+    char buf[256];
+    const ssize_t n = ::pread(lock.get(), buf, sizeof(buf) - 1, 0);
+    if (n > 0) holder.assign(buf, static_cast<size_t>(n));
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    if (err != EWOULDBLOCK)
+      throw SpecError(fmt::format("{}: cannot lock {}: {}; {}", where, lockPath, std::strerror(err), fix));
+    throw SpecError(fmt::format("{}: \"{}\" is in use by another dtrain job ({}); two jobs writing one checkpoint "
+                                "directory would overwrite and prune each other's checkpoints: wait for that job to end "
+                                "or stop it, or use another /trainer/checkpoint/dir",
+                                where, dir, holder.empty() ? "its lock is held" : holder));
+  }
+  {
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
+    if (::ftruncate(lock.get(), 0) == 0) (void)!::pwrite(lock.get(), me.data(), me.size(), 0);
+  }
   // A checkpoint of another config would be refused by rank 0 on every attempt: said here.
   const int stages = std::max(1, t.parallel.pipeline_stages);
   size_t params = 0;
@@ -412,6 +437,7 @@ void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source)
       break;
     }
   }
+  return lock;
 }
 
 std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail) {

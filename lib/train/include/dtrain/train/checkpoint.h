@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/common/fd.h"
 #include "dtrain/spec/job_spec.h"
 
 namespace dtrain::train {
@@ -62,7 +63,13 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 // file can be written in it, and that its newest valid checkpoint (each stage's, for a
 // pipeline) was written by this config. Throws SpecError "<source>: /trainer/checkpoint/dir:
 // ..." with the fix. Nothing to do without a checkpoint dir.
-void prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source);
+//
+// Also takes the directory's lock (flock on DIR/.dtrain.lock, which names its holder), held
+// by the returned Fd for as long as the caller keeps it: the job's lifetime. A directory
+// another job holds is refused (SpecError naming the holder): two jobs writing one directory
+// would overwrite each other's ckpt-<step>.bin.tmp and prune each other's checkpoints. The
+// lock goes with its process, however that ends; workers do not inherit it (close-on-exec).
+[[nodiscard]] Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source);
 
 // What saveCheckpoint writes, the arrays by reference: the trainer's own buffers are written
 // as they are (a TrainState built for the write copied the weights and optimizer state).
