@@ -65,6 +65,35 @@ expect_grep "failed: rank 2 exited with code 3; 2 other worker\(s\) ended during
 ranks_() { python3 -c "import json,sys; print([(r['rank'], r['host'], r['exit_code'], r['signal'], r['stopped_by_dtrain']) + (('lost',) if r['lost'] else ()) for r in json.load(open(sys.argv[1]))['ranks']])" "$1"; }
 expect_eq "$(ranks_ "$T/fail.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', 3, None, False)]" "worker failure: every rank in the summary"
 
+# The grace period covers a worker's process group on every node: wrapper scripts (bash,
+# dying of the SIGTERM at once) whose python saves a checkpoint on it. Their agents wait for
+# the groups, and report the exits once they are gone: the teardown notice names them.
+cat > "$T/save.py" <<'PY'
+import os, signal, sys, time
+d, rank = os.environ["D"], os.environ["RANK"]
+def on(s, _):
+    time.sleep(3); print(f"rank {rank} checkpoint done", flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, on)
+open(f"{d}/py.{rank}", "w").write(str(os.getpid()))
+time.sleep(120)
+PY
+printf '#!/bin/bash\nset -e\npython3 %s "$@"\n' "$T/save.py" > "$T/train.sh"; chmod +x "$T/train.sh"
+rm -f "$T"/py.*
+D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 8 --summary-json "$T/wrap.json" -- bash -c \
+  'if [ "$RANK" = 0 ]; then while [ ! -e "$D/py.1" ] || [ ! -e "$D/py.2" ]; do sleep 0.05; done; exit 3; fi; exec "$0"' "$T/train.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/py.1" "$T/py.2"; then
+  start=$(date +%s%N)
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  expect_eq "$rc" 3 "wrapper scripts across nodes: the failing rank's exit code"
+  expect_grep "^\[localhost rank 1\] rank 1 checkpoint done$" "$T/out" "wrapper scripts across nodes: rank 1's python saved"
+  expect_grep "^\[127.0.0.1 rank 2\] rank 2 checkpoint done$" "$T/out" "wrapper scripts across nodes: rank 2's python saved"
+  [ "$ms" -ge 2800 ] && [ "$ms" -lt 6500 ] && pass "wrapper scripts across nodes: waited for the saves, not the grace period (${ms} ms)" || fail "wrapper scripts across nodes: teardown took ${ms} ms (save 3 s, grace 8 s)"
+  expect_grep "^dtrain: rank 0 \(localhost\) failed; waiting up to [0-9]+ s more for rank\(s\) 1 \(localhost\) and 2 \(127.0.0.1\) to exit" "$T/err" "wrapper scripts across nodes: the notice names the lingering ranks"
+  expect_eq "$(ranks_ "$T/wrap.json")" "[(0, 'localhost', 3, None, False), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', None, 'SIGTERM', True)]" "wrapper scripts across nodes: the wrappers' exits, stopped by dtrain"
+fi
+
 # SIGTERM to the launcher: every node torn down, exit 143.
 D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 120' >/dev/null 2>&1 &
 DTRAIN_PID=$!

@@ -43,6 +43,73 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 expect_eq "$rc" 143 "grace-killed job exits 143"
 [ "$ms" -ge 900 ] && [ "$ms" -lt 6000 ] && pass "SIGKILL after the grace period (${ms} ms)" || fail "teardown took ${ms} ms"
 for r in 0 1; do alive "$(cat "$T/pid.$r")" && fail "rank $r survived" || pass "rank $r killed"; done
+# The grace period is the worker's whole process group's: a wrapper script (bash, the
+# worker's own process) dies of the SIGTERM at once, while the python it runs got the SIGTERM
+# too and saves a checkpoint; dtrain waits for it (not the whole grace period: until the group
+# is empty), and the recorded exit stays the wrapper's, stopped by dtrain.
+cat > "$T/save.py" <<'PY'
+import os, signal, sys, time
+d, rank, mode = os.environ["D"], os.environ["RANK"], sys.argv[1]  # mode: seconds to save, or "ignore"
+def on(s, _):
+    print(f"rank {rank} saving", flush=True); time.sleep(float(mode)); print(f"rank {rank} checkpoint done", flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on)
+open(f"{d}/py.{rank}", "w").write(str(os.getpid()))
+time.sleep(120)
+PY
+printf '#!/bin/bash\nset -e\npython3 %s "$@"\n' "$T/save.py" > "$T/train.sh"; chmod +x "$T/train.sh"
+granks() { python3 -c "import json,sys; print([(r['rank'], r['exit_code'], r['signal'], r['stopped_by_dtrain']) for r in json.load(open(sys.argv[1]))['ranks']])" "$1"; }
+rm -f "$T"/py.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 5 --summary-json "$T/wrap.json" -- "$T/train.sh" 1 >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/py.0" "$T/py.1"; then
+  start=$(date +%s%N)
+  kill -TERM "$DTRAIN_PID"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  expect_eq "$rc" 143 "wrapper script: SIGTERM gives exit 143"
+  for r in 0 1; do expect_grep "^\[rank $r\] rank $r checkpoint done$" "$T/out" "wrapper script: rank $r's python saved its checkpoint in the grace period"; done
+  [ "$ms" -ge 900 ] && [ "$ms" -lt 3500 ] && pass "wrapper script: dtrain waited for the save, not the whole grace period (${ms} ms)" || fail "wrapper script: teardown took ${ms} ms (save 1 s, grace 5 s)"
+  expect_eq "$(granks "$T/wrap.json")" "[(0, None, 'SIGTERM', True), (1, None, 'SIGTERM', True)]" "wrapper script: the recorded exits are the wrappers', stopped by dtrain"
+fi
+# A wrapper's python that ignores SIGTERM is SIGKILLed at the grace deadline, its group
+# guarded until then; a teardown after a failure names the rank whose group it waits for.
+rm -f "$T"/py.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 3 -- bash -c \
+  'if [ "$RANK" = 1 ]; then while [ ! -e "$D/py.0" ]; do sleep 0.05; done; exit 3; fi; exec "$0" ignore' "$T/train.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/py.0"; then
+  start=$(date +%s%N)
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  expect_eq "$rc" 3 "wrapper's python ignoring SIGTERM: the failing rank's exit code"
+  [ "$ms" -ge 2700 ] && [ "$ms" -lt 6000 ] && pass "wrapper's python ignoring SIGTERM: SIGKILL at the grace deadline (${ms} ms)" || fail "wrapper's python ignoring SIGTERM: teardown took ${ms} ms (grace 3 s)"
+  p=$(cat "$T/py.0")
+  alive "$p" && { fail "wrapper's python (pid $p) outlived the grace period"; kill -9 "$p"; } || pass "wrapper's python ignoring SIGTERM: killed"
+  expect_grep "^dtrain: rank 1 failed; waiting up to [0-9]+ s more for rank\(s\) 0 to exit after SIGTERM" "$T/err" "teardown notice names the rank whose process group lingers"
+fi
+# A Ctrl-C in the grace period (here after a SIGTERM) kills the lingering groups at once.
+rm -f "$T"/py.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 --shutdown-timeout 30 -- "$T/train.sh" ignore >/dev/null 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/py.0" "$T/py.1"; then
+  kill -TERM "$DTRAIN_PID"; sleep 0.5
+  start=$(date +%s%N); kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  expect_eq "$rc" 143 "Ctrl-C in the grace period: exit 143 (the first signal's)"
+  [ "$ms" -lt 1500 ] && pass "Ctrl-C in the grace period: lingering groups killed at once (${ms} ms)" || fail "Ctrl-C in the grace period took ${ms} ms"
+  for r in 0 1; do p=$(cat "$T/py.$r"); alive "$p" && { fail "rank $r's python (pid $p) survived"; kill -9 "$p"; } || pass "Ctrl-C in the grace period: rank $r's python killed"; done
+fi
+# dtrain SIGKILLed while a group lingers: the guard still takes the wrapper's python along.
+rm -f "$T"/py.*
+D="$T" "$DTRAIN" run --nproc-per-node 1 --shutdown-timeout 30 -- "$T/train.sh" ignore >/dev/null 2>&1 &
+DTRAIN_PID=$!
+if wait_for "$T/py.0"; then
+  kill -TERM "$DTRAIN_PID"; sleep 0.5
+  kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+  p=$(cat "$T/py.0")
+  for _ in $(seq 100); do alive "$p" || break; sleep 0.1; done
+  alive "$p" && { fail "a lingering group's python (pid $p) outlived a SIGKILLed dtrain"; kill -9 "$p"; } || pass "dtrain SIGKILLed in the grace period: the lingering group's python killed by the guard"
+fi
 # SIGUSR1/SIGUSR2 are the workers' (as with mpirun; Slurm's --signal=USR1@120 warns a job
 # before its time limit): passed on to each worker's own process, the job goes on, and dtrain
 # says so. A worker's child (a DataLoader process) is not signalled. A worker without a

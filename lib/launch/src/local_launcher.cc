@@ -51,6 +51,38 @@ constexpr auto kPartialShowDelay = std::chrono::milliseconds(100);
 constexpr auto kPartialOwnerIdle = std::chrono::seconds(1);
 // A teardown after a worker failure still waiting this long says what it waits for.
 constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
+// How often a lingering process group (see Worker::lingering) is looked at, should no
+// SIGCHLD say that one of its processes ended.
+constexpr int kLingerPollMs = 50;
+// How long a lingering group SIGKILLed (at the end of the grace period, or a worker reaped
+// after it) is waited for to be gone (a process in uninterruptible sleep dies only when it
+// wakes) before dtrain moves on.
+constexpr auto kKilledGroupWait = std::chrono::seconds(1);
+
+// Whether process group pgid still has a process in it. (A pgid is not reused while its
+// group has a member, so after its leader has been reaped this still asks about that group.)
+bool groupAlive(pid_t pgid) { return ::kill(-pgid, 0) == 0; }
+
+// Makes the calling process its descendants' reaper while a run lasts (PR_SET_CHILD_SUBREAPER):
+// a worker's orphans (a wrapper script's python, once the script is gone) become dtrain's
+// children rather than init's, and reap() reaps them as they exit. A lingering process group
+// then empties when its last process exits, not when init gets round to reaping it: a
+// container's PID 1 may never reap (zombies stay members of their group). Restored after.
+class SubreaperScope {
+ public:
+  SubreaperScope() {
+    int was = 0;
+    if (::prctl(PR_GET_CHILD_SUBREAPER, &was) == 0 && !was) set_ = ::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
+  }
+  ~SubreaperScope() {
+    if (set_) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+  SubreaperScope(const SubreaperScope&) = delete;
+  SubreaperScope& operator=(const SubreaperScope&) = delete;
+
+ private:
+  bool set_ = false;
+};
 
 // Whether an unfinished line may be the start of a status line (kStatusPrefix).
 bool maybeStatus(std::string_view pending) {
@@ -97,6 +129,13 @@ struct Worker {
   // these ended it.
   std::bitset<NSIG> sent;
   WorkerExit exit;
+  // Reaped during a teardown while its process group still had members: a wrapper script
+  // (bash dies of the SIGTERM at once) whose python is still saving a checkpoint. The group
+  // keeps its grace period: it is waited for until it is empty, or SIGKILLed at the kill
+  // deadline, and stays guarded (orphan guard) meanwhile. Its exit (the wrapper's) is
+  // reported (on_exit) once the group is gone.
+  bool lingering = false;
+  Clock::time_point lingerKilled{};  // when the lingering group was SIGKILLed; {} = not yet
 };
 
 class LocalLauncher final : public Launcher {
@@ -128,6 +167,10 @@ class LocalLauncher final : public Launcher {
   void writeAboveStatus(int fd, const std::string& text);
   void signalAll(int sig);
   void reap();
+  // Lets go of lingering groups that are gone (or SIGKILLed kKilledGroupWait ago).
+  void checkLingering();
+  // A reaped worker is done with: its group no longer guarded, its exit reported.
+  void release(Worker& w);
   void drain(Worker& w);
   void checkWatchdogs();
   void fillExit(Worker& w);
@@ -307,6 +350,12 @@ void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
 
 void LocalLauncher::signalAll(int sig) {
   for (auto& w : workers_) {
+    if (w.lingering) {  // its process is gone (its exit stays its own): only the group is left
+      ::kill(-w.pid, sig);
+      if (sig != SIGKILL && sig != SIGCONT) ::kill(-w.pid, SIGCONT);
+      if (sig == SIGKILL && w.lingerKilled == Clock::time_point{}) w.lingerKilled = Clock::now();
+      continue;
+    }
     if (!w.running) continue;
     ::kill(-w.pid, sig);
     // A stopped worker (SIGSTOP, Ctrl-Z, a debugger) must run to act on it: its SIGTERM
@@ -352,6 +401,7 @@ void LocalLauncher::reap() {
       Worker& w = workers_[i];
       if (w.pid != pid || !w.running) continue;
       w.running = false;
+      const bool teardown = stopping_;  // under way before this exit (whose failure may start one)
       w.exit.when = utcNow();
       if (WIFSIGNALED(status)) {
         w.exit.signal = WTERMSIG(status);
@@ -373,19 +423,48 @@ void LocalLauncher::reap() {
         startShutdown(SIGTERM, spec_->shutdown_timeout_s);
       }
       // Whatever is left in the process group (grandchildren: a DataLoader's processes) goes
-      // with a worker that failed or was stopped. A worker that finished its work (exit 0,
-      // no teardown under way) may have left work of its own running on purpose (an upload
-      // started with Popen): that is left alone, as torchrun does, and no longer guarded.
-      if (failed || stopping_) ::kill(-pid, SIGKILL);
-      guard_->unwatch(pid);
-      if (opts_.on_exit) {
-        // Reported now, not at the end: a remote launcher must learn of the first failure
-        // before this node's teardown (and other nodes' knock-on failures) play out.
-        drain(w);
-        fillExit(w);
-        opts_.on_exit(w.exit);
+      // with a worker that failed or was stopped. A worker that failed on its own takes it
+      // along at once. In a teardown the grace period is the group's, not only the worker's
+      // own: a wrapper script dies of the SIGTERM at once while the python it runs (which got
+      // the SIGTERM too) saves a checkpoint; the group lingers until it is empty or the kill
+      // deadline (signalAll(SIGKILL)). A worker that finished its work (exit 0, no teardown
+      // under way) may have left work of its own running on purpose (an upload started with
+      // Popen): that is left alone, as torchrun does, and no longer guarded.
+      if (teardown && groupAlive(pid)) {
+        w.lingering = true;
+        if (killed_) {  // past the grace period: SIGKILLed now, and waited for (kKilledGroupWait)
+          ::kill(-pid, SIGKILL);
+          w.lingerKilled = Clock::now();
+        }
+        continue;
       }
+      if (failed || stopping_) ::kill(-pid, SIGKILL);
+      release(w);
     }
+  }
+}
+
+void LocalLauncher::release(Worker& w) {
+  w.lingering = false;
+  guard_->unwatch(w.pid);
+  if (opts_.on_exit) {
+    // Reported now, not at the end: a remote launcher must learn of the first failure
+    // before this node's teardown (and other nodes' knock-on failures) play out. (A
+    // lingering group's worker once its group is gone: the launcher's teardown notice
+    // names it while it lingers.)
+    drain(w);
+    fillExit(w);
+    opts_.on_exit(w.exit);
+  }
+}
+
+void LocalLauncher::checkLingering() {
+  const auto now = Clock::now();
+  for (auto& w : workers_) {
+    if (!w.lingering) continue;
+    const bool givenUp = w.lingerKilled != Clock::time_point{} && now - w.lingerKilled >= kKilledGroupWait;
+    if (!givenUp && groupAlive(w.pid)) continue;
+    release(w);
   }
 }
 
@@ -531,6 +610,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
                          "machine; set it in the spec's env or with --env to tune\n",
                          spec.nproc_per_node));
 
+  SubreaperScope subreaper;
   OrphanGuard guard;
   guard_ = &guard;
   for (const auto& f : opts_.remove_if_killed) guard.removeIfKilled(f);
@@ -549,9 +629,11 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     owners.push_back({nullptr, nullptr});
     fds.push_back({controlClosed_ ? -1 : opts_.control_fd, POLLIN, 0});  // poll ignores a negative fd
     owners.push_back({nullptr, nullptr});
-    bool anyRunning = false;
+    // Running: a worker's process, or a lingering group of one (waited for the same way).
+    bool anyRunning = false, anyLingering = false;
     for (auto& w : workers_) {
-      anyRunning |= w.running;
+      anyRunning |= w.running || w.lingering;
+      anyLingering |= w.lingering;
       for (Stream* s : {&w.out, &w.err}) {
         if (!s->fd) continue;
         fds.push_back({s->fd.get(), POLLIN, 0});
@@ -571,7 +653,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
           teardownNoticed_ = true;
           std::vector<std::string> ranks;
           for (const auto& w : workers_)
-            if (w.running) ranks.push_back(std::to_string(w.slot.global_rank));
+            if (w.running || w.lingering) ranks.push_back(std::to_string(w.slot.global_rank));
           writeAboveStatus(STDERR_FILENO,
                            fmt::format("dtrain: rank {} failed; waiting up to {:.0f} s more for rank(s) {} to exit after "
                                        "SIGTERM, then SIGKILL (shutdown_timeout_s, --shutdown-timeout)\n",
@@ -587,11 +669,16 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     // With every worker gone, a grandchild that kept a pipe open must not hold dtrain up.
     if (!anyRunning) timeoutMs = 200;
     if (spec.worker_timeout_s > 0 && anyRunning && (timeoutMs < 0 || timeoutMs > 250)) timeoutMs = 250;
+    if (anyLingering && (timeoutMs < 0 || timeoutMs > kLingerPollMs)) timeoutMs = kLingerPollMs;
     const int partialMs = flushIdlePartials();
     if (anyRunning && partialMs >= 0 && (timeoutMs < 0 || partialMs < timeoutMs)) timeoutMs = partialMs;
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
     if (n == 0 && !anyRunning) break;
+    if (anyLingering) {
+      reap();  // (orphans of a lingering group, this process being their reaper: see SubreaperScope)
+      checkLingering();
+    }
     if (spec.worker_timeout_s > 0 && !stopping_) checkWatchdogs();
     if (stopping_ && !killed_ && Clock::now() >= killDeadline_) {
       killed_ = true;

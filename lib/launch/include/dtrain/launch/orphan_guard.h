@@ -12,8 +12,10 @@
 // A node's agent keeps one for its whole life too, for its private files alone (the spec
 // snapshot it writes before any launcher's guard exists, and keeps between rounds).
 //
-// Safety: a group is watched only while its leader (the worker) is unreaped, so its ID cannot
-// have been reused; the launcher unwatches a worker as it reaps it. Thread-safety: none; the
+// Safety: a group is watched only while its leader (the worker) is unreaped, or, in a
+// teardown, while the launcher still sees members in it (a wrapper script's python in its
+// grace period): a pgid is not reused while its group has a member. The launcher unwatches
+// a worker as it reaps it, or once its lingering group is gone. Thread-safety: none; the
 // launcher's event loop owns it.
 #include <sys/types.h>
 
