@@ -117,9 +117,12 @@ void checkCreatable(const std::string& path, const std::string& what) {
   if (!fs::is_directory(p, ec))
     throw SpecError(fmt::format("{}: \"{}\" cannot be created: {} is not a directory; give a path in a directory", what,
                                 path, p.string()));
-  if (::access(p.c_str(), W_OK | X_OK) != 0)
-    throw SpecError(fmt::format("{}: \"{}\" cannot be created: {}: {}; give a path you can write", what, path, p.string(),
-                                std::strerror(errno)));
+  if (::access(p.c_str(), W_OK | X_OK) != 0) {
+    // (an existing directory cannot be written; a missing one cannot be created in p)
+    const bool exists = p == fs::absolute(path).lexically_normal();
+    throw SpecError(fmt::format("{}: \"{}\" {}: {}: {}; give a path you can write", what, path,
+                                exists ? "cannot be written" : "cannot be created", p.string(), std::strerror(errno)));
+  }
 }
 
 // The run's outputs (log directory, summary file) are checked before anything starts, so a

@@ -135,4 +135,15 @@ kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 143 "a busy checkpoint dir: the first job ran on until stopped"
 "$DTRAIN" run "$T/busy.json" >"$T/out" 2>&1
 expect_eq "$?" 0 "a busy checkpoint dir: free again once that job ended"
+# An existing directory on a read-only mount: "cannot be written" (not "cannot be created").
+mkdir -p "$T/romnt"
+if mount -t tmpfs -o ro,size=64k tmpfs "$T/romnt" 2>/dev/null; then
+  spec "$T/ro2.json" "$T/romnt"
+  "$DTRAIN" run "$T/ro2.json" >"$T/out" 2>"$T/err"; rc=$?
+  umount "$T/romnt"
+  expect_eq "$rc" 2 "read-only checkpoint dir: exit 2"
+  expect_grep "^dtrain: error: $T/ro2.json: /trainer/checkpoint/dir: \"$T/romnt\" cannot be written: $T/romnt: Read-only file system; " "$T/err" "read-only checkpoint dir: said as it is"
+else
+  echo "skip: cannot mount a tmpfs (not root?)"
+fi
 finish
