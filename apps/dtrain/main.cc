@@ -118,10 +118,11 @@ void checkCreatable(const std::string& path, const std::string& what) {
     throw SpecError(fmt::format("{}: \"{}\" cannot be created: {} is not a directory; give a path in a directory", what,
                                 path, p.string()));
   if (::access(p.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
     // (an existing directory cannot be written; a missing one cannot be created in p)
     const bool exists = p == fs::absolute(path).lexically_normal();
     throw SpecError(fmt::format("{}: \"{}\" {}: {}: {}; give a path you can write", what, path,
-                                exists ? "cannot be written" : "cannot be created", p.string(), std::strerror(errno)));
+                                exists ? "cannot be written" : "cannot be created", p.string(), std::strerror(err)));
   }
 }
 
@@ -480,8 +481,11 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   if (r.received_signal && r.stopped_during.empty())  // else said in the headline above
     verdict += fmt::format("dtrain: stopped by {}; exit code {}\n", signalName(r.received_signal), r.exit_code);
   if (r.teardown_signal)
-    verdict += fmt::format("dtrain: {} during the teardown after the failure: the workers still running were stopped "
-                           "at once; exit code {}, the failure's\n", signalName(r.teardown_signal), r.exit_code);
+    verdict += fmt::format("dtrain: {} during the teardown after the failure: {}; exit code {}, the failure's\n",
+                           signalName(r.teardown_signal),
+                           r.teardown_signal == SIGINT ? "the workers still running were killed at once"
+                                                       : "the teardown went on as it was",
+                           r.exit_code);
   std::cerr << verdict << std::flush;
   if (!a.summary_json.empty()) {
     spec::RunSummary sum;
@@ -503,6 +507,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     if (!resultFile.empty()) sum.trainer = spec::readTrainerOutcome(resultFile);
     // A job that succeeded but could not leave its summary is a failure of dtrain's (exit 1);
     // a failed job keeps its own exit code.
+    // A FIFO nobody reads would block the write for good: there, Ctrl-C must still work.
+    if (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0)
+      ::sigprocmask(SIG_UNBLOCK, &hold, nullptr);
     if (!writeSummary(a, sum) && r.exit_code == 0) return kExitFailure;
   }
   return r.exit_code;

@@ -179,7 +179,7 @@ wait_for "$T/slow.pid" && sleep 1 && kill -INT "$DTRAIN_PID"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 3 "Ctrl-C in the final teardown: the failure's exit code"
 expect_grep "^dtrain: job 'slowstop.sh' failed: rank 1 exited with code 3" "$T/err" "Ctrl-C in the final teardown: the failure's headline"
-expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were stopped at once; exit code 3, the failure's$" "$T/err" "Ctrl-C in the final teardown: said"
+expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were killed at once; exit code 3, the failure's$" "$T/err" "Ctrl-C in the final teardown: said"
 if grep -q "stopped by" "$T/err"; then fail "Ctrl-C in the final teardown: said 'stopped by'"; else pass "Ctrl-C in the final teardown: not 'stopped by'"; fi
 expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["stopped_by"])' "$T/slow.json")" "failed 3 None" "Ctrl-C in the final teardown: the summary"
 finish

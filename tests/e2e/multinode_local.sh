@@ -363,6 +363,6 @@ DTRAIN_PID=$!
 wait_for "$T/slow.0" "$T/slow.1" && sleep 1.5 && kill -INT "$DTRAIN_PID"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 3 "multi-node, Ctrl-C in the final teardown: the failure's exit code"
-expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were stopped at once; exit code 3, the failure's$" "$T/err" "multi-node, Ctrl-C in the final teardown: said"
+expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were killed at once; exit code 3, the failure's$" "$T/err" "multi-node, Ctrl-C in the final teardown: said"
 expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["stopped_by"])' "$T/slow.json")" "failed 3 None" "multi-node, Ctrl-C in the final teardown: the summary"
 finish

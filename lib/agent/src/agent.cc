@@ -389,7 +389,10 @@ int runAgent(const AgentOptions& opts) {
       // Rank 0 writes checkpoints on node 0's host: the first node's agent makes sure it can
       // (and that they are this config's) before any worker starts, as the launcher does for
       // a local job; else the run's work is lost at its first save.
-      if (opts.order == 0) checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source);
+      // (an agent started again here, after this host was lost, may find its predecessor still
+      // tearing down with the lock: waited for over that teardown's grace)
+      if (opts.order == 0)
+        checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source, spec.shutdown_timeout_s + 5);
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
       // rather than as exit 127 from every rank here and a restart budget spent on it.

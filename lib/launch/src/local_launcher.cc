@@ -800,12 +800,16 @@ int rootCause(const std::vector<WorkerExit>& workers, int first) {
     return (w.signal != 0 || w.exit_code != 0) && !w.stopped_by_dtrain && !w.lost;
   };
   int cause = first;
-  for (size_t hops = 0; cause >= 0 && hops < workers.size(); ++hops) {
+  std::vector<bool> seen(workers.size(), false);
+  while (cause >= 0) {
+    seen[static_cast<size_t>(cause)] = true;
     const int k = lostPeer(workers[static_cast<size_t>(cause)]);
     if (k < 0) break;
     auto it = std::find_if(workers.begin(), workers.end(), [&](const WorkerExit& w) { return w.global_rank == k; });
     if (it == workers.end() || !failedOnItsOwn(*it)) break;
-    cause = static_cast<int>(it - workers.begin());
+    const int next = static_cast<int>(it - workers.begin());
+    if (seen[static_cast<size_t>(next)]) return first;  // ranks that say they lost each other: no telling
+    cause = next;
   }
   return cause;
 }

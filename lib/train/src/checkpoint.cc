@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <array>
 #include <cerrno>
 #include <condition_variable>
@@ -153,7 +154,8 @@ class BackgroundDigest {
 std::vector<std::pair<long long, fs::path>> listCheckpoints(const std::string& dir) {
   std::vector<std::pair<long long, fs::path>> out;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {  // (no throw on a readdir error)
+    const auto& e = *it;
     std::string name = e.path().filename().string();
     if (name.rfind("ckpt-", 0) != 0 || name.size() < 10 || name.substr(name.size() - 4) != ".bin") continue;
     try {
@@ -363,7 +365,7 @@ std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, 
   return mismatchText(t, s, s.params.size(), s.momentum.size(), path, params);
 }
 
-Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source) {
+Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, double lockWaitS) {
   const std::string& dir = t.checkpoint.dir;
   if (dir.empty()) return Fd();
   const std::string where = fmt::format("{}: /trainer/checkpoint/dir", source.empty() ? "job" : source);
@@ -387,25 +389,40 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source) {
   if (fd < 0) throw SpecError(fmt::format("{}: cannot write in \"{}\": {}; {}", where, dir, std::strerror(errno), fix));
   ::close(fd);
   ::unlink(probe.c_str());
-  // One job per directory, for the whole job (the caller keeps the lock).
+  // One job per directory, for the whole job (the caller keeps the lock). The file is
+  // anyone's to open (0666 less the umask; read-only is enough for flock), so a directory
+  // shared by several users is not locked out by the first one's file.
   const std::string lockPath = (fs::path(dir) / ".dtrain.lock").string();
-  Fd lock(::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!lock) throw SpecError(fmt::format("{}: cannot create {}: {}; {}", where, lockPath, std::strerror(errno), fix));
-  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+  Fd lock(::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+  bool writable = static_cast<bool>(lock);
+  if (!lock) lock = Fd(::open(lockPath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!lock) throw SpecError(fmt::format("{}: cannot open {}: {}; {}", where, lockPath, std::strerror(errno), fix));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long>(lockWaitS * 1000));
+  while (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    if (err == EINTR) continue;
+    if (err != EWOULDBLOCK) {
+      // A file system without flock (Lustre without -o flock, NFSv3 without lockd): no lock
+      // rather than no job. Said once.
+      fmt::print(stderr, "dtrain: warning: {}: cannot lock {}: {}; running without the one-job-per-directory "
+                         "check\n", where, lockPath, std::strerror(err));
+      return Fd();
+    }
+    if (std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
     std::string holder;
     char buf[256];
     const ssize_t n = ::pread(lock.get(), buf, sizeof(buf) - 1, 0);
     if (n > 0) holder.assign(buf, static_cast<size_t>(n));
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
-    if (err != EWOULDBLOCK)
-      throw SpecError(fmt::format("{}: cannot lock {}: {}; {}", where, lockPath, std::strerror(err), fix));
     throw SpecError(fmt::format("{}: \"{}\" is in use by another dtrain job ({}); two jobs writing one checkpoint "
                                 "directory would overwrite and prune each other's checkpoints: wait for that job to end "
                                 "or stop it, or use another /trainer/checkpoint/dir",
                                 where, dir, holder.empty() ? "its lock is held" : holder));
   }
-  {
+  if (writable) {
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);
     const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
@@ -557,8 +574,11 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   // ckpt-<step>.bin.tmp behind, as large as a checkpoint. One of an older step than this one
   // can never be completed by a writer of this job: the writer of a directory is one rank,
   // and steps only grow.
+  // Best effort: the checkpoint is durable already, so no error here fails the save.
   std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  std::error_code iec;
+  for (fs::directory_iterator it(dir, iec), end; !iec && it != end; it.increment(iec)) {
+    const auto& e = *it;
     const std::string name = e.path().filename().string();
     if (name.rfind("ckpt-", 0) != 0 || name.size() < 14 || name.substr(name.size() - 8) != ".bin.tmp") continue;
     const std::string digits = name.substr(5, name.size() - 13);

@@ -13,6 +13,7 @@ CheckpointWriter::~CheckpointWriter() {
     wait();
   } catch (...) {  // the caller is unwinding already, or has returned: nobody to tell
   }
+  if (thread_.joinable()) thread_.join();  // (wait() left early: a heartbeat threw)
 }
 
 void CheckpointWriter::flushWarnings() {
@@ -38,6 +39,15 @@ void CheckpointWriter::start(Job job) {
     error_ = nullptr;
     path_.clear();
   }
+  struct NotStarted {  // a thread that could not be made (std::system_error): nothing runs
+    CheckpointWriter* w;
+    bool armed = true;
+    ~NotStarted() {
+      if (!armed) return;
+      std::lock_guard<std::mutex> lk(w->mu_);
+      w->running_ = false;
+    }
+  } guard{this};
   thread_ = std::thread([this, job = std::move(job)] {
     std::string path;
     std::exception_ptr err;
@@ -60,6 +70,7 @@ void CheckpointWriter::start(Job job) {
     running_ = false;
     cv_.notify_all();
   });
+  guard.armed = false;
 }
 
 std::string CheckpointWriter::wait() {

@@ -69,7 +69,10 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 // another job holds is refused (SpecError naming the holder): two jobs writing one directory
 // would overwrite each other's ckpt-<step>.bin.tmp and prune each other's checkpoints. The
 // lock goes with its process, however that ends; workers do not inherit it (close-on-exec).
-[[nodiscard]] Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source);
+// `lockWaitS`: how long a held lock is waited for before the refusal (an agent started again
+// on node 0 while its predecessor still tears down). A file system without flock: a warning
+// on stderr, and an empty Fd.
+[[nodiscard]] Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, double lockWaitS = 0);
 
 // What saveCheckpoint writes, the arrays by reference: the trainer's own buffers are written
 // as they are (a TrainState built for the write copied the weights and optimizer state).
