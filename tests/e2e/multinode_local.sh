@@ -365,4 +365,14 @@ wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 3 "multi-node, Ctrl-C in the final teardown: the failure's exit code"
 expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were killed at once; exit code 3, the failure's$" "$T/err" "multi-node, Ctrl-C in the final teardown: said"
 expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["stopped_by"])' "$T/slow.json")" "failed 3 None" "multi-node, Ctrl-C in the final teardown: the summary"
+# Across nodes as on one: a rank that exits saying its collective lost rank 0 is reported
+# before rank 0's SIGKILL; the job blames rank 0 (exit 137), not the rank that noticed.
+cat > "$T/lost.sh" <<'SH'
+if [ "$RANK" = 1 ]; then sleep 0.5; echo "dtrain: error: allreduce on rank 1: lost rank 0: connection closed (the process exited or was killed)" >&2; exit 1; fi
+if [ "$RANK" = 0 ]; then trap 'kill -9 $$' TERM; fi
+sleep 30 & wait
+SH
+"$DTRAIN" run --hosts "$HOSTS" -- bash "$T/lost.sh" >"$T/out" 2>"$T/err"
+expect_eq "$?" 137 "multi-node, collateral first: the exit code is the lost rank's (SIGKILL)"
+expect_grep "job 'lost.sh' failed: rank 0 .*killed by SIGKILL" "$T/err" "multi-node, collateral first: the headline blames rank 0"
 finish

@@ -450,6 +450,27 @@ bool MultiNodeRunner::heldSettled() const {
 void MultiNodeRunner::releaseHeld() {
   HeldFailure h = std::move(*held_);
   held_.reset();
+  // The exit reported first may be a rank that only lost its peer ("lost rank K"), reaped
+  // before the peer that died (rank K on the same node or another): blamed as on one node
+  // (rootCause), over every exit the round's nodes have reported by now.
+  std::vector<WorkerExit> all;
+  std::vector<Node*> owner;
+  int first = -1;
+  for (auto& n : nodes_) {
+    if (!n.member || n.round != activeRound_) continue;
+    for (const auto& w : n.exits) {
+      if (&n == h.node && w.global_rank == h.exit.global_rank) first = static_cast<int>(all.size());
+      all.push_back(w);
+      owner.push_back(&n);
+    }
+  }
+  if (first >= 0) {
+    const int cause = rootCause(all, first);
+    if (cause != first) {
+      h.node = owner[static_cast<size_t>(cause)];
+      h.exit = all[static_cast<size_t>(cause)];
+    }
+  }
   const bool wasStopping = stopping_;
   blameWorker(*h.node, h.exit, h.at);
   // The job ends: its workers were told to stop at the failure (the pause), and the agents'
