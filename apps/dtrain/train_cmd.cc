@@ -26,6 +26,7 @@
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/trainer.h"
+#include "train_signals.h"
 
 namespace dtrain::app {
 namespace {
@@ -128,7 +129,12 @@ void addTrainCommand(CLI::App& app) {
 
 int runTrainCommand() {
   if (!gTrain || !gTrain->parsed()) return -1;
+  // First, before any thread starts (they inherit the signal mask): SIGUSR1/SIGUSR2 ask for a
+  // checkpoint, SIGTERM/SIGINT/SIGHUP for a final one and an exit (train_signals.h).
+  static train::TrainControl control;
+  static TrainSignals signals(control);
   spec::JobSpec s = spec::loadJobSpec(gSpec);
+  signals.setGraceSeconds(s.shutdown_timeout_s);
   if (!s.trainer) throw SpecError(fmt::format("{}: /trainer: missing; dtrain train needs a \"trainer\" section", gSpec));
   // Run by hand, this is the launch: the checkpoint directory is made and tried first.
   // (Under dtrain run the launcher or node 0's agent did it.)
@@ -178,7 +184,37 @@ int runTrainCommand() {
     to.status = [](const std::string& text) { std::cout << "\r\x1b[2K" << text << std::flush; };
     to.log = [](const std::string& line) { std::cout << "\r\x1b[2K" << line << std::endl; };
   }
-  train::TrainResult r = train::train(*s.trainer, *comm, to);
+  to.control = &control;
+  train::TrainResult r;
+  try {
+    r = train::train(*s.trainer, *comm, to);
+  } catch (const train::TrainingStopped& e) {
+    control.phase.store(train::TrainControl::kDone);
+    // (rank 0 said where the final checkpoint is.) A rank that learned of the stop from its
+    // peers alone waits a moment for its own signal: dtrain's teardown reaches every worker,
+    // on other nodes a little later, and a worker that exits 128+signal before dtrain sent it
+    // one would count as a failure of its own.
+    int sig = control.stop.load();
+    if (sig == 0) sig = signals.waitForStop(std::chrono::seconds(2));
+    std::cout.flush();
+    return 128 + (sig != 0 ? sig : e.signal());
+  } catch (const std::exception& e) {
+    control.phase.store(train::TrainControl::kDone);
+    int sig = control.stop.load();
+    // A lost peer under dtrain run: its failure makes the launcher stop every other worker
+    // (SIGTERM), so that signal is on its way; a rank stopped by it is not a second failure.
+    if (sig == 0 && dynamic_cast<const PeerLostError*>(&e) && std::getenv("DTRAIN_STORE_ADDR"))
+      sig = signals.waitForStop(std::chrono::seconds(2));
+    if (sig == 0) throw;
+    // Stopping anyway: whatever went wrong since (a peer already gone, a final write that
+    // failed) must not turn the teardown into a failure of this rank's own.
+    std::cout.flush();
+    std::cerr << fmt::format("dtrain train: {}: stopping now, without a final checkpoint: {}",
+                             sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM", e.what())
+              << std::endl;
+    return 128 + sig;
+  }
+  control.phase.store(train::TrainControl::kDone);
   if (to.status && comm->rank() == 0) to.status("");  // the bar is done: the summary lines replace it
   // A run that resumed from a checkpoint which already completed the job trains nothing:
   // its loss and throughput are not measured, and are not reported as zeros.

@@ -520,7 +520,7 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   std::string front(kMagic, sizeof(kMagic));
   put(front, payloadBytes);
 
-  std::string path = (fs::path(dir) / fmt::format("ckpt-{:010d}.bin", s.step)).string();
+  std::string path = checkpointPath(dir, s.step);
   std::string tmp = path + ".tmp";
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
   if (!fd) throwErrno("checkpoint: cannot create " + tmp);
@@ -587,6 +587,28 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   }
   for (const auto& f : stale) fs::remove(f, ec);
   return path;
+}
+
+std::string checkpointPath(const std::string& dir, long long step) {
+  return (fs::path(dir) / fmt::format("ckpt-{:010d}.bin", step)).string();
+}
+
+std::string checkpointWriteRefusal(const std::string& dir, long long step, const std::string& error) {
+  // saveCheckpoint's errors read "checkpoint: <what> <path>: <OS error>": the OS error first,
+  // what failed after it.
+  std::string what = error;
+  for (const char* prefix : {"checkpoint manifest: ", "checkpoint: "})
+    if (what.rfind(prefix, 0) == 0) {
+      what.erase(0, std::char_traits<char>::length(prefix));
+      break;
+    }
+  const size_t colon = what.rfind(": ");
+  const std::string os = colon == std::string::npos ? what : what.substr(colon + 2);
+  const std::string detail = colon == std::string::npos ? std::string() : fmt::format(" ({})", what.substr(0, colon));
+  return fmt::format("trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step {} in {}: {}{}; the "
+                     "checkpoints written there before are intact: free space on it (or make it writable again) and "
+                     "run the job again to resume from the newest, or set another /trainer/checkpoint/dir",
+                     step, dir, os, detail);
 }
 
 std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std::function<void(const std::string&)>& warn,

@@ -42,6 +42,7 @@
 #include "dtrain/train/metrics.h"
 #include "batch_loader.h"
 #include "checkpoint_writer.h"
+#include "control.h"
 #include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
@@ -658,6 +659,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // With checkpoint.async the stage files are written on a thread while the next steps train
   // (from hostParams and state: nothing refills them before finishSave); the manifest follows
   // once every stage's file is durable, at the next checkpoint or the end of training.
+  // Signals (TrainOptions::control): agreed on at step boundaries over the world; control.h.
+  detail::ControlPoints control(opts.control, std::string(comm.backend()) != "nccl", kControlPeriodOnDevice);
   detail::CheckpointWriter writer(ts.checkpoint.async && d == 0, opts.heartbeat,
                                   [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
   bool savePending = false;  // the same on every rank: saves are collective
@@ -672,12 +675,17 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     for (int s = 0; s < P; ++s)
       pending.files.push_back(
           fmt::format("stage-{}-of-{}/{}", s, P, std::filesystem::path(written).filename().string()));
-    spec::writePipelineManifest(manifestPath, pending);
+    try {
+      spec::writePipelineManifest(manifestPath, pending);
+    } catch (const IoError& e) {  // (as a stage file's write: see save)
+      throw SpecError(checkpointWriteRefusal(ts.checkpoint.dir, pending.step, e.what()));
+    }
   };
   // Collective (every rank calls it at the same steps): replica 0 of each stage writes its
   // stage's file; once all are durable, rank 0 writes the manifest naming them.
   auto save = [&](long long epoch, uint64_t cursor) {
     if (stageDir.empty()) return;
+    control.phase(TrainControl::kSaving);
     finishSave();
     if (cursor + globalBatch > N) {
       ++epoch;
@@ -691,9 +699,14 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
-      writer.start([&stageDir, view = CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}](
+      writer.start([&stageDir, counted = std::make_shared<detail::ControlPoints::Write>(control.control()),
+                    view = CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}](
                        const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
-        return saveCheckpoint(stageDir, view, 3, warn, progress);
+        try {
+          return saveCheckpoint(stageDir, view, 3, warn, progress);
+        } catch (const IoError& e) {  // a full disk, a read-only mount: no attempt would get further
+          throw SpecError(checkpointWriteRefusal(stageDir, view.step, e.what()));
+        }
       });
       if (opts.heartbeat) opts.heartbeat();
     }
@@ -872,11 +885,13 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // seconds (see pipelineBubble).
   std::vector<double> stats(5 + static_cast<size_t>(P));
   std::string bubbleText = "-";
+  control.phase(TrainControl::kTraining);
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
     EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
     for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
          cursor += globalBatch) {
       if (opts.on_step) opts.on_step(step);
+      control.stepStarted();
       if (firstStage || lastStage) {
         // Replica d takes the samples rank d takes in the data-parallel trainer with D ranks.
         auto batchAt = [&](uint64_t at) {
@@ -962,8 +977,40 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                                 progress.bar(step),
                                 result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"),
                                 progress.samplesPerSecond(step), bubbleText, progress.eta(step)));
-      if (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) save(epoch, cursor + globalBatch);
-      else if (step == totalSteps) save(epoch, cursor + globalBatch);
+      // A signal's request, agreed on by every rank (a checkpoint, or a stop after one).
+      const detail::ControlPoints::Request request = control.agree(
+          step, step == totalSteps,
+          [&](int32_t* r) { return comm.allreduceAsync(r, 1, comm::DataType::kInt32, comm::ReduceOp::kMax); },
+          [&](int32_t* r) { worldComm.allreduceHost(r, 1, comm::DataType::kInt32, comm::ReduceOp::kMax); });
+      const bool periodic =
+          (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) || step == totalSteps;
+      const bool requested = request.kind != detail::kNoRequest;
+      if (periodic || (requested && !stageDir.empty())) save(epoch, cursor + globalBatch);
+      if (requested) {
+        const std::string sig = detail::signalName(request.signal);
+        // (each stage's file, then the manifest naming them)
+        const std::string files =
+            stageDir.empty() ? std::string()
+                             : fmt::format("{}/stage-*-of-{}/{}", ts.checkpoint.dir, P,
+                                           std::filesystem::path(checkpointPath(stageDir, step)).filename().string());
+        if (request.kind == detail::kStopRequest) {
+          finishSave();  // every stage's file and the manifest are durable before the exit
+          if (rank == 0 && opts.log)
+            opts.log(files.empty() ? fmt::format("{}: stopping at step {} of {}; no checkpoint written (no "
+                                                 "/trainer/checkpoint/dir)", sig, step, totalSteps)
+                                   : fmt::format("{}: stopping at step {} of {}; final checkpoint written to {} and {}",
+                                                 sig, step, totalSteps, files, manifestPath));
+          throw TrainingStopped(request.signal, step, files);
+        }
+        if (rank == 0 && opts.log)
+          opts.log(files.empty() ? fmt::format("{}: no checkpoint at step {}: /trainer/checkpoint/dir is not set, so "
+                                               "there is nowhere to write one; training goes on", sig, step)
+                   : ts.checkpoint.async
+                       ? fmt::format("{}: checkpoint at step {} being written to {} (checkpoint.async; {} follows with "
+                                     "the next checkpoint)", sig, step, files, manifestPath)
+                       : fmt::format("{}: checkpoint at step {} written to {} and {}", sig, step, files, manifestPath));
+      }
+      control.phase(TrainControl::kTraining);
       windowLoss += stepLoss;
       windowCorrect += stepCorrect;
       windowSamples += lastStage ? B : 0;
@@ -1011,7 +1058,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     result.stage_ms.assign(t.begin(), t.begin() + P);
     result.bubble_fraction = detail::pipelineBubble(t[static_cast<size_t>(P)], t[static_cast<size_t>(P) + 1], P);
   }
+  control.phase(TrainControl::kSaving);
   finishSave();  // the last checkpoint is durable before the result (and hostParams are free)
+  control.phase(TrainControl::kFinishing);
   checkWeightsFinite();  // (the last step may have overflowed with finite gradients)
   result.peak_activation_bytes = model.peakBytes();
 

@@ -20,6 +20,7 @@
 
 #include "batch_loader.h"
 #include "checkpoint_writer.h"
+#include "control.h"
 #include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
@@ -173,12 +174,17 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
   if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
+  // Signals (TrainOptions::control): agreed on at step boundaries; see control.h.
+  // (alone there is nothing to agree with: a request is acted on at the step it was seen)
+  detail::ControlPoints control(opts.control, world > 1 && !hostComm.onDevice(),
+                                world > 1 ? kControlPeriodOnDevice : 1);
   // Rank 0 writes; with checkpoint.async from `params` and `momentum` on a thread while the
   // next steps train, so nothing may refill them before writer.wait().
   detail::CheckpointWriter writer(ts.checkpoint.async && rank == 0, opts.heartbeat,
                                   [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
   auto save = [&](long long epoch, uint64_t cursor) {
     if (ts.checkpoint.dir.empty()) return;
+    control.phase(TrainControl::kSaving);
     writer.wait();
     // Weights that are not finite (a step that overflowed) are never written as the
     // checkpoint later runs resume from. Every rank holds the same weights, so every rank
@@ -195,9 +201,14 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     // (params were stored above).
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
-    writer.start([&ts, view = CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}](
+    writer.start([&ts, counted = std::make_shared<detail::ControlPoints::Write>(control.control()),
+                  view = CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}](
                      const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
-      return saveCheckpoint(ts.checkpoint.dir, view, 3, warn, progress);
+      try {
+        return saveCheckpoint(ts.checkpoint.dir, view, 3, warn, progress);
+      } catch (const IoError& e) {  // a full disk, a read-only mount: no attempt would get further
+        throw SpecError(checkpointWriteRefusal(ts.checkpoint.dir, view.step, e.what()));
+      }
     });
     if (opts.heartbeat) opts.heartbeat();
   };
@@ -228,6 +239,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   assignFresh(hostGrads, direct || world == 1 ? 0 : P);
   float* const grads = be->grads();
   std::vector<float> gradTail(std::min<size_t>(P, 64));
+  control.phase(TrainControl::kTraining);
   for (int epoch = startEpoch; epoch < ts.epochs && step < totalSteps; ++epoch) {
     EpochOrder order(N, ts.data.seed ^ ts.seed, static_cast<uint64_t>(epoch));
     // The cursor counts samples of this epoch's order already used by all ranks together,
@@ -235,6 +247,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     for (uint64_t cursor = epoch == startEpoch ? startCursor : 0; cursor + globalBatch <= N && step < totalSteps;
          cursor += globalBatch) {
       if (opts.on_step) opts.on_step(step);
+      control.stepStarted();
       if (loader.pending() == 0) loader.request(batchAt(order, cursor));  // an epoch's first step
       const auto& batch = loader.take();
       // The next step's batch loads while this step computes (within the epoch: the next
@@ -304,8 +317,37 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         opts.status(fmt::format("epoch {}/{} {} loss {} {:.0f} samples/s eta {}", epoch + 1, ts.epochs, progress.bar(step),
                                 result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"),
                                 progress.samplesPerSecond(step), progress.eta(step)));
-      if (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) save(epoch, cursor + globalBatch);
-      else if (step == totalSteps) save(epoch, cursor + globalBatch);
+      // A signal's request, agreed on by every rank (a checkpoint, or a stop after one).
+      const detail::ControlPoints::Request request = control.agree(
+          step, step == totalSteps,
+          [&](int32_t* r) { return comm.allreduceAsync(r, 1, comm::DataType::kInt32, comm::ReduceOp::kMax); },
+          [&](int32_t* r) {
+            if (world > 1) hostComm.allreduce(r, 1, comm::DataType::kInt32, comm::ReduceOp::kMax);
+          });
+      const bool periodic =
+          (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) || step == totalSteps;
+      const bool requested = request.kind != detail::kNoRequest;
+      if (periodic || (requested && !ts.checkpoint.dir.empty())) save(epoch, cursor + globalBatch);
+      if (requested) {
+        const std::string sig = detail::signalName(request.signal);
+        const std::string path = ts.checkpoint.dir.empty() ? std::string() : checkpointPath(ts.checkpoint.dir, step);
+        if (request.kind == detail::kStopRequest) {
+          writer.wait();  // the final checkpoint is durable before the exit
+          if (rank == 0 && opts.log)
+            opts.log(path.empty() ? fmt::format("{}: stopping at step {} of {}; no checkpoint written (no "
+                                                "/trainer/checkpoint/dir)", sig, step, totalSteps)
+                                  : fmt::format("{}: stopping at step {} of {}; final checkpoint written to {}", sig,
+                                                step, totalSteps, path));
+          throw TrainingStopped(request.signal, step, path);
+        }
+        if (rank == 0 && opts.log)
+          opts.log(path.empty() ? fmt::format("{}: no checkpoint at step {}: /trainer/checkpoint/dir is not set, so "
+                                              "there is nowhere to write one; training goes on", sig, step)
+                   : fmt::format("{}: checkpoint at step {} {} {}{}", sig, step,
+                                 writer.async() ? "being written to" : "written to", path,
+                                 writer.async() ? " (checkpoint.async)" : ""));
+      }
+      control.phase(TrainControl::kTraining);
       windowLoss += loss * B;
       windowCorrect += correct;
       windowSamples += B;
@@ -327,7 +369,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     }
   }
   // The last checkpoint is durable before the run reports its result (and `params` is free).
+  control.phase(TrainControl::kSaving);
   writer.wait();
+  control.phase(TrainControl::kFinishing);
   // (the last step's update may have overflowed with finite gradients; same weights everywhere)
   be->storeParams(params.data());
   if (!detail::allFinite(params.data(), params.size())) throw detail::divergedError(ts, step, "the weights are not finite");

@@ -97,6 +97,15 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
                            const std::function<void(const std::string&)>& warn = {},
                            const std::function<void()>& progress = {});
 
+// The file saveCheckpoint writes for `step` in `dir`.
+std::string checkpointPath(const std::string& dir, long long step);
+
+// The trainer's line for a checkpoint it could not write (saveCheckpoint's IoError `error`:
+// a full disk, a read-only mount, a directory that went away), thrown as a SpecError (exit 2,
+// not restarted: every attempt would train to the same step and fail the same way). Names the
+// directory, the OS error and the fix; the checkpoints written before are intact.
+std::string checkpointWriteRefusal(const std::string& dir, long long step, const std::string& error);
+
 // The newest checkpoint that reads back intact; damaged ones are reported through `warn`
 // and skipped, never loaded. nullopt when there is none. maxStep >= 0: the newest at or
 // before that step (the pipeline trainer's stages agree on a common step this way).

@@ -1,7 +1,9 @@
 #pragma once
 // The built-in data-parallel trainer: one instance per worker, all ranks in lock step.
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,69 @@ struct TrainResult {
   std::vector<double> stage_ms;      // per stage: forward + backward compute per step (ms)
   size_t stage_params = 0;           // parameters this rank holds (the whole model when P = 1)
   size_t peak_activation_bytes = 0;  // this rank's peak of stashed activations (pipeline only)
+};
+
+// Requests to a running train() from outside its thread: dtrain train's signal handlers store
+// them (the atomics are lock-free, so a handler may), the trainer reads them at step
+// boundaries, where the ranks agree on them (a max all-reduce of one int32 on the world
+// communicator, so that every rank acts at the same step: on a host communicator started at
+// the end of every step and acted on at the end of the next, without the training thread
+// waiting for it; with NCCL a blocking one every kControlPeriodOnDevice steps; see
+// src/control.h). The trainer reports where it is (`phase`, `writes`, `boundary_ms`) for a
+// watcher that bounds how long a stop may take.
+struct TrainControl {
+  // SIGUSR1/SIGUSR2: write a checkpoint at the next agreed boundary and go on. Counted, not
+  // flagged: one signal passed on to every worker reaches them at slightly different times
+  // (on other nodes a network hop later), maybe on either side of a boundary; the ranks
+  // agree on the highest count, so it is one checkpoint however the copies straddle steps,
+  // and each further signal one more.
+  void requestCheckpoint(int signal) {
+    checkpoint_signal.store(signal);
+    checkpoint_requests.fetch_add(1);
+  }
+  std::atomic<int> checkpoint_requests{0};
+  std::atomic<int> checkpoint_signal{0};  // the last one's number
+  // A signal number (SIGTERM/SIGINT/SIGHUP): at the next agreed boundary write a final
+  // checkpoint (with a checkpoint dir), wait until it is durable and throw TrainingStopped.
+  // Never reset.
+  std::atomic<int> stop{0};
+  enum Phase : int {
+    kSetup = 0,  // before the first step (communicator, resume): no boundary is coming soon
+    kTraining,   // in the steps: a boundary comes within about boundary_ms
+    kSaving,     // writing a checkpoint (the final one after a stop), or waiting for one
+    kFinishing,  // after the last step (evaluation, hashes): the last checkpoint is durable
+    kDone,       // (set by the caller) train() has returned or thrown
+  };
+  std::atomic<int> phase{kSetup};
+  std::atomic<int> writes{0};             // checkpoint writes in progress on this rank (inline or async)
+  std::atomic<long long> boundary_ms{0};  // about the time a request takes to be acted on (its steps)
+};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free,
+              "TrainControl is written from signal handlers");
+
+// Steps between two agreements on TrainControl's requests with the NCCL communicator: there
+// the all-reduce of one int32 is a copy to the device and back that waits for the step's
+// queued work (a stall of the stream), so it is taken only every 16 steps. (On a host
+// communicator it is overlapped with the next step and taken every step.)
+inline constexpr int kControlPeriodOnDevice = 16;
+
+// Thrown by train() on every rank when the ranks agreed on a stop (TrainControl::stop): at a
+// step boundary, after the final checkpoint (when there is a checkpoint dir) is durable.
+class TrainingStopped : public std::runtime_error {
+ public:
+  TrainingStopped(int signal, long long step, std::string checkpoint)
+      : std::runtime_error("training stopped by a signal"),
+        signal_(signal),
+        step_(step),
+        checkpoint_(std::move(checkpoint)) {}
+  int signal() const { return signal_; }  // the agreed one (the highest-numbered stop signal of any rank)
+  long long step() const { return step_; }
+  const std::string& checkpoint() const { return checkpoint_; }  // what rank 0 says was written; "" = none
+
+ private:
+  int signal_;
+  long long step_;
+  std::string checkpoint_;
 };
 
 struct TrainOptions {
@@ -53,6 +118,9 @@ struct TrainOptions {
   // Pipeline trainer only: when set, each rank writes DIR/trace-rank<R>.json, a Chrome trace
   // (ui.perfetto.dev) of a few steps after the first: compute, transfers and waits.
   std::string trace_dir;
+  // Requests from outside (signals), polled and agreed on at step boundaries; nullptr = none.
+  // Set on every rank or on none: the agreement is a collective.
+  TrainControl* control = nullptr;
   // Overrides spec.device ("auto", "cpu" or "cuda"); "" = the spec's. The GPU is always
   // LOCAL_RANK (else the rank) modulo the visible GPUs, as in the NCCL communicator.
   std::string device;
@@ -60,7 +128,9 @@ struct TrainOptions {
 
 // Trains per spec. Collective: every rank calls it. The math runs on the device of
 // resolveDevice() (device.h); an "nccl" communicator needs that to be a GPU (it takes device
-// pointers), a "tcp" one works with either. Throws PeerLostError when a peer fails,
+// pointers), a "tcp" one works with either. Throws TrainingStopped on a stop request
+// (TrainOptions::control), SpecError when a checkpoint cannot be written (a full disk, a
+// read-only mount: checkpointWriteRefusal's line), PeerLostError when a peer fails,
 // InternalError when replicas end with different weights, SpecError for an unusable device
 // and for a run that diverged (a loss that is not finite: no checkpoint of it is written).
 TrainResult train(const spec::TrainerSpec& spec, comm::Communicator& comm, const TrainOptions& opts = {});

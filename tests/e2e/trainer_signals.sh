@@ -1,0 +1,126 @@
+# The built-in trainer and signals, through the real binary: SIGUSR1/SIGUSR2 to dtrain (which
+# passes them on to every worker) write a checkpoint at the step the ranks agree on and the job
+# goes on, ending with the weights of a run without them (inline and checkpoint.async);
+# SIGTERM writes a final checkpoint and the workers exit 143 (stopped by dtrain), and the
+# same spec resumes from it bit-identically; a rank SIGKILLed makes the other one stopped by
+# dtrain (not a second failure) at once; a checkpoint directory that fills up is exit 2 with
+# one line, never restarted.
+source "$(dirname "$0")/lib.sh"
+MNT=""
+cleanup_mount() { [ -n "$MNT" ] && umount "$MNT" 2>/dev/null; MNT=""; }
+trap 'cleanup_mount; cleanup' EXIT
+# ~10 ms steps on 2 cores: a signal sent at step 20 lands well before the end (150 steps).
+spec() {  # spec FILE CHECKPOINT-JSON
+  cat > "$1" <<JSON
+{"name": "sig", "nproc_per_node": 2, "restart_backoff_s": 0, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [128, 1024, 512, 10]}, "data": {"train_samples": 32768, "eval_samples": 256, "seed": 1},
+  "batch_size": 64, "epochs": 1, "max_steps": 150, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+  "log_every_steps": 1000 $2}}
+JSON
+}
+sha() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['trainer']['weights_sha256'])" "$1"; }
+ranks() { python3 -c "import json,sys; print(' '.join('%s:%s:%s' % (r['rank'], r['exit_code'] if r['signal'] is None else r['signal'], 'stopped' if r['stopped_by_dtrain'] else 'failed') for r in json.load(open(sys.argv[1]))['ranks']))" "$1"; }
+# start NAME SPEC [ARGS...]: dtrain run in the background; its ranks log their batches, so a
+# test can wait until training is under way (wait_step N).
+start() {
+  local name="$1" file="$2"; shift 2
+  rm -f "$T/$name".samples.*
+  DTRAIN_DEBUG_SAMPLE_LOG="$T/$name.samples" "$DTRAIN" run "$file" --summary-json "$T/$name.sum" "$@" >"$T/$name.out" 2>"$T/$name.err" &
+  DTRAIN_PID=$!
+  CUR="$name"
+}
+wait_step() {  # wait_step N: until both ranks have begun step N (at most 20 s)
+  for _ in $(seq 400); do
+    [ "$(cat "$T/$CUR".samples.1.0 2>/dev/null | wc -l)" -ge "$1" ] && [ "$(cat "$T/$CUR".samples.0.0 2>/dev/null | wc -l)" -ge "$1" ] && return 0
+    sleep 0.05
+  done
+  fail "$CUR: training did not reach step $1"; return 1
+}
+finish_run() { wait "$DTRAIN_PID"; RC=$?; DTRAIN_PID=; }
+
+# The weights of a run without signals.
+spec "$T/ref.json" ", \"checkpoint\": {\"dir\": \"$T/ck-ref\", \"every_steps\": 1000}"
+"$DTRAIN" run "$T/ref.json" --summary-json "$T/ref.sum" >"$T/ref.out" 2>&1
+expect_eq "$?" 0 "reference run"
+REF=$(sha "$T/ref.sum")
+
+# 1. SIGUSR1 (then SIGUSR2) mid-run: checkpoints at intermediate steps, the job goes on and
+# its weights are the reference's. Inline and with checkpoint.async.
+for async in false true; do
+  spec "$T/u-$async.json" ", \"checkpoint\": {\"dir\": \"$T/ck-u-$async\", \"every_steps\": 1000, \"async\": $async}"
+  start "u-$async" "$T/u-$async.json"
+  wait_step 20 && kill -USR1 "$DTRAIN_PID" && sleep 0.1 && kill -USR2 "$DTRAIN_PID"
+  finish_run
+  expect_eq "$RC" 0 "SIGUSR1 (async $async): the job goes on and succeeds"
+  expect_eq "$(sha "$T/u-$async.sum")" "$REF" "SIGUSR1 (async $async): the weights of a run without it"
+  expect_eq "$(grep -c '^\[rank 0\] SIGUSR1: ' "$T/u-$async.out")" 1 "SIGUSR1 (async $async): one checkpoint for one signal (its copies reach the ranks apart)"
+  step=$(sed -nE 's/^\[rank 0\] SIGUSR1: checkpoint at step ([0-9]+) (written|being written) to .*/\1/p' "$T/u-$async.out" | head -1)
+  if [ -n "$step" ] && [ "$step" -ge 20 ] && [ "$step" -lt 150 ]; then pass "SIGUSR1 (async $async): checkpoint at step $step logged"; else fail "SIGUSR1 (async $async): no intermediate step logged"; sed 's/^/    /' "$T/u-$async.out" >&2; fi
+  [ -n "$step" ] && [ -f "$T/ck-u-$async/$(printf 'ckpt-%010d.bin' "$step")" ] && pass "SIGUSR1 (async $async): its file exists" || fail "SIGUSR1 (async $async): no file for step $step: $(ls "$T/ck-u-$async")"
+  expect_grep "^\[rank 0\] SIGUSR2: checkpoint at step [0-9]+ " "$T/u-$async.out" "SIGUSR2 (async $async): a checkpoint too"
+  expect_eq "$(ls "$T/ck-u-$async" | grep -c '\.tmp$')" 0 "SIGUSR1 (async $async): no temporary file left"
+done
+# Without a checkpoint dir: said, and training goes on.
+spec "$T/nodir.json" ""
+start nodir "$T/nodir.json"
+wait_step 20 && kill -USR1 "$DTRAIN_PID"
+finish_run
+expect_eq "$RC" 0 "SIGUSR1 without a checkpoint dir: the job goes on"
+expect_grep "^\[rank 0\] SIGUSR1: no checkpoint at step [0-9]+: /trainer/checkpoint/dir is not set, so there is nowhere to write one; training goes on$" "$T/nodir.out" "SIGUSR1 without a checkpoint dir: says so"
+expect_eq "$(sha "$T/nodir.sum")" "$REF" "SIGUSR1 without a checkpoint dir: the same weights"
+
+# 2. SIGTERM mid-run: a final checkpoint of the step reached (newer than the last periodic
+# one), every worker exits 143, stopped by dtrain; the same spec resumes from it and ends with
+# the reference's weights.
+spec "$T/t.json" ", \"checkpoint\": {\"dir\": \"$T/ck-t\", \"every_steps\": 16, \"async\": true}"
+start t "$T/t.json"
+wait_step 24 && kill -TERM "$DTRAIN_PID"
+finish_run
+expect_eq "$RC" 143 "SIGTERM: exit 143"
+expect_eq "$(ranks "$T/t.sum")" "0:143:stopped 1:143:stopped" "SIGTERM: every worker exited 143, stopped by dtrain"
+step=$(sed -nE 's/^\[rank 0\] SIGTERM: stopping at step ([0-9]+) of 150; final checkpoint written to .*/\1/p' "$T/t.out")
+newest=$(ls "$T/ck-t" | sed -nE 's/^ckpt-0*([0-9]+)\.bin$/\1/p' | sort -n | tail -1)
+if [ -n "$step" ] && [ "$step" -ge 24 ] && [ "$step" = "$newest" ] && [ "$step" -gt 16 ]; then pass "SIGTERM: final checkpoint at step $step, the newest"; else fail "SIGTERM: logged step '$step', newest checkpoint '$newest'"; sed 's/^/    /' "$T/t.out" >&2; fi
+expect_eq "$(ls "$T/ck-t" | grep -c '\.tmp$')" 0 "SIGTERM: no temporary file left (checkpoint.async waited for)"
+"$DTRAIN" run "$T/t.json" --summary-json "$T/t2.sum" >"$T/t2.out" 2>&1
+expect_eq "$?" 0 "SIGTERM: the same spec runs again"
+expect_grep "^\[rank 0\] resuming from $T/ck-t/ckpt-0*$step\.bin: step $step," "$T/t2.out" "SIGTERM: it resumes from the final checkpoint"
+expect_eq "$(sha "$T/t2.sum")" "$REF" "SIGTERM: resumed, the weights of a run never stopped"
+
+# 3. A rank SIGKILLed: the other is stopped by dtrain's SIGTERM, not a failure of its own,
+# and the job ends at once.
+spec "$T/k.json" ", \"checkpoint\": {\"dir\": \"$T/ck-k\", \"every_steps\": 1000}"
+t0=$(date +%s%N)
+"$DTRAIN" run "$T/k.json" --max-restarts 0 --env DTRAIN_DEBUG_KILL_AT=1:10 --summary-json "$T/k.sum" >"$T/k.out" 2>"$T/k.err"
+rc=$?; ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+expect_eq "$rc" 137 "rank 1 SIGKILLed: exit 137"
+expect_eq "$(ranks "$T/k.sum")" "0:143:stopped 1:SIGKILL:failed" "rank 1 SIGKILLed: rank 0 stopped by dtrain (exit 143), not a second failure"
+expect_grep "^dtrain: job 'sig' failed: rank 1 killed by SIGKILL; 1 other worker\(s\) ended during teardown$" "$T/k.err" "rank 1 SIGKILLed: one failure"
+[ "$ms" -lt 8000 ] && pass "rank 1 SIGKILLed: over in ${ms} ms" || fail "rank 1 SIGKILLed: took ${ms} ms"
+
+# 4. A checkpoint directory that fills up mid-run (a 64 KiB tmpfs: the first checkpoint, 33
+# KB, fits; the second does not): exit 2 with one line naming the directory, the OS error
+# and the fix; no restart; the first checkpoint intact.
+mkdir -p "$T/full"
+if mount -t tmpfs -o size=64k tmpfs "$T/full" 2>/dev/null; then
+  MNT="$T/full"
+  cat > "$T/full.json" <<JSON
+{"name": "full", "nproc_per_node": 2, "restart_backoff_s": 0, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [4, 512, 3]}, "data": {"train_samples": 512, "eval_samples": 64, "seed": 1},
+  "batch_size": 16, "epochs": 2, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000,
+  "checkpoint": {"dir": "$T/full/ck", "every_steps": 4}}}
+JSON
+  "$DTRAIN" run "$T/full.json" --max-restarts 2 --summary-json "$T/full.sum" >"$T/full.out" 2>"$T/full.err"
+  expect_eq "$?" 2 "full checkpoint disk: exit 2"
+  line="dtrain: error: trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8 in $T/full/ck: No space left on device (cannot write $T/full/ck/ckpt-0000000008.bin.tmp); the checkpoints written there before are intact: free space on it (or make it writable again) and run the job again to resume from the newest, or set another /trainer/checkpoint/dir"
+  expect_eq "$(grep -c '^\[rank [01]\] dtrain: error:' "$T/full.err")" 1 "full checkpoint disk: one error line"
+  expect_eq "$(sed -n 's/^\[rank 0\] //p' "$T/full.err" | grep '^dtrain: error:')" "$line" "full checkpoint disk: names the directory, the OS error and the fix"
+  expect_grep "cause: +not restarted: rank 0 refused its input" "$T/full.err" "full checkpoint disk: not restarted"
+  expect_grep "^      \| dtrain: error: trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8" "$T/full.err" "full checkpoint disk: the line is in the failure summary"
+  expect_eq "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['restarts'])" "$T/full.sum")" 0 "full checkpoint disk: no restart spent"
+  expect_eq "$(ls "$T/full/ck")" "ckpt-0000000004.bin" "full checkpoint disk: the earlier checkpoint intact, nothing partial left"
+  cleanup_mount
+else
+  echo "skip: full checkpoint disk (mount -t tmpfs not permitted here)"
+fi
+finish
