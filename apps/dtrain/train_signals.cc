@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/launch/output.h"
 
 namespace dtrain::app {
@@ -32,19 +33,6 @@ constexpr milliseconds kDoneBound{5000};
 train::TrainControl* gControl = nullptr;
 int gWake[2] = {-1, -1};
 std::atomic<long long> gGraceMs{30000};
-
-const char* nameOf(int sig) {
-  switch (sig) {
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGINT:
-      return "SIGINT";
-    case SIGHUP:
-      return "SIGHUP";
-    default:
-      return "signal";
-  }
-}
 
 extern "C" void onTrainSignal(int sig) {
   const int saved = errno;
@@ -64,7 +52,7 @@ extern "C" void onTrainSignal(int sig) {
 [[noreturn]] void quit(int sig, const std::string& why) {
   if (!why.empty())
     launch::writeAll(STDERR_FILENO,
-                     fmt::format("dtrain train: {}: {}; exiting with {}\n", nameOf(sig), why, 128 + sig));
+                     fmt::format("dtrain train: {}: {}; exiting with {}\n", signalName(sig), why, 128 + sig));
   ::_exit(128 + sig);
 }
 

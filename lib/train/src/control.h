@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dtrain/comm/communicator.h"
+#include "dtrain/common/strings.h"  // signalName
 #include "dtrain/train/trainer.h"
 
 namespace dtrain::train::detail {
@@ -32,23 +33,6 @@ inline int requestSignal(int32_t offer) { return offer & 0xff; }
 inline int32_t offerOf(const TrainControl& c) {
   if (int s = c.stop.load(); s != 0) return encodeStop(s);
   return encodeCheckpoints(c.checkpoint_requests.load(), c.checkpoint_signal.load());
-}
-
-inline std::string signalName(int sig) {
-  switch (sig) {
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGUSR2:
-      return "SIGUSR2";
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGINT:
-      return "SIGINT";
-    case SIGHUP:
-      return "SIGHUP";
-    default:
-      return fmt::format("signal {}", sig);
-  }
 }
 
 // A trainer's agreement points and reports. Without a TrainControl every call is a no-op and

@@ -987,7 +987,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       const bool requested = request.kind != detail::kNoRequest;
       if (periodic || (requested && !stageDir.empty())) save(epoch, cursor + globalBatch);
       if (requested) {
-        const std::string sig = detail::signalName(request.signal);
+        const std::string sig = dtrain::signalName(request.signal);
         // (each stage's file, then the manifest naming them)
         const std::string files =
             stageDir.empty() ? std::string()

@@ -329,7 +329,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       const bool requested = request.kind != detail::kNoRequest;
       if (periodic || (requested && !ts.checkpoint.dir.empty())) save(epoch, cursor + globalBatch);
       if (requested) {
-        const std::string sig = detail::signalName(request.signal);
+        const std::string sig = dtrain::signalName(request.signal);
         const std::string path = ts.checkpoint.dir.empty() ? std::string() : checkpointPath(ts.checkpoint.dir, step);
         if (request.kind == detail::kStopRequest) {
           writer.wait();  // the final checkpoint is durable before the exit
