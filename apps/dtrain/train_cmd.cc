@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/launch/output.h"
@@ -48,6 +49,8 @@ const char* envOr(const char* name, const char* dflt) {
 //   that rank: in the middle of the step, with its neighbours waiting on it.
 // - DTRAIN_DEBUG_SAMPLE_LOG=PREFIX (for tests): every batch appended to
 //   PREFIX.<rank>.<restart> as "step epoch sample...".
+// - DTRAIN_DEBUG_CHECKPOINT_DELAY_MS=N (for tests): each write of a checkpoint's bytes is
+//   followed by N ms, so that a test can kill the writer with the file half written.
 // Touches the watchdog file: its mtime is the worker's heartbeat.
 void touch(const std::string& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
@@ -107,6 +110,10 @@ void installStepHooks(train::TrainOptions& to, int rank) {
       *last = now;
       touch(watchdog);
     };
+  }
+  if (const char* ms = std::getenv("DTRAIN_DEBUG_CHECKPOINT_DELAY_MS"); ms && *ms) {
+    const long delay = std::atol(ms);
+    to.on_checkpoint_bytes = [delay] { std::this_thread::sleep_for(std::chrono::milliseconds(delay)); };
   }
   if (const char* prefix = std::getenv("DTRAIN_DEBUG_SAMPLE_LOG"); prefix && *prefix) {
     if (!to.on_step) to.on_step = [step](long long s) { *step = s; };

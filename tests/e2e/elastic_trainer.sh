@@ -55,9 +55,11 @@ for t in 1 2 3; do
   step=$(( 2 + RANDOM % 75 )); rank=$(( RANDOM % 4 ))  # 80 steps in all
   trial "$t" "$rank" "$step"
 done
-# checkpoint.async: rank 0, the writer, killed as the step after a checkpoint begins (its
-# write may still be going on): the resume is from an intact checkpoint, the end the same.
-trial async 0 9 ', "async": true'
+# checkpoint.async: rank 0, the writer, killed as step 9 begins, with step 8's checkpoint half
+# written (each write of its bytes slowed by 100 ms; the step-4 one was waited for at step 8):
+# the resume is from step 4, the torn file is never loaded nor left behind, the end the same.
+DTRAIN_DEBUG_CHECKPOINT_DELAY_MS=100 trial async 0 9 ', "async": true'
+expect_grep "resuming from $T/tasync/ckpt/ckpt-0000000004.bin" "$T/tasync/out" "async: resumed from the last complete checkpoint, not the one in flight"
 [ -z "$(find "$T/tasync/ckpt" -name '*.tmp')" ] && pass "async: no temporary file left at the end" || fail "async: $(ls "$T/tasync/ckpt")"
 
 # SIGKILL while checkpoints are being written (every step), 8 times at random moments; each

@@ -110,6 +110,9 @@ struct TrainOptions {
   // When set, called often while the trainer works outside its steps (the final evaluation,
   // around a checkpoint write), so that a watchdog does not take that work for a hang.
   std::function<void()> heartbeat;
+  // Test hook: called on the thread that writes a checkpoint, as its bytes go out (after
+  // each write to the temporary file): a test slows a write down to interrupt it mid-way.
+  std::function<void()> on_checkpoint_bytes;
   // When set, sees every batch this rank trains on: (epoch, sample indices, count).
   std::function<void(int, const uint64_t*, int)> on_batch;
   // Pipeline trainer only: called as each micro-batch's forward begins on this rank, with
