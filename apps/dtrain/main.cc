@@ -437,7 +437,10 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // An earlier run's summary must not outlive this run's start: if dtrain is SIGKILLed (or
   // the machine lost), a script would read that run's outcome as this one's. A regular file
   // says "running" until the outcome replaces it (a pipe or /dev/stdout gets the outcome only).
-  if (!a.summary_json.empty() && !isSpecialOutput(a.summary_json) && inheritedOutputFd(a.summary_json) < 0) {
+  // (a pipe, a descriptor or /dev/stdout: written in place, once)
+  const bool summaryInPlace =
+      !a.summary_json.empty() && (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0);
+  if (!a.summary_json.empty() && !summaryInPlace) {
     spec::RunSummary sum;
     sum.job = s.name;
     sum.run_id = runId;
@@ -508,8 +511,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     // A job that succeeded but could not leave its summary is a failure of dtrain's (exit 1);
     // a failed job keeps its own exit code.
     // A FIFO nobody reads would block the write for good: there, Ctrl-C must still work.
-    if (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0)
-      ::sigprocmask(SIG_UNBLOCK, &hold, nullptr);
+    if (summaryInPlace) ::sigprocmask(SIG_UNBLOCK, &hold, nullptr);
     if (!writeSummary(a, sum) && r.exit_code == 0) return kExitFailure;
   }
   return r.exit_code;

@@ -217,7 +217,7 @@ int runTrainCommand() {
     // failed) must not turn the teardown into a failure of this rank's own.
     std::cout.flush();
     std::cerr << fmt::format("dtrain train: {}: stopping now, without a final checkpoint: {}",
-                             sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM", e.what())
+                             signalName(sig), e.what())
               << std::endl;
     return 128 + sig;
   }

@@ -282,6 +282,7 @@ class MultiNodeRunner {
   std::map<int, Fd> logs_;
   std::set<int> logsFailed_;  // ranks whose log could not be written (said once)
   // (Re)opens rank's log under a header of `round`.
+  std::string logPath(int rank) const;  // DIR/rank_N.log
   std::map<int, Fd>::iterator openLog(int rank, int round);
   int firstRoundNodes_ = 0;
   int openRound_ = 0;       // the rendezvous round agents join next / are in
@@ -372,10 +373,13 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   send(n, "token " + token_);
 }
 
+std::string MultiNodeRunner::logPath(int rank) const {
+  return (std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank)).string();
+}
+
 std::map<int, Fd>::iterator MultiNodeRunner::openLog(int rank, int round) {
-  auto path = std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank);
   // Appended to, after a header line (the round): earlier runs and rounds stay.
-  return logs_.insert_or_assign(rank, Fd(openRankLog(path.string(), runId_, round))).first;
+  return logs_.insert_or_assign(rank, Fd(openRankLog(logPath(rank), runId_, round))).first;
 }
 
 void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRank, std::string_view text) {
@@ -395,8 +399,7 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
     if (!writeAll(it->second.get(), rec)) {
       const int err = errno;
       if (logsFailed_.insert(rank).second)  // said once per rank's log
-        writeAll(STDERR_FILENO, logWriteWarning((std::filesystem::path(spec_.log_dir) / fmt::format("rank_{}.log", rank)).string(),
-                                                fmt::format("rank {}", rank), err));
+        writeAll(STDERR_FILENO, logWriteWarning(logPath(rank), fmt::format("rank {}", rank), err));
     }
   }
   const auto& filter = spec_.console_ranks;

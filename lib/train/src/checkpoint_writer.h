@@ -16,10 +16,14 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "dtrain/common/errors.h"
+#include "dtrain/train/checkpoint.h"
 
 namespace dtrain::train::detail {
 
@@ -59,5 +63,26 @@ class CheckpointWriter {
   std::string path_;
   std::vector<std::string> warnings_;
 };
+
+// The trainer's checkpoint job: `view` saved into `dir` (the newest 3 kept), `onBytes` (a
+// test hook; may be empty) called after each write of its bytes. A write that fails (a full
+// disk, a read-only mount) becomes the SpecError no attempt gets past
+// (checkpointWriteRefusal). `inFlight` is kept alive until the job is destroyed (the
+// trainer's count of writes in flight). `view` refers to buffers the caller keeps unchanged
+// until the write is waited for (CheckpointWriter's contract).
+inline CheckpointWriter::Job checkpointJob(std::string dir, CheckpointView view, std::function<void()> onBytes,
+                                           std::shared_ptr<void> inFlight) {
+  return [dir = std::move(dir), view = std::move(view), onBytes = std::move(onBytes), inFlight = std::move(inFlight)](
+             const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
+    try {
+      return saveCheckpoint(dir, view, 3, warn, [&] {
+        if (progress) progress();
+        if (onBytes) onBytes();
+      });
+    } catch (const IoError& e) {
+      throw SpecError(checkpointWriteRefusal(dir, view.step, e.what()));
+    }
+  };
+}
 
 }  // namespace dtrain::train::detail

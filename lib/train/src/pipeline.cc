@@ -699,18 +699,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       // The same file from either device: a GPU stage's checkpoint resumes on the CPU and back.
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
-      writer.start([&stageDir, &opts, counted = std::make_shared<detail::ControlPoints::Write>(control.control()),
-                    view = CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)}](
-                       const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
-        try {
-          return saveCheckpoint(stageDir, view, 3, warn, [&] {
-          if (progress) progress();
-          if (opts.on_checkpoint_bytes) opts.on_checkpoint_bytes();
-        });
-        } catch (const IoError& e) {  // a full disk, a read-only mount: no attempt would get further
-          throw SpecError(checkpointWriteRefusal(stageDir, view.step, e.what()));
-        }
-      });
+      writer.start(detail::checkpointJob(
+          stageDir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)},
+          opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
       if (opts.heartbeat) opts.heartbeat();
     }
     pending = spec::PipelineManifest{};

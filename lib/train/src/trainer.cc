@@ -201,18 +201,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
     // (params were stored above).
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
-    writer.start([&ts, &opts, counted = std::make_shared<detail::ControlPoints::Write>(control.control()),
-                  view = CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)}](
-                     const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
-      try {
-        return saveCheckpoint(ts.checkpoint.dir, view, 3, warn, [&] {
-          if (progress) progress();
-          if (opts.on_checkpoint_bytes) opts.on_checkpoint_bytes();
-        });
-      } catch (const IoError& e) {  // a full disk, a read-only mount: no attempt would get further
-        throw SpecError(checkpointWriteRefusal(ts.checkpoint.dir, view.step, e.what()));
-      }
-    });
+    writer.start(detail::checkpointJob(ts.checkpoint.dir,
+                                       CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)},
+                                       opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
     if (opts.heartbeat) opts.heartbeat();
   };
 
