@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -360,6 +364,56 @@ TEST(TcpComm, LostPeerFailsFastAndNamesIt) {
   }
   EXPECT_NE(error.find("allreduce on rank 0: lost rank 1"), std::string::npos) << error;
   EXPECT_LT(took, 2s);
+}
+
+// A signal handled while a rank waits for its peers to connect (poll() returns EINTR) is not
+// a timeout: the set-up goes on until the peers come or the deadline passes.
+TEST(TcpComm, SetUpSurvivesSignalsWhileWaitingForPeers) {
+  struct sigaction sa{}, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: every wait the signal lands in returns EINTR
+  const int sig = SIGRTMIN + 3;
+  ASSERT_EQ(::sigaction(sig, &sa, &old), 0);
+  auto store = std::make_shared<store::HashStore>();
+  CommOptions o = tcpOnly();
+  o.timeout = 10s;
+  std::atomic<bool> done{false};
+  std::promise<pthread_t> waiterId;
+  std::string error;
+  std::thread r1([&] {
+    waiterId.set_value(::pthread_self());
+    try {
+      auto c = createTcpCommunicator(store, 1, 2, o);  // accepts rank 0, which comes late
+      c->barrier();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    done = true;
+  });
+  pthread_t waiter = waiterId.get_future().get();
+  std::thread signaller([&] {
+    while (!done) {
+      ::pthread_kill(waiter, sig);
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  std::this_thread::sleep_for(400ms);
+  std::string error0;
+  if (!done) {
+    try {
+      o.timeout = 2s;
+      auto c = createTcpCommunicator(store, 0, 2, o);
+      c->barrier();
+    } catch (const std::exception& e) {
+      error0 = e.what();
+    }
+  }
+  r1.join();
+  signaller.join();
+  ::sigaction(sig, &old, nullptr);
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(error0, "");
 }
 
 TEST(TcpComm, SilentPeerTimesOutWithinTheTimeout) {

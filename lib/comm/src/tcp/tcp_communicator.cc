@@ -433,7 +433,9 @@ void TcpCommunicator::connectMesh() {
   for (int accepted = 0; accepted < rank_;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     pollfd p{lfd, POLLIN, 0};
-    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) {
+    int r = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
+    if (r < 0 && errno == EINTR) continue;  // a signal handler ran: the deadline still holds
+    if (r <= 0) {
       std::vector<std::string> missing;
       for (int j = 0; j < rank_; ++j)
         if (fds_[static_cast<size_t>(j)] < 0) missing.push_back(std::to_string(j));
@@ -446,8 +448,14 @@ void TcpCommunicator::connectMesh() {
     pollfd q{fd, POLLIN, 0};
     std::string hello(24, '\0');
     size_t got = 0;
-    while (got < hello.size() && ::poll(&q, 1, 5000) > 0) {
+    const auto helloDeadline = Clock::now() + std::chrono::seconds(5);
+    while (got < hello.size()) {
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(helloDeadline - Clock::now()).count();
+      int pr = wait > 0 ? ::poll(&q, 1, static_cast<int>(wait)) : 0;
+      if (pr < 0 && errno == EINTR) continue;
+      if (pr <= 0) break;
       ssize_t n = ::recv(fd, hello.data() + got, hello.size() - got, 0);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       got += static_cast<size_t>(n);
     }
