@@ -176,6 +176,7 @@ int runTrainCommand() {
   train::TrainOptions to;
   to.device = dev.cuda ? "cuda" : "cpu";
   to.log = [](const std::string& line) { std::cout << line << std::endl; };
+  to.warn = [](const std::string& line) { std::cerr << "dtrain: warning: " << line << std::endl; };
   if (const char* d = std::getenv("DTRAIN_LOG_DIR"); d && *d) to.metrics_dir = d;
   // Metrics rows name their run; one run by hand gets an id of its own.
   const char* runId = std::getenv("DTRAIN_RUN_ID");
@@ -190,6 +191,10 @@ int runTrainCommand() {
   } else if (!std::getenv("DTRAIN_STORE_ADDR") && launch::consoleCanRedraw()) {
     to.status = [](const std::string& text) { std::cout << "\r\x1b[2K" << text << std::flush; };
     to.log = [](const std::string& line) { std::cout << "\r\x1b[2K" << line << std::endl; };
+    to.warn = [](const std::string& line) {
+      std::cout << "\r\x1b[2K" << std::flush;  // off the status line, which stdout redraws
+      std::cerr << "dtrain: warning: " << line << std::endl;
+    };
   }
   to.control = &control;
   train::TrainResult r;

@@ -148,9 +148,11 @@ expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/b2.out")" "$(grep -o 'sha256 [0-9a-f
 # A damaged newest checkpoint is skipped with a warning.
 newest=$(ls "$T/ckpt-b"/ckpt-*.bin | tail -1)
 printf 'garbage' > "$newest"
-"$DTRAIN" run "$T/b.json" >"$T/b3.out" 2>&1
+"$DTRAIN" run "$T/b.json" >"$T/b3.out" 2>"$T/b3.err"
 expect_eq "$?" 0 "run with a damaged newest checkpoint"
-expect_grep "warning: checkpoint .* is (not a dtrain checkpoint or truncated|truncated|corrupt).*skipping it" "$T/b3.out" "damaged checkpoint skipped"
+# On stderr: a script reading the job's stdout sees the workers' progress alone.
+expect_grep "warning: checkpoint .* is (not a dtrain checkpoint or truncated|truncated|corrupt).*skipping it" "$T/b3.err" "damaged checkpoint skipped, on stderr"
+grep -q "skipping it" "$T/b3.out" && fail "the damaged-checkpoint warning is on stdout" || pass "stdout has no warning"
 
 # Relative paths mean what they mean where dtrain is started, whatever `cwd` says: data,
 # checkpoints, rank logs and metrics all land beside the spec, nothing in the workers' cwd.

@@ -541,7 +541,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   std::string ckptPath;
   auto loadStage = [&](long long maxStep) {
     std::fill(header, header + 5, 0);
-    auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); },
+    auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { opts.warning(w); },
                                    &ckptPath, maxStep);
     if (st && (st->config_hash != hash || st->params.size() != nParams || st->momentum.size() != state.size())) {
       header[0] = -1;
@@ -570,7 +570,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     try {
       m = spec::readPipelineManifest(manifestPath);
     } catch (const SpecError& e) {
-      if (opts.log) opts.log(fmt::format("warning: {}; resuming from the stage checkpoints alone", e.what()));
+      opts.warning(fmt::format("{}; resuming from the stage checkpoints alone", e.what()));
     }
     if (m && (m->stages != P || m->stage_layers != stageCounts)) {
       manifestStep = -2;
@@ -602,9 +602,9 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
     newest = std::max(newest, stageHeader(s)[1]);
   }
   if (allFound && common != newest) {
-    if (rank == 0 && opts.log)
-      opts.log(fmt::format("warning: the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
-                           "from step {}", ts.checkpoint.dir, common, newest, common));
+    if (rank == 0)
+      opts.warning(fmt::format("the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
+                               "from step {}", ts.checkpoint.dir, common, newest, common));
     if (d == 0 && header[1] != common) loadStage(common);
     worldComm.allgatherHost(header, headers.data(), 5, comm::DataType::kInt64);
   }
@@ -662,7 +662,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // Signals (TrainOptions::control): agreed on at step boundaries over the world; control.h.
   detail::ControlPoints control(opts.control, std::string(comm.backend()) != "nccl", kControlPeriodOnDevice);
   detail::CheckpointWriter writer(ts.checkpoint.async && d == 0, opts.heartbeat,
-                                  [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
+                                  [&](const std::string& w) { opts.warning(w); });
   bool savePending = false;  // the same on every rank: saves are collective
   spec::PipelineManifest pending;
   auto finishSave = [&] {

@@ -133,7 +133,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   int64_t header[5] = {0, 0, 0, 0, 0};
   std::string ckptPath, mismatch;
   if (rank == 0 && !ts.checkpoint.dir.empty()) {
-    auto st = loadLatestCheckpoint(ts.checkpoint.dir, [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); },
+    auto st = loadLatestCheckpoint(ts.checkpoint.dir, [&](const std::string& w) { opts.warning(w); },
                                    &ckptPath);
     if (st) mismatch = checkpointMismatch(ts, *st, ckptPath, params.size());
     if (st && !mismatch.empty()) {
@@ -181,7 +181,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   // Rank 0 writes; with checkpoint.async from `params` and `momentum` on a thread while the
   // next steps train, so nothing may refill them before writer.wait().
   detail::CheckpointWriter writer(ts.checkpoint.async && rank == 0, opts.heartbeat,
-                                  [&](const std::string& w) { if (opts.log) opts.log("warning: " + w); });
+                                  [&](const std::string& w) { opts.warning(w); });
   auto save = [&](long long epoch, uint64_t cursor) {
     if (ts.checkpoint.dir.empty()) return;
     control.phase(TrainControl::kSaving);

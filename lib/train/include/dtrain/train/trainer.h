@@ -95,6 +95,16 @@ class TrainingStopped : public std::runtime_error {
 struct TrainOptions {
   // Progress lines (rank 0 only); empty = silent.
   std::function<void(const std::string&)> log;
+  // Warnings (a corrupt checkpoint skipped, a failed background write's cleanup, ...), one
+  // line each without a prefix; empty = to `log` as "warning: ...". `dtrain train` sends them
+  // to stderr, so that a script reading stdout sees progress alone.
+  std::function<void(const std::string&)> warn;
+  void warning(const std::string& line) const {
+    if (warn)
+      warn(line);
+    else if (log)
+      log("warning: " + line);
+  }
   // When set, receives the final weights (flat, layer by layer). Pipeline: the whole model on
   // rank 0, this rank's stage on the others.
   std::vector<float>* final_params = nullptr;
