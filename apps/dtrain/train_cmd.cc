@@ -21,6 +21,7 @@
 #include "dtrain/launch/plan.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
+#include "dtrain/spec/error_file.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
 #include "dtrain/store/hash_store.h"
@@ -134,8 +135,21 @@ void addTrainCommand(CLI::App& app) {
   gTrain->add_option("spec", gSpec, "Job spec with a \"trainer\" section")->required();
 }
 
+int trainCommand();
+
 int runTrainCommand() {
   if (!gTrain || !gTrain->parsed()) return -1;
+  try {
+    return trainCommand();
+  } catch (const std::exception& e) {
+    // Under a launcher (dtrain run, torchrun), the error file is what its report and summary
+    // say about this rank, as a Python worker's @record leaves it; main says it on stderr.
+    if (const char* f = std::getenv("TORCHELASTIC_ERROR_FILE"); f && *f) spec::writeWorkerErrorFile(f, {e.what(), ""});
+    throw;
+  }
+}
+
+int trainCommand() {
   // First, before any thread starts (they inherit the signal mask): SIGUSR1/SIGUSR2 ask for a
   // checkpoint, SIGTERM/SIGINT/SIGHUP for a final one and an exit (train_signals.h).
   static train::TrainControl control;

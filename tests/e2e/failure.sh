@@ -43,7 +43,8 @@ PY
 expect_eq "$?" 1 "error-file worker exit code"
 expect_grep "error: +ValueError: learning rate must be positive" "$T/err" "error file message"
 expect_grep "File \"train.py\", line 7" "$T/err" "error file traceback"
-expect_eq "$(grep -c "ValueError: learning rate must be positive" "$T/err")" 3 "the traceback once in the summary (the live line, error:, traceback:; not again in the tail)"
+expect_eq "$(grep -c "ValueError: learning rate must be positive" "$T/err")" 4 "the traceback once in the summary (the live line, the headline, error:, traceback:; not again in the tail)"
+expect_grep "^dtrain: job 'err.py' failed: rank 0 exited with code 1 \(ValueError: learning rate must be positive\)$" "$T/err" "the headline says why"
 expect_grep "^      \| loading data$" "$T/err" "the tail keeps what the traceback does not say"
 
 # An @record error file with a message of several lines, an escape sequence and a last line

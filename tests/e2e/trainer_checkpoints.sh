@@ -103,6 +103,12 @@ expect_eq "$?" 2 "trainer worker exit 2: the job exits 2"
 expect_grep "cause: +not restarted: rank [01] refused its input \(exit 2: .*\); every attempt would fail the same way" "$T/err" "trainer worker exit 2: not restarted, says why"
 if grep -q "event restart" "$T/err"; then fail "trainer worker exit 2 restarted"; else pass "trainer worker exit 2: no restart"; fi
 expect_eq "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['restarts'])" "$T/b.sum")" 0 "trainer worker exit 2: no restart spent"
+# The worker's reason (its error file, as @record leaves one) in the headline, the summary's
+# error and the report's error line; not repeated as the stderr tail.
+expect_grep "^job 'ck' failed: rank [01] exited with code 2 \\(DTRAIN_DEBUG_KILL_AT: expected RANK:STEP or RANK:STEP:MICRO, got \"x\"\\)" \
+  <(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['error'])" "$T/b.sum") "trainer worker exit 2: the summary's error says why"
+expect_grep "^    error: +DTRAIN_DEBUG_KILL_AT: expected" "$T/err" "trainer worker exit 2: the report's error line"
+if grep -q "last stderr lines" "$T/err"; then fail "trainer worker exit 2: the error repeated as the stderr tail"; else pass "trainer worker exit 2: said once"; fi
 "$DTRAIN" run "$T/b.json" --hosts localhost:1,127.0.0.1:1 --max-restarts 3 --env DTRAIN_DEBUG_KILL_AT=x >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "multi-node trainer worker exit 2: the job exits 2"
 expect_grep "cause: +not restarted: rank [01] on [^ ]+ refused its input \(exit 2" "$T/err" "multi-node trainer worker exit 2: not restarted"

@@ -116,7 +116,9 @@ JSON
   expect_eq "$(grep -c '^\[rank [01]\] dtrain: error:' "$T/full.err")" 1 "full checkpoint disk: one error line"
   expect_eq "$(sed -n 's/^\[rank 0\] //p' "$T/full.err" | grep '^dtrain: error:')" "$line" "full checkpoint disk: names the directory, the OS error and the fix"
   expect_grep "cause: +not restarted: rank 0 refused its input" "$T/full.err" "full checkpoint disk: not restarted"
-  expect_grep "^      \| dtrain: error: trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8" "$T/full.err" "full checkpoint disk: the line is in the failure summary"
+  expect_grep "^    error: +trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8" "$T/full.err" "full checkpoint disk: the line is in the failure summary"
+  expect_grep "^job 'full' failed: rank 0 exited with code 2 \(trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8" \
+    <(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['error'])" "$T/full.sum") "full checkpoint disk: the summary's error says why"
   expect_eq "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['restarts'])" "$T/full.sum")" 0 "full checkpoint disk: no restart spent"
   expect_eq "$(ls "$T/full/ck")" "ckpt-0000000004.bin" "full checkpoint disk: the earlier checkpoint intact, nothing partial left"
   cleanup_mount

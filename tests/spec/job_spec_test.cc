@@ -309,6 +309,16 @@ TEST(ErrorFile, ReadsRecordFormatAndPlainText) {
   EXPECT_FALSE(readWorkerErrorFile(path + ".missing"));
 }
 
+TEST(ErrorFile, WritesWhatItReads) {
+  std::string path = ::testing::TempDir() + "/dtrain_error_file_write_test.json";
+  ASSERT_TRUE(writeWorkerErrorFile(path, {"job.json: /trainer/checkpoint/dir: \"ck\" cannot be written\nsecond", ""}));
+  auto e = readWorkerErrorFile(path);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "job.json: /trainer/checkpoint/dir: \"ck\" cannot be written\nsecond");
+  EXPECT_EQ(e->traceback, "");
+  EXPECT_FALSE(writeWorkerErrorFile("/nonexistent-dir/x.json", {"m", ""}));
+}
+
 }  // namespace
 }  // namespace dtrain::spec
 

@@ -877,8 +877,21 @@ bool isFrameLine(const std::string& t) {
 // (`File "train.py", line 53, in <module>` / `main()`, above @record's wrapper, where the
 // file's traceback begins) are traceback lines too, as are a cut line's (the tail keeps
 // TailBuffer::kMaxLine bytes of a line) that begin one of the file's.
+// Without a traceback, only the lines that repeat the message go: the message itself, or
+// it after "dtrain: error: " (dtrain train's stderr line for what it writes to the file).
 std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
-  if (f.error_traceback.empty()) return f.stderr_tail;
+  if (f.error_traceback.empty()) {
+    std::set<std::string> said;
+    for (const auto& l : split(f.error_message, '\n'))
+      if (std::string t = trim(l); !t.empty()) said.insert(std::move(t));
+    std::vector<std::string> out;
+    for (const auto& l : f.stderr_tail) {
+      std::string t = trim(l);
+      if (t.rfind("dtrain: error: ", 0) == 0) t.erase(0, 15);
+      if (!said.count(t)) out.push_back(l);
+    }
+    return out;
+  }
   std::set<std::string> said;
   for (const std::string* text : {&f.error_traceback, &f.error_message})
     for (const auto& l : split(*text, '\n'))
@@ -949,7 +962,10 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   // (exitReason's first part: the error file's message has a line of its own below)
   std::string how = f.hung ? "hung (no heartbeat within worker_timeout_s) and was killed"
                            : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
-  std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, how);
+  // The headline (the summary's `error`) carries the worker's own one-line reason, as the
+  // restart events do: a script reading the summary learns why, not only that.
+  const std::string why = f.hung ? how : exitReason(f);
+  std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, why);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
   // In the headline (the summary's error): a script must not have to compare restarts with
   // max_restarts to tell that the job gave up. (A lost node's message says it itself.)
@@ -957,7 +973,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
     out += fmt::format("; restart budget exhausted: {} restart(s) of {} used", result.restarts, spec.max_restarts);
   if (result.received_signal && !result.stopped_during.empty())  // (the exit code last: it ends the headline)
     out = fmt::format("dtrain: job '{}' stopped by {} during {}, after rank {} {}{}; exit code {}", spec.name,
-                      signalName(result.received_signal), result.stopped_during, f.global_rank, how,
+                      signalName(result.received_signal), result.stopped_during, f.global_rank, why,
                       stopped ? fmt::format("; {} other worker(s) ended during teardown", stopped) : std::string(),
                       result.exit_code);
   out += "\n";
@@ -984,7 +1000,9 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
   const std::vector<std::string> tail = tailLessTraceback(f);
   if (!tail.empty()) {
     out += result.merged_output ? "    last output lines" : "    last stderr lines";
-    out += tail.size() < f.stderr_tail.size() ? " (less the traceback's):\n" : ":\n";
+    out += tail.size() == f.stderr_tail.size() ? ":\n"
+           : f.error_traceback.empty()        ? " (less the error above):\n"
+                                              : " (less the traceback's):\n";
     for (const auto& l : tail) out += "      | " + l + "\n";
   }
   // The others' exits, and where their output is: a log directory is not always there.

@@ -1,5 +1,6 @@
 #include "dtrain/spec/error_file.h"
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -34,6 +35,19 @@ std::optional<WorkerError> readWorkerErrorFile(const std::string& path) {
     err.message = m.dump();
   }
   return err;
+}
+
+bool writeWorkerErrorFile(const std::string& path, const WorkerError& err) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  nlohmann::json j = {{"message",
+                       {{"message", err.message},
+                        {"extraInfo",
+                         {{"py_callstack", err.traceback},
+                          {"timestamp", std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count())}}}}}};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 }  // namespace dtrain::spec

@@ -15,4 +15,9 @@ struct WorkerError {
 // verbatim as the message, since the worker's own words beat none.
 std::optional<WorkerError> readWorkerErrorFile(const std::string& path);
 
+// Writes `err` to path in the same format, as a Python worker's @record does: what the
+// launcher's failure report and --summary-json say about the rank. Best effort (false when
+// the file cannot be written): the worker is failing already, and says so on stderr too.
+bool writeWorkerErrorFile(const std::string& path, const WorkerError& err);
+
 }  // namespace dtrain::spec
