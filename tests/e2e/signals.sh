@@ -110,6 +110,36 @@ if wait_for "$T/py.0"; then
   for _ in $(seq 100); do alive "$p" || break; sleep 0.1; done
   alive "$p" && { fail "a lingering group's python (pid $p) outlived a SIGKILLed dtrain"; kill -9 "$p"; } || pass "dtrain SIGKILLed in the grace period: the lingering group's python killed by the guard"
 fi
+# A scheduler's stop (Slurm's scancel or time limit, a cgroup kill) signals every process of
+# the job, the workers before dtrain as often as not: workers that die of it at once are one
+# stop of the whole job with dtrain's own signal, not a failure to restart. The same SIGTERM
+# sent to a worker alone is a failure like any other, restarted.
+cat > "$T/plain.sh" <<'SH'
+[ -e "$D/again" ] && exit 0; echo $$ > "$D/pid.$RANK"; exec sleep 60
+SH
+rm -f "$T"/pid.* "$T/again"
+D="$T" "$DTRAIN" run --nproc-per-node 2 --max-restarts 3 --summary-json "$T/sched.json" -- bash "$T/plain.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/pid.0" "$T/pid.1"; then
+  kill -TERM "$(cat "$T/pid.0")" "$(cat "$T/pid.1")"; sleep 0.05; kill -TERM "$DTRAIN_PID"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 143 "scheduler's stop: exit 143"
+  expect_grep "^dtrain: rank\(s\) [01] \(SIGTERM\)(, [01] \(SIGTERM\))? had ended by a stop signal from outside dtrain just before dtrain got SIGTERM: one stop of the whole job \(a scheduler's\), not a failure; no restart$" "$T/err" "scheduler's stop: said in one line"
+  expect_grep "^dtrain: stopped by SIGTERM; exit code 143$" "$T/err" "scheduler's stop: the verdict is the stop"
+  if grep -q "event restart\|first failure" "$T/err"; then fail "scheduler's stop: a restart or a failure"; else pass "scheduler's stop: no restart, no failure"; fi
+  expect_eq "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['restarts'], d['stopped_by'], d['error'], d['events'], [r['stopped_by_dtrain'] for r in d['ranks']])" "$T/sched.json")" \
+    "0 SIGTERM stopped by SIGTERM; exit code 143 [] [True, True]" "scheduler's stop: the summary"
+fi
+rm -f "$T"/pid.* "$T/again"
+D="$T" "$DTRAIN" run --nproc-per-node 1 --max-restarts 1 -- bash "$T/plain.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/pid.0"; then
+  touch "$T/again"; kill -TERM "$(cat "$T/pid.0")"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 0 "SIGTERM to a worker alone: restarted, then succeeded"
+  expect_grep "event restart \(round 1\) host .* rank 0: rank 0 killed by SIGTERM; restart 1 of 1" "$T/err" "SIGTERM to a worker alone: a failure, restarted"
+fi
+
 # SIGUSR1/SIGUSR2 are the workers' (as with mpirun; Slurm's --signal=USR1@120 warns a job
 # before its time limit): passed on to each worker's own process, the job goes on, and dtrain
 # says so. A worker's child (a DataLoader process) is not signalled. A worker without a

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <memory>
 #include <thread>
 
@@ -44,6 +45,72 @@ JobStore startJobStore(spec::JobSpec& spec, const std::string& bind) {
   return js;
 }
 
+namespace {
+
+// How long a worker's death by a stop signal dtrain did not send waits for dtrain's own
+// signal before it counts as a failure. A scheduler ending the job signals every process of
+// it (Slurm's scancel and time limit, a cgroup's kill), dtrain and its workers in no set
+// order; a worker that dies of it at once (Python's default SIGTERM) would otherwise be
+// reaped, blamed and restarted before dtrain's own signal is read.
+constexpr auto kOutsideStopWindow = std::chrono::milliseconds(500);
+
+// The stop signal a worker died of (or exited 128 + it, as a shell or dtrain train does)
+// that dtrain did not send it; 0 when it ended otherwise.
+int outsideStopSignal(const WorkerExit& w) {
+  if (w.stopped_by_dtrain || w.hung || w.lost) return 0;
+  const int sig = w.signal ? w.signal : w.exit_code > 128 ? w.exit_code - 128 : 0;
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP ? sig : 0;
+}
+
+// dtrain got stop signal `sig` just after workers died of one from outside: one stop of the
+// whole job, not a failure. Those workers count as stopped (stopped_by_dtrain), the failure,
+// if one is left, is the first worker that failed otherwise, and the job ends by the signal.
+void treatAsOneStop(RunResult& r, int sig) {
+  std::vector<std::string> ranks;
+  for (auto& w : r.workers)
+    if (outsideStopSignal(w)) {
+      w.stopped_by_dtrain = true;
+      ranks.push_back(fmt::format("{} ({})", w.global_rank, w.signal ? signalName(w.signal) : fmt::format("code {}", w.exit_code)));
+    }
+  r.first_failure = -1;
+  for (size_t i = 0; i < r.workers.size(); ++i) {
+    const auto& w = r.workers[i];
+    if ((w.signal || w.exit_code) && !w.stopped_by_dtrain && !w.lost) {
+      r.first_failure = static_cast<int>(i);
+      break;
+    }
+  }
+  if (r.first_failure >= 0) r.first_failure = rootCause(r.workers, r.first_failure);
+  r.received_signal = sig;
+  r.exit_code = 128 + sig;
+  r.teardown_signal = 0;
+  r.stopped_during.clear();
+  writeAll(STDERR_FILENO, fmt::format("dtrain: rank(s) {} had ended by a stop signal from outside dtrain just before dtrain "
+                                      "got {}: one stop of the whole job (a scheduler's), not a failure; no restart\n",
+                                      fmt::join(ranks, ", "), signalName(sig)));
+}
+
+// Waits up to `d` for a signal (SIGUSR1/SIGUSR2 excepted: said and dropped, as no worker runs
+// to take them); the signal, or 0 when none came.
+int waitForSignal(std::chrono::steady_clock::duration d, const char* during) {
+  detail::SignalScope signals;
+  const auto until = std::chrono::steady_clock::now() + d;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return 0;
+    pollfd p{signals.fd(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+    unsigned char sig = 0;
+    if (::read(signals.fd(), &sig, 1) == 1 && detail::passedOn(sig)) {
+      writeAll(STDERR_FILENO, fmt::format("dtrain: {}: no worker runs during {}; not passed on\n", signalName(sig), during));
+      continue;
+    }
+    if (sig != 0 && sig != SIGCHLD) return sig;
+  }
+}
+
+}  // namespace
+
 RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed) {
   JobStore js = startJobStore(spec, "127.0.0.1");  // every worker is local
   Plan plan = makeLocalPlan(spec, run_id);
@@ -57,6 +124,13 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     lo.remove_if_killed = remove_if_killed;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
+    // A worker that died of a stop signal from outside, with dtrain's own signal read during
+    // the teardown or arriving within kOutsideStopWindow: the job was stopped, not failed.
+    if (r.first_failure >= 0 && outsideStopSignal(r.workers[static_cast<size_t>(r.first_failure)])) {
+      int sig = r.received_signal;
+      if (!sig) sig = waitForSignal(kOutsideStopWindow, "the check for a stop of the whole job");
+      if (sig) treatAsOneStop(r, sig);
+    }
     // A worker failed and then a signal came, during the teardown: the job ends by the signal,
     // cutting short the restart that failure would have started (said in one headline, as in
     // the back-off; nothing announced it, so it spends nothing).
@@ -107,29 +181,14 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     // Back off (1 s, 2 s, 4 s, ... at most 60 s) and start the next attempt on a fresh
     // MASTER_PORT: the old one may still be held by the previous attempt's sockets.
     double pause = std::min(60.0, spec.restart_backoff_s * std::pow(2.0, attempt));
-    {
-      // A signal during the pause ends the job as it would have during the run.
-      detail::SignalScope signals;
-      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long>(pause * 1000));
-      while (true) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
-        if (left <= 0) break;
-        pollfd p{signals.fd(), POLLIN, 0};
-        if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-        unsigned char sig = 0;
-        if (::read(signals.fd(), &sig, 1) == 1 && detail::passedOn(sig)) {
-          writeAll(STDERR_FILENO, fmt::format("dtrain: {}: no worker runs during the back-off before restart {} of {}; "
-                                              "not passed on\n", signalName(sig), attempt + 1, spec.max_restarts));
-          continue;
-        }
-        if (sig != 0 && sig != SIGCHLD) {
-          r.received_signal = sig;
-          r.exit_code = 128 + sig;
-          r.restarts = attempt + 1;  // announced by the restart event: it spent the budget
-          r.stopped_during = fmt::format("the back-off before restart {} of {}", attempt + 1, spec.max_restarts);
-          return r;
-        }
-      }
+    // A signal during the pause ends the job as it would have during the run.
+    const std::string backoff = fmt::format("the back-off before restart {} of {}", attempt + 1, spec.max_restarts);
+    if (int sig = waitForSignal(std::chrono::milliseconds(static_cast<long>(pause * 1000)), backoff.c_str())) {
+      r.received_signal = sig;
+      r.exit_code = 128 + sig;
+      r.restarts = attempt + 1;  // announced by the restart event: it spent the budget
+      r.stopped_during = backoff;
+      return r;
     }
     plan.master_port = pickFreePort(spec.rendezvous.port);
   }
