@@ -100,7 +100,7 @@ if grep -q "epoch 3" "$T/out"; then fail "resume line says epoch 3"; else pass "
 spec "$T/b.json" "$T/ck-b"
 "$DTRAIN" run "$T/b.json" --max-restarts 3 --env DTRAIN_DEBUG_KILL_AT=x --summary-json "$T/b.sum" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "trainer worker exit 2: the job exits 2"
-expect_grep "cause: +not restarted: rank [01] refused its input \(exit 2: .*\); every attempt would fail the same way" "$T/err" "trainer worker exit 2: not restarted, says why"
+expect_grep "cause: +not restarted: rank [01] stopped on an error no restart can fix \(exit 2: .*\); every attempt would fail the same way" "$T/err" "trainer worker exit 2: not restarted, says why"
 if grep -q "event restart" "$T/err"; then fail "trainer worker exit 2 restarted"; else pass "trainer worker exit 2: no restart"; fi
 expect_eq "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['restarts'])" "$T/b.sum")" 0 "trainer worker exit 2: no restart spent"
 # The worker's reason (its error file, as @record leaves one) in the headline, the summary's
@@ -111,7 +111,7 @@ expect_grep "^    error: +DTRAIN_DEBUG_KILL_AT: expected" "$T/err" "trainer work
 if grep -q "last stderr lines" "$T/err"; then fail "trainer worker exit 2: the error repeated as the stderr tail"; else pass "trainer worker exit 2: said once"; fi
 "$DTRAIN" run "$T/b.json" --hosts localhost:1,127.0.0.1:1 --max-restarts 3 --env DTRAIN_DEBUG_KILL_AT=x >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "multi-node trainer worker exit 2: the job exits 2"
-expect_grep "cause: +not restarted: rank [01] on [^ ]+ refused its input \(exit 2" "$T/err" "multi-node trainer worker exit 2: not restarted"
+expect_grep "cause: +not restarted: rank [01] on [^ ]+ stopped on an error no restart can fix \(exit 2" "$T/err" "multi-node trainer worker exit 2: not restarted"
 if grep -q "event restart" "$T/err"; then fail "multi-node trainer worker exit 2 restarted"; else pass "multi-node: no restart"; fi
 "$DTRAIN" run --nproc-per-node 1 --max-restarts 1 --shutdown-timeout 3 -- sh -c 'exit 2' >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "a command's exit 2"

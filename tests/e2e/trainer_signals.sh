@@ -115,7 +115,7 @@ JSON
   line="dtrain: error: trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8 in $T/full/ck: No space left on device (cannot write $T/full/ck/ckpt-0000000008.bin.tmp); the checkpoints written there before are intact: free space on it (or make it writable again) and run the job again to resume from the newest, or set another /trainer/checkpoint/dir"
   expect_eq "$(grep -c '^\[rank [01]\] dtrain: error:' "$T/full.err")" 1 "full checkpoint disk: one error line"
   expect_eq "$(sed -n 's/^\[rank 0\] //p' "$T/full.err" | grep '^dtrain: error:')" "$line" "full checkpoint disk: names the directory, the OS error and the fix"
-  expect_grep "cause: +not restarted: rank 0 refused its input" "$T/full.err" "full checkpoint disk: not restarted"
+  expect_grep "cause: +not restarted: rank 0 stopped on an error no restart can fix" "$T/full.err" "full checkpoint disk: not restarted"
   expect_grep "^    error: +trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8" "$T/full.err" "full checkpoint disk: the line is in the failure summary"
   expect_grep "^job 'full' failed: rank 0 exited with code 2 \(trainer: /trainer/checkpoint/dir: cannot write the checkpoint of step 8" \
     <(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['error'])" "$T/full.sum") "full checkpoint disk: the summary's error says why"

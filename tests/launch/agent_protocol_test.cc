@@ -90,7 +90,7 @@ TEST(AgentProtocol, WorkerExitRoundTrips) {
   EXPECT_FALSE(back->start_failed);
   EXPECT_TRUE(back->refused_input);
   EXPECT_TRUE(restartCannotHelp(*back));
-  EXPECT_NE(notRestartedReason(*back, spec::JobSpec{}, "h2").find("rank 5 on h2 refused its input (exit 2"),
+  EXPECT_NE(notRestartedReason(*back, spec::JobSpec{}, "h2").find("rank 5 on h2 stopped on an error no restart can fix (exit 2"),
             std::string::npos);
 }
 
