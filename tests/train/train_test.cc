@@ -653,7 +653,7 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
       openDatasets(t);
       ADD_FAILURE() << "accepted \"" << bad << "\"";
     } catch (const SpecError& e) {
-      EXPECT_NE(std::string(e.what()).find(":2: column 2 is not a number"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(":2: column 1 (0-based, as /trainer/data/label_column counts) is not a number"), std::string::npos) << e.what();
     }
   }
   std::filesystem::remove(path);

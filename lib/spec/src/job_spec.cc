@@ -52,18 +52,6 @@ const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nest
 const std::vector<std::string> kScheduleKeys = {"type", "step_size", "gamma", "warmup_steps", "min_lr"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps", "async"};
 
-// Messages are one line: control characters (a newline in a key or value) are shown escaped.
-std::string oneLine(const std::string& s) {
-  std::string out;
-  for (unsigned char ch : s) {
-    if (ch == '\n') out += "\\n";
-    else if (ch == '\t') out += "\\t";
-    else if (ch < 0x20 || ch == 0x7f) out += fmt::format("\\x{:02x}", ch);
-    else out += static_cast<char>(ch);
-  }
-  return out;
-}
-
 // A key as a JSON pointer token (RFC 6901): '~' is written ~0 and '/' ~1.
 std::string pointerToken(const std::string& key) {
   std::string out;
@@ -577,6 +565,11 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
   }
   if (ts.model.loss == "cross_entropy" && ts.model.layers.back() < 2)
     c.fail(P + "/model/layers", "cross_entropy needs at least 2 output classes");
+  if (ts.model.loss == "mse" && ts.data.type != "synthetic" && ts.model.layers.back() != 1)
+    c.fail(P + "/model/layers",
+           fmt::format("ends with {} outputs, but {} data has one target column: mse regression needs an output width of "
+                       "1; make the last layer 1 (or use synthetic data, whose teacher has as many outputs as the model)",
+                       ts.model.layers.back(), ts.data.type));
   auto& par = ts.parallel;
   if (t.contains("parallel")) {
     const json& q = t["parallel"];

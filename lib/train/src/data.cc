@@ -170,6 +170,24 @@ void checkLabel(const spec::TrainerSpec& t, double v, const std::string& where) 
                               t.model.layers.back() - 1));
 }
 
+
+// What a line without commas but with another separator says about the file: dtrain reads
+// comma-separated values only ("" when the line has commas, or none of the others).
+std::string separatorHint(const std::string& line) {
+  if (line.find(',') != std::string::npos) return {};
+  if (line.find('\t') != std::string::npos)
+    return "; the line has tabs and no commas: dtrain reads comma-separated values, so convert the file (tr '\\t' ',')";
+  if (line.find(';') != std::string::npos)
+    return "; the line has ';' and no commas: dtrain reads comma-separated values, so convert the file (tr ';' ','; "
+           "decimal commas first become points)";
+  return {};
+}
+
+// A cell as a message shows it: one line, at most 40 bytes.
+std::string shownCell(std::string_view cell) {
+  return cell.size() > 40 ? oneLine(cell.substr(0, utf8PrefixLength(cell, 40))) + "..." : oneLine(cell);
+}
+
 std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& path) {
   std::ifstream in(path);
   if (!in) throw SpecError(fmt::format("{}: cannot open csv file", path));
@@ -198,13 +216,13 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
       for (int i = 0; i < columns; ++i) {
         const std::string n = trim(names[static_cast<size_t>(i)]);
         if (n == lc) labelCol = i;
-        if (i < 12) found += fmt::format("{}\"{}\"", i ? ", " : "", n);
+        if (i < 12) found += fmt::format("{}\"{}\"", i ? ", " : "", shownCell(n));
       }
       if (columns > 12) found += fmt::format(", ... ({} columns)", columns);
       if (labelCol < 0)
         throw SpecError(fmt::format("{}:1: no column named \"{}\" in the header (it has {}); set "
-                                    "/trainer/data/label_column to one of them or to a 0-based column index",
-                                    path, lc, found));
+                                    "/trainer/data/label_column to one of them or to a 0-based column index{}",
+                                    path, oneLine(lc), found, separatorHint(line)));
     }
   } else if (!lcIsIndex) {
     throw SpecError(fmt::format("{}: without a header, /trainer/data/label_column must be a column index", path));
@@ -228,8 +246,8 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
                                   path, lc, columns, columns));
     if (columns - 1 != inputs)
       throw SpecError(fmt::format("{}: has {} feature columns but /trainer/model/layers starts with {}; make the first "
-                                  "layer {} (or check /trainer/data/label_column and header)",
-                                  path, columns - 1, inputs, columns - 1));
+                                  "layer {} (or check /trainer/data/label_column and header){}",
+                                  path, columns - 1, inputs, columns - 1, separatorHint(line)));
     if (y.empty()) {
       // Room for about as many rows as the file holds at this row's length: growing by
       // doubling copied and page-faulted the features several times over.
@@ -259,14 +277,19 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
         char* end = nullptr;
         v = std::strtod(cell.c_str(), &end);
         if (cell.empty() || end == cell.c_str() || *end != '\0')
-          throw SpecError(fmt::format("{}:{}: column {} is not a number (\"{}\")", path, lineNo, i + 1, cell));
+          throw SpecError(fmt::format("{}:{}: column {} (0-based, as /trainer/data/label_column counts) is not a number "
+                                      "(\"{}\"){}",
+                                      path, lineNo, i, shownCell(cell),
+                                      !cell.empty() && (cell.front() == '"' || cell.front() == '\'')
+                                          ? "; quoted cells are not read: remove the quotes"
+                                          : std::string()));
       }
       // inf, nan, or beyond float's range: one such value turns every weight into NaN.
       if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max()) {
         const std::string cell(b, e);
-        throw SpecError(fmt::format("{}:{}: column {} is not a finite number within float's range (\"{}\"); fix or "
-                                    "drop the row",
-                                    path, lineNo, i + 1, cell.size() > 40 ? cell.substr(0, 40) + "..." : cell));
+        throw SpecError(fmt::format("{}:{}: column {} (0-based) is not a finite number within float's range (\"{}\"); "
+                                    "fix or drop the row",
+                                    path, lineNo, i, shownCell(cell)));
       }
       if (i == labelCol) {
         if (!isLabel(t, v)) checkLabel(t, v, fmt::format("{}:{}", path, lineNo));  // throws, with where
@@ -319,12 +342,18 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
   checkHeader(fi, images, 16, "idx3-ubyte images");
   checkHeader(fl, labels, 8, "idx1-ubyte labels");
   uint32_t magic = be32(fi);
+  // MNIST is distributed gzip-compressed (train-images-idx3-ubyte.gz): 1f 8b is gzip's magic.
+  auto gzipHint = [](uint32_t m) {
+    return (m >> 16) == 0x1f8b ? std::string("; it is gzip-compressed: gunzip it first") : std::string();
+  };
   if (magic != 0x00000803)
-    throw SpecError(fmt::format("{}: not an idx3-ubyte images file (magic 0x{:08x}, expected 0x00000803)", images, magic));
+    throw SpecError(fmt::format("{}: not an idx3-ubyte images file (magic 0x{:08x}, expected 0x00000803){}", images, magic,
+                                gzipHint(magic)));
   uint32_t n = be32(fi), rows = be32(fi), cols = be32(fi);
   uint32_t lmagic = be32(fl);
   if (lmagic != 0x00000801)
-    throw SpecError(fmt::format("{}: not an idx1-ubyte labels file (magic 0x{:08x}, expected 0x00000801)", labels, lmagic));
+    throw SpecError(fmt::format("{}: not an idx1-ubyte labels file (magic 0x{:08x}, expected 0x00000801){}", labels, lmagic,
+                                gzipHint(lmagic)));
   uint32_t ln = be32(fl);
   if (ln != n) throw SpecError(fmt::format("{}: {} labels for {} images in {}", labels, ln, n, images));
   const int inputs = t.model.layers.front();
@@ -356,7 +385,8 @@ namespace {
 
 std::shared_ptr<Dataset> loadFile(const spec::TrainerSpec& t, const std::string& path, const std::string& labels) {
   if (t.model.loss == "mse" && t.model.layers.back() != 1)
-    throw SpecError("trainer: file data sets have one target column: mse needs an output width of 1");
+    throw SpecError("trainer: /trainer/model/layers: file data sets have one target column: mse needs an output width of "
+                    "1; make the last layer 1");  // (refused by the spec's checks first; kept for callers without them)
   return t.data.type == "csv" ? loadCsv(t, path) : loadIdx(t, path, labels);
 }
 

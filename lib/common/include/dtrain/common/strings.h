@@ -18,6 +18,10 @@ std::vector<std::string> split(std::string_view s, char sep);
 // s without the blanks (spaces, tabs, CR, LF) at either end.
 std::string trim(std::string_view s);
 
+// s as one line for a message: newline and tab as \n and \t, other control characters (a NUL
+// in a file's header) as \xNN; other bytes (UTF-8) as they are.
+std::string oneLine(std::string_view s);
+
 // The length of the longest prefix of s, at most max bytes, that does not end inside a UTF-8
 // character (for cutting text to fit).
 size_t utf8PrefixLength(std::string_view s, size_t max);
