@@ -341,6 +341,22 @@ std::string shebangProblem(const std::string& program, const std::string& pathVa
 
 std::string workerShebangProblem(const std::string& program, const std::map<std::string, std::string>& env,
                                  const std::string& cwd) {
+  // An executable .py without a #! line: exec refuses it (ENOEXEC) and execvp, as a shell
+  // would, runs it with /bin/sh, which fails on the first Python line ("Syntax error").
+  if (program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0) {
+    char head[4] = {0, 0, 0, 0};
+    const int fd = ::open(program.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd >= 0) {
+      const ssize_t got = ::read(fd, head, sizeof(head));
+      ::close(fd);
+      const bool shebang = got >= 2 && head[0] == '#' && head[1] == '!';
+      const bool elf = got == 4 && std::memcmp(head, "\x7f" "ELF", 4) == 0;
+      if (got > 0 && !shebang && !elf)
+        return "it is a Python file without a #! line, which the system would run with /bin/sh; give python3 as the "
+               "command's first word (python3 " + program.substr(program.rfind('/') + 1) + "), or make "
+               "#!/usr/bin/env python3 its first line";
+    }
+  }
   auto it = env.find("PATH");
   const std::string why = shebangProblem(program, workerPath(it != env.end() ? it->second.c_str() : nullptr), cwd);
   return why.empty() ? why : why + "; fix its #! line, or give an interpreter that exists as the command's first word";
