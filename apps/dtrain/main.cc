@@ -527,8 +527,14 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
   sum.job = job;
   sum.run_id = runId;
   sum.exit_code = code;
-  sum.error = what;
-  sum.error.erase(std::remove(sum.error.begin(), sum.error.end(), '\r'), sum.error.end());  // (ssh's CRLF lines)
+  // One line, as the field promises: a table of lines (pre-flight's, one per host) joined.
+  // ("...remote host(s):\n  a (hostfile:1) ...\n  b ..." -> "...remote host(s): a ...; b ...")
+  for (const auto& l : split(what, '\n')) {
+    const std::string t = trim(l);  // (and ssh's CRLF)
+    if (t.empty()) continue;
+    if (!sum.error.empty()) sum.error += sum.error.back() == ':' ? " " : "; ";
+    sum.error += t;
+  }
   sum.wall_s = wallS;
   try {
     writeOutputFile(path, spec::toJson(sum));

@@ -63,7 +63,7 @@ expect_grep "^dtrain: error: --summary-json: cannot create .*vanish/s.json.tmp" 
 # A multi-node pre-flight failure (ssh cannot reach a host) writes the summary too.
 printf '{"command": ["true"], "nodes": [{"host": "localhost"}, {"host": "unreachable-host"}], "ssh": {"options": ["-o", "ProxyCommand=false"]}}' >"$T/pf.json"
 "$DTRAIN" run "$T/pf.json" --summary-json "$T/pf_sum.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 1 "pre-flight failure: exit 1"
-expect_eq "$(jq_ "$T/pf_sum.json" "(d['status'], d['exit_code'], d['error'].startswith('pre-flight failed for 1 of 1 remote host(s)'), chr(13) in d['error'])")" "('failed', 1, True, False)" "pre-flight failure: the summary says so"
+expect_eq "$(jq_ "$T/pf_sum.json" "(d['status'], d['exit_code'], d['error'].startswith('pre-flight failed for 1 of 1 remote host(s)'), chr(13) in d['error'], chr(10) in d['error'], 'remote host(s): unreachable-host' in d['error'])")" "('failed', 1, True, False, False, True)" "pre-flight failure: the summary says so"
 # The same through run's --ssh-option (an ad hoc command across hosts has no spec for it).
 "$DTRAIN" run --hosts localhost:1,unreachable-host:1 --ssh-option=-o --ssh-option=ProxyCommand=false --summary-json "$T/pf2.json" -- true >"$T/out" 2>"$T/err"
 expect_eq "$?" 1 "--ssh-option reaches ssh: the ProxyCommand fails the pre-flight"

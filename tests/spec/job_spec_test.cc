@@ -51,6 +51,11 @@ TEST(JobSpec, DefaultsAreTorchrunLike) {
   EXPECT_TRUE(s.prefix_output);
 }
 
+TEST(JobSpec, GpuMeansCuda) {
+  EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [4, 3]}, "device": "gpu"}})"),
+            "job.json: /trainer/device: \"gpu\" is not one of auto, cpu, cuda; did you mean \"cuda\"?");
+}
+
 TEST(JobSpec, ErrorsNameFilePointerAndFix) {
   EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": -1})"),
             "job.json: /nproc_per_node: expected a worker count between 1 and 4096 or \"auto\", got -1");

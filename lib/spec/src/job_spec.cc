@@ -403,6 +403,9 @@ std::string oneOf(const Checker& c, const json& j, const std::string& p, const s
   std::string v = c.str(j, p);
   if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
     std::string hint = closestMatch(v, allowed);
+    // What other tools call a GPU device (by spelling, "gpu" is closest to "cpu").
+    if ((v == "gpu" || v == "GPU" || v == "nvidia") && std::find(allowed.begin(), allowed.end(), "cuda") != allowed.end())
+      hint = "cuda";
     c.fail(p, fmt::format("\"{}\" is not one of {}{}", v, fmt::join(allowed, ", "),
                           hint.empty() ? "" : fmt::format("; did you mean \"{}\"?", hint)));
   }
@@ -1333,7 +1336,10 @@ std::string describeTrainer(const TrainerSpec& t) {
   os << fmt::format("  device:           {}, seed {}, bucket_mb {}, overlap {}, log every {} steps\n", t.device, t.seed,
                     t.bucket_mb, autoOr(t.overlap), t.log_every_steps);
   os << fmt::format("  checkpoint:       {}\n", t.checkpoint.dir.empty() ? std::string("(none)")
-                                                  : fmt::format("{} every {} steps{}", t.checkpoint.dir, t.checkpoint.every_steps,
+                                                  : fmt::format("{} {}{}", t.checkpoint.dir,
+                                                                t.checkpoint.every_steps > 0
+                                                                    ? fmt::format("every {} steps", t.checkpoint.every_steps)
+                                                                    : std::string("at the end only (no every_steps)"),
                                                                 t.checkpoint.async ? ", written in the background" : ""));
   const auto& p = t.parallel;
   if (p.pipeline_stages > 1)
