@@ -403,6 +403,19 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   jobName = s.name;
   bool multiNode = !s.nodes.empty();
   checkOutputs(s, a);
+  // Asking for GPUs on a machine without them is bad input, said before anything starts, and
+  // by --dry-run, whose plan would otherwise show the CPU (multi-node: each node checks its
+  // own). (validate does not: a spec is often checked on a machine other than the job's.)
+  if (s.trainer && s.trainer->device == "cuda" && s.nodes.empty()) {
+#ifndef DTRAIN_HAVE_CUDA
+    throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but this dtrain is a CPU build; use \"auto\" or \"cpu\", "
+                                "or a CUDA build", s.source));
+#else
+    if (spec::visibleGpuCount() == 0)
+      throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but no GPU is visible here (check the driver and "
+                                  "CUDA_VISIBLE_DEVICES); use \"auto\" or \"cpu\"", s.source));
+#endif
+  }
   if (a.dry_run) {
     // A preview: the real run picks its own run id and free master port when it starts.
     launch::Plan plan = multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId);
@@ -421,19 +434,6 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // and an old config's checkpoint is one line, not a refusal on every restart.
   Fd checkpointLock;  // held until the job ends (restarts included): one job per directory
   if (s.trainer && s.nodes.empty()) checkpointLock = train::prepareCheckpointDir(*s.trainer, s.source);
-  // Asking for GPUs on a machine without them is bad input, said before anything starts
-  // (multi-node: each node checks its own).
-  if (s.trainer && s.trainer->device == "cuda" && s.nodes.empty()) {
-#ifndef DTRAIN_HAVE_CUDA
-    throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but this dtrain is a CPU build; use \"auto\" or \"cpu\", "
-                                "or a CUDA build", s.source));
-#else
-    if (spec::visibleGpuCount() == 0)
-      throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but no GPU is visible here (check the driver and "
-                                  "CUDA_VISIBLE_DEVICES); use \"auto\" or \"cpu\"", s.source));
-#endif
-  }
-
   // An earlier run's summary must not outlive this run's start: if dtrain is SIGKILLed (or
   // the machine lost), a script would read that run's outcome as this one's. A regular file
   // says "running" until the outcome replaces it (a pipe or /dev/stdout gets the outcome only).
