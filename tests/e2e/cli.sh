@@ -272,4 +272,11 @@ expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"python3 
 cp "$SRC/configs/env_dump.json" "$T/jobspec"  # a spec without .json: parsed to tell
 "$DTRAIN" run "$T/jobspec" python3 x.py >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "spec without .json and command exits 2"
 expect_grep "a spec and a command cannot both be given" "$T/err" "a spec is recognised by its content too"
+# A GPU spec on a host without GPUs: validate checks the spec alone (it may run on a login
+# node), --dry-run refuses it as run would, instead of a plan on the CPU.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  "$DTRAIN" validate "$SRC/configs/quickstart_gpu.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "GPU spec: validate checks the spec alone"
+  "$DTRAIN" run --dry-run "$SRC/configs/quickstart_gpu.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "GPU spec without GPUs: --dry-run exits 2"
+  expect_grep '/trainer/device: "cuda" but (no GPU is visible here|this dtrain is a CPU build)' "$T/err" "GPU spec without GPUs: --dry-run says why"
+fi
 finish
