@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -216,6 +217,18 @@ int trainCommand() {
     r = train::train(*s.trainer, *comm, to);
   } catch (const train::TrainingStopped& e) {
     control.phase.store(train::TrainControl::kDone);
+    // The summary says where the job stopped and what the next run resumes from.
+    if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0) {
+      spec::TrainerOutcome o;
+      o.steps = e.step();
+      o.checkpoint = e.checkpoint();
+      o.stopped = true;
+      o.pipeline_stages = 1;  // (no timing of a run cut short)
+      try {
+        spec::writeTrainerOutcome(path, o);
+      } catch (const std::exception&) {  // the stop goes on: the summary then has no trainer part
+      }
+    }
     // (rank 0 said where the final checkpoint is.) A rank that learned of the stop from its
     // peers alone waits a moment for its own signal: dtrain's teardown reaches every worker,
     // on other nodes a little later, and a worker that exits 128+signal before dtrain sent it
@@ -258,6 +271,14 @@ int trainCommand() {
     spec::TrainerOutcome o{loss, evalAcc, sps, r.steps, r.weights_sha256, trained ? r.pipeline_stages : 1,
                            r.bubble_fraction, r.stage_ms};
     o.eval_loss = evalLoss;
+    // (the final checkpoint, written at the end of every run with a checkpoint dir)
+    if (const auto& dir = s.trainer->checkpoint.dir; !dir.empty()) {
+      const std::string last = s.trainer->parallel.pipeline_stages > 1
+                                   ? (std::filesystem::path(dir) / "manifest.json").string()
+                                   : train::checkpointPath(dir, r.steps);
+      std::error_code ec;
+      if (std::filesystem::exists(last, ec)) o.checkpoint = last;
+    }
     spec::writeTrainerOutcome(path, o);
   }
   if (comm->rank() == 0 && r.pipeline_stages > 1 && trained) {

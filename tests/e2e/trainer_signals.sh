@@ -82,10 +82,15 @@ step=$(sed -nE 's/^\[rank 0\] SIGTERM: stopping at step ([0-9]+) of 150; final c
 newest=$(ls "$T/ck-t" | sed -nE 's/^ckpt-0*([0-9]+)\.bin$/\1/p' | sort -n | tail -1)
 if [ -n "$step" ] && [ "$step" -ge 24 ] && [ "$step" = "$newest" ] && [ "$step" -gt 16 ]; then pass "SIGTERM: final checkpoint at step $step, the newest"; else fail "SIGTERM: logged step '$step', newest checkpoint '$newest'"; sed 's/^/    /' "$T/t.out" >&2; fi
 expect_eq "$(ls "$T/ck-t" | grep -c '\.tmp$')" 0 "SIGTERM: no temporary file left (checkpoint.async waited for)"
+# The summary says where it stopped and what the next run resumes from.
+expect_eq "$(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['trainer']; print(t['stopped'], t['steps'], t['checkpoint'], t['weights_sha256'], t['final_loss'])" "$T/t.sum")" \
+  "True $step $(printf '%s/ckpt-%010d.bin' "$T/ck-t" "$step") None None" "SIGTERM: the summary's trainer: stopped, the step, the checkpoint"
 "$DTRAIN" run "$T/t.json" --summary-json "$T/t2.sum" >"$T/t2.out" 2>&1
 expect_eq "$?" 0 "SIGTERM: the same spec runs again"
 expect_grep "^\[rank 0\] resuming from $T/ck-t/ckpt-0*$step\.bin: step $step," "$T/t2.out" "SIGTERM: it resumes from the final checkpoint"
 expect_eq "$(sha "$T/t2.sum")" "$REF" "SIGTERM: resumed, the weights of a run never stopped"
+expect_eq "$(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['trainer']; print(t['stopped'], t['steps'], t['checkpoint'])" "$T/t2.sum")" \
+  "False 150 $T/ck-t/ckpt-0000000150.bin" "a finished run: the summary names its final checkpoint"
 
 # 3. A rank SIGKILLed: the other is stopped by dtrain's SIGTERM, not a failure of its own,
 # and the job ends at once.

@@ -22,7 +22,9 @@ json trainerJson(const TrainerOutcome& t) {
          {"eval_loss", orNull(t.eval_loss)},
          {"samples_per_s", orNull(t.samples_per_s)},
          {"steps", t.steps},
-         {"weights_sha256", t.weights_sha256}};
+         {"weights_sha256", t.weights_sha256.empty() ? json(nullptr) : json(t.weights_sha256)},
+         {"checkpoint", t.checkpoint.empty() ? json(nullptr) : json(t.checkpoint)},
+         {"stopped", t.stopped}};
   if (t.pipeline_stages > 1) {
     j["pipeline_stages"] = t.pipeline_stages;
     j["bubble_fraction"] = t.bubble_fraction;
@@ -100,7 +102,9 @@ std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {
     if (j.contains("eval_loss")) t.eval_loss = optional("eval_loss");
     t.samples_per_s = optional("samples_per_s");
     t.steps = j.at("steps").get<long long>();
-    t.weights_sha256 = j.at("weights_sha256").get<std::string>();
+    if (!j.at("weights_sha256").is_null()) t.weights_sha256 = j.at("weights_sha256").get<std::string>();
+    if (j.contains("checkpoint") && !j.at("checkpoint").is_null()) t.checkpoint = j.at("checkpoint").get<std::string>();
+    if (j.contains("stopped")) t.stopped = j.at("stopped").get<bool>();
     if (j.contains("pipeline_stages")) {
       t.pipeline_stages = j.at("pipeline_stages").get<int>();
       t.bubble_fraction = j.at("bubble_fraction").get<double>();

@@ -23,6 +23,12 @@ struct TrainerOutcome {
   double bubble_fraction = 0;
   std::vector<double> stage_ms;
   std::optional<double> eval_loss;  // mean loss on the held-out split; absent without one
+  // The checkpoint a next run resumes from: the final one of a finished run, or the one
+  // written when it was stopped (SIGTERM: see `stopped`); "" (null) when none was written.
+  std::string checkpoint;
+  // Stopped by a signal at step `steps` rather than finished: final_loss, eval_*, samples_per_s
+  // and weights_sha256 are null (nothing was evaluated or compared across ranks).
+  bool stopped = false;
 };
 
 struct RankOutcome {
