@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/spec/error_file.h"
+#include "dtrain/spec/summary.h"
 
 namespace dtrain::spec {
 namespace {
@@ -312,6 +314,37 @@ TEST(ErrorFile, ReadsRecordFormatAndPlainText) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->message, "not json");
   EXPECT_FALSE(readWorkerErrorFile(path + ".missing"));
+}
+
+TEST(Summary, TrainerOutcomeRoundTripsAStoppedRun) {
+  const std::string path = ::testing::TempDir() + "/dtrain_outcome_test.json";
+  TrainerOutcome stopped;
+  stopped.steps = 41;
+  stopped.checkpoint = "/ck/ckpt-0000000041.bin";
+  stopped.stopped = true;
+  writeTrainerOutcome(path, stopped);
+  auto back = readTrainerOutcome(path);
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(back->stopped);
+  EXPECT_EQ(back->steps, 41);
+  EXPECT_EQ(back->checkpoint, "/ck/ckpt-0000000041.bin");
+  EXPECT_EQ(back->weights_sha256, "");
+  EXPECT_FALSE(back->final_loss);
+  RunSummary sum;
+  sum.trainer = *back;
+  const std::string j = toJson(sum);
+  EXPECT_NE(j.find("\"weights_sha256\": null"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"stopped\": true"), std::string::npos) << j;
+  TrainerOutcome done;
+  done.steps = 150;
+  done.weights_sha256 = "ab";
+  writeTrainerOutcome(path, done);
+  back = readTrainerOutcome(path);
+  ASSERT_TRUE(back);
+  EXPECT_FALSE(back->stopped);
+  EXPECT_EQ(back->checkpoint, "");
+  EXPECT_EQ(back->weights_sha256, "ab");
+  std::filesystem::remove(path);
 }
 
 TEST(ErrorFile, WritesWhatItReads) {
