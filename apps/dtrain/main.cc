@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -617,6 +618,17 @@ std::string unexpectedArguments(CLI::App& app, const std::string& hint, const st
         path = p->get_name() + (path.empty() ? "" : " " + path);
       std::vector<std::string> words;
       for (const std::string& w : cur->remaining(false)) words.push_back(shellQuote(w));
+      // A misspelt option (`store get --tmeout 3 k`): named, with the closest of the command's.
+      for (const std::string& w : cur->remaining(false)) {
+        if (w.size() < 2 || w[0] != '-' || w == "--" || std::isdigit(static_cast<unsigned char>(w[1]))) continue;
+        const std::string word = w.substr(0, w.find('='));
+        std::vector<std::string> known;  // (long names only: any one-letter flag is "close")
+        for (const CLI::Option* o : cur->get_options())
+          for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+        const std::string m = word.rfind("--", 0) == 0 ? closestMatch(word, known) : std::string();
+        return fmt::format("{}unknown option {}{}; see dtrain {}--help", path.empty() ? "" : path + ": ", word,
+                           m.empty() ? "" : fmt::format(" (did you mean {}?)", m), path.empty() ? "" : path + " ");
+      }
       return fmt::format("{}unexpected argument{} {}{}", path.empty() ? "" : path + ": ", words.size() == 1 ? "" : "s",
                          fmt::join(words, " "),
                          hint.empty() ? fmt::format("; see dtrain {}--help", path.empty() ? "" : path + " ") : hint);

@@ -272,6 +272,13 @@ expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"python3 
 cp "$SRC/configs/env_dump.json" "$T/jobspec"  # a spec without .json: parsed to tell
 "$DTRAIN" run "$T/jobspec" python3 x.py >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "spec without .json and command exits 2"
 expect_grep "a spec and a command cannot both be given" "$T/err" "a spec is recognised by its content too"
+# A misspelt option of store, bench or train: named, with the closest of the command's own.
+"$DTRAIN" store get --tmeout 3 --endpoint 127.0.0.1:1 k >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store get --tmeout: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: store get: unknown option --tmeout (did you mean --timeout?); see dtrain store get --help" "store get --tmeout: did you mean"
+"$DTRAIN" bench allreduce --nproc-per-nod 2 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench --nproc-per-nod: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: bench allreduce: unknown option --nproc-per-nod (did you mean --nproc-per-node?); see dtrain bench allreduce --help" "bench --nproc-per-nod: did you mean"
+"$DTRAIN" train --foo x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "train --foo: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: train: unknown option --foo; see dtrain train --help" "train --foo: named"
 # A GPU spec on a host without GPUs: validate checks the spec alone (it may run on a login
 # node), --dry-run refuses it as run would, instead of a plan on the CPU.
 if ! nvidia-smi -L >/dev/null 2>&1; then
