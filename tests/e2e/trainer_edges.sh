@@ -34,6 +34,12 @@ grep -q " acc " "$T/out" && fail "mse: an accuracy printed: $(grep ' acc ' "$T/o
 expect_eq "$(jq_ "$T/s2.json" "(d['trainer']['eval_accuracy'], d['trainer']['eval_loss'] > 0)")" "(None, True)" "mse: summary has eval_loss, no accuracy"
 expect_eq "$(python3 -c "import json; rows=[json.loads(l) for l in open('$T/mse-logs/metrics.jsonl')]; print(sorted({str(r.get('accuracy')) for r in rows if r.get('type') in ('train', 'eval')}))")" "['None']" "mse: metrics rows carry no accuracy"
 grep -q "accuracy" "$T/mse-logs/metrics.svg" && fail "mse: metrics.svg draws an accuracy" || pass "mse: metrics.svg draws the loss only"
+# Throughput not measured yet (the first step is left out of the rate): null in metrics.jsonl
+# and "-" on the console, as the summary's null, not 0.
+sed 's/"log_every_steps": 10/"log_every_steps": 1/' "$T/mse.json" >"$T/mse1.json"
+"$DTRAIN" run "$T/mse1.json" --log-dir "$T/mse1-logs" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "log every step: exit 0"
+expect_eq "$(python3 -c "import json; rows=[json.loads(l) for l in open('$T/mse1-logs/metrics.jsonl') if '\"train\"' in l]; print(rows[0]['step'], rows[0]['samples_per_s'], rows[1]['samples_per_s'] > 0)")" "1 None True" "untimed first step: null samples_per_s in metrics.jsonl"
+expect_grep "^\[rank 0\] epoch 1/1 step 1/31 loss [0-9.]+ - samples/s eta \?$" "$T/out" "untimed first step: '- samples/s' on the console"
 
 # Diverged (lr far too high): the trainer stops with the reason and the fix, exit 2, and
 # writes no checkpoint of NaN weights (the next run must resume from a sane one).

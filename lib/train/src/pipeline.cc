@@ -967,10 +967,10 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       ++windowSteps;
       progress.stepDone(step);
       if (rank == 0 && opts.status && progress.statusDue(step))
-        opts.status(fmt::format("epoch {}/{} {} loss {} {:.0f} samples/s bubble {} eta {}", epoch + 1, ts.epochs,
+        opts.status(fmt::format("epoch {}/{} {} loss {} {} bubble {} eta {}", epoch + 1, ts.epochs,
                                 progress.bar(step),
                                 result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"),
-                                progress.samplesPerSecond(step), bubbleText, progress.eta(step)));
+                                detail::rateText(progress.samplesPerSecond(step)), bubbleText, progress.eta(step)));
       // A signal's request, agreed on by every rank (a checkpoint, or a stop after one).
       const detail::ControlPoints::Request request = control.agree(
           step, step == totalSteps,
@@ -1021,15 +1021,15 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
         const double bubble = detail::pipelineBubble(stats[3 + static_cast<size_t>(P)], stats[4 + static_cast<size_t>(P)], P);
         bubbleText = fmt::format("{:.1f}%", 100 * bubble);
         std::string stageText;
-        for (int s = 0; s < P; ++s) stageText += fmt::format("{}{:.1f}", s ? "/" : "", 1e3 * stats[3 + static_cast<size_t>(s)]);
+        for (int s = 0; s < P; ++s) stageText += fmt::format("{}{}", s ? "/" : "", detail::msText(1e3 * stats[3 + static_cast<size_t>(s)]));
         const double sps = progress.samplesPerSecond(step);
         const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
-        metrics.record({step, epoch + 1, result.final_loss, acc, sps, learningRate(ts, step - 1, totalSteps),
+        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""), learningRate(ts, step - 1, totalSteps),
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
-          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {:.0f} samples/s stage ms {} bubble {} eta {}",
-                               epoch + 1, ts.epochs, step, totalSteps, result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc), sps,
-                               stageText, bubbleText, progress.eta(step)));
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} stage ms {} bubble {} eta {}",
+                               epoch + 1, ts.epochs, step, totalSteps, result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc),
+                               detail::rateText(sps), stageText, bubbleText, progress.eta(step)));
         windowLoss = windowCorrect = windowSamples = 0;
         windowCompute = windowSchedule = 0;
         windowSteps = 0;

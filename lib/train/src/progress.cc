@@ -24,6 +24,14 @@ double Progress::samplesPerSecond(long long step) const {
   return step > firstStep_ + 1 && elapsed > 0 ? static_cast<double>(step - firstStep_ - 1) * globalBatch_ / elapsed : 0;
 }
 
+std::string rateText(double samplesPerSecond) {
+  return samplesPerSecond > 0 ? fmt::format("{:.0f} samples/s", samplesPerSecond) : std::string("- samples/s");
+}
+
+std::string msText(double ms) {
+  return ms >= 10 ? fmt::format("{:.1f}", ms) : ms >= 0.1 ? fmt::format("{:.2f}", ms) : fmt::format("{:.3f}", ms);
+}
+
 std::string Progress::eta(long long step) const {
   const double sps = samplesPerSecond(step);
   if (step >= totalSteps_) return fmtDuration(0);

@@ -12,6 +12,14 @@ namespace dtrain::train::detail {
 // "42s", "3m05s".
 std::string fmtDuration(double seconds);
 
+// "12345 samples/s", or "- samples/s" while it is not measured (0: the first step is left out
+// of the rate), as the summary's null and metrics.jsonl's null say.
+std::string rateText(double samplesPerSecond);
+
+// Milliseconds with three significant digits or so: "12.3", "0.42", "0.037" (a small stage's
+// compute is not "0.0").
+std::string msText(double ms);
+
 class Progress {
  public:
   using Clock = std::chrono::steady_clock;

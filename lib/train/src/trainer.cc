@@ -308,9 +308,9 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
       ++step;
       progress.stepDone(step);
       if (rank == 0 && opts.status && progress.statusDue(step))
-        opts.status(fmt::format("epoch {}/{} {} loss {} {:.0f} samples/s eta {}", epoch + 1, ts.epochs, progress.bar(step),
+        opts.status(fmt::format("epoch {}/{} {} loss {} {} eta {}", epoch + 1, ts.epochs, progress.bar(step),
                                 result.final_loss > 0 ? fmt::format("{:.4f}", result.final_loss) : std::string("-"),
-                                progress.samplesPerSecond(step), progress.eta(step)));
+                                detail::rateText(progress.samplesPerSecond(step)), progress.eta(step)));
       // A signal's request, agreed on by every rank (a checkpoint, or a stop after one).
       const detail::ControlPoints::Request request = control.agree(
           step, step == totalSteps,
@@ -351,12 +351,12 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
         result.final_loss = stats[0] / stats[2];
         const double sps = progress.samplesPerSecond(step);
         const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
-        metrics.record({step, epoch + 1, result.final_loss, acc, sps,
+        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""),  // (null: not timed yet)
                         learningRate(ts, step - 1, totalSteps),
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
-          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {:.0f} samples/s eta {}", epoch + 1,
-                               ts.epochs, step, totalSteps, result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc), sps,
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} eta {}", epoch + 1, ts.epochs, step, totalSteps,
+                               result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc), detail::rateText(sps),
                                progress.eta(step)));
         windowLoss = windowCorrect = windowSamples = 0;
       }
