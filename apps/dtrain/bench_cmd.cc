@@ -221,7 +221,8 @@ void addBenchCommands(CLI::App& app) {
     sub->add_option("-n,--iters", a.iters, "Timed iterations per size (default 20)");
     sub->add_option("-w,--warmup_iters", a.warmup, "Warm-up iterations per size (default 5)");
     sub->add_option("-d,--datatype", a.dtype, "float, double, int32, int64, bfloat16, half (default float)");
-    sub->add_option("-o,--op", a.op, "sum, avg, min, max (default sum)");
+    auto* op = sub->add_option("-o,--op", a.op, "sum, avg, min, max (default sum)");
+    if (c != comm::Collective::kAllreduce) op->group("");  // (no reduction: hidden, still passed to the ranks)
     sub->add_option("--json", a.json, "Also write the results as JSON to this file");
     sub->add_option("--timeout", a.timeout_s, "Seconds before a stuck collective fails (default 120)");
     sub->add_option("--hostfile", a.hostfile, "Run the ranks across the hosts of this file (slots = ranks per host)");

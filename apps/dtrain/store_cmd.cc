@@ -145,14 +145,18 @@ void addStoreCommands(CLI::App& app) {
   auto& a = gArgs;
   a.store = app.add_subcommand("store", "Rendezvous store: serve one, or talk to one from scripts");
   a.store->require_subcommand(1);
-  a.serve = a.store->add_subcommand("serve", "Serve a store until SIGINT/SIGTERM; prints 'serving on ADDR:PORT'");
+  a.serve = a.store->add_subcommand("serve", "Serve a store until SIGINT/SIGTERM (then exit 0); prints 'serving on ADDR:PORT'");
   a.serve->add_option("--port", a.port, "TCP port; 0 picks a free one (default 29400)");
   a.serve->add_option("--bind", a.bind, "Address to bind (default 127.0.0.1; 0.0.0.0 for remote nodes)");
   a.serve->add_option("--token-file", a.token_file, "Token file (mode 0600); created with a new token if absent");
   auto client = [&](CLI::App* c) {
     c->add_option("--endpoint", a.endpoint, "HOST:PORT (default: DTRAIN_STORE_ADDR:DTRAIN_STORE_PORT)");
     c->add_option("--token-file", a.token_file, "Token file (default: DTRAIN_STORE_TOKEN)");
-    c->add_option("--timeout", a.timeout_s, "Seconds to wait for keys (default 30; at most a year, 31536000)");
+    // (accepted by every verb, so that a script can give all of them the same flags)
+    const bool waits = c == a.get || c == a.wait;
+    c->add_option("--timeout", a.timeout_s,
+                  waits ? "Seconds to wait for keys (default 30; at most a year, 31536000)"
+                        : "Not used by this verb, which waits for no key (get and wait do)");
     c->add_option("--connect-timeout", a.connect_timeout_s,
                   "Seconds to keep retrying the connection (default 10; 0 tries once; at most 31536000)");
   };
