@@ -112,6 +112,11 @@ int waitForSignal(std::chrono::steady_clock::duration d, const char* during) {
 }  // namespace
 
 RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed) {
+  // Over the whole job (first, so that it ends last, after the store's shutdown): a signal
+  // between one attempt's end and the next scope (the check for a stop of the whole job, the
+  // back-off, the next attempt) is kept for that scope, instead of ending dtrain by its
+  // default action without a verdict or a summary.
+  detail::SignalScope held;
   JobStore js = startJobStore(spec, "127.0.0.1");  // every worker is local
   Plan plan = makeLocalPlan(spec, run_id);
   plan.store_addr = js.bind;

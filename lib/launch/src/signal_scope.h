@@ -48,11 +48,18 @@ inline void dropSignal(int) {}
 // their default action would end dtrain, and with it every worker, between two launches'
 // scopes (a restart's back-off, a new round). Caught, not ignored: a worker gets SIG_DFL back
 // (spawnProcess), while an ignored signal would be inherited.
+// Scopes nest (one thread: the launcher's): an inner one shares the outer's pipe, so a
+// signal that comes between two inner scopes (an attempt's end and the back-off) waits in
+// the pipe for the next one, rather than taking its default action (runLocalJob holds an
+// outer scope over all its attempts).
 class SignalScope {
  public:
   static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2};
   SignalScope() {
-    if (::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) throwErrno("pipe");
+    if (depth()++ == 0 && ::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      --depth();
+      throwErrno("pipe");
+    }
     struct sigaction sa {};
     sa.sa_handler = onSignal;
     sigemptyset(&sa.sa_mask);
@@ -83,6 +90,7 @@ class SignalScope {
       ::sigaction(kSignals[i], &old_[i], nullptr);
     }
     ::sigaction(SIGPIPE, &oldPipe_, nullptr);
+    if (--depth() > 0) return;  // the outer scope's handlers are back, and its pipe stays
     ::close(gSignalPipe[0]);
     ::close(gSignalPipe[1]);
     gSignalPipe[0] = gSignalPipe[1] = -1;
@@ -113,6 +121,10 @@ class SignalScope {
   }
 
  private:
+  static int& depth() {
+    static int d = 0;
+    return d;
+  }
   struct sigaction old_[std::size(kSignals)] {};
   struct sigaction oldPipe_ {};
 };
