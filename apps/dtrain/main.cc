@@ -71,7 +71,9 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
                   "Also pass the launcher's variables starting with PREFIX to remote workers (repeatable; added to the "
                   "spec's env_forward)")
       ->allow_extra_args(false);
-  cmd->add_option("--shutdown-timeout", a.shutdown, "Seconds between SIGTERM and SIGKILL at teardown (default 30)");
+  cmd->add_option("--shutdown-timeout", a.shutdown,
+                  "Seconds between the stop signal (SIGTERM, or the SIGINT/SIGHUP dtrain got) and SIGKILL at teardown "
+                  "(default 30)");
   cmd->add_option("--local-ranks-filter,--local_ranks_filter", a.overrides.local_ranks_filter,
                   "Show only these local ranks on the console, e.g. 0,2 (log files still get all)");
   cmd->add_flag("--no-prefix", a.overrides.no_prefix, "Do not prefix worker lines with [rank N]");

@@ -109,7 +109,34 @@ DTRAIN_PID=$!
 wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
 kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 130 "SIGINT: exit 130"
-expect_eq "$(ranks_ "$T/int.json")" "[(0, 'localhost', None, 'SIGTERM', True), (1, 'localhost', None, 'SIGTERM', True), (2, '127.0.0.1', None, 'SIGTERM', True)]" "SIGINT: every rank in the summary"
+expect_eq "$(ranks_ "$T/int.json")" "[(0, 'localhost', None, 'SIGINT', True), (1, 'localhost', None, 'SIGINT', True), (2, '127.0.0.1', None, 'SIGINT', True)]" "SIGINT: every rank in the summary, died of the SIGINT passed on, stopped by dtrain"
+
+# The signal dtrain got is the one every worker on every node gets, as on one host (and as
+# torchrun does): each agent passes it on ("stop SIGINT"), SIGKILL after the grace period as
+# ever; said at once, naming the signal sent. A worker that exits 128 + it is stopped by dtrain.
+cat > "$T/sig.py" <<'PY'
+import os, signal, sys, time
+d, rank = os.environ["D"], os.environ["RANK"]
+def on(sig, _):
+    open(f"{d}/got.{rank}", "w").write(signal.Signals(sig).name)
+    sys.exit(128 + sig)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, on)
+open(f"{d}/pid.{rank}", "w").write(str(os.getpid()))
+time.sleep(120)
+PY
+for c in INT:130 HUP:129 TERM:143; do
+  sig=${c%%:*}; want=${c##*:}
+  rm -f "$T"/pid.* "$T"/got.*
+  D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 --summary-json "$T/sig.json" -- python3 "$T/sig.py" >/dev/null 2>"$T/err" &
+  DTRAIN_PID=$!
+  wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2" || continue
+  kill -"$sig" "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" "$want" "across nodes, SIG$sig: exit $want"
+  for r in 0 1 2; do expect_eq "$(cat "$T/got.$r" 2>/dev/null)" "SIG$sig" "across nodes, SIG$sig: rank $r (node $([ $r = 2 ] && echo 127.0.0.1 || echo localhost)) got SIG$sig"; done
+  expect_grep "^dtrain: SIG$sig: stopping 2 nodes \(SIG$sig to the workers now, SIGKILL after 3 s\)$([ "$sig" = INT ] && echo '; Ctrl-C again to kill now')$" "$T/err" "across nodes, SIG$sig: the notice names the signal sent"
+  expect_eq "$(ranks_ "$T/sig.json")" "[(0, 'localhost', $want, None, True), (1, 'localhost', $want, None, True), (2, '127.0.0.1', $want, None, True)]" "across nodes, SIG$sig: every rank exited $want, stopped by dtrain"
+done
 
 # A second Ctrl-C kills at once on every node, as it says (the agents used to give workers
 # that ignore SIGTERM the 2 s grace of a lost launcher).

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include "dtrain/launch/agent_protocol.h"
 #include "dtrain/launch/multi_node.h"
@@ -40,6 +41,35 @@ TEST(AgentProtocol, MalformedInputIsRejectedNotTrusted) {
   auto bad = proto::parse("X\tone\t0\t1\t0\t0\t0\t0\twhen\tm\ttb");
   ASSERT_TRUE(bad);
   EXPECT_FALSE(proto::parseExit(*bad));
+}
+
+// The user's Ctrl-C / SIGHUP to dtrain run reaches the workers on every node as that signal,
+// as on one host; the launcher's own stops (and the user's SIGTERM) stay the plain "stop"
+// every agent knows.
+TEST(AgentProtocol, StopCommandCarriesTheSignalToPassOn) {
+  EXPECT_EQ(proto::stopCommand(SIGTERM), "stop");
+  EXPECT_EQ(proto::stopCommand(SIGINT), "stop SIGINT");
+  EXPECT_EQ(proto::stopCommand(SIGHUP), "stop SIGHUP");
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) EXPECT_EQ(proto::stopSignal(proto::stopCommand(sig)), sig);
+  EXPECT_EQ(proto::stopSignal("stop SIGTERM"), SIGTERM);
+  // A name the agent does not know still stops (with SIGTERM): a stop is never dropped.
+  EXPECT_EQ(proto::stopSignal("stop SIGFOO"), SIGTERM);
+  EXPECT_EQ(proto::stopSignal("stop SIGINT extra"), SIGTERM);
+  EXPECT_FALSE(proto::stopSignal("kill"));
+  EXPECT_FALSE(proto::stopSignal("signal SIGUSR1"));
+  EXPECT_FALSE(proto::stopSignal("stopped"));
+  EXPECT_FALSE(proto::stopSignal(""));
+}
+
+TEST(AgentProtocol, StopActionsSendTheirSignal) {
+  EXPECT_EQ(stopAction(SIGINT), ControlAction::kStopSigint);
+  EXPECT_EQ(stopAction(SIGHUP), ControlAction::kStopSighup);
+  EXPECT_EQ(stopAction(SIGTERM), ControlAction::kStop);
+  EXPECT_EQ(stopAction(0), ControlAction::kStop);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) EXPECT_EQ(stopActionSignal(stopAction(sig)), sig);
+  // Not graceful stops: a kill, a lost controller (its own shorter grace), a pass-on.
+  for (auto a : {ControlAction::kNone, ControlAction::kKill, ControlAction::kLost, ControlAction::kPassOnUsr1})
+    EXPECT_EQ(stopActionSignal(a), 0);
 }
 
 TEST(AgentProtocol, WorkerExitRoundTrips) {

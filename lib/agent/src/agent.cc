@@ -100,13 +100,15 @@ struct Command {
   enum Kind { kStop, kKill, kLost, kPause, kRestart, kExit, kPassOn } kind = kStop;
   int restart_count = 0;
   int nnodes = 0;
-  int signal = 0;  // kPassOn
+  // kPassOn: the signal to pass on. kStop: the one to stop the workers with ("stop SIGINT":
+  // the user's Ctrl-C to dtrain run; 0 or SIGTERM: SIGTERM).
+  int signal = 0;
 };
 
 std::optional<Command> parseCommand(const std::string& line) {
   auto w = split(line, ' ');
   if (w.empty()) return std::nullopt;
-  if (w[0] == "stop") return Command{Command::kStop};
+  if (auto sig = proto::stopSignal(line)) return Command{Command::kStop, 0, 0, *sig};
   if (w[0] == "kill") return Command{Command::kKill};
   if (w[0] == "pause") return Command{Command::kPause};
   if (w[0] == "exit") return Command{Command::kExit};
@@ -583,7 +585,10 @@ int runAgent(const AgentOptions& opts) {
       // A later word replaces an earlier one (pause -> restart), but stop, kill and lost stand.
       if (!next || (next->kind != Command::kStop && next->kind != Command::kKill && next->kind != Command::kLost)) next = c;
       if (c.kind == Command::kKill) return launch::ControlAction::kKill;
-      return c.kind == Command::kLost ? launch::ControlAction::kLost : launch::ControlAction::kStop;
+      if (c.kind == Command::kLost) return launch::ControlAction::kLost;
+      // The launcher's stop passes on the signal dtrain run got (SIGINT for a Ctrl-C, SIGHUP);
+      // its own stops (a failure, a lost node) and a pause are SIGTERM.
+      return launch::stopAction(c.kind == Command::kStop ? c.signal : SIGTERM);
     };
     lo.restart_count = restartCount;
     lo.merge_output = opts.merge_output;

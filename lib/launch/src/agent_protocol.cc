@@ -1,6 +1,10 @@
 #include "dtrain/launch/agent_protocol.h"
 
+#include <signal.h>
+
 #include <charconv>
+
+#include "dtrain/common/strings.h"
 
 namespace dtrain::launch::proto {
 
@@ -65,6 +69,18 @@ bool toInt(const std::string& s, int& out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 }  // namespace
+
+std::string stopCommand(int sig) {
+  return sig == SIGINT || sig == SIGHUP ? "stop " + signalName(sig) : std::string("stop");
+}
+
+std::optional<int> stopSignal(std::string_view command) {
+  auto words = split(command, ' ');
+  if (words.empty() || words[0] != "stop") return std::nullopt;
+  if (words.size() == 2 && words[1] == "SIGINT") return SIGINT;
+  if (words.size() == 2 && words[1] == "SIGHUP") return SIGHUP;
+  return SIGTERM;
+}
 
 std::string exitRecord(const WorkerExit& w) {
   std::vector<std::string> f = {std::to_string(w.global_rank), std::to_string(w.local_rank), std::to_string(w.pid),

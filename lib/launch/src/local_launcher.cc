@@ -707,7 +707,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     }
     if (opts_.control_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       ControlAction a = opts_.on_control ? opts_.on_control() : ControlAction::kNone;
-      if (a == ControlAction::kStop) startShutdown(SIGTERM, spec.shutdown_timeout_s);
+      if (const int sig = stopActionSignal(a)) startShutdown(sig, spec.shutdown_timeout_s);
       if (a == ControlAction::kKill) startShutdown(SIGKILL, 0);  // or, already stopping, SIGKILL now
       if (a == ControlAction::kPassOnUsr1) passOn(SIGUSR1);
       if (a == ControlAction::kPassOnUsr2) passOn(SIGUSR2);
@@ -774,6 +774,19 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
 }
 
 }  // namespace
+
+ControlAction stopAction(int sig) {
+  return sig == SIGINT ? ControlAction::kStopSigint : sig == SIGHUP ? ControlAction::kStopSighup : ControlAction::kStop;
+}
+
+int stopActionSignal(ControlAction a) {
+  switch (a) {
+    case ControlAction::kStop: return SIGTERM;
+    case ControlAction::kStopSigint: return SIGINT;
+    case ControlAction::kStopSighup: return SIGHUP;
+    default: return 0;
+  }
+}
 
 std::unique_ptr<Launcher> makeLocalLauncher(LocalRunOptions opts) {
   return std::make_unique<LocalLauncher>(std::move(opts));

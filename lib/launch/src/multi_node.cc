@@ -250,7 +250,9 @@ class MultiNodeRunner {
   double backoff() const;  // before restart number result_.restarts
   void tryRestart();
   void finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker = std::nullopt);
-  void stopAll(const char* how);
+  // Sends every agent `how`: "kill", or a stop (proto::stopCommand: "stop" sends the
+  // workers SIGTERM, the launcher's own stops; "stop SIGINT" passes the user's Ctrl-C on).
+  void stopAll(const std::string& how);
   void teardownNotice();
   void checkAllIdle();
   void timers();
@@ -421,7 +423,7 @@ void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::op
   if (worker && !failedWorker_) failedWorker_ = worker;
   // A worker that failed before its round became active is still the first failure.
   if (!failedWorker_ && !earlyFailures_.empty()) failedWorker_ = earlyFailures_.front().second;
-  stopAll("stop");
+  stopAll(proto::stopCommand(SIGTERM));
 }
 
 void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
@@ -719,7 +721,7 @@ void MultiNodeRunner::checkAllIdle() {
   }
 }
 
-void MultiNodeRunner::stopAll(const char* how) {
+void MultiNodeRunner::stopAll(const std::string& how) {
   pending_ = false;  // no restart after a stop
   held_.reset();     // nor a verdict on a held failure (a signal judged it first)
   for (auto& n : nodes_) {
@@ -744,7 +746,7 @@ void MultiNodeRunner::stopAll(const char* how) {
     // for an agent (or an ssh connection) that does not come back.
     killDeadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000) + 10000);
   }
-  if (std::string(how) == "kill") killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
+  if (how == "kill") killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
 }
 
 // A teardown after a failure that takes a while (workers slow to honour SIGTERM, or ignoring
@@ -930,8 +932,11 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           // forming, already running its) are told to the user.
           const size_t stopping = static_cast<size_t>(std::count_if(
               nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member && n.state == NodeState::kRunning; }));
+          // (in the back-off the paused nodes' workers got SIGTERM at the pause, and a stop
+          // sends a stopping worker nothing new; a round that started gets the signal)
           if (stopping)
-            writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), stopping, "node", "SIGTERM",
+            writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), stopping, "node",
+                                                           pending_ ? "SIGTERM" : signalName(sig),
                                                            spec_.shutdown_timeout_s, sig == SIGINT));
           else
             writeAll(STDERR_FILENO,
@@ -940,12 +945,16 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           const size_t running =
               // (the nodes of the round: an agent of a host waiting to rejoin runs no workers)
               static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member; }));
-          writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "node", "SIGTERM", spec_.shutdown_timeout_s,
-                                                         sig == SIGINT));
+          // Each agent passes the signal on to its workers, as on one host (agent_protocol.h "stop").
+          writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "node", signalName(sig),
+                                                         spec_.shutdown_timeout_s, sig == SIGINT));
         } else if (again) {
           writeAll(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
         }
-        stopAll(again ? "kill" : "stop");  // a second Ctrl-C means "now"
+        // A second Ctrl-C means "now". Otherwise the agents pass the signal on to the workers
+        // (SIGINT, SIGTERM, SIGHUP), as one host does; an agent already stopping its workers
+        // (a failure's teardown, a restart's pause) sends them nothing new.
+        stopAll(again ? std::string("kill") : proto::stopCommand(sig));
       }, [&](int sig) {
         // For the workers (agent_protocol.h "signal"): each agent passes it to its own.
         size_t nodes = 0;

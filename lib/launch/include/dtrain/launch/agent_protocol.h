@@ -4,7 +4,14 @@
 // Launcher -> agent, on the agent's stdin (over ssh for remote nodes):
 //   "token <hex>\n"   first line: the job's store secret (never in argv, never in the env
 //                     of ssh); then
-//   "stop\n"          tear the workers down gracefully (SIGTERM, grace, SIGKILL)
+//   "stop\n"          tear the workers down gracefully (SIGTERM, grace, SIGKILL): the
+//                     launcher's own stops (a failure, a lost node) and the user's SIGTERM
+//   "stop SIGINT\n" / "stop SIGHUP\n"
+//                     the same with that signal instead of SIGTERM: the user's Ctrl-C or
+//                     SIGHUP to dtrain run, passed on to the workers as on one host (and as
+//                     torchrun does). An agent that knows only "stop" reads the first word
+//                     and sends SIGTERM; one that gets a name it does not know stops with
+//                     SIGTERM too: a stop is never dropped (stopCommand, stopSignal)
 //   "kill\n"          tear down now: SIGKILL at once (a second Ctrl-C)
 //   "signal SIGUSR1\n" / "signal SIGUSR2\n"
 //                     pass the signal on to each running worker (the user's, to dtrain run)
@@ -44,6 +51,13 @@ struct Record {
 // Parses one line (without its '\n'). Returns nullopt for anything malformed: a remote
 // peer's bytes are never trusted to be well-formed.
 std::optional<Record> parse(std::string_view line);
+
+// The "stop" line (without its '\n') for a teardown that sends the workers `sig`: "stop"
+// for SIGTERM (every agent's word), "stop SIGINT" / "stop SIGHUP" for those.
+std::string stopCommand(int sig);
+// What a launcher's line asks of the workers if it is a stop: the signal (SIGTERM for a bare
+// "stop", or a name other than SIGINT, SIGHUP, SIGTERM); nullopt when it is not a stop.
+std::optional<int> stopSignal(std::string_view command);
 
 std::string exitRecord(const WorkerExit& w);
 // From an 'X' record; nullopt when malformed.
