@@ -1,8 +1,8 @@
 # Pipeline parallelism through the real binary: 4 workers = 2 replicas x 2 stages train, the
 # summary records the bubble fraction and per-stage timing, and a world size that is not a
-# multiple of the stages is refused. A stage SIGKILLed in the middle of a step (its
-# neighbours waiting on its activations or gradients) costs one elastic restart from the
-# stage checkpoints, and the job ends bit-identical to an uninterrupted run.
+# multiple of the stages is refused before the launch. A stage SIGKILLed in the middle of a
+# step (its neighbours waiting on its activations or gradients) costs one elastic restart
+# from the stage checkpoints, and the job ends bit-identical to an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 cd "$SRC"
 cat > "$T/pipe.json" <<JSON
@@ -43,11 +43,35 @@ print(d["status"], len(d["ranks"]), t["steps"], t["weights_sha256"] == sha, t["p
       0 < t["bubble_fraction"] < 1, len(t["stage_ms"]), t["eval_accuracy"] > 0.3)
 PY2
 expect_eq "$(cat "$T/check")" "succeeded 4 60 True 2 True 2 True" "--summary-json records the pipeline"
-# 3 workers cannot form 2-stage pipelines.
+# 3 workers cannot form 2-stage pipelines: refused before any worker starts (validate and
+# run, a spec's nproc_per_node, the flag, hosts with fixed slots, every world size of an
+# elastic range); where the world is only known to the workers, the trainer refuses it.
 sed 's/"nproc_per_node": 4/"nproc_per_node": 3/' "$T/pipe.json" > "$T/pipe3.json"
-"$DTRAIN" run "$T/pipe3.json" >"$T/out3" 2>&1
-[ "$?" -ne 0 ] && pass "3 workers for 2 stages fails" || fail "3 workers for 2 stages succeeded"
-expect_grep "pipeline_stages 2 does not divide the world size 3" "$T/out3" "world size message"
+fix3="a pipeline job runs D x 2 workers \(D data-parallel replicas of the pipeline\): set nproc_per_node to a multiple of 2 \(e.g. 4\), or set pipeline_stages to a divisor of 3"
+for verb in run validate; do
+  "$DTRAIN" $verb "$T/pipe3.json" >"$T/out3" 2>"$T/err3"
+  expect_eq "$?" 2 "$verb: 3 workers for 2 stages: exit 2"
+  expect_eq "$(wc -l <"$T/err3")" 1 "$verb: 3 workers for 2 stages: one line"
+  expect_grep "^dtrain: error: $T/pipe3.json: /trainer/parallel/pipeline_stages: 2 stages do not divide the world size 3 \(nproc_per_node 3\); $fix3\$" "$T/err3" "$verb: names the field, the world size and the fix"
+  expect_eq "$(cat "$T/out3")" "" "$verb: 3 workers for 2 stages: no worker started"
+done
+"$DTRAIN" run "$T/pipe.json" --nproc-per-node 3 --summary-json "$T/sum3.json" >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "--nproc-per-node 3: exit 2"
+expect_grep "/trainer/parallel/pipeline_stages: 2 stages do not divide the world size 3 \(--nproc-per-node 3\); .*set --nproc-per-node to a multiple of 2" "$T/err3" "--nproc-per-node 3: names the flag"
+expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["exit_code"], d["ranks"])' "$T/sum3.json")" "2 []" "--nproc-per-node 3: the summary has no ranks"
+"$DTRAIN" run "$T/pipe.json" --hosts localhost:1,127.0.0.1:2 >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "hosts with 1 + 2 slots: exit 2"
+expect_grep "^dtrain: error: $T/pipe.json: /trainer/parallel/pipeline_stages: 2 stages do not divide the world size 3 \(2 hosts with 1\+2 workers\); " "$T/err3" "hosts with 1 + 2 slots: named before any host starts"
+expect_eq "$(cat "$T/out3")" "" "hosts with 1 + 2 slots: no worker started"
+"$DTRAIN" validate "$T/pipe.json" --hosts localhost:2,127.0.0.1:1,127.0.0.2:1 --nnodes 2:3 >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "elastic range 2..3 with a world of 3 in it: exit 2"
+expect_grep "^dtrain: error: $T/pipe.json: /trainer/parallel/pipeline_stages: 2 stages do not divide every world size of the elastic range \(2..3 nodes\): 2 nodes: 3 workers; .*: give --nnodes 3:3, or give every host a multiple of 2 workers\$" "$T/err3" "elastic range: names the node count and world size that cannot work"
+"$DTRAIN" validate "$T/pipe.json" --hosts localhost:2,127.0.0.1:2 --nnodes 1:2 >/dev/null 2>"$T/err3"
+expect_eq "$?" 0 "elastic range whose every world size works"
+# Run by hand (one worker, alone) the trainer refuses it itself.
+"$DTRAIN" train "$T/pipe3.json" >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "dtrain train by hand, 2 stages alone: exit 2"
+expect_grep "pipeline_stages 2 does not divide the world size 1" "$T/err3" "the worker-side check"
 
 # A stage dying mid-step. 2 replicas x 3 stages, 1F1B with 4 micro-batches, checkpoints
 # every 5 steps; the reference run is uninterrupted.
