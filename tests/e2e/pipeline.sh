@@ -1,8 +1,10 @@
 # Pipeline parallelism through the real binary: 4 workers = 2 replicas x 2 stages train, the
 # summary records the bubble fraction and per-stage timing, and a world size that is not a
-# multiple of the stages is refused. A stage SIGKILLed in the middle of a step (its
-# neighbours waiting on its activations or gradients) costs one elastic restart from the
-# stage checkpoints, and the job ends bit-identical to an uninterrupted run.
+# multiple of the stages is refused before the launch. Checkpoints of another layout (a
+# pipeline's for a data-parallel job and the other way round) are refused on every path. A
+# stage SIGKILLed in the middle of a step (its neighbours waiting on its activations or
+# gradients) costs one elastic restart from the stage checkpoints, and the job ends
+# bit-identical to an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 cd "$SRC"
 cat > "$T/pipe.json" <<JSON
@@ -43,11 +45,109 @@ print(d["status"], len(d["ranks"]), t["steps"], t["weights_sha256"] == sha, t["p
       0 < t["bubble_fraction"] < 1, len(t["stage_ms"]), t["eval_accuracy"] > 0.3)
 PY2
 expect_eq "$(cat "$T/check")" "succeeded 4 60 True 2 True 2 True" "--summary-json records the pipeline"
-# 3 workers cannot form 2-stage pipelines.
+# 3 workers cannot form 2-stage pipelines: refused before any worker starts (validate and
+# run, a spec's nproc_per_node, the flag, hosts with fixed slots, every world size of an
+# elastic range); where the world is only known to the workers, the trainer refuses it.
 sed 's/"nproc_per_node": 4/"nproc_per_node": 3/' "$T/pipe.json" > "$T/pipe3.json"
-"$DTRAIN" run "$T/pipe3.json" >"$T/out3" 2>&1
-[ "$?" -ne 0 ] && pass "3 workers for 2 stages fails" || fail "3 workers for 2 stages succeeded"
-expect_grep "pipeline_stages 2 does not divide the world size 3" "$T/out3" "world size message"
+fix3="a pipeline job runs D x 2 workers \(D data-parallel replicas of the pipeline\): set nproc_per_node to a multiple of 2 \(e.g. 4\), or set pipeline_stages to a divisor of 3"
+for verb in run validate; do
+  "$DTRAIN" $verb "$T/pipe3.json" >"$T/out3" 2>"$T/err3"
+  expect_eq "$?" 2 "$verb: 3 workers for 2 stages: exit 2"
+  expect_eq "$(wc -l <"$T/err3")" 1 "$verb: 3 workers for 2 stages: one line"
+  expect_grep "^dtrain: error: $T/pipe3.json: /trainer/parallel/pipeline_stages: 2 stages do not divide the world size 3 \(nproc_per_node 3\); $fix3\$" "$T/err3" "$verb: names the field, the world size and the fix"
+  expect_eq "$(cat "$T/out3")" "" "$verb: 3 workers for 2 stages: no worker started"
+done
+"$DTRAIN" run "$T/pipe.json" --nproc-per-node 3 --summary-json "$T/sum3.json" >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "--nproc-per-node 3: exit 2"
+expect_grep "/trainer/parallel/pipeline_stages: 2 stages do not divide the world size 3 \(--nproc-per-node 3\); .*set --nproc-per-node to a multiple of 2" "$T/err3" "--nproc-per-node 3: names the flag"
+expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["exit_code"], d["ranks"])' "$T/sum3.json")" "2 []" "--nproc-per-node 3: the summary has no ranks"
+"$DTRAIN" run "$T/pipe.json" --hosts localhost:1,127.0.0.1:2 >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "hosts with 1 + 2 slots: exit 2"
+expect_grep "^dtrain: error: $T/pipe.json: /trainer/parallel/pipeline_stages: 2 stages do not divide the world size 3 \(2 hosts with 1\+2 workers\); " "$T/err3" "hosts with 1 + 2 slots: named before any host starts"
+expect_eq "$(cat "$T/out3")" "" "hosts with 1 + 2 slots: no worker started"
+"$DTRAIN" validate "$T/pipe.json" --hosts localhost:2,127.0.0.1:1,127.0.0.2:1 --nnodes 2:3 >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "elastic range 2..3 with a world of 3 in it: exit 2"
+expect_grep "^dtrain: error: $T/pipe.json: /trainer/parallel/pipeline_stages: 2 stages do not divide every world size of the elastic range \(2..3 nodes\): 2 nodes: 3 workers; .*: give --nnodes 3:3, or give every host a multiple of 2 workers\$" "$T/err3" "elastic range: names the node count and world size that cannot work"
+"$DTRAIN" validate "$T/pipe.json" --hosts localhost:2,127.0.0.1:2 --nnodes 1:2 >/dev/null 2>"$T/err3"
+expect_eq "$?" 0 "elastic range whose every world size works"
+# Run by hand (one worker, alone) the trainer refuses it itself.
+"$DTRAIN" train "$T/pipe3.json" >"$T/out3" 2>"$T/err3"
+expect_eq "$?" 2 "dtrain train by hand, 2 stages alone: exit 2"
+expect_grep "pipeline_stages 2 does not divide the world size 1" "$T/err3" "the worker-side check"
+
+# Checkpoints of another layout (a pipeline's stage directories for a data-parallel job, and
+# the other way round): refused with exit 2 before any worker starts, by dtrain run, across
+# hosts by node 0's agent, by dtrain train run by hand, and by the trainer itself where
+# nothing checked before (workers started as a command; every rank refuses: unit tests). Junk named like the
+# other layout's checkpoints is no reason to refuse.
+lay_spec() {  # lay_spec FILE DIR STAGES
+  local par=""
+  [ "$3" -gt 1 ] && par=", \"parallel\": {\"pipeline_stages\": $3, \"micro_batches\": 2}"
+  cat > "$1" <<JSON
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [16, 32, 32, 4]}, "data": {"train_samples": 1024, "eval_samples": 64},
+  "batch_size": 16, "epochs": 1, "max_steps": 10, "log_every_steps": 1000, "device": "cpu",
+  "checkpoint": {"dir": "$2", "every_steps": 5}$par}}
+JSON
+}
+L="$T/layout"; mkdir -p "$L"
+lay_spec "$L/pp.json" "$L/ck-pp" 2
+lay_spec "$L/dp.json" "$L/ck-pp" 1
+"$DTRAIN" run "$L/pp.json" >"$L/out" 2>&1
+expect_eq "$?" 0 "layout: the pipeline run"
+toDp="$L/ck-pp/stage-0-of-2/ckpt-0000000010.bin \(step 10\) was written by a pipeline of 2 stages with layers per stage \[1, 2\], this job is data-parallel \(pipeline_stages 1\); checkpoints resume only in the layout that wrote them: use another /trainer/checkpoint/dir, or pipeline_stages 2 with stage_layers \[1, 2\] \(the layout they were written with\), or remove them \(the stage-\*-of-2/ directories and manifest.json in $L/ck-pp\)"
+"$DTRAIN" run "$L/dp.json" --max-restarts 2 >"$L/out" 2>"$L/err"
+expect_eq "$?" 2 "layout: data-parallel on a pipeline's checkpoints: exit 2"
+expect_eq "$(wc -l <"$L/err")" 1 "layout: data-parallel on a pipeline's checkpoints: one line"
+expect_grep "^dtrain: error: $L/dp.json: /trainer/parallel/pipeline_stages: $toDp\$" "$L/err" "layout: names the file, the field, both layouts and the fix"
+expect_eq "$(cat "$L/out")" "" "layout: data-parallel on a pipeline's checkpoints: no worker started"
+ls "$L/ck-pp"/ckpt-*.bin >/dev/null 2>&1 && fail "layout: data-parallel checkpoints written beside the pipeline's" || pass "layout: nothing written beside them"
+"$DTRAIN" train "$L/dp.json" >"$L/out" 2>"$L/err"
+expect_eq "$?" 2 "layout: dtrain train by hand: exit 2"
+expect_grep "^dtrain: error: $L/dp.json: /trainer/parallel/pipeline_stages: $toDp\$" "$L/err" "layout: dtrain train by hand: the same line"
+"$DTRAIN" run "$L/dp.json" --hosts localhost:1,127.0.0.1:1 --max-restarts 2 >"$L/out" 2>"$L/err"
+expect_eq "$?" 2 "layout: across hosts: exit 2"
+expect_grep "node localhost: $L/dp.json: /trainer/parallel/pipeline_stages: $L/ck-pp/stage-0-of-2/ckpt-0000000010.bin \(step 10\) was written by a pipeline of 2 stages" "$L/err" "layout: across hosts, node 0's agent refuses it"
+if grep -q "event restart" "$L/err"; then fail "layout: across hosts: restarted"; else pass "layout: across hosts: no restart"; fi
+"$DTRAIN" run --nproc-per-node 2 -- "$DTRAIN" train "$L/dp.json" >"$L/out" 2>&1
+expect_eq "$?" 2 "layout: the trainer's own check (workers started as a command): exit 2"
+expect_grep "^\[rank 0\] .*trainer: /trainer/parallel/pipeline_stages: $toDp" "$L/out" "layout: rank 0 names the layouts"
+ls "$L/ck-pp"/ckpt-*.bin >/dev/null 2>&1 && fail "layout: the trainer wrote beside the pipeline's checkpoints" || pass "layout: the trainer wrote nothing"
+# The other way: the data-parallel trainer's checkpoints, then a pipeline job.
+lay_spec "$L/dp2.json" "$L/ck-dp" 1
+lay_spec "$L/pp2.json" "$L/ck-dp" 2
+"$DTRAIN" run "$L/dp2.json" >"$L/out" 2>&1
+expect_eq "$?" 0 "layout: the data-parallel run"
+toPp="$L/ck-dp/ckpt-0000000010.bin \(step 10\) was written by the data-parallel trainer \(pipeline_stages 1\), this job is a pipeline of 2 stages with layers per stage \[1, 2\]; checkpoints resume only in the layout that wrote them: use another /trainer/checkpoint/dir, or pipeline_stages 1 \(the layout they were written with\), or remove them \(every ckpt-\*.bin in $L/ck-dp\)"
+"$DTRAIN" run "$L/pp2.json" >"$L/out" 2>"$L/err"
+expect_eq "$?" 2 "layout: a pipeline on data-parallel checkpoints: exit 2"
+expect_eq "$(wc -l <"$L/err")" 1 "layout: a pipeline on data-parallel checkpoints: one line"
+expect_grep "^dtrain: error: $L/pp2.json: /trainer/parallel/pipeline_stages: $toPp\$" "$L/err" "layout: a pipeline on data-parallel checkpoints: names both layouts"
+expect_eq "$(cat "$L/out")" "" "layout: a pipeline on data-parallel checkpoints: no worker started"
+[ -e "$L/ck-dp/stage-0-of-2" ] && fail "layout: stage checkpoints written beside the data-parallel ones" || pass "layout: no stage directory made"
+"$DTRAIN" run --nproc-per-node 2 -- "$DTRAIN" train "$L/pp2.json" >"$L/out" 2>&1
+expect_eq "$?" 2 "layout: the pipeline trainer's own check: exit 2"
+expect_grep "^\[rank 0\] .*trainer: /trainer/parallel/pipeline_stages: $toPp" "$L/out" "layout: the pipeline's rank 0 names the layouts"
+# The same layout resumes, as before.
+sed 's/"max_steps": 10/"max_steps": 15/' "$L/dp2.json" > "$L/dp3.json"
+"$DTRAIN" run "$L/dp3.json" >"$L/out" 2>&1
+expect_eq "$?" 0 "layout: the data-parallel job resumes its own"
+expect_grep "resuming from $L/ck-dp/ckpt-0000000010.bin: step 10" "$L/out" "layout: resumed from step 10"
+# Junk: a stage file that is no checkpoint, a damaged data-parallel one.
+mkdir -p "$L/ck-junk/stage-0-of-2"
+head -c 300 /dev/urandom > "$L/ck-junk/stage-0-of-2/ckpt-0000000005.bin"
+lay_spec "$L/dpj.json" "$L/ck-junk" 1
+"$DTRAIN" run "$L/dpj.json" >"$L/out" 2>"$L/err"
+expect_eq "$?" 0 "layout: junk stage files do not refuse a data-parallel job"
+python3 - "$L/ck-junk/ckpt-0000000010.bin" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read()); b[100] ^= 0xFF; open(sys.argv[1], "wb").write(b)
+PY
+rm -f "$L/ck-junk"/ckpt-0000000005.bin
+lay_spec "$L/ppj.json" "$L/ck-junk" 2
+rm -rf "$L/ck-junk/stage-0-of-2"
+"$DTRAIN" run "$L/ppj.json" >"$L/out" 2>"$L/err"
+expect_eq "$?" 0 "layout: a damaged data-parallel checkpoint does not refuse a pipeline job"
 
 # A stage dying mid-step. 2 replicas x 3 stages, 1F1B with 4 micro-batches, checkpoints
 # every 5 steps; the reference run is uninterrupted.

@@ -8,9 +8,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <fstream>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/spec/job_spec.h"
@@ -649,6 +651,85 @@ TEST(SpecResolve, SlotsAndConsoleRanks) {
   // Single node: unchanged.
   JobSpec one = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 2, "console_ranks": [2]})", "job.json");
   EXPECT_NE(errorOf([&] { resolve(one); }).find("local rank 2 does not exist with nproc_per_node 2"), std::string::npos);
+}
+
+// A pipeline job's world size, where the launcher knows it, must be D x pipeline_stages:
+// refused before any worker starts (dtrain validate and run), naming the field, the world
+// size and the fix; every node count of an elastic range is checked.
+TEST(SpecResolve, PipelineStagesMustDivideEveryKnownWorldSize) {
+  const std::string trainer = R"("trainer": {"model": {"layers": [8, 16, 16, 3]}, "parallel": {"pipeline_stages": 2}})";
+  JobSpec one = parseJobSpec("{\"nproc_per_node\": 1, " + trainer + "}", "job.json");
+  resolve(one);
+  EXPECT_EQ(possibleWorldSizes(one), (std::map<int, std::vector<long long>>{{1, {1}}}));
+  EXPECT_EQ(errorOf([&] { checkPipelineWorld(one); }),
+            "job.json: /trainer/parallel/pipeline_stages: 2 stages do not divide the world size 1 (nproc_per_node 1); "
+            "a pipeline job runs D x 2 workers (D data-parallel replicas of the pipeline): set nproc_per_node to a "
+            "multiple of 2 (e.g. 2), or drop trainer.parallel (one worker runs no pipeline)");
+  Overrides flag;
+  flag.nproc_per_node = "3";
+  applyOverrides(one, flag);
+  resolve(one, flag);
+  EXPECT_NE(errorOf([&] { checkPipelineWorld(one, flag); })
+                .find("the world size 3 (--nproc-per-node 3); a pipeline job runs D x 2 workers (D data-parallel "
+                      "replicas of the pipeline): set --nproc-per-node to a multiple of 2 (e.g. 4), or set "
+                      "pipeline_stages to a divisor of 3"),
+            std::string::npos);
+  flag.nproc_per_node = "4";
+  applyOverrides(one, flag);
+  resolve(one, flag);
+  EXPECT_EQ(errorOf([&] { checkPipelineWorld(one, flag); }), "(no error)");
+  // Not a pipeline, or no trainer: nothing to check.
+  JobSpec plain = parseJobSpec(R"({"command": ["true"], "nproc_per_node": 3})", "job.json");
+  resolve(plain);
+  EXPECT_EQ(errorOf([&] { checkPipelineWorld(plain); }), "(no error)");
+
+  // Across hosts: all of them.
+  JobSpec hosts = parseJobSpec(
+      "{\"nproc_per_node\": 1, \"nodes\": [{\"host\": \"a\", \"slots\": 2}, "
+      "{\"host\": \"b\", \"slots\": 2}, {\"host\": \"c\", \"slots\": 3}], " +
+          trainer + "}",
+      "job.json");
+  resolve(hosts);
+  EXPECT_EQ(errorOf([&] { checkPipelineWorld(hosts); }),
+            "job.json: /trainer/parallel/pipeline_stages: 2 stages do not divide the world size 7 (3 hosts with 2+2+3 "
+            "workers); a pipeline job runs D x 2 workers (D data-parallel replicas of the pipeline): give the hosts "
+            "workers (slots, or nproc_per_node) adding up to a multiple of 2 (each host a multiple of 2 keeps every "
+            "pipeline on one host), or set pipeline_stages to a divisor of 7");
+  // An elastic range: every count of hosts in it, any of them (2 of a, b, c: 4 or 6).
+  hosts.nodes[2].slots = 4;
+  hosts.min_nodes = 1;
+  EXPECT_EQ(possibleWorldSizes(hosts), (std::map<int, std::vector<long long>>{{1, {2, 4}}, {2, {4, 6}}, {3, {8}}}));
+  EXPECT_EQ(errorOf([&] { checkPipelineWorld(hosts); }), "(no error)");
+  hosts.nodes[0].slots = 1;  // 1 + 2 + 4 = 7: all hosts fail
+  EXPECT_NE(errorOf([&] { checkPipelineWorld(hosts); }).find("do not divide the world size 7 (3 hosts with 1+2+4 "),
+            std::string::npos);
+  JobSpec ring = parseJobSpec(
+      "{\"nproc_per_node\": 1, \"min_nodes\": 2, \"nodes\": [{\"host\": \"a\"}, "
+      "{\"host\": \"b\"}, {\"host\": \"c\"}, {\"host\": \"d\"}], " +
+          trainer + "}",
+      "job.json");
+  resolve(ring);
+  EXPECT_EQ(possibleWorldSizes(ring), (std::map<int, std::vector<long long>>{{2, {2}}, {3, {3}}, {4, {4}}}));
+  EXPECT_EQ(errorOf([&] { checkPipelineWorld(ring); }),
+            "job.json: /trainer/parallel/pipeline_stages: 2 stages do not divide every world size of the elastic "
+            "range (2..4 nodes): 3 nodes: 3 workers; a pipeline job runs D x 2 workers (D data-parallel replicas of "
+            "the pipeline), and a round of such a size (after a node is lost) would stop the job (a trainer's exit 2 "
+            "is not restarted): raise min_nodes to 4, or give every host a multiple of 2 workers");
+  Overrides nn;
+  nn.nnodes = "2:4";
+  applyOverrides(ring, nn);
+  resolve(ring, nn);
+  EXPECT_NE(errorOf([&] { checkPipelineWorld(ring, nn); }).find(": give --nnodes 4:4, or give every host"),
+            std::string::npos);
+  // A host whose count is decided on it ("auto"): left to the trainer.
+  JobSpec autoHosts = parseJobSpec(
+      "{\"nproc_per_node\": \"auto\", \"nodes\": [{\"host\": \"a\"}, "
+      "{\"host\": \"b\", \"slots\": 1}], " +
+          trainer + "}",
+      "job.json");
+  resolve(autoHosts);
+  EXPECT_TRUE(possibleWorldSizes(autoHosts).empty());
+  EXPECT_EQ(errorOf([&] { checkPipelineWorld(autoHosts); }), "(no error)");
 }
 
 // A host's worker count: its slots; without them one per GPU it lists; else nproc_per_node.

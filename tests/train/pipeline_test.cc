@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/spec/checkpoint_manifest.h"
 #include "dtrain/store/hash_store.h"
+#include "dtrain/train/checkpoint.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/pipeline.h"
 #include "dtrain/train/trainer.h"
@@ -273,12 +275,16 @@ TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
   auto four = t;
   four.parallel.pipeline_stages = 4;
   four.max_steps = 16;
-  EXPECT_EQ(refusals(4, four, "was written by a pipeline of 2 stages with layers per stage [1, 3], this job has 4"), 1);
+  EXPECT_EQ(refusals(4, four,
+                     "manifest.json (step 12) was written by a pipeline of 2 stages with layers per stage [1, "
+                     "3], this job is a pipeline of 4 stages with layers per stage [1, 1, 1, 1]; "),
+            1);
   auto other = t;
   other.parallel.stage_layers = {2, 2};
   other.max_steps = 16;
   // Every rank refuses; rank 0 names the layouts, the others point to it.
-  EXPECT_EQ(refusals(2, other, "manifest.json was written by "), 2);
+  EXPECT_EQ(refusals(2, other, "trainer: /trainer/parallel/pipeline_stages: "), 2);
+  EXPECT_EQ(refusals(2, other, "or pipeline_stages 2 with stage_layers [1, 3] (the layout they were written with)"), 1);
 
   {
     std::FILE* f = std::fopen((dir + "/manifest.json").c_str(), "w");
@@ -291,6 +297,101 @@ TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
   EXPECT_EQ(resumed.results[0].steps, 16);
   EXPECT_EQ(spec::readPipelineManifest(dir + "/manifest.json")->step, 16);
   std::filesystem::remove_all(dir);
+}
+
+// Another layout's checkpoints in the directory (a pipeline's stage directories and manifest
+// for a data-parallel job, the data-parallel trainer's ckpt-*.bin for a pipeline, stage
+// directories of another stage count without a manifest) are refused on every rank, as
+// before the launch (prepareCheckpointDir), naming the file and both layouts: the job would
+// not find them and would train from step 0 beside them. Junk named like a checkpoint is no
+// such evidence.
+TEST(Pipeline, CheckpointsOfAnotherLayoutAreRefused) {
+  const std::string base = ::testing::TempDir() + "/dtrain_pipe_layout_" + std::to_string(::getpid());
+  std::filesystem::remove_all(base);
+  auto pipe = model(2, 2, "1f1b");
+  pipe.checkpoint.dir = base + "/pp";
+  pipe.checkpoint.every_steps = 5;
+  run(2, pipe);  // stage-0-of-2/ and stage-1-of-2/ up to step 12, manifest.json
+  auto dp = pipe;
+  dp.parallel = {};
+  const std::string stageFile = pipe.checkpoint.dir + "/stage-0-of-2/ckpt-0000000012.bin";
+  const std::string toDp = stageFile +
+                           " (step 12) was written by a pipeline of 2 stages with layers per stage [1, 3], "
+                           "this job is data-parallel (pipeline_stages 1); ";
+  EXPECT_EQ(checkpointLayoutMismatch(pipe), "");
+  EXPECT_EQ(checkpointLayoutMismatch(dp).rfind(toDp, 0), 0u) << checkpointLayoutMismatch(dp);
+  EXPECT_NE(checkpointLayoutMismatch(dp).find("use another /trainer/checkpoint/dir, or pipeline_stages 2 with "
+                                              "stage_layers [1, 3] (the layout they were written with), or remove "
+                                              "them (the stage-*-of-2/ directories and manifest.json in " +
+                                              pipe.checkpoint.dir + ")"),
+            std::string::npos);
+  EXPECT_EQ(refusals(2, dp, "trainer: /trainer/parallel/pipeline_stages: "), 2);
+  EXPECT_EQ(refusals(2, dp, toDp), 1);
+  try {
+    (void)prepareCheckpointDir(dp, "job.json");
+    ADD_FAILURE() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("job.json: /trainer/parallel/pipeline_stages: " + toDp, 0), 0u) << e.what();
+  }
+  // Without the manifest (a run stopped before its first): the stage files alone.
+  std::filesystem::remove(pipe.checkpoint.dir + "/manifest.json");
+  EXPECT_EQ(checkpointLayoutMismatch(dp).rfind(stageFile + " (step 12) was written by a pipeline of 2 stages, this job "
+                                                           "is data-parallel (pipeline_stages 1); ",
+                                               0),
+            0u)
+      << checkpointLayoutMismatch(dp);
+  auto four = pipe;
+  four.parallel.pipeline_stages = 4;
+  EXPECT_NE(checkpointLayoutMismatch(four).find("was written by a pipeline of 2 stages, this job is a pipeline of 4 "
+                                                "stages with layers per stage [1, 1, 1, 1]; "),
+            std::string::npos);
+  EXPECT_EQ(checkpointLayoutMismatch(pipe), "");
+
+  // The other way: the data-parallel trainer's checkpoints in a pipeline job's directory.
+  dp.checkpoint.dir = base + "/dp";
+  run(1, dp);  // ckpt-*.bin up to step 12
+  pipe.checkpoint.dir = dp.checkpoint.dir;
+  const std::string toPipe = dp.checkpoint.dir +
+                             "/ckpt-0000000012.bin (step 12) was written by the data-parallel "
+                             "trainer (pipeline_stages 1), this job is a pipeline of 2 stages with layers per stage "
+                             "[1, 3]; ";
+  EXPECT_EQ(checkpointLayoutMismatch(pipe).rfind(toPipe, 0), 0u) << checkpointLayoutMismatch(pipe);
+  EXPECT_NE(checkpointLayoutMismatch(pipe).find("or pipeline_stages 1 (the layout they were written with), or remove "
+                                                "them (every ckpt-*.bin in " +
+                                                dp.checkpoint.dir + ")"),
+            std::string::npos);
+  EXPECT_EQ(refusals(2, pipe, "trainer: /trainer/parallel/pipeline_stages: "), 2);
+  EXPECT_EQ(refusals(2, pipe, toPipe), 1);
+  EXPECT_THROW((void)prepareCheckpointDir(pipe, "job.json"), SpecError);
+  EXPECT_EQ(checkpointLayoutMismatch(dp), "");
+
+  // Junk and damaged files of the other layout are not: both jobs run.
+  const std::string junk = base + "/junk";
+  std::filesystem::create_directories(junk + "/stage-0-of-2");
+  std::ofstream(junk + "/stage-0-of-2/ckpt-0000000005.bin") << "not a checkpoint";
+  std::filesystem::copy_file(dp.checkpoint.dir + "/ckpt-0000000012.bin", junk + "/ckpt-0000000012.bin");
+  {
+    std::fstream f(junk + "/ckpt-0000000012.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    const char c = static_cast<char>(f.get());
+    f.seekp(100);
+    f.put(static_cast<char>(~c));  // a checksum mismatch
+  }
+  std::ofstream(junk + "/stage-0-of-3") << "a file, not a directory";
+  dp.checkpoint.dir = pipe.checkpoint.dir = junk;
+  EXPECT_EQ(checkpointLayoutMismatch(pipe), "");
+  (void)prepareCheckpointDir(pipe, "job.json");
+  EXPECT_EQ(run(2, pipe).results[0].steps, 12);
+  std::filesystem::remove(junk + "/ckpt-0000000012.bin");
+  std::filesystem::remove_all(junk + "/stage-0-of-2");
+  std::filesystem::remove_all(junk + "/stage-1-of-2");
+  std::filesystem::remove(junk + "/manifest.json");
+  std::filesystem::create_directories(junk + "/stage-1-of-2");
+  std::ofstream(junk + "/stage-1-of-2/ckpt-0000000003.bin") << "DTRCKPT1 junk";
+  EXPECT_EQ(checkpointLayoutMismatch(dp), "");
+  (void)prepareCheckpointDir(dp, "job.json");
+  EXPECT_EQ(run(1, dp).results[0].steps, 12);
+  std::filesystem::remove_all(base);
 }
 
 // checkpoint.async: each stage's file is written on a thread and the manifest follows once all

@@ -1210,6 +1210,108 @@ void resolve(JobSpec& spec, const Overrides& given) {
   }
 }
 
+std::map<int, std::vector<long long>> possibleWorldSizes(const JobSpec& spec) {
+  if (spec.nodes.empty()) return {{1, {spec.nproc_per_node}}};
+  std::map<int, int> hostsWith;  // workers per host -> hosts with that many
+  for (const auto& n : spec.nodes) {
+    if (n.slots <= 0) return {};  // "auto": counted on the host itself
+    ++hostsWith[n.slots];
+  }
+  // (node count, workers) of every set of hosts, by kinds of host: few distinct counts keep
+  // it small. Past the bound (thousands of hosts of many sizes) only all hosts are counted.
+  constexpr size_t kMaxSets = 200000;
+  std::set<std::pair<int, long long>> sets = {{0, 0}};
+  for (const auto& [slots, hosts] : hostsWith) {
+    std::set<std::pair<int, long long>> next;
+    for (const auto& [k, w] : sets)
+      for (int j = 0; j <= hosts && k + j <= spec.max_nodes; ++j)
+        next.insert({k + j, w + static_cast<long long>(j) * slots});
+    sets.swap(next);
+    if (sets.size() > kMaxSets) {
+      long long all = 0;
+      for (const auto& n : spec.nodes) all += n.slots;
+      return {{static_cast<int>(spec.nodes.size()), {all}}};
+    }
+  }
+  std::map<int, std::vector<long long>> out;
+  for (const auto& [k, w] : sets)
+    if (k >= spec.min_nodes && k <= spec.max_nodes) out[k].push_back(w);  // (sorted: the set is)
+  return out;
+}
+
+void checkPipelineWorld(const JobSpec& spec, const Overrides& given) {
+  if (!spec.trainer || spec.trainer->parallel.pipeline_stages <= 1) return;
+  const long long P = spec.trainer->parallel.pipeline_stages;
+  const auto worlds = possibleWorldSizes(spec);
+  if (worlds.empty()) return;
+  const std::string where =
+      fmt::format("{}: /trainer/parallel/pipeline_stages", spec.source.empty() ? "command line" : spec.source);
+  const std::string layout =
+      fmt::format("a pipeline job runs D x {} workers (D data-parallel replicas of the pipeline)", P);
+  auto multipleAbove = [&](long long w) { return (w + P - 1) / P * P; };
+  auto lowerStages = [](long long w) {
+    return w < 2 ? std::string("drop trainer.parallel (one worker runs no pipeline)")
+                 : fmt::format("set pipeline_stages to a divisor of {}", w);
+  };
+  if (spec.nodes.empty()) {
+    const long long W = spec.nproc_per_node;
+    if (W % P == 0) return;
+    const std::string nproc = given.nproc_per_node ? "--nproc-per-node" : "nproc_per_node";
+    throw SpecError(
+        fmt::format("{}: {} stages do not divide the world size {} ({} {}{}); {}: set {} to a multiple of "
+                    "{} (e.g. {}), or {}",
+                    where, P, W, nproc, spec.nproc_auto ? "\"auto\" = " : "", W, layout, nproc, P, multipleAbove(W),
+                    lowerStages(W)));
+  }
+  // Across hosts: every node count of the elastic range, any hosts of that count.
+  std::map<int, std::vector<long long>> bad;
+  for (const auto& [k, ws] : worlds)
+    for (long long w : ws)
+      if (w % P != 0) bad[k].push_back(w);
+  if (bad.empty()) return;
+  const int all = static_cast<int>(spec.nodes.size());
+  if (bad.count(all)) {
+    long long W = 0;
+    std::vector<int> slots;
+    for (const auto& n : spec.nodes) {
+      W += n.slots;
+      slots.push_back(n.slots);
+    }
+    const bool same = std::all_of(slots.begin(), slots.end(), [&](int x) { return x == slots.front(); });
+    std::string hosts;
+    if (same) {
+      hosts = fmt::format("{} host{} x {} worker{}", all, all == 1 ? "" : "s", slots.front(),
+                          slots.front() == 1 ? "" : "s");
+    } else {
+      std::vector<std::string> shown;
+      for (size_t i = 0; i < slots.size() && i < 8; ++i) shown.push_back(std::to_string(slots[i]));
+      hosts = fmt::format("{} hosts with {}{} workers", all, fmt::join(shown, "+"), slots.size() > 8 ? "+..." : "");
+    }
+    throw SpecError(
+        fmt::format("{}: {} stages do not divide the world size {} ({}); {}: give the hosts workers (slots, "
+                    "or nproc_per_node) adding up to a multiple of {} (each host a multiple of {} keeps "
+                    "every pipeline on one host), or {}",
+                    where, P, W, hosts, layout, P, P, lowerStages(W)));
+  }
+  // All hosts form whole pipelines, fewer may not: a round of such a size (after a node is
+  // lost) would end the job, as the trainer's exit 2 is not restarted.
+  std::vector<std::string> which;
+  for (const auto& [k, ws] : bad) {
+    std::vector<std::string> shown;
+    for (size_t i = 0; i < ws.size() && i < 6; ++i) shown.push_back(std::to_string(ws[i]));
+    which.push_back(fmt::format("{} node{}: {}{} workers", k, k == 1 ? "" : "s", fmt::join(shown, " or "),
+                                ws.size() > 6 ? " or ..." : ""));
+  }
+  const int from = bad.rbegin()->first + 1;  // every count from here up works
+  const std::string raise = given.nnodes ? fmt::format("give --nnodes {}:{}", from, spec.max_nodes)
+                                         : fmt::format("raise min_nodes to {}", from);
+  throw SpecError(
+      fmt::format("{}: {} stages do not divide every world size of the elastic range ({}..{} nodes): {}; "
+                  "{}, and a round of such a size (after a node is lost) would stop the job (a trainer's exit 2 "
+                  "is not restarted): {}, or give every host a multiple of {} workers",
+                  where, P, spec.min_nodes, spec.max_nodes, fmt::join(which, "; "), layout, raise, P));
+}
+
 std::string serializeForNode(const JobSpec& spec) {
   json j;
   j["name"] = spec.name;

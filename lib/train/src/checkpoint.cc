@@ -10,10 +10,12 @@
 #include <array>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +31,8 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
 #include "dtrain/common/memory.h"
+#include "dtrain/spec/checkpoint_manifest.h"
+#include "dtrain/train/pipeline.h"
 #include "dtrain/train/trainer.h"
 
 namespace dtrain::train {
@@ -365,6 +369,115 @@ std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, 
   return mismatchText(t, s, s.params.size(), s.momentum.size(), path, params);
 }
 
+namespace {
+
+// A layout in words: what wrote a directory, and what this job is.
+std::string layoutWords(int stages, const std::vector<int>& stageLayers, bool writer) {
+  if (stages <= 1)
+    return writer ? "the data-parallel trainer (pipeline_stages 1)" : "data-parallel (pipeline_stages 1)";
+  return stageLayers.empty()
+             ? fmt::format("a pipeline of {} stages", stages)
+             : fmt::format("a pipeline of {} stages with layers per stage [{}]", stages, fmt::join(stageLayers, ", "));
+}
+
+// The spec settings of a layout, for the fix.
+std::string layoutSettings(int stages, const std::vector<int>& stageLayers) {
+  if (stages <= 1) return "pipeline_stages 1";
+  return stageLayers.empty()
+             ? fmt::format("pipeline_stages {}", stages)
+             : fmt::format("pipeline_stages {} with stage_layers [{}]", stages, fmt::join(stageLayers, ", "));
+}
+
+// The newest intact checkpoint in `dir` (its checksum verified: junk named like one, or a
+// damaged one, is no evidence of another job); nullopt when there is none.
+std::optional<std::pair<long long, std::string>> newestIntact(const std::string& dir) {
+  for (const auto& [step, path] : listCheckpoints(dir)) {
+    TrainState st;
+    if (readCheckpointFile(path, st).empty()) return std::make_pair(st.step, path.string());
+  }
+  return std::nullopt;
+}
+
+// DIR's stage directories of a pipeline: stages -> the stage numbers found (stage-<p>-of-<P>).
+std::map<int, std::vector<int>> stageDirectories(const std::string& dir) {
+  std::map<int, std::vector<int>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int p = 0, n = 0, used = 0;
+    if (std::sscanf(name.c_str(), "stage-%d-of-%d%n", &p, &n, &used) != 2 || used != static_cast<int>(name.size()) ||
+        p < 0 || n < 1 || p >= n || name != fmt::format("stage-{}-of-{}", p, n))
+      continue;
+    std::error_code dec;
+    if (it->is_directory(dec)) out[n].push_back(p);
+  }
+  for (auto& [n, stages] : out) std::sort(stages.begin(), stages.end());
+  return out;
+}
+
+}  // namespace
+
+std::string checkpointLayoutMismatch(const spec::TrainerSpec& t, const std::function<void(const std::string&)>& warn) {
+  const std::string& dir = t.checkpoint.dir;
+  if (dir.empty()) return "";
+  const int P = std::max(1, t.parallel.pipeline_stages);
+  std::vector<int> mine;
+  if (P > 1) {
+    const std::vector<int> first = partitionStages(t.model.layers, P, t.parallel.stage_layers);
+    for (int s = 0; s < P; ++s) mine.push_back(first[static_cast<size_t>(s) + 1] - first[static_cast<size_t>(s)]);
+  }
+  const std::string manifestPath = (fs::path(dir) / "manifest.json").string();
+  std::optional<spec::PipelineManifest> manifest;
+  try {
+    manifest = spec::readPipelineManifest(manifestPath);
+  } catch (const SpecError& e) {
+    if (warn && P > 1) warn(fmt::format("{}; resuming from the stage checkpoints alone", e.what()));
+  }
+  auto refusal = [&](const std::string& file, long long step, int stages, const std::vector<int>& layers,
+                     const std::string& remove) {
+    return fmt::format(
+        "{} (step {}) was written by {}, this job is {}; checkpoints resume only in the layout that "
+        "wrote them: use another /trainer/checkpoint/dir, or {} (the layout they were written with), "
+        "or remove them ({})",
+        file, step, layoutWords(stages, layers, true), layoutWords(P, mine, false), layoutSettings(stages, layers),
+        remove);
+  };
+  auto pipelineFiles = [&](int stages) {
+    return fmt::format("the stage-*-of-{}/ directories and manifest.json in {}", stages, dir);
+  };
+  // A pipeline's manifest names its layout: another stage count or partition (with the same
+  // stage count its stage directories are this job's names, holding other layers).
+  if (P > 1 && manifest && (manifest->stages != P || manifest->stage_layers != mine))
+    return refusal(manifestPath, manifest->step, manifest->stages, manifest->stage_layers,
+                   pipelineFiles(manifest->stages));
+  // The data-parallel trainer's checkpoints, in a pipeline job's directory.
+  if (P > 1)
+    if (auto found = newestIntact(dir))
+      return refusal(found->second, found->first, 1, {}, fmt::format("every ckpt-*.bin in {}", dir));
+  // Stage directories of another stage count (a data-parallel job: any), manifest or not (a
+  // run stopped before its first manifest).
+  for (const auto& [stages, present] : stageDirectories(dir)) {
+    if (stages == P) continue;
+    for (int p : present) {
+      if (auto found = newestIntact(fmt::format("{}/stage-{}-of-{}", dir, p, stages))) {
+        const std::vector<int> layers =
+            manifest && manifest->stages == stages ? manifest->stage_layers : std::vector<int>{};
+        return refusal(found->second, found->first, stages, layers, pipelineFiles(stages));
+      }
+    }
+  }
+  return "";
+}
+
+std::string checkpointLayoutRefusal(const spec::TrainerSpec& t, const std::string& detail) {
+  return fmt::format("trainer: /trainer/parallel/pipeline_stages: {}",
+                     detail.empty() ? fmt::format("the checkpoints in {} were written by another layout (rank 0 names "
+                                                  "it); use another /trainer/checkpoint/dir, or the layout they were "
+                                                  "written with, or remove them",
+                                                  t.checkpoint.dir)
+                                    : detail);
+}
+
 Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, double lockWaitS) {
   const std::string& dir = t.checkpoint.dir;
   if (dir.empty()) return Fd();
@@ -428,6 +541,10 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
     const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
     if (::ftruncate(lock.get(), 0) == 0) (void)!::pwrite(lock.get(), me.data(), me.size(), 0);
   }
+  // Checkpoints of another layout would not be found (a fresh start beside them) or would be
+  // refused by the trainer: said here, before the config of this layout's own.
+  if (const std::string why = checkpointLayoutMismatch(t); !why.empty())
+    throw SpecError(fmt::format("{}: /trainer/parallel/pipeline_stages: {}", source.empty() ? "job" : source, why));
   // A checkpoint of another config would be refused by rank 0 on every attempt: said here.
   const int stages = std::max(1, t.parallel.pipeline_stages);
   size_t params = 0;

@@ -557,37 +557,23 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   };
   // The manifest (DIR/manifest.json, written once every stage has saved a step) records the
   // layout that wrote the directory: a different number of stages or another partition is
-  // refused here, where the stage files alone (DIR/stage-<p>-of-<P>) would not be found and
-  // training would silently start over. The step to resume from comes from the stage files
-  // (the newest step all of them have), which is never older than the manifest's.
+  // refused here, and so are the data-parallel trainer's checkpoints (DIR/ckpt-*.bin) and the
+  // stage directories of another stage count, where this layout's stage files
+  // (DIR/stage-<p>-of-<P>) would not be found and training would silently start over beside
+  // them (checkpointLayoutMismatch; dtrain run said it before the launch, unless the
+  // directory changed since). The step to resume from comes from the stage files (the newest
+  // step all of them have), which is never older than the manifest's.
   std::vector<int> stageCounts;
   for (int s = 0; s < P; ++s) stageCounts.push_back(first[static_cast<size_t>(s) + 1] - first[static_cast<size_t>(s)]);
   const std::string manifestPath = ts.checkpoint.dir.empty() ? std::string() : ts.checkpoint.dir + "/manifest.json";
-  int64_t manifestStep = -1;  // -1: none; -2: written by another layout (rank 0 says which)
+  int64_t otherLayout = 0;  // 1: the directory holds another layout's checkpoints (rank 0 says which)
   std::string layoutError;
-  if (rank == 0 && !manifestPath.empty()) {
-    std::optional<spec::PipelineManifest> m;
-    try {
-      m = spec::readPipelineManifest(manifestPath);
-    } catch (const SpecError& e) {
-      opts.warning(fmt::format("{}; resuming from the stage checkpoints alone", e.what()));
-    }
-    if (m && (m->stages != P || m->stage_layers != stageCounts)) {
-      manifestStep = -2;
-      layoutError = fmt::format(
-          "trainer: {} was written by a pipeline of {} stages with layers per stage [{}], this job has {} stages with "
-          "[{}]; use the same pipeline_stages and stage_layers, or another /trainer/checkpoint/dir",
-          manifestPath, m->stages, fmt::join(m->stage_layers, ", "), P, fmt::join(stageCounts, ", "));
-    } else if (m) {
-      manifestStep = m->step;
-    }
+  if (rank == 0 && !ts.checkpoint.dir.empty()) {
+    layoutError = checkpointLayoutMismatch(ts, [&](const std::string& w) { opts.warning(w); });
+    otherLayout = layoutError.empty() ? 0 : 1;
   }
-  if (!manifestPath.empty()) worldComm.broadcastHost(&manifestStep, 1, comm::DataType::kInt64, 0);
-  if (manifestStep == -2)
-    throw SpecError(layoutError.empty() ? fmt::format("trainer: {} was written by another pipeline layout (rank 0 "
-                                                      "names it); use the same one or another /trainer/checkpoint/dir",
-                                                      manifestPath)
-                                        : layoutError);
+  if (!ts.checkpoint.dir.empty()) worldComm.broadcastHost(&otherLayout, 1, comm::DataType::kInt64, 0);
+  if (otherLayout == 1) throw SpecError(checkpointLayoutRefusal(ts, layoutError));
   if (d == 0 && !stageDir.empty()) loadStage(-1);
   std::vector<int64_t> headers(5 * static_cast<size_t>(world));
   worldComm.allgatherHost(header, headers.data(), 5, comm::DataType::kInt64);

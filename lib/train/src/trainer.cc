@@ -129,10 +129,14 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
 
   // Resume: rank 0 finds the newest intact checkpoint and broadcasts it, so ranks need no
   // shared file system. header = {status, step, epoch, cursor, world}; status -1 = config
-  // mismatch (every rank fails with the same message).
+  // mismatch, -2 = a pipeline's checkpoints in the directory (every rank fails with the same
+  // message): this trainer would not find them and would train from step 0 beside them.
   int64_t header[5] = {0, 0, 0, 0, 0};
-  std::string ckptPath, mismatch;
-  if (rank == 0 && !ts.checkpoint.dir.empty()) {
+  std::string ckptPath, mismatch, layout;
+  if (rank == 0 && !ts.checkpoint.dir.empty()) layout = checkpointLayoutMismatch(ts);
+  if (!layout.empty()) {
+    header[0] = -2;
+  } else if (rank == 0 && !ts.checkpoint.dir.empty()) {
     auto st = loadLatestCheckpoint(ts.checkpoint.dir, [&](const std::string& w) { opts.warning(w); },
                                    &ckptPath);
     if (st) mismatch = checkpointMismatch(ts, *st, ckptPath, params.size());
@@ -150,6 +154,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   }
   hostComm.broadcast(header, 5, comm::DataType::kInt64, 0);
   // (rank 0 says what changed; the others only that it did)
+  if (header[0] == -2) throw SpecError(checkpointLayoutRefusal(ts, layout));
   if (header[0] == -1) throw SpecError(checkpointRefusal(ts, mismatch));
   // Every replica starts from rank 0's weights (fresh or resumed).
   broadcastBuffer(be->params(), params, &detail::MathBackend::storeParams, &detail::MathBackend::loadParams);

@@ -242,6 +242,18 @@ int visibleGpuCount();
 // (--nnodes, --local-ranks-filter), not the spec's JSON path.
 void resolve(JobSpec& spec, const Overrides& given = {});
 
+// The world sizes a resolved job can have, as the launcher knows them before the launch:
+// {nproc_per_node} for a local job; across hosts, for each node count k in
+// min_nodes..max_nodes, every sum of k hosts' workers (any k of them may form a round), in
+// the map under k. Empty when a host's count is decided on that host (nproc_per_node "auto").
+std::map<int, std::vector<long long>> possibleWorldSizes(const JobSpec& spec);
+
+// A trainer job with pipeline_stages P > 1 runs D x P workers: a world size the launcher knows
+// (possibleWorldSizes) that is not a multiple of P is refused here, before any worker starts,
+// with a SpecError naming /trainer/parallel/pipeline_stages, the world size(s) and the fix
+// (the trainer refuses it too, for worlds only a rendezvous settles). `given` as for resolve.
+void checkPipelineWorld(const JobSpec& spec, const Overrides& given = {});
+
 // Human-readable dump of the resolved spec (what `dtrain validate` prints).
 std::string describe(const JobSpec& spec);
 

@@ -53,6 +53,20 @@ std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, 
 // rank knows it, "" for a generic one; with the fix (remove all of them, not the newest).
 std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail);
 
+// Checkpoints of another layout in t.checkpoint.dir: the data-parallel trainer writes
+// DIR/ckpt-*.bin, a pipeline of P stages DIR/stage-<p>-of-<P>/ckpt-*.bin and
+// DIR/manifest.json, so a job of another layout would not find them and would train from
+// step 0 beside them. "" when there are none; else one line, "<file> (step N) was written by
+// <that layout>, this job is <this one>; <fix>", naming what to set or remove. Only an
+// intact checkpoint counts (its checksum verified; junk named like one does not), or, for a
+// pipeline job, a manifest naming another pipeline layout. A manifest that cannot be read
+// is reported through `warn` (pipeline jobs only: it is the pipeline's own file) and skipped.
+std::string checkpointLayoutMismatch(const spec::TrainerSpec& t, const std::function<void(const std::string&)>& warn = {});
+
+// The trainer's refusal for checkpointLayoutMismatch() (exit 2 on every rank): `detail` is
+// its text on the rank that looked (rank 0), "" on the others.
+std::string checkpointLayoutRefusal(const spec::TrainerSpec& t, const std::string& detail);
+
 // Rank 0's line on resuming from `path`; header = {status, step, epoch, cursor, world}.
 // `complete`: the checkpoint leaves nothing to train (said so, not "epoch 3" of 2).
 std::string resumeLine(const std::string& path, const int64_t header[5], int world, bool complete,
@@ -60,9 +74,11 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 
 // Before any worker starts (dtrain run for a local node 0, the agent of the first node,
 // dtrain train run by hand): creates trainer.checkpoint.dir as mkdir -p does, checks that a
-// file can be written in it, and that its newest valid checkpoint (each stage's, for a
-// pipeline) was written by this config. Throws SpecError "<source>: /trainer/checkpoint/dir:
-// ..." with the fix. Nothing to do without a checkpoint dir.
+// file can be written in it, that it holds no checkpoints of another layout
+// (checkpointLayoutMismatch: SpecError "<source>: /trainer/parallel/pipeline_stages: ..."), and
+// that its newest valid checkpoint (each stage's, for a pipeline) was written by this config.
+// Throws SpecError "<source>: /trainer/checkpoint/dir: ..." with the fix. Nothing to do
+// without a checkpoint dir.
 //
 // Also takes the directory's lock (flock on DIR/.dtrain.lock, which names its holder), held
 // by the returned Fd for as long as the caller keeps it: the job's lifetime. A directory
