@@ -409,8 +409,8 @@ TEST(TcpComm, SetUpSurvivesSignalsWhileWaitingForPeers) {
       error0 = e.what();
     }
   }
+  signaller.join();  // (first: it signals r1's thread until r1 is done, never after its join)
   r1.join();
-  signaller.join();
   ::sigaction(sig, &old, nullptr);
   EXPECT_EQ(error, "");
   EXPECT_EQ(error0, "");

@@ -130,7 +130,11 @@ for c in INT:130 HUP:129 TERM:143; do
   rm -f "$T"/pid.* "$T"/got.*
   D="$T" "$DTRAIN" run --hosts "$HOSTS" --shutdown-timeout 3 --summary-json "$T/sig.json" -- python3 "$T/sig.py" >/dev/null 2>"$T/err" &
   DTRAIN_PID=$!
-  wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2" || continue
+  if ! wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"; then
+    fail "across nodes, SIG$sig: the workers did not start"
+    kill -KILL "$DTRAIN_PID"; wait "$DTRAIN_PID"; DTRAIN_PID=  # (its guard takes the workers along)
+    continue
+  fi
   kill -"$sig" "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
   expect_eq "$rc" "$want" "across nodes, SIG$sig: exit $want"
   for r in 0 1 2; do expect_eq "$(cat "$T/got.$r" 2>/dev/null)" "SIG$sig" "across nodes, SIG$sig: rank $r (node $([ $r = 2 ] && echo 127.0.0.1 || echo localhost)) got SIG$sig"; done

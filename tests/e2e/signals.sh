@@ -121,7 +121,12 @@ rm -f "$T"/pid.* "$T/again"
 D="$T" "$DTRAIN" run --nproc-per-node 2 --max-restarts 3 --summary-json "$T/sched.json" -- bash "$T/plain.sh" >"$T/out" 2>"$T/err" &
 DTRAIN_PID=$!
 if wait_for "$T/pid.0" "$T/pid.1"; then
-  kill -TERM "$(cat "$T/pid.0")" "$(cat "$T/pid.1")"; sleep 0.05; kill -TERM "$DTRAIN_PID"
+  w0=$(cat "$T/pid.0"); w1=$(cat "$T/pid.1")
+  kill -TERM "$w0" "$w1"
+  # dtrain's share comes once dtrain has reaped them (a zombie still answers kill -0), as a
+  # scheduler's would, a moment later, whatever the load on this machine.
+  for _ in $(seq 400); do kill -0 "$w0" 2>/dev/null || kill -0 "$w1" 2>/dev/null || break; sleep 0.005; done
+  kill -TERM "$DTRAIN_PID"
   wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
   expect_eq "$rc" 143 "scheduler's stop: exit 143"
   expect_grep "^dtrain: rank\(s\) [01] \(SIGTERM\)(, [01] \(SIGTERM\))? had ended by a stop signal from outside dtrain just before dtrain got SIGTERM: one stop of the whole job \(a scheduler's\), not a failure; no restart$" "$T/err" "scheduler's stop: said in one line"
@@ -129,6 +134,46 @@ if wait_for "$T/pid.0" "$T/pid.1"; then
   if grep -q "event restart\|first failure" "$T/err"; then fail "scheduler's stop: a restart or a failure"; else pass "scheduler's stop: no restart, no failure"; fi
   expect_eq "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['restarts'], d['stopped_by'], d['error'], d['events'], [r['stopped_by_dtrain'] for r in d['ranks']])" "$T/sched.json")" \
     "0 SIGTERM stopped by SIGTERM; exit code 143 [] [True, True]" "scheduler's stop: the summary"
+fi
+# The same stop by SIGINT (scancel -s INT): dtrain's SIGINT is its share of that stop, not a
+# second Ctrl-C after a failure, so a worker still saving (here 1 s) is not SIGKILLed.
+cat > "$T/save.py" <<'PY'
+import os, signal, sys, time
+d, rank = os.environ["D"], os.environ["RANK"]
+def save(sig, _):
+    time.sleep(1)
+    open(f"{d}/saved.{rank}", "w").write("ok")
+    sys.exit(128 + sig)
+if rank == "1":
+    signal.signal(signal.SIGINT, save)
+    signal.signal(signal.SIGTERM, save)
+open(f"{d}/pid.{rank}", "w").write(str(os.getpid()))
+time.sleep(60)
+PY
+rm -f "$T"/pid.* "$T"/saved.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 --max-restarts 3 -- python3 "$T/save.py" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/pid.0" "$T/pid.1"; then
+  w0=$(cat "$T/pid.0")
+  kill -INT "$w0" "$(cat "$T/pid.1")"
+  for _ in $(seq 400); do kill -0 "$w0" 2>/dev/null || break; sleep 0.005; done
+  kill -INT "$DTRAIN_PID"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 130 "scheduler's SIGINT: exit 130"
+  expect_eq "$(cat "$T/saved.1" 2>/dev/null)" "ok" "scheduler's SIGINT: the worker still saving finished"
+  if grep -q "killing the workers now" "$T/err"; then fail "scheduler's SIGINT: taken for a second Ctrl-C"; else pass "scheduler's SIGINT: no SIGKILL"; fi
+fi
+# A signal later in a long teardown is one after a failure, not a scheduler's stop: the job
+# ends as that failure (a worker killed by SIGTERM alone, no restart left).
+rm -f "$T"/pid.* "$T"/saved.*
+D="$T" "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/late.json" -- python3 "$T/save.py" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+if wait_for "$T/pid.0" "$T/pid.1"; then
+  kill -TERM "$(cat "$T/pid.0")"; sleep 0.8; kill -TERM "$DTRAIN_PID"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 143 "a signal late in the teardown: the failure's exit code"
+  expect_grep "^dtrain: job 'save.py' failed: rank 0 killed by SIGTERM" "$T/err" "a signal late in the teardown: the failure's headline"
+  if grep -q "one stop of the whole job" "$T/err"; then fail "a signal late in the teardown: taken for a scheduler's stop"; else pass "a signal late in the teardown: a failure"; fi
 fi
 rm -f "$T"/pid.* "$T/again"
 D="$T" "$DTRAIN" run --nproc-per-node 1 --max-restarts 1 -- bash "$T/plain.sh" >"$T/out" 2>"$T/err" &

@@ -47,21 +47,6 @@ JobStore startJobStore(spec::JobSpec& spec, const std::string& bind) {
 
 namespace {
 
-// How long a worker's death by a stop signal dtrain did not send waits for dtrain's own
-// signal before it counts as a failure. A scheduler ending the job signals every process of
-// it (Slurm's scancel and time limit, a cgroup's kill), dtrain and its workers in no set
-// order; a worker that dies of it at once (Python's default SIGTERM) would otherwise be
-// reaped, blamed and restarted before dtrain's own signal is read.
-constexpr auto kOutsideStopWindow = std::chrono::milliseconds(500);
-
-// The stop signal a worker died of (or exited 128 + it, as a shell or dtrain train does)
-// that dtrain did not send it; 0 when it ended otherwise.
-int outsideStopSignal(const WorkerExit& w) {
-  if (w.stopped_by_dtrain || w.hung || w.lost) return 0;
-  const int sig = w.signal ? w.signal : w.exit_code > 128 ? w.exit_code - 128 : 0;
-  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP ? sig : 0;
-}
-
 // dtrain got stop signal `sig` just after workers died of one from outside: one stop of the
 // whole job, not a failure. Those workers count as stopped (stopped_by_dtrain), the failure,
 // if one is left, is the first worker that failed otherwise, and the job ends by the signal.
@@ -129,11 +114,13 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     lo.remove_if_killed = remove_if_killed;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
-    // A worker that died of a stop signal from outside, with dtrain's own signal read during
-    // the teardown or arriving within kOutsideStopWindow: the job was stopped, not failed.
+    // A worker that died of a stop signal from outside, with dtrain's own signal within
+    // kOutsideStopWindow of that death (read by the launcher, or coming now): the job was
+    // stopped, not failed. A signal later in a long teardown is one after a failure.
     if (r.first_failure >= 0 && outsideStopSignal(r.workers[static_cast<size_t>(r.first_failure)])) {
-      int sig = r.received_signal;
-      if (!sig) sig = waitForSignal(kOutsideStopWindow, "the check for a stop of the whole job");
+      int sig = r.outside_stop ? r.received_signal : 0;
+      const auto left = kOutsideStopWindow - (std::chrono::steady_clock::now() - r.first_failure_at);
+      if (!r.received_signal && left > left.zero()) sig = waitForSignal(left, "the check for a stop of the whole job");
       if (sig) treatAsOneStop(r, sig);
     }
     // A worker failed and then a signal came, during the teardown: the job ends by the signal,

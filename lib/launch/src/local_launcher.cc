@@ -412,7 +412,7 @@ void LocalLauncher::reap() {
       // Ended by dtrain's teardown only if it died of a signal dtrain sent it (or exited
       // 128+that signal, as a shell does): a worker that failed on its own at the same time
       // (every rank exiting 127) is a failure too.
-      const int endedBy = w.exit.signal ? w.exit.signal : w.exit.exit_code > 128 ? w.exit.exit_code - 128 : 0;
+      const int endedBy = endedBySignal(w.exit);
       if (failed && endedBy > 0 && endedBy < NSIG && w.sent.test(static_cast<size_t>(endedBy)) && !w.exit.hung)
         w.exit.stopped_by_dtrain = true;
       // The built-in trainer exits 2 only for input it refuses (docs/errors.md): no attempt
@@ -420,6 +420,7 @@ void LocalLauncher::reap() {
       if (spec_->trainer && !w.exit.signal && w.exit.exit_code == kExitUsage && !w.exit.hung) w.exit.refused_input = true;
       if (failed && !stopping_ && result_.first_failure < 0) {
         result_.first_failure = static_cast<int>(i);
+        result_.first_failure_at = Clock::now();
         startShutdown(SIGTERM, spec_->shutdown_timeout_s);
       }
       // Whatever is left in the process group (grandchildren: a DataLoader's processes) goes
@@ -687,9 +688,15 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     if (n <= 0) continue;
     if (fds[0].revents & POLLIN) {
       signals.drain([&](int sig) {
+        // dtrain's own share of a scheduler's stop, whose signal killed a worker a moment ago:
+        // the same stop, not a second signal after a failure (job.cc).
+        const bool sameStop = !result_.received_signal && result_.first_failure >= 0 &&
+                              outsideStopSignal(workers_[static_cast<size_t>(result_.first_failure)].exit) &&
+                              Clock::now() - result_.first_failure_at <= kOutsideStopWindow;
+        if (sameStop) result_.outside_stop = true;
         if (!result_.received_signal) result_.received_signal = sig;
         const bool console = !opts_.line_sink;  // an agent's launcher: the user's console is elsewhere
-        if (stopping_ && sig == SIGINT && !killed_) {
+        if (stopping_ && sig == SIGINT && !killed_ && !sameStop) {
           // A second Ctrl-C means "now".
           killed_ = true;
           signalAll(SIGKILL);
@@ -825,6 +832,17 @@ int rootCause(const std::vector<WorkerExit>& workers, int first) {
     cause = next;
   }
   return cause;
+}
+
+int endedBySignal(const WorkerExit& w) {
+  const int sig = w.signal ? w.signal : w.exit_code > 128 ? w.exit_code - 128 : 0;
+  return sig > 0 && sig < NSIG ? sig : 0;
+}
+
+int outsideStopSignal(const WorkerExit& w) {
+  if (w.stopped_by_dtrain || w.hung || w.lost) return 0;
+  const int sig = endedBySignal(w);
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP ? sig : 0;
 }
 
 std::string exitReason(const WorkerExit& w) {

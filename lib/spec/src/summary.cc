@@ -82,7 +82,8 @@ std::string toJson(const RunSummary& s) {
 }
 
 void writeTrainerOutcome(const std::string& path, const TrainerOutcome& t) {
-  writeOutputFile(path, trainerJson(t).dump() + "\n");  // whole or not at all
+  // (whole or not at all; a path that is not UTF-8 is written with U+FFFD, not refused)
+  writeOutputFile(path, trainerJson(t).dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {

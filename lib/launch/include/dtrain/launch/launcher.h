@@ -1,5 +1,6 @@
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -48,6 +49,11 @@ struct RunResult {
   std::string stopped_during;
   std::vector<WorkerExit> workers;
   int first_failure = -1;    // index into workers, -1 when none failed
+  // When the first failure was reaped (one host), for kOutsideStopWindow.
+  std::chrono::steady_clock::time_point first_failure_at{};
+  // received_signal came within kOutsideStopWindow of the first failure, a worker's death by
+  // a stop signal from outside (outsideStopSignal): one stop of the whole job (job.cc).
+  bool outside_stop = false;
   // Each worker's stderr shared its stdout's pipe (dtrain's stdout and stderr are one file),
   // so its stderr_tail holds its last output lines, of both streams.
   bool merged_output = false;
@@ -135,6 +141,20 @@ std::string exitReason(const WorkerExit& w);
 // reaped first (a SIGKILLed worker with a thread in fsync is reaped after its peers noticed
 // its closed sockets). Followed along a chain of such ranks; -1 stays -1.
 int rootCause(const std::vector<WorkerExit>& workers, int first);
+
+// The signal a worker died of, or N when it exited 128 + N (as a shell or dtrain train does
+// when it ends on a signal); 0 otherwise.
+int endedBySignal(const WorkerExit& w);
+
+// A scheduler ending a job signals every process of it (Slurm's scancel and time limit, a
+// cgroup's kill), dtrain and its workers in no set order. A worker that dies of it at once
+// (Python's default SIGTERM) is reaped before dtrain reads its own signal: when that signal
+// comes within this window of the death, the two are one stop, not a failure and a restart.
+inline constexpr auto kOutsideStopWindow = std::chrono::milliseconds(500);
+
+// SIGTERM, SIGINT or SIGHUP a worker ended by (endedBySignal) that dtrain did not send it;
+// 0 otherwise.
+int outsideStopSignal(const WorkerExit& w);
 
 // A failure no restart can help (start_failed, refused_input): the job ends at once with its
 // code instead of spending the restart budget on attempts that would fail the same way.
