@@ -340,6 +340,7 @@ TEST(Pipeline, CheckpointsOfAnotherLayoutAreRefused) {
                                                0),
             0u)
       << checkpointLayoutMismatch(dp);
+  EXPECT_EQ(checkpointLayoutMismatch(dp).find("manifest.json"), std::string::npos) << checkpointLayoutMismatch(dp);
   auto four = pipe;
   four.parallel.pipeline_stages = 4;
   EXPECT_NE(checkpointLayoutMismatch(four).find("was written by a pipeline of 2 stages, this job is a pipeline of 4 "
@@ -364,6 +365,20 @@ TEST(Pipeline, CheckpointsOfAnotherLayoutAreRefused) {
   EXPECT_EQ(refusals(2, pipe, toPipe), 1);
   EXPECT_THROW((void)prepareCheckpointDir(pipe, "job.json"), SpecError);
   EXPECT_EQ(checkpointLayoutMismatch(dp), "");
+  // Both layouts' checkpoints in one directory (left by runs from before this check): each
+  // job resumes its own, and the other's files are named in a warning, not a refusal whose
+  // other layout would be refused the same way.
+  std::filesystem::copy(base + "/pp/stage-0-of-2", dp.checkpoint.dir + "/stage-0-of-2");
+  std::vector<std::string> warnings;
+  EXPECT_EQ(checkpointLayoutMismatch(dp, [&](const std::string& w) { warnings.push_back(w); }), "");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("stage-0-of-2/ckpt-0000000012.bin (step 12) was written by a pipeline of 2 stages; left "
+                             "alone: this job (data-parallel (pipeline_stages 1)) resumes from its own checkpoints"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_EQ(warnings[0].find("manifest.json"), std::string::npos) << warnings[0];  // (there is none)
+  EXPECT_EQ(checkpointLayoutMismatch(pipe), "");
+  std::filesystem::remove_all(dp.checkpoint.dir + "/stage-0-of-2");
 
   // Junk and damaged files of the other layout are not: both jobs run.
   const std::string junk = base + "/junk";

@@ -443,30 +443,56 @@ std::string checkpointLayoutMismatch(const spec::TrainerSpec& t, const std::func
         remove);
   };
   auto pipelineFiles = [&](int stages) {
-    return fmt::format("the stage-*-of-{}/ directories and manifest.json in {}", stages, dir);
+    return fmt::format("the stage-*-of-{}/ directories{} in {}", stages,
+                       manifest && manifest->stages == stages ? " and manifest.json" : "", dir);
   };
   // A pipeline's manifest names its layout: another stage count or partition (with the same
   // stage count its stage directories are this job's names, holding other layers).
   if (P > 1 && manifest && (manifest->stages != P || manifest->stage_layers != mine))
     return refusal(manifestPath, manifest->step, manifest->stages, manifest->stage_layers,
                    pipelineFiles(manifest->stages));
+  // The other layout's intact checkpoints: the newest of each kind found.
+  struct Other {
+    std::string file, remove;
+    long long step;
+    int stages;
+    std::vector<int> layers;
+  };
+  std::vector<Other> others;
   // The data-parallel trainer's checkpoints, in a pipeline job's directory.
   if (P > 1)
     if (auto found = newestIntact(dir))
-      return refusal(found->second, found->first, 1, {}, fmt::format("every ckpt-*.bin in {}", dir));
+      others.push_back({found->second, fmt::format("every ckpt-*.bin in {}", dir), found->first, 1, {}});
   // Stage directories of another stage count (a data-parallel job: any), manifest or not (a
   // run stopped before its first manifest).
+  bool ownStages = false;
   for (const auto& [stages, present] : stageDirectories(dir)) {
-    if (stages == P) continue;
     for (int p : present) {
-      if (auto found = newestIntact(fmt::format("{}/stage-{}-of-{}", dir, p, stages))) {
-        const std::vector<int> layers =
-            manifest && manifest->stages == stages ? manifest->stage_layers : std::vector<int>{};
-        return refusal(found->second, found->first, stages, layers, pipelineFiles(stages));
+      auto found = newestIntact(fmt::format("{}/stage-{}-of-{}", dir, p, stages));
+      if (!found) continue;
+      if (stages == P) {
+        ownStages = true;
+        continue;
       }
+      const std::vector<int> layers = manifest && manifest->stages == stages ? manifest->stage_layers : std::vector<int>{};
+      others.push_back({found->second, pipelineFiles(stages), found->first, stages, layers});
+      break;
     }
   }
-  return "";
+  if (others.empty()) return "";
+  // This job's own checkpoints are there too (a directory from before this check, where
+  // both layouts trained): it resumes from them, and the others are left alone, said once.
+  const bool own = P > 1 ? ownStages : newestIntact(dir).has_value();
+  if (own) {
+    if (warn)
+      for (const auto& o : others)
+        warn(fmt::format("{} (step {}) was written by {}; left alone: this job ({}) resumes from its own checkpoints "
+                         "there (remove {} to tidy the directory)",
+                         o.file, o.step, layoutWords(o.stages, o.layers, true), layoutWords(P, mine, false), o.remove));
+    return "";
+  }
+  const Other& o = others.front();
+  return refusal(o.file, o.step, o.stages, o.layers, o.remove);
 }
 
 std::string checkpointLayoutRefusal(const spec::TrainerSpec& t, const std::string& detail) {

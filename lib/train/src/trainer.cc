@@ -133,7 +133,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   // message): this trainer would not find them and would train from step 0 beside them.
   int64_t header[5] = {0, 0, 0, 0, 0};
   std::string ckptPath, mismatch, layout;
-  if (rank == 0 && !ts.checkpoint.dir.empty()) layout = checkpointLayoutMismatch(ts);
+  if (rank == 0 && !ts.checkpoint.dir.empty())
+    layout = checkpointLayoutMismatch(ts, [&](const std::string& w) { opts.warning(w); });
   if (!layout.empty()) {
     header[0] = -2;
   } else if (rank == 0 && !ts.checkpoint.dir.empty()) {
