@@ -349,7 +349,9 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
   // A pipeline needs whole pipelines: a world size known here that is not a multiple of the
   // stages is said once, not by every worker after the launch.
-  spec::checkPipelineWorld(s, a.overrides);
+  // (Not by validate for an "auto" worker count: this machine's count says nothing of the
+  // job's, and validate may run elsewhere; run and --dry-run check it.)
+  if (!(runId.empty() && s.nproc_auto && s.nodes.empty())) spec::checkPipelineWorld(s, a.overrides);
   for (const auto& [about, line] : s.warnings) std::cerr << "dtrain: warning: " << line << "\n";
   // A trainer job runs the built-in trainer as every worker's command, on a snapshot of the
   // resolved spec (cmdRun writes it): absolute paths whatever `cwd` says, the overrides

@@ -70,6 +70,19 @@ expect_eq "$?" 2 "elastic range 2..3 with a world of 3 in it: exit 2"
 expect_grep "^dtrain: error: $T/pipe.json: /trainer/parallel/pipeline_stages: 2 stages do not divide every world size of the elastic range \(2..3 nodes\): 2 nodes: 3 workers; .*: give --nnodes 3:3, or give every host a multiple of 2 workers\$" "$T/err3" "elastic range: names the node count and world size that cannot work"
 "$DTRAIN" validate "$T/pipe.json" --hosts localhost:2,127.0.0.1:2 --nnodes 1:2 >/dev/null 2>"$T/err3"
 expect_eq "$?" 0 "elastic range whose every world size works"
+# "auto" workers: validate says nothing of this machine's count (the job may run on 8 GPUs);
+# run and --dry-run judge it here (3 stages: refused unless this machine's count is a multiple).
+sed 's/"nproc_per_node": 4/"nproc_per_node": "auto"/; s/"pipeline_stages": 2/"pipeline_stages": 3/' "$T/pipe.json" > "$T/pipeauto.json"
+"$DTRAIN" validate "$T/pipeauto.json" >"$T/out3" 2>"$T/err3"; expect_eq "$?" 0 "auto workers: validate does not judge by this machine"
+printf '{"nproc_per_node": "auto", "command": ["true"]}' >"$T/auto.json"
+here=$("$DTRAIN" validate "$T/auto.json" | sed -n 's/^nproc_per_node: *\([0-9]*\) (auto)$/\1/p')
+"$DTRAIN" run --dry-run "$T/pipeauto.json" >"$T/out3" 2>"$T/err3"; rc=$?
+if [ $((here % 3)) -ne 0 ]; then
+  expect_eq "$rc" 2 "auto workers ($here here): --dry-run refuses 3 stages"
+  expect_grep "3 stages do not divide the world size $here \(nproc_per_node \"auto\" = $here\)" "$T/err3" "auto workers: --dry-run names the count"
+else
+  expect_eq "$rc" 0 "auto workers ($here here): --dry-run accepts 3 stages"
+fi
 # Run by hand (one worker, alone) the trainer refuses it itself.
 "$DTRAIN" train "$T/pipe3.json" >"$T/out3" 2>"$T/err3"
 expect_eq "$?" 2 "dtrain train by hand, 2 stages alone: exit 2"

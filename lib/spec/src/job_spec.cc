@@ -1213,25 +1213,27 @@ void resolve(JobSpec& spec, const Overrides& given) {
 std::map<int, std::vector<long long>> possibleWorldSizes(const JobSpec& spec) {
   if (spec.nodes.empty()) return {{1, {spec.nproc_per_node}}};
   std::map<int, int> hostsWith;  // workers per host -> hosts with that many
+  long long all = 0;
   for (const auto& n : spec.nodes) {
     if (n.slots <= 0) return {};  // "auto": counted on the host itself
     ++hostsWith[n.slots];
+    all += n.slots;
   }
+  const int hostCount = static_cast<int>(spec.nodes.size());
+  // Not elastic (every host, always: the default): one world size.
+  if (spec.min_nodes >= hostCount) return {{hostCount, {all}}};
   // (node count, workers) of every set of hosts, by kinds of host: few distinct counts keep
   // it small. Past the bound (thousands of hosts of many sizes) only all hosts are counted.
   constexpr size_t kMaxSets = 200000;
   std::set<std::pair<int, long long>> sets = {{0, 0}};
   for (const auto& [slots, hosts] : hostsWith) {
     std::set<std::pair<int, long long>> next;
-    for (const auto& [k, w] : sets)
+    for (const auto& [k, w] : sets) {
       for (int j = 0; j <= hosts && k + j <= spec.max_nodes; ++j)
         next.insert({k + j, w + static_cast<long long>(j) * slots});
-    sets.swap(next);
-    if (sets.size() > kMaxSets) {
-      long long all = 0;
-      for (const auto& n : spec.nodes) all += n.slots;
-      return {{static_cast<int>(spec.nodes.size()), {all}}};
+      if (next.size() > kMaxSets) return {{hostCount, {all}}};
     }
+    sets.swap(next);
   }
   std::map<int, std::vector<long long>> out;
   for (const auto& [k, w] : sets)
