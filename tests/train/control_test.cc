@@ -251,6 +251,8 @@ void stopAndResume(spec::TrainerSpec t, const std::string& name,
     } catch (const TrainingStopped& e) {
       EXPECT_EQ(e.signal(), SIGTERM);
       EXPECT_EQ(e.step(), 11);
+      // (the summary's checkpoint: a file a resume reads, the pipeline's manifest)
+      if (r == 0) EXPECT_TRUE(std::filesystem::is_regular_file(e.checkpoint())) << e.checkpoint();
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << r << ": " << e.what();
     }

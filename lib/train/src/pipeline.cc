@@ -980,7 +980,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                                                  "/trainer/checkpoint/dir)", sig, step, totalSteps)
                                    : fmt::format("{}: stopping at step {} of {}; final checkpoint written to {} and {}",
                                                  sig, step, totalSteps, files, manifestPath));
-          throw TrainingStopped(request.signal, step, files);
+          // (the manifest is what a resume reads: the summary's checkpoint, as at the end)
+          throw TrainingStopped(request.signal, step, files.empty() ? std::string() : manifestPath);
         }
         if (rank == 0 && opts.log)
           opts.log(files.empty() ? fmt::format("{}: no checkpoint at step {}: /trainer/checkpoint/dir is not set, so "
