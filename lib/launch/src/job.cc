@@ -169,7 +169,13 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     }
     r.restarts = attempt;
     r.events = events;
-    if (!failed || attempt >= spec.max_restarts || restartCannotHelp(r.workers[static_cast<size_t>(r.first_failure)])) return r;
+    if (!failed || attempt >= spec.max_restarts || restartCannotHelp(r.workers[static_cast<size_t>(r.first_failure)])) {
+      // A stop signal held since the last attempt ended changes nothing: said, not dropped.
+      held.drain([&](int sig) {
+        writeAll(STDERR_FILENO, fmt::format("dtrain: {} after the job had ended; the outcome stands\n", signalName(sig)));
+      });
+      return r;
+    }
     // Back off (1 s, 2 s, 4 s, ... at most 60 s) and start the next attempt on a fresh
     // MASTER_PORT: the old one may still be held by the previous attempt's sockets.
     double pause = std::min(60.0, spec.restart_backoff_s * std::pow(2.0, attempt));
