@@ -138,32 +138,38 @@ class CpuStage final : public StageMath {
   const float* backward(int slot, const std::function<void(int)>& onLayerDone) override {
     Stash& s = stash(slot);
     const int n = s.n, L = hi_ - lo_;
-    std::vector<float>& delta = s.delta;
     // A middle stage received d(loss)/d(its post-activation output): through the activation.
-    if (!last()) applyActivationGrad(delta, s.pre.back());
+    if (!last()) applyActivationGrad(s.delta, s.pre.back());
+    // Layer by layer the gradient goes down through gradA_ and gradB_ in turn, as in the GPU
+    // stage: the stash's buffers keep their sizes, so every micro-batch's stash takes the same
+    // sizes from the pool that the last one gave back (swapping the stash's delta with a
+    // member, as before, let pooled buffers change sizes and grow).
+    const float* delta = s.delta.data();
+    std::vector<float>* next = &gradA_;
     for (int k = L - 1; k >= 0; --k) {
       const int l = lo_ + k;
       const float* aPrev = k == 0 ? s.in.data() : s.act[static_cast<size_t>(k) - 1].data();
-      detail::sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta.data(), out(l), aPrev, in(l),
+      detail::sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta, out(l), aPrev, in(l),
                   1.0f, dW(l), in(l));
-      addColumnSums(delta.data(), n, out(l), db(l));
+      addColumnSums(delta, n, out(l), db(l));
       if (onLayerDone) onLayerDone(k);
       if (k == 0 && lo_ == 0) break;
-      deltaPrev_.resize(static_cast<size_t>(n) * in(l));
-      detail::sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta.data(), out(l), W(l), in(l),
-                  0.0f, deltaPrev_.data(), in(l));
-      if (k > 0) applyActivationGrad(deltaPrev_, s.pre[static_cast<size_t>(k) - 1]);
-      std::swap(delta, deltaPrev_);
+      std::vector<float>& prev = *next;
+      prev.resize(static_cast<size_t>(n) * in(l));
+      detail::sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta, out(l), W(l), in(l),
+                  0.0f, prev.data(), in(l));
+      if (k > 0) applyActivationGrad(prev, s.pre[static_cast<size_t>(k) - 1]);
+      delta = prev.data();
+      next = next == &gradA_ ? &gradB_ : &gradA_;
     }
-    // The input gradient is in `delta` now (the stash's buffer); hand it out, drop the rest.
-    inGrad_.swap(delta);
+    // The input gradient is in `delta` now (gradA_ or gradB_, until the next backward).
     release(s.in);
     release(s.delta);
     for (auto& v : s.pre) release(v);
     for (auto& v : s.act) release(v);
     s = Stash{};
     account();
-    return lo_ == 0 ? nullptr : inGrad_.data();
+    return lo_ == 0 ? nullptr : delta;
   }
 
   void zeroGrads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
@@ -201,10 +207,19 @@ class CpuStage final : public StageMath {
   // munmap each time (glibc serves them from mmap), which cost the first stage 20% of its
   // compute. Pooled buffers keep their capacity, so the memory held is the peak in use.
   // reuse(v, n): v sized n, its storage from the pool when v has none (the contents are
-  // stale; every caller overwrites them). release(v): v's storage back to the pool.
+  // stale; every caller overwrites them): the smallest pooled buffer that holds n, else the
+  // largest, grown. (The last one released, whatever its size, let every buffer drift up to
+  // the widest role's size over the steps: a first stage with a 4096-wide input and 16-wide
+  // layers held 3.0 GiB where its vectors needed 2.0.) release(v): v's storage back to the pool.
   void reuse(std::vector<float>& v, size_t n) {
     if (v.capacity() == 0 && !pool_.empty()) {
-      v.swap(pool_.back());
+      size_t pick = 0;
+      for (size_t i = 1; i < pool_.size(); ++i) {
+        const size_t c = pool_[i].capacity(), best = pool_[pick].capacity();
+        if (best >= n ? c >= n && c < best : c > best) pick = i;
+      }
+      v.swap(pool_[pick]);
+      if (pick + 1 != pool_.size()) pool_[pick].swap(pool_.back());
       pool_.pop_back();
     }
     v.resize(n);
@@ -236,7 +251,7 @@ class CpuStage final : public StageMath {
     peak_ = std::max(peak_, bytes);
   }
 
-  std::vector<float> params_, grads_, state_, deltaPrev_, inGrad_;
+  std::vector<float> params_, grads_, state_, gradA_, gradB_;
   std::vector<char> scratch_;
   std::vector<Stash> stash_;
   std::vector<std::vector<float>> pool_;
