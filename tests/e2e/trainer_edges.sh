@@ -1,5 +1,6 @@
 # The built-in trainer at its edges: a long final evaluation under the watchdog, what the
-# summary says without a held-out set and for regression, a run that diverges.
+# summary says without a held-out set and for regression, a run that diverges, a job too big
+# for memory.
 source "$(dirname "$0")/lib.sh"
 jq_() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
@@ -67,11 +68,27 @@ JSON
 "$DTRAIN" run "$T/pdiv.json" --summary-json "$T/s4.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "pipeline diverged: exit 2"
 grep -q "lost rank" "$T/err" && fail "pipeline diverged: a rank failed on a lost peer: $(grep 'lost rank' "$T/err")" || pass "pipeline diverged: every stage stops by itself (none on a lost peer)"
 expect_eq "$(jq_ "$T/s4.json" "d['restarts']")" 0 "pipeline diverged: not restarted"
-# A model this machine cannot hold: refused with the numbers before any worker starts (it was
-# a worker's std::bad_alloc, exit 1).
+# A job this machine cannot hold: refused with the numbers before any worker starts (it was a
+# worker's std::bad_alloc, exit 1), naming the field that needs the memory: the model...
 cat >"$T/huge.json" <<'JSON'
 {"nproc_per_node": 2, "trainer": {"model": {"layers": [1048576, 1048576, 10]}, "data": {"type": "synthetic", "train_samples": 1000}, "batch_size": 8}}
 JSON
 "$DTRAIN" run "$T/huge.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a model larger than memory: exit 2"
-expect_grep "/trainer/model/layers: the model has 1099523162122 parameters: at least [0-9.]+ GiB for 2 worker\(s\)' weights and optimizer state, more than this machine's" "$T/err" "a model larger than memory: the numbers"
+expect_grep "^dtrain: error: $T/huge.json: /trainer/model/layers: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: weights, gradients, optimizer state and their host copies [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available \(MemAvailable\); use smaller layers \(now 1048576-1048576-10: 1099523.2 M parameters, 4096.0 GiB per copy\), fewer workers per host \(nproc_per_node 2\), or pipeline stages" "$T/err" "a model larger than memory: the numbers and the fix"
+# ... or the batch: activations were not counted at all (validate said OK for a job that
+# needed 76 GiB per worker).
+cat >"$T/hugebatch.json" <<'JSON'
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [65536, 16, 10]}, "data": {"type": "synthetic", "train_samples": 2100000},
+ "batch_size": 1048576}}
+JSON
+"$DTRAIN" validate "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a batch larger than memory: validate exits 2"
+expect_grep "^dtrain: error: $T/hugebatch.json: /trainer/batch_size: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: activations and batch buffers [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available \(MemAvailable\); use a smaller batch_size \(now 1048576\) or fewer workers per host \(nproc_per_node 2\)$" "$T/err" "a batch larger than memory: validate names batch_size, the numbers and the fix"
+"$DTRAIN" run "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a batch larger than memory: run exits 2"
+expect_grep "/trainer/batch_size: this job needs about" "$T/err" "a batch larger than memory: run says it before the launch"
+grep -q "^\[rank" "$T/err" && fail "a batch larger than memory: a worker started" || pass "a batch larger than memory: no worker started"
+"$DTRAIN" train "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a batch larger than memory: dtrain train by hand exits 2"
+expect_grep "^dtrain: error: $T/hugebatch.json: /trainer/batch_size: this job needs about" "$T/err" "dtrain train by hand: the same check"
+# validate says what a job that fits needs.
+"$DTRAIN" validate "$T/noeval.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate: a small job is OK"
+expect_grep "^  memory: +about [0-9]+ MiB on this host \(2 workers\), [0-9.]+ [MG]iB available$" "$T/out" "validate: the job's estimated memory"
 finish
