@@ -1,5 +1,5 @@
 // The trainers' memory estimate (memory_estimate.h) against peaks measured on the CPU paths,
-// its parts and the launch's refusal.
+// its parts, the launch's refusal, and the line an allocation failure in a worker becomes.
 #include "dtrain/train/memory_estimate.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/train/trainer.h"
+#include "out_of_memory.h"
 
 namespace dtrain::train {
 namespace {
@@ -205,6 +207,46 @@ TEST(MemoryEstimate, TheLaunchRefusesWhatTheHostCannotHold) {
   EXPECT_NO_THROW(checkHostMemory(big, local(2), 0, "job.json")) << "unknown: not checked";
   EXPECT_NO_THROW(checkHostMemory(mlp({784, 64, 10}, 64), local(2), 8ull << 30, "job.json"));
   EXPECT_GT(availableMemoryBytes(), 0u) << "MemAvailable in /proc/meminfo";
+}
+
+// An allocation failure anywhere in a run becomes one SpecError (the worker's exit 2) naming
+// what was being allocated, this worker's need and the field to change.
+TEST(MemoryEstimate, AllocationFailuresSayWhatAndWhichField) {
+  const auto t = mlp({784, 4096, 10}, 65536);
+  auto failAt = [&](detail::AllocationSite::Kind k, const std::exception_ptr& e) -> std::string {
+    try {
+      detail::withAllocationSite(t, 1, 2, [&](detail::AllocationSite& site) {
+        site.at(k);
+        std::rethrow_exception(e);
+        return TrainResult{};
+      });
+    } catch (const SpecError& s) {
+      return s.what();
+    }
+    return "no SpecError";
+  };
+  const std::string batch = failAt(detail::AllocationSite::kBatch, std::make_exception_ptr(std::bad_alloc()));
+  EXPECT_EQ(batch.rfind("trainer: rank 1 ran out of memory allocating the activations and buffers of a batch of 65536 "
+                        "samples (std::bad_alloc): this worker needs about ",
+                        0),
+            0u)
+      << batch;
+  EXPECT_NE(batch.find("; /trainer/batch_size: use a smaller batch_size (now 65536)"), std::string::npos) << batch;
+  const std::string model = failAt(detail::AllocationSite::kModel, std::make_exception_ptr(std::bad_alloc()));
+  EXPECT_NE(model.find("allocating the model's weights, gradients and optimizer state"), std::string::npos) << model;
+  EXPECT_NE(model.find("; /trainer/model/layers: use smaller layers (now 784-4096-10"), std::string::npos) << model;
+  const std::string device = failAt(detail::AllocationSite::kBatch,
+                                    std::make_exception_ptr(AllocationError(
+                                        "cudaMalloc of 274877906944 bytes on cuda:0: out of device memory", true)));
+  EXPECT_NE(device.find("rank 1 ran out of device memory allocating the activations and buffers of a batch of 65536 "
+                        "samples (cudaMalloc of 274877906944 bytes on cuda:0: out of device memory): this worker needs "
+                        "about "),
+            std::string::npos)
+      << device;
+  // Other errors pass through as they are.
+  EXPECT_THROW(
+      detail::withAllocationSite(t, 0, 1, [](detail::AllocationSite&) -> TrainResult { throw IoError("disk"); }),
+      IoError);
 }
 
 }  // namespace

@@ -46,6 +46,7 @@
 #include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
+#include "out_of_memory.h"
 #include "stage_math.h"
 #include "blas.h"
 
@@ -465,7 +466,11 @@ std::vector<int> partitionStages(const std::vector<int>& widths, int stages, con
   return first;
 }
 
-TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+namespace {
+
+// The pipeline trainer; `site` says what it is allocating (out_of_memory.h).
+TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts,
+                               detail::AllocationSite& site) {
   using detail::Clock;
   const int rank = comm.rank(), world = comm.size();
   const PipelineLayout lay = pipelineLayout(rank, world, ts.parallel.pipeline_stages);
@@ -493,6 +498,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       stageSize[static_cast<size_t>(s)] += static_cast<size_t>(cfg.layers[static_cast<size_t>(l)] + 1) * cfg.layers[static_cast<size_t>(l) + 1];
 
   const int lo = first[static_cast<size_t>(p)], hi = first[static_cast<size_t>(p) + 1];
+  site.layout.gpu = dev.cuda;
+  site.at(detail::AllocationSite::kModel);
   std::unique_ptr<detail::StageMath> modelOwned = dev.cuda ? detail::makeCudaStage(cfg, lo, hi, ts.seed, adam, dev.index)
                                                            : detail::makeCpuStage(cfg, lo, hi, ts.seed, adam);
   detail::StageMath& model = *modelOwned;
@@ -501,9 +508,11 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                                 "but this worker trains on {}", model.describe()));
   const size_t nParams = model.numParams();
   // Host copies of the stage's weights and optimizer state: checkpoints, hashes, staging.
+  site.at(detail::AllocationSite::kHostCopies);
   std::vector<float> hostParams, state;
   assignFresh(hostParams, nParams);
   assignFresh(state, model.stateSize());
+  site.at(detail::AllocationSite::kSetup);
   const bool firstStage = p == 0, lastStage = p == P - 1;
 
   // Sub-communicators: this replica's pipeline (P ranks, group rank = stage) carries the
@@ -555,6 +564,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   int64_t header[5] = {0, 0, 0, 0, 0};
   std::string ckptPath;
   auto loadStage = [&](long long maxStep) {
+    site.at(detail::AllocationSite::kCheckpoint);
     std::fill(header, header + 5, 0);
     auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { opts.warning(w); },
                                    &ckptPath, maxStep);
@@ -651,7 +661,11 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   }
 
   const int in = cfg.layers.front(), out = cfg.layers.back();
+  site.at(detail::AllocationSite::kData);
   auto [trainSet, evalSet] = openDatasets(ts);
+  if (ts.data.type != "synthetic") site.layout.data_rows = trainSet->size() + evalSet->size();
+  site.layout.eval_rows = static_cast<long long>(evalSet->size());
+  site.at(detail::AllocationSite::kBatch);
   const uint64_t N = trainSet->size();
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(D);
   const uint64_t stepsPerEpoch = N / globalBatch;
@@ -1073,6 +1087,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   checkWeightsFinite();  // (the last step may have overflowed with finite gradients)
   result.peak_activation_bytes = model.peakBytes();
 
+  site.at(detail::AllocationSite::kEval);
   // Held-out evaluation: chunks of up to B samples round-robin over the replicas, each
   // through the pipeline without micro-batching.
   const uint64_t E = evalSet->size();
@@ -1118,6 +1133,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // concatenation and broadcasts it.
   char jobHash[64] = {};
   if (rank == 0) {
+    site.at(detail::AllocationSite::kGather);
     std::vector<float> whole(nParams);
     std::copy(hostParams.begin(), hostParams.end(), whole.begin());
     for (int s = 1; s < P; ++s) {
@@ -1135,6 +1151,14 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   worldComm.broadcastHost(jobHash, 64 / 4, comm::DataType::kInt32, 0);
   result.weights_sha256.assign(jobHash, 64);
   return result;
+}
+
+}  // namespace
+
+TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+  return detail::withAllocationSite(ts, comm.rank(), comm.size(), [&](detail::AllocationSite& site) {
+    return trainPipelineStage(ts, comm, opts, site);
+  });
 }
 
 }  // namespace dtrain::train
