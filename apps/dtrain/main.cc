@@ -19,7 +19,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dtrain/comm/bench.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/files.h"
 #include "dtrain/launch/launcher.h"
@@ -31,6 +30,8 @@
 #include "dtrain/spec/summary.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
+#include "dtrain/train/device.h"
+#include "dtrain/train/memory_estimate.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
 #include "agent_cmd.h"
@@ -312,7 +313,19 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, fix));
 }
 
-spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
+// Whether a local job's workers will train on GPUs (resolveDevice's rule for rank 0, which
+// every worker of the node shares): their model and activations are then device memory.
+bool workersUseGpus(const spec::TrainerSpec& t, int workers) {
+  try {
+    return train::resolveDevice(t.device, 0, workers).cuda;
+  } catch (const SpecError&) {
+    return false;  // ("cuda" without a usable GPU: refused before the launch, in runJob)
+  }
+}
+
+// The spec of `dtrain run` or `validate`, resolved and checked; `memoryLine`, when given,
+// gets a trainer job's estimated memory (validate prints it).
+spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
     throw SpecError("give either a job spec file or a command after --, not both");
@@ -363,7 +376,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
   if (s.trainer) {
-    const auto trainSet = train::openDatasets(*s.trainer).train;  // (the held-out set checked too)
+    const auto [trainSet, evalSet] = train::openDatasets(*s.trainer);  // (the held-out set checked too)
     // One global batch must fit in the training set: said here, not by every worker after
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
     const auto& t = *s.trainer;
@@ -371,20 +384,20 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId) {
       const uint64_t world = static_cast<uint64_t>(s.nproc_per_node);  // (resolved: "auto" is a count now)
       const uint64_t stages = static_cast<uint64_t>(std::max(1, t.parallel.pipeline_stages));
       const uint64_t global = static_cast<uint64_t>(t.batch_size) * (world / stages);
-      // A model this machine cannot hold is said here, with the numbers, rather than as a
-      // worker's std::bad_alloc. The bound is a floor: the host copies of the weights and the
-      // optimizer state that every worker keeps (checkpoints, hashes), whatever the device.
-      unsigned long long params = 0;
-      for (size_t i = 0; i + 1 < t.model.layers.size(); ++i)
-        params += static_cast<unsigned long long>(t.model.layers[i] + 1) * static_cast<unsigned long long>(t.model.layers[i + 1]);
-      const unsigned long long floorBytes = params * 4 * (t.optimizer.type == "adamw" ? 3 : 2) * world / stages;
-      const unsigned long long mem = comm::physicalMemoryBytes();
-      if (mem > 0 && floorBytes > mem)
-        throw SpecError(fmt::format("{}: /trainer/model/layers: the model has {} parameters: at least {:.1f} GiB for {} "
-                                    "worker(s)' weights and optimizer state, more than this machine's {:.1f} GiB of "
-                                    "memory; use smaller layers or fewer workers",
-                                    s.source, params, static_cast<double>(floorBytes) / (1ull << 30), world,
-                                    static_cast<double>(mem) / (1ull << 30)));
+      // A job this host cannot hold is said here, with the numbers and the field to change,
+      // rather than as a worker's allocation failure (memory_estimate.h: what the trainers
+      // allocate, against the memory available now).
+      train::MemoryLayout layout;
+      layout.world = layout.workers = static_cast<int>(world);
+      layout.gpu = workersUseGpus(t, layout.workers);
+      if (t.data.type != "synthetic") layout.data_rows = trainSet->size() + evalSet->size();
+      layout.eval_rows = static_cast<long long>(evalSet->size());
+      const uint64_t available = train::availableMemoryBytes();
+      const train::MemoryEstimate need = train::checkHostMemory(t, layout, available, s.source);
+      if (memoryLine)
+        *memoryLine = fmt::format("about {} on this host ({} worker{}){}", train::formatBytes(need.host), world,
+                                  world == 1 ? "" : "s",
+                                  available ? fmt::format(", {} available", train::formatBytes(available)) : "");
       if (world % stages == 0 && trainSet->size() < global)
         throw SpecError(fmt::format("{}: /trainer/batch_size: the training set ({} samples) is smaller than one global "
                                     "batch ({} = batch_size {} x {} data-parallel workers); use more samples, a smaller "
@@ -862,10 +875,12 @@ int main(int argc, char** argv) {
     if (int rc = app::runAgentCommand(); rc >= 0) return rc;
     if (run->parsed()) return cmdRun(runArgs);
     if (validate->parsed()) {
-      spec::JobSpec s = buildSpec(valArgs, "");
+      std::string memory;
+      spec::JobSpec s = buildSpec(valArgs, "", &memory);
       checkOutputs(s, valArgs);
       std::cout << (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) << ": OK\n"
                 << spec::describe(s);
+      if (!memory.empty()) std::cout << "  memory:           " << memory << "\n";
       return kExitOk;
     }
   } catch (const SpecError& e) {

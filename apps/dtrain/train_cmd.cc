@@ -28,6 +28,7 @@
 #include "dtrain/store/hash_store.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/device.h"
+#include "dtrain/train/memory_estimate.h"
 #include "dtrain/train/trainer.h"
 #include "train_signals.h"
 
@@ -161,7 +162,14 @@ int trainCommand() {
   // Run by hand, this is the launch: the checkpoint directory is made and tried first.
   // (Under dtrain run the launcher or node 0's agent did it.)
   Fd checkpointLock;  // (held while this process trains)
-  if (!std::getenv("DTRAIN_STORE_ADDR")) checkpointLock = train::prepareCheckpointDir(*s.trainer, gSpec);
+  if (!std::getenv("DTRAIN_STORE_ADDR")) {
+    checkpointLock = train::prepareCheckpointDir(*s.trainer, gSpec);
+    // A job this host cannot hold: refused with the numbers, as dtrain run does. (The data
+    // set is not read twice for it: file data is left out of this estimate.)
+    train::MemoryLayout layout;
+    layout.gpu = train::resolveDevice(s.trainer->device, 0, 1).cuda;
+    train::checkHostMemory(*s.trainer, layout, train::availableMemoryBytes(), gSpec);
+  }
   // The device decides the communicator: NCCL all-reduces device memory in place, TCP host
   // memory. Resolved before the communicator exists, with the rule NCCL uses to pick its
   // GPU (LOCAL_RANK % visible GPUs), so both land on the same device.

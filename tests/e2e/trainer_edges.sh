@@ -1,5 +1,6 @@
 # The built-in trainer at its edges: a long final evaluation under the watchdog, what the
-# summary says without a held-out set and for regression, a run that diverges.
+# summary says without a held-out set and for regression, a run that diverges, a job too big
+# for memory.
 source "$(dirname "$0")/lib.sh"
 jq_() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
@@ -73,11 +74,53 @@ JSON
 "$DTRAIN" run "$T/pdiv.json" --summary-json "$T/s4.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "pipeline diverged: exit 2"
 grep -q "lost rank" "$T/err" && fail "pipeline diverged: a rank failed on a lost peer: $(grep 'lost rank' "$T/err")" || pass "pipeline diverged: every stage stops by itself (none on a lost peer)"
 expect_eq "$(jq_ "$T/s4.json" "d['restarts']")" 0 "pipeline diverged: not restarted"
-# A model this machine cannot hold: refused with the numbers before any worker starts (it was
-# a worker's std::bad_alloc, exit 1).
+# A job this machine cannot hold: refused with the numbers before any worker starts (it was a
+# worker's std::bad_alloc, exit 1), naming the field that needs the memory: the model...
 cat >"$T/huge.json" <<'JSON'
 {"nproc_per_node": 2, "trainer": {"model": {"layers": [1048576, 1048576, 10]}, "data": {"type": "synthetic", "train_samples": 1000}, "batch_size": 8}}
 JSON
 "$DTRAIN" run "$T/huge.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a model larger than memory: exit 2"
-expect_grep "/trainer/model/layers: the model has 1099523162122 parameters: at least [0-9.]+ GiB for 2 worker\(s\)' weights and optimizer state, more than this machine's" "$T/err" "a model larger than memory: the numbers"
+expect_grep "^dtrain: error: $T/huge.json: /trainer/model/layers: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: weights, gradients, optimizer state and their host copies [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available \(MemAvailable\); use smaller layers \(now 1048576-1048576-10: 1099523.2 M parameters, 4096.0 GiB per copy\), fewer workers per host \(nproc_per_node 2\), or pipeline stages" "$T/err" "a model larger than memory: the numbers and the fix"
+# ... or the batch: activations were not counted at all (validate said OK for a job that
+# needed 76 GiB per worker).
+cat >"$T/hugebatch.json" <<'JSON'
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [65536, 16, 10]}, "data": {"type": "synthetic", "train_samples": 2100000},
+ "batch_size": 1048576}}
+JSON
+"$DTRAIN" validate "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a batch larger than memory: validate exits 2"
+expect_grep "^dtrain: error: $T/hugebatch.json: /trainer/batch_size: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: activations and batch buffers [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available \(MemAvailable\); use a smaller batch_size \(now 1048576\) or fewer workers per host \(nproc_per_node 2\)$" "$T/err" "a batch larger than memory: validate names batch_size, the numbers and the fix"
+"$DTRAIN" run "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a batch larger than memory: run exits 2"
+expect_grep "/trainer/batch_size: this job needs about" "$T/err" "a batch larger than memory: run says it before the launch"
+grep -q "^\[rank" "$T/err" && fail "a batch larger than memory: a worker started" || pass "a batch larger than memory: no worker started"
+"$DTRAIN" train "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a batch larger than memory: dtrain train by hand exits 2"
+expect_grep "^dtrain: error: $T/hugebatch.json: /trainer/batch_size: this job needs about" "$T/err" "dtrain train by hand: the same check"
+# validate says what a job that fits needs.
+"$DTRAIN" validate "$T/noeval.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate: a small job is OK"
+expect_grep "^  memory: +about [0-9]+ MiB on this host \(2 workers\), [0-9.]+ [MG]iB available$" "$T/out" "validate: the job's estimated memory"
+
+# Memory that runs out inside a worker anyway (other processes took it, or a limit: ulimit -v
+# here, which fails the big allocations at once) is one line naming what was being allocated
+# and the field to change, exit 2 and no restart (every attempt would run out at the same
+# place), never a bare "std::bad_alloc".
+cat >"$T/oom_model.json" <<'JSON'
+{"nproc_per_node": 1, "max_restarts": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [1024, 10000, 10000, 10]},
+ "data": {"type": "synthetic", "train_samples": 1000}, "batch_size": 8}}
+JSON
+(ulimit -v 700000; "$DTRAIN" run "$T/oom_model.json" --summary-json "$T/s5.json" >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "out of memory for the model: exit 2"
+expect_grep "^\[rank 0\] dtrain: error: trainer: rank 0 ran out of memory allocating the model's weights, gradients and optimizer state \(std::bad_alloc\): this worker needs about 2.1 GiB \(weights, gradients, optimizer state and their host copies 2.1 GiB\), its address space is limited to 684 MiB \(ulimit -v\), [0-9.]+ [MG]iB available on this host; /trainer/model/layers: use smaller layers \(now 1024-10000-10000-10: 110.4 M parameters, 421 MiB per copy\), or pipeline stages" "$T/err" "out of memory for the model: what, the numbers and the fix"
+expect_eq "$(jq_ "$T/s5.json" "(d['restarts'], d['exit_code'], 'ran out of memory allocating the model' in d['error'])")" "(0, 2, True)" "out of memory for the model: not restarted, the summary says why"
+cat >"$T/oom_batch.json" <<'JSON'
+{"nproc_per_node": 1, "max_restarts": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4096, 16, 10]},
+ "data": {"type": "synthetic", "train_samples": 40000, "eval_samples": 10}, "batch_size": 32768}}
+JSON
+(ulimit -v 700000; "$DTRAIN" run "$T/oom_batch.json" >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "out of memory for the batch: exit 2"
+expect_grep "^\[rank 0\] dtrain: error: trainer: rank 0 ran out of memory allocating the activations and buffers of a batch of 32768 samples \(std::bad_alloc\): this worker needs about [0-9.]+ GiB \(activations and batch buffers [0-9.]+ GiB\), its address space is limited to 684 MiB \(ulimit -v\), .*; /trainer/batch_size: use a smaller batch_size \(now 32768\)$" "$T/err" "out of memory for the batch: names batch_size"
+# The pipeline trainer: the first stage holds the inputs.
+cat >"$T/oom_pipe.json" <<'JSON'
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4096, 16, 16, 10]},
+ "data": {"type": "synthetic", "train_samples": 40000, "eval_samples": 10}, "batch_size": 32768, "parallel": {"pipeline_stages": 2}}}
+JSON
+(ulimit -v 700000; "$DTRAIN" run "$T/oom_pipe.json" >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "pipeline out of memory: exit 2"
+expect_grep "^\[rank 0\] dtrain: error: trainer: rank 0 ran out of memory allocating the activations and buffers of a batch of 32768 samples \(micro-batches of 16384\) \(std::bad_alloc\): .*; /trainer/batch_size: use a smaller batch_size \(now 32768\) or fewer workers per host \(nproc_per_node 2\)$" "$T/err" "pipeline out of memory: names batch_size"
+grep -q "error: std::bad_alloc" "$T/err" && fail "a bare std::bad_alloc: $(grep bad_alloc "$T/err")" || pass "no bare std::bad_alloc"
 finish

@@ -278,6 +278,37 @@ TEST(GpuTrain, CheckpointsMoveBetweenGpuAndCpu) {
   }
 }
 
+// Device memory that runs out is one line naming what was being allocated and the field to
+// change (a SpecError: the worker's exit 2), not cudaMalloc's IoError: here the activations
+// of a batch of 262144 x (16-65536-10), ~275 GB, more than any GPU (the emulation's device
+// holds 16 GiB) while the host's share stays small.
+TEST(GpuTrain, OutOfDeviceMemoryNamesTheBatch) {
+  REQUIRE_GPUS(1);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  spec::TrainerSpec t;
+  t.device = "cuda";
+  t.model.layers = {16, 65536, 10};
+  t.batch_size = 262144;
+  t.data.train_samples = 262144;
+  t.data.eval_samples = 0;
+  t.max_steps = 1;
+  try {
+    runAlone(t, nullptr);
+    FAIL() << "a batch of ~275 GB of activations trained";
+  } catch (const SpecError& e) {
+    const std::string w = e.what();
+    EXPECT_EQ(w.rfind("trainer: rank 0 ran out of device memory allocating the activations and buffers of a batch of "
+                      "262144 samples (cudaMalloc of ",
+                      0),
+              0u)
+        << w;
+    EXPECT_NE(w.find("out of device memory): this worker needs about "), std::string::npos) << w;
+    EXPECT_NE(w.find("GiB of device memory; /trainer/batch_size: use a smaller batch_size (now 262144)"), std::string::npos)
+        << w;
+  }
+}
+
 // Two ranks over NCCL, one GPU each (NCCL refuses two ranks of one communicator on one
 // device), against two CPU ranks over TCP.
 TEST(GpuTrain, TwoRanksOverNcclMatchCpu) {

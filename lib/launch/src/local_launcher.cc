@@ -865,9 +865,11 @@ std::string exitReason(const WorkerExit& w) {
 
 std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, const std::string& host) {
   if (w.refused_input && !w.start_failed)
-    return fmt::format("not restarted: rank {}{} stopped on an error no restart can fix (exit 2: its spec, a data file, a "
-                       "checkpoint, a diverged training; see its error below); every attempt would fail the same way",
-                       w.global_rank, host.empty() ? std::string() : " on " + host);
+    return fmt::format(
+        "not restarted: rank {}{} stopped on an error no restart can fix (exit 2: its spec, a data file, a "
+        "checkpoint, a diverged training, memory it ran out of; see its error below); every attempt would "
+        "fail the same way",
+        w.global_rank, host.empty() ? std::string() : " on " + host);
   // (an ad hoc job has no spec to fix: its command is the one after --)
   const bool fromSpec = !spec.source.empty() && spec.source != "command line";
   return fmt::format("not restarted: rank {}'s command '{}' cannot be started{} (see its error below); {}",

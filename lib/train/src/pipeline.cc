@@ -46,6 +46,7 @@
 #include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
+#include "out_of_memory.h"
 #include "stage_math.h"
 #include "blas.h"
 
@@ -138,32 +139,38 @@ class CpuStage final : public StageMath {
   const float* backward(int slot, const std::function<void(int)>& onLayerDone) override {
     Stash& s = stash(slot);
     const int n = s.n, L = hi_ - lo_;
-    std::vector<float>& delta = s.delta;
     // A middle stage received d(loss)/d(its post-activation output): through the activation.
-    if (!last()) applyActivationGrad(delta, s.pre.back());
+    if (!last()) applyActivationGrad(s.delta, s.pre.back());
+    // Layer by layer the gradient goes down through gradA_ and gradB_ in turn, as in the GPU
+    // stage: the stash's buffers keep their sizes, so every micro-batch's stash takes the same
+    // sizes from the pool that the last one gave back (swapping the stash's delta with a
+    // member, as before, let pooled buffers change sizes and grow).
+    const float* delta = s.delta.data();
+    std::vector<float>* next = &gradA_;
     for (int k = L - 1; k >= 0; --k) {
       const int l = lo_ + k;
       const float* aPrev = k == 0 ? s.in.data() : s.act[static_cast<size_t>(k) - 1].data();
-      detail::sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta.data(), out(l), aPrev, in(l),
+      detail::sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out(l), in(l), n, 1.0f, delta, out(l), aPrev, in(l),
                   1.0f, dW(l), in(l));
-      addColumnSums(delta.data(), n, out(l), db(l));
+      addColumnSums(delta, n, out(l), db(l));
       if (onLayerDone) onLayerDone(k);
       if (k == 0 && lo_ == 0) break;
-      deltaPrev_.resize(static_cast<size_t>(n) * in(l));
-      detail::sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta.data(), out(l), W(l), in(l),
-                  0.0f, deltaPrev_.data(), in(l));
-      if (k > 0) applyActivationGrad(deltaPrev_, s.pre[static_cast<size_t>(k) - 1]);
-      std::swap(delta, deltaPrev_);
+      std::vector<float>& prev = *next;
+      prev.resize(static_cast<size_t>(n) * in(l));
+      detail::sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in(l), out(l), 1.0f, delta, out(l), W(l), in(l),
+                  0.0f, prev.data(), in(l));
+      if (k > 0) applyActivationGrad(prev, s.pre[static_cast<size_t>(k) - 1]);
+      delta = prev.data();
+      next = next == &gradA_ ? &gradB_ : &gradA_;
     }
-    // The input gradient is in `delta` now (the stash's buffer); hand it out, drop the rest.
-    inGrad_.swap(delta);
+    // The input gradient is in `delta` now (gradA_ or gradB_, until the next backward).
     release(s.in);
     release(s.delta);
     for (auto& v : s.pre) release(v);
     for (auto& v : s.act) release(v);
     s = Stash{};
     account();
-    return lo_ == 0 ? nullptr : inGrad_.data();
+    return lo_ == 0 ? nullptr : delta;
   }
 
   void zeroGrads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
@@ -201,10 +208,19 @@ class CpuStage final : public StageMath {
   // munmap each time (glibc serves them from mmap), which cost the first stage 20% of its
   // compute. Pooled buffers keep their capacity, so the memory held is the peak in use.
   // reuse(v, n): v sized n, its storage from the pool when v has none (the contents are
-  // stale; every caller overwrites them). release(v): v's storage back to the pool.
+  // stale; every caller overwrites them): the smallest pooled buffer that holds n, else the
+  // largest, grown. (The last one released, whatever its size, let every buffer drift up to
+  // the widest role's size over the steps: a first stage with a 4096-wide input and 16-wide
+  // layers held 3.0 GiB where its vectors needed 2.0.) release(v): v's storage back to the pool.
   void reuse(std::vector<float>& v, size_t n) {
     if (v.capacity() == 0 && !pool_.empty()) {
-      v.swap(pool_.back());
+      size_t pick = 0;
+      for (size_t i = 1; i < pool_.size(); ++i) {
+        const size_t c = pool_[i].capacity(), best = pool_[pick].capacity();
+        if (best >= n ? c >= n && c < best : c > best) pick = i;
+      }
+      v.swap(pool_[pick]);
+      if (pick + 1 != pool_.size()) pool_[pick].swap(pool_.back());
       pool_.pop_back();
     }
     v.resize(n);
@@ -236,7 +252,7 @@ class CpuStage final : public StageMath {
     peak_ = std::max(peak_, bytes);
   }
 
-  std::vector<float> params_, grads_, state_, deltaPrev_, inGrad_;
+  std::vector<float> params_, grads_, state_, gradA_, gradB_;
   std::vector<char> scratch_;
   std::vector<Stash> stash_;
   std::vector<std::vector<float>> pool_;
@@ -450,7 +466,11 @@ std::vector<int> partitionStages(const std::vector<int>& widths, int stages, con
   return first;
 }
 
-TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+namespace {
+
+// The pipeline trainer; `site` says what it is allocating (out_of_memory.h).
+TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts,
+                               detail::AllocationSite& site) {
   using detail::Clock;
   const int rank = comm.rank(), world = comm.size();
   const PipelineLayout lay = pipelineLayout(rank, world, ts.parallel.pipeline_stages);
@@ -478,6 +498,8 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
       stageSize[static_cast<size_t>(s)] += static_cast<size_t>(cfg.layers[static_cast<size_t>(l)] + 1) * cfg.layers[static_cast<size_t>(l) + 1];
 
   const int lo = first[static_cast<size_t>(p)], hi = first[static_cast<size_t>(p) + 1];
+  site.layout.gpu = dev.cuda;
+  site.at(detail::AllocationSite::kModel);
   std::unique_ptr<detail::StageMath> modelOwned = dev.cuda ? detail::makeCudaStage(cfg, lo, hi, ts.seed, adam, dev.index)
                                                            : detail::makeCpuStage(cfg, lo, hi, ts.seed, adam);
   detail::StageMath& model = *modelOwned;
@@ -486,9 +508,11 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
                                 "but this worker trains on {}", model.describe()));
   const size_t nParams = model.numParams();
   // Host copies of the stage's weights and optimizer state: checkpoints, hashes, staging.
+  site.at(detail::AllocationSite::kHostCopies);
   std::vector<float> hostParams, state;
   assignFresh(hostParams, nParams);
   assignFresh(state, model.stateSize());
+  site.at(detail::AllocationSite::kSetup);
   const bool firstStage = p == 0, lastStage = p == P - 1;
 
   // Sub-communicators: this replica's pipeline (P ranks, group rank = stage) carries the
@@ -540,6 +564,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   int64_t header[5] = {0, 0, 0, 0, 0};
   std::string ckptPath;
   auto loadStage = [&](long long maxStep) {
+    site.at(detail::AllocationSite::kCheckpoint);
     std::fill(header, header + 5, 0);
     auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { opts.warning(w); },
                                    &ckptPath, maxStep);
@@ -622,7 +647,11 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   }
 
   const int in = cfg.layers.front(), out = cfg.layers.back();
+  site.at(detail::AllocationSite::kData);
   auto [trainSet, evalSet] = openDatasets(ts);
+  if (ts.data.type != "synthetic") site.layout.data_rows = trainSet->size() + evalSet->size();
+  site.layout.eval_rows = static_cast<long long>(evalSet->size());
+  site.at(detail::AllocationSite::kBatch);
   const uint64_t N = trainSet->size();
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(D);
   const uint64_t stepsPerEpoch = N / globalBatch;
@@ -1045,6 +1074,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   checkWeightsFinite();  // (the last step may have overflowed with finite gradients)
   result.peak_activation_bytes = model.peakBytes();
 
+  site.at(detail::AllocationSite::kEval);
   // Held-out evaluation: chunks of up to B samples round-robin over the replicas, each
   // through the pipeline without micro-batching.
   const uint64_t E = evalSet->size();
@@ -1090,6 +1120,7 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   // concatenation and broadcasts it.
   char jobHash[64] = {};
   if (rank == 0) {
+    site.at(detail::AllocationSite::kGather);
     std::vector<float> whole(nParams);
     std::copy(hostParams.begin(), hostParams.end(), whole.begin());
     for (int s = 1; s < P; ++s) {
@@ -1107,6 +1138,14 @@ TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm,
   worldComm.broadcastHost(jobHash, 64 / 4, comm::DataType::kInt32, 0);
   result.weights_sha256.assign(jobHash, 64);
   return result;
+}
+
+}  // namespace
+
+TrainResult trainPipeline(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+  return detail::withAllocationSite(ts, comm.rank(), comm.size(), [&](detail::AllocationSite& site) {
+    return trainPipelineStage(ts, comm, opts, site);
+  });
 }
 
 }  // namespace dtrain::train

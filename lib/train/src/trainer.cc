@@ -24,6 +24,7 @@
 #include "diverged.h"
 #include "progress.h"
 #include "host_collectives.h"
+#include "out_of_memory.h"
 
 namespace dtrain::train {
 namespace {
@@ -77,8 +78,11 @@ std::vector<Bucket> planBuckets(const std::vector<size_t>& offsets, size_t bucke
   return out;
 }
 
-TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
-  if (ts.parallel.pipeline_stages > 1) return trainPipeline(ts, comm, opts);
+namespace {
+
+// The data-parallel trainer; `site` says what it is allocating (out_of_memory.h).
+TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts,
+                              detail::AllocationSite& site) {
   const int rank = comm.rank(), world = comm.size();
   MlpConfig cfg;
   cfg.layers = ts.model.layers;
@@ -87,6 +91,8 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const bool adam = ts.optimizer.type == "adamw";
   const DeviceChoice dev = resolveDevice(opts.device.empty() ? ts.device : opts.device, localRankFromEnv(rank),
                                            localWorldSizeFromEnv(0));
+  site.layout.gpu = dev.cuda;
+  site.at(detail::AllocationSite::kModel);
   // The same initial weights on either backend (Mlp::init on the host from ts.seed).
   std::unique_ptr<detail::MathBackend> be =
       dev.cuda ? detail::makeCudaBackend(cfg, ts.seed, adam, dev.index) : detail::makeCpuBackend(cfg, ts.seed, adam);
@@ -101,9 +107,11 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   detail::HostCollectives hostComm(comm, *be);
   const size_t P = be->numParams();
   // Host copies of the weights and optimizer state: checkpoints, the hash and staging.
+  site.at(detail::AllocationSite::kHostCopies);
   std::vector<float> params, momentum;
   assignFresh(params, P);
   assignFresh(momentum, be->stateSize());
+  site.at(detail::AllocationSite::kSetup);
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
   bool overlap = overlapGradients(ts.overlap, dev.cuda);
@@ -138,6 +146,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   if (!layout.empty()) {
     header[0] = -2;
   } else if (rank == 0 && !ts.checkpoint.dir.empty()) {
+    site.at(detail::AllocationSite::kCheckpoint);
     auto st = loadLatestCheckpoint(ts.checkpoint.dir, [&](const std::string& w) { opts.warning(w); },
                                    &ckptPath);
     if (st) mismatch = checkpointMismatch(ts, *st, ckptPath, params.size());
@@ -165,7 +174,11 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   const int B = ts.batch_size;
   const int in = cfg.layers.front(), out = cfg.layers.back();
   const bool mse = cfg.loss == Loss::kMse;
+  site.at(detail::AllocationSite::kData);
   auto [trainSet, evalSet] = openDatasets(ts);
+  if (ts.data.type != "synthetic") site.layout.data_rows = trainSet->size() + evalSet->size();
+  site.layout.eval_rows = static_cast<long long>(evalSet->size());
+  site.at(detail::AllocationSite::kBatch);
   const uint64_t N = trainSet->size();
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(world);
   // drop_last: each epoch uses floor(N / global batch) full global batches; every sample of
@@ -380,6 +393,7 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
   result.samples_per_s = progress.samplesPerSecond(step);
 
   // Held-out evaluation, sharded round-robin over the ranks.
+  site.at(detail::AllocationSite::kEval);
   const uint64_t E = evalSet->size();
   double ev[3] = {0, 0, 0};
   for (uint64_t first = static_cast<uint64_t>(rank) * B; first < E; first += globalBatch) {
@@ -417,6 +431,15 @@ TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const T
                                       r, rank, std::string(all.data() + 64 * static_cast<size_t>(r), 64),
                                       result.weights_sha256));
   return result;
+}
+
+}  // namespace
+
+TrainResult train(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts) {
+  if (ts.parallel.pipeline_stages > 1) return trainPipeline(ts, comm, opts);
+  return detail::withAllocationSite(ts, comm.rank(), comm.size(), [&](detail::AllocationSite& site) {
+    return trainDataParallel(ts, comm, opts, site);
+  });
 }
 
 }  // namespace dtrain::train

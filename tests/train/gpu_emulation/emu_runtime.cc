@@ -12,6 +12,10 @@
 EmuDim blockIdx, blockDim, gridDim;
 thread_local EmuDim threadIdx;
 int emuDeviceCount() { const char* e = std::getenv("EMU_GPUS"); return e ? std::atoi(e) : 1; }
+size_t emuDeviceBytes() {
+  const char* e = std::getenv("EMU_DEVICE_BYTES");
+  return e ? std::strtoull(e, nullptr, 10) : size_t{16} << 30;
+}
 void* emuAlloc(size_t bytes) { return std::malloc(bytes ? bytes : 1); }
 void emuFree(void* p) { std::free(p); }
 

@@ -23,6 +23,18 @@ void cudaCheck(cudaError_t e, const char* call) {
   }
 }
 
+void allocCheck(cudaError_t e, const char* call, size_t bytes, bool device) {
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // (not sticky: the next call reports its own)
+    int dev = -1;
+    (void)cudaGetDevice(&dev);
+    throw AllocationError(fmt::format("{} of {} bytes on cuda:{}: out of {} memory", call, bytes, dev,
+                                      device ? "device" : "page-locked host"),
+                          device);
+  }
+  cudaCheck(e, call);
+}
+
 void cublasCheck(cublasStatus_t s, const char* call) {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw IoError(fmt::format("{}: cuBLAS error: {} ({})", call, cublasGetStatusString(s), cublasGetStatusName(s)));

@@ -18,6 +18,10 @@ void cudaCheck(cudaError_t e, const char* call);
 void cublasCheck(cublasStatus_t s, const char* call);
 // After kernel launches: a launch error (bad configuration) as cudaCheck.
 void checkLaunch(const char* kernel);
+// After cudaMalloc (device) or cudaMallocHost (page-locked host memory) of `bytes`: out of
+// memory is an AllocationError (a std::bad_alloc, which the trainer turns into one line naming
+// what it was allocating and the field to change, exit 2); any other error as cudaCheck.
+void allocCheck(cudaError_t e, const char* call, size_t bytes, bool device);
 
 // Device memory of `count` T. Move-only.
 template <typename T>
@@ -40,7 +44,8 @@ class DeviceBuffer {
   // Reallocates (contents lost) to hold `count` elements.
   void reset(size_t count) {
     release();
-    if (count > 0) cudaCheck(cudaMalloc(reinterpret_cast<void**>(&p_), count * sizeof(T)), "cudaMalloc");
+    if (count > 0)
+      allocCheck(cudaMalloc(reinterpret_cast<void**>(&p_), count * sizeof(T)), "cudaMalloc", count * sizeof(T), true);
     n_ = count;
   }
   // Grows (contents lost) when smaller than `count`.
@@ -71,7 +76,8 @@ class PinnedBuffer {
   void ensure(size_t count) {
     if (n_ >= count) return;
     release();
-    cudaCheck(cudaMallocHost(reinterpret_cast<void**>(&p_), count * sizeof(T)), "cudaMallocHost");
+    allocCheck(cudaMallocHost(reinterpret_cast<void**>(&p_), count * sizeof(T)), "cudaMallocHost", count * sizeof(T),
+               false);
     n_ = count;
   }
   T* get() const { return p_; }

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <cstdio>
 #include <cmath>
-enum cudaError_t { cudaSuccess = 0, cudaErrorNotReady = 600, cudaErrorNoDevice = 100, cudaErrorInvalidDevice = 101 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorNotReady = 600, cudaErrorNoDevice = 100, cudaErrorInvalidDevice = 101 };
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 struct CUstream_st { int dev; };
 struct CUevent_st { int recorded; };
@@ -19,15 +19,23 @@ typedef CUevent_st* cudaEvent_t;
 struct cudaDeviceProp { char name[256]; };
 int emuDeviceCount();
 inline int& emuCurrentDevice() { static thread_local int d = 0; return d; }
-inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : e == cudaErrorNoDevice ? "no CUDA-capable device is detected" : "invalid device ordinal"; }
-inline const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorNoDevice ? "cudaErrorNoDevice" : "cudaErrorInvalidDevice"; }
+inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : e == cudaErrorNoDevice ? "no CUDA-capable device is detected" : e == cudaErrorMemoryAllocation ? "out of memory" : "invalid device ordinal"; }
+inline const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorNoDevice ? "cudaErrorNoDevice" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation" : "cudaErrorInvalidDevice"; }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaGetDeviceCount(int* n) { *n = emuDeviceCount(); return *n ? cudaSuccess : cudaErrorNoDevice; }
+inline cudaError_t cudaGetDevice(int* d) { *d = emuCurrentDevice(); return cudaSuccess; }
 inline cudaError_t cudaSetDevice(int d) { if (d < 0 || d >= emuDeviceCount()) return cudaErrorInvalidDevice; emuCurrentDevice() = d; return cudaSuccess; }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) { std::snprintf(p->name, sizeof p->name, "Emulated GPU %d", d); return cudaSuccess; }
 void* emuAlloc(size_t bytes);
 void emuFree(void* p);
-inline cudaError_t cudaMalloc(void** p, size_t bytes) { *p = emuAlloc(bytes); return cudaSuccess; }
+// An emulated device holds EMU_DEVICE_BYTES (default 16 GiB): a larger allocation is out of
+// memory, as on a real device (one allocation at a time is compared, not their sum).
+size_t emuDeviceBytes();
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (bytes > emuDeviceBytes()) return cudaErrorMemoryAllocation;
+  *p = emuAlloc(bytes);
+  return cudaSuccess;
+}
 inline cudaError_t cudaFree(void* p) { emuFree(p); return cudaSuccess; }
 inline cudaError_t cudaMallocHost(void** p, size_t bytes) { *p = emuAlloc(bytes); return cudaSuccess; }
 inline cudaError_t cudaFreeHost(void* p) { emuFree(p); return cudaSuccess; }

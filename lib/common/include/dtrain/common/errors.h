@@ -2,8 +2,10 @@
 // Error policy (docs/errors.md): typed exceptions for what can happen at run time,
 // DTRAIN_CHECK for invariants that only a bug can break. Every exception that reaches
 // main() is printed as one line and mapped to an exit code by exitCodeFor().
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dtrain {
 
@@ -27,6 +29,21 @@ class TimeoutError : public std::runtime_error {
 class PeerLostError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// An allocation that failed where std::bad_alloc would say nothing of it: device memory
+// (cudaMalloc), page-locked host memory (cudaMallocHost). A std::bad_alloc, so that one
+// handler takes every allocation failure; what() names the call, the size and the device.
+class AllocationError : public std::bad_alloc {
+ public:
+  AllocationError(std::string what, bool device) : what_(std::move(what)), device_(device) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  // True for device memory (the GPU's), false for host memory.
+  bool device() const { return device_; }
+
+ private:
+  std::string what_;
+  bool device_;
 };
 
 // Broken invariant: a bug in dtrain. Exit code 1 with file:line.
