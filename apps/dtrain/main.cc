@@ -393,11 +393,23 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       if (t.data.type != "synthetic") layout.data_rows = trainSet->size() + evalSet->size();
       layout.eval_rows = static_cast<long long>(evalSet->size());
       const uint64_t available = train::availableMemoryBytes();
-      const train::MemoryEstimate need = train::checkHostMemory(t, layout, available, s.source);
+      train::MemoryEstimate need;
+      bool fits = true;
+      try {
+        need = train::checkHostMemory(t, layout, available, s.source);
+      } catch (const SpecError& e) {
+        // validate may run on another machine than the job's (a login node): the job's host
+        // may have the memory. Said, with the numbers; run and --dry-run refuse it here.
+        if (!runId.empty()) throw;
+        need = train::estimateMemory(t, layout);
+        fits = false;
+        std::cerr << "dtrain: warning: " << e.what() << " (run refuses it on a host like this one)\n";
+      }
       if (memoryLine)
-        *memoryLine = fmt::format("about {} on this host ({} worker{}){}", train::formatBytes(need.host), world,
+        *memoryLine = fmt::format("about {} on this host ({} worker{}){}{}", train::formatBytes(need.host), world,
                                   world == 1 ? "" : "s",
-                                  available ? fmt::format(", {} available", train::formatBytes(available)) : "");
+                                  available ? fmt::format(", {} available", train::formatBytes(available)) : "",
+                                  fits ? "" : ": more than this host has");
       if (world % stages == 0 && trainSet->size() < global)
         throw SpecError(fmt::format("{}: /trainer/batch_size: the training set ({} samples) is smaller than one global "
                                     "batch ({} = batch_size {} x {} data-parallel workers); use more samples, a smaller "
