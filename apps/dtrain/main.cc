@@ -12,6 +12,7 @@
 #include <fstream>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -315,12 +316,32 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
 
 // Whether a local job's workers will train on GPUs (resolveDevice's rule for rank 0, which
 // every worker of the node shares): their model and activations are then device memory.
-bool workersUseGpus(const spec::TrainerSpec& t, int workers) {
+// nullopt when the device cannot be resolved ("cuda" without a usable GPU, GPUs shared): that
+// error is the job's, said by its own check, not as a memory estimate on the wrong device.
+std::optional<bool> workersUseGpus(const spec::TrainerSpec& t, int workers) {
   try {
     return train::resolveDevice(t.device, 0, workers).cuda;
   } catch (const SpecError&) {
-    return false;  // ("cuda" without a usable GPU: refused before the launch, in runJob)
+    return std::nullopt;
   }
+}
+
+// Whether `dir` holds any file named like a checkpoint (its own ckpt-*.bin or a pipeline
+// stage's): a first run's directory reads none at the start.
+bool holdsCheckpointFiles(const std::string& dir) {
+  std::error_code ec;
+  auto named = [](const std::filesystem::path& p) {
+    const std::string n = p.filename().string();
+    return n.rfind("ckpt-", 0) == 0 && n.size() > 9 && n.compare(n.size() - 4, 4, ".bin") == 0;
+  };
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (named(it->path())) return true;
+    std::error_code dec;
+    if (it->path().filename().string().rfind("stage-", 0) == 0 && it->is_directory(dec))
+      for (std::filesystem::directory_iterator st(it->path(), dec), e2; !dec && st != e2; st.increment(dec))
+        if (named(st->path())) return true;
+  }
+  return false;
 }
 
 // The spec of `dtrain run` or `validate`, resolved and checked; `memoryLine`, when given,
@@ -376,6 +397,9 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
   if (s.trainer) {
+    // (before the data sets below: this process's copy of them is gone before any worker
+    // starts, and must not count against the workers' memory)
+    const uint64_t available = train::availableMemoryBytes();
     const auto [trainSet, evalSet] = train::openDatasets(*s.trainer);  // (the held-out set checked too)
     // One global batch must fit in the training set: said here, not by every worker after
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
@@ -389,14 +413,26 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       // allocate, against the memory available now).
       train::MemoryLayout layout;
       layout.world = layout.workers = static_cast<int>(world);
-      layout.gpu = workersUseGpus(t, layout.workers);
+      const std::optional<bool> gpu = workersUseGpus(t, layout.workers);
+      layout.gpu = gpu.value_or(false);
       if (t.data.type != "synthetic") layout.data_rows = trainSet->size() + evalSet->size();
       layout.eval_rows = static_cast<long long>(evalSet->size());
-      const uint64_t available = train::availableMemoryBytes();
+      layout.checkpoint_to_read = !t.checkpoint.dir.empty() && holdsCheckpointFiles(t.checkpoint.dir);
+      // DTRAIN_MEMORY_CHECK=0: the estimate is said, not enforced (swap, a host whose
+      // MemAvailable undercounts what the job may take).
+      const char* check = std::getenv("DTRAIN_MEMORY_CHECK");
+      const bool enforce = gpu.has_value() && !(check && std::string(check) == "0");
       train::MemoryEstimate need;
       bool fits = true;
       try {
-        need = train::checkHostMemory(t, layout, available, s.source);
+        need = train::checkHostMemory(t, layout, enforce ? available : 0, s.source);
+        if (!enforce && available && need.host > available) {
+          fits = false;
+          if (gpu.has_value())
+            std::cerr << fmt::format("dtrain: warning: {}: this job needs about {} of memory on this host, more than "
+                                     "the {} available; not refused (DTRAIN_MEMORY_CHECK=0)\n",
+                                     s.source, train::formatBytes(need.host), train::formatBytes(available));
+        }
       } catch (const SpecError& e) {
         // validate may run on another machine than the job's (a login node): the job's host
         // may have the memory. Said, with the numbers; run and --dry-run refuse it here.

@@ -163,12 +163,16 @@ int trainCommand() {
   // (Under dtrain run the launcher or node 0's agent did it.)
   Fd checkpointLock;  // (held while this process trains)
   if (!std::getenv("DTRAIN_STORE_ADDR")) {
-    checkpointLock = train::prepareCheckpointDir(*s.trainer, gSpec);
-    // A job this host cannot hold: refused with the numbers, as dtrain run does. (The data
-    // set is not read twice for it: file data is left out of this estimate.)
+    // A job this host cannot hold: refused with the numbers, as dtrain run does, before its
+    // checkpoint directory is made. (The data set is not read twice for it: file data is
+    // left out of this estimate.) DTRAIN_MEMORY_CHECK=0: not enforced.
     train::MemoryLayout layout;
     layout.gpu = train::resolveDevice(s.trainer->device, 0, 1).cuda;
-    train::checkHostMemory(*s.trainer, layout, train::availableMemoryBytes(), gSpec);
+    layout.checkpoint_to_read = !s.trainer->checkpoint.dir.empty() && std::filesystem::exists(s.trainer->checkpoint.dir);
+    const char* check = std::getenv("DTRAIN_MEMORY_CHECK");
+    if (!(check && std::string(check) == "0"))
+      train::checkHostMemory(*s.trainer, layout, train::availableMemoryBytes(), gSpec);
+    checkpointLock = train::prepareCheckpointDir(*s.trainer, gSpec);
   }
   // The device decides the communicator: NCCL all-reduces device memory in place, TCP host
   // memory. Resolved before the communicator exists, with the rule NCCL uses to pick its

@@ -141,7 +141,7 @@ cat > "$T/save.py" <<'PY'
 import os, signal, sys, time
 d, rank = os.environ["D"], os.environ["RANK"]
 def save(sig, _):
-    time.sleep(1)
+    time.sleep(float(os.environ.get("SAVE_S", "1")))
     open(f"{d}/saved.{rank}", "w").write("ok")
     sys.exit(128 + sig)
 if rank == "1":
@@ -166,10 +166,12 @@ fi
 # A signal later in a long teardown is one after a failure, not a scheduler's stop: the job
 # ends as that failure (a worker killed by SIGTERM alone, no restart left).
 rm -f "$T"/pid.* "$T"/saved.*
-D="$T" "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/late.json" -- python3 "$T/save.py" >"$T/out" 2>"$T/err" &
+# (rank 1 takes 6 s to save: the signal, 2 s after the death, is well inside that teardown
+# and well past kOutsideStopWindow, 0.5 s)
+SAVE_S=6 D="$T" "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/late.json" -- python3 "$T/save.py" >"$T/out" 2>"$T/err" &
 DTRAIN_PID=$!
 if wait_for "$T/pid.0" "$T/pid.1"; then
-  kill -TERM "$(cat "$T/pid.0")"; sleep 0.8; kill -TERM "$DTRAIN_PID"
+  kill -TERM "$(cat "$T/pid.0")"; sleep 2; kill -TERM "$DTRAIN_PID"
   wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
   expect_eq "$rc" 143 "a signal late in the teardown: the failure's exit code"
   expect_grep "^dtrain: job 'save.py' failed: rank 0 killed by SIGTERM" "$T/err" "a signal late in the teardown: the failure's headline"

@@ -125,8 +125,9 @@ WorkerMemory dataParallel(const spec::TrainerSpec& t, const MemoryLayout& l, int
     m.batch = batches + B * (in + yw) * kFloat;  // + the pinned staging of a batch
   }
   dataSets(t, l, m);
-  if (rank == 0 && !t.checkpoint.dir.empty()) m.resume = (P + S) * kFloat;  // loadLatestCheckpoint's vectors
-  m.runtime = kRuntime + (l.workers == l.world ? shmSegment(static_cast<uint64_t>(l.world)) : 0);
+  if (rank == 0 && !t.checkpoint.dir.empty() && l.checkpoint_to_read) m.resume = (P + S) * kFloat;  // loadLatestCheckpoint's vectors
+  m.shared = l.workers == l.world ? shmSegment(static_cast<uint64_t>(l.world)) : 0;
+  m.runtime = kRuntime + m.shared;
   return m;
 }
 
@@ -191,17 +192,16 @@ WorkerMemory pipelineStage(const spec::TrainerSpec& t, const MemoryLayout& l, in
     m.batch = batches;
   }
   dataSets(t, l, m);
-  if (d == 0 && !t.checkpoint.dir.empty()) m.resume = (n + S) * kFloat;  // the stage's checkpoint
+  if (d == 0 && !t.checkpoint.dir.empty() && l.checkpoint_to_read) m.resume = (n + S) * kFloat;  // the stage's checkpoint
   // Rank 0 gathers the whole model for the job's hash, growing one vector stage by stage:
   // the reallocation holds the old and the new contents at once.
   if (rank == 0) m.gather = (2 * total - lastStageParams) * kFloat;
   if (l.workers == l.world) {
     // The world, this replica's pipeline and this stage's group (with D > 1) each map one.
-    m.runtime = kRuntime + shmSegment(static_cast<uint64_t>(l.world));
-    if (D > 1) m.runtime += shmSegment(static_cast<uint64_t>(P)) + shmSegment(static_cast<uint64_t>(D));
-  } else {
-    m.runtime = kRuntime;
+    m.shared = shmSegment(static_cast<uint64_t>(l.world));
+    if (D > 1) m.shared += shmSegment(static_cast<uint64_t>(P)) + shmSegment(static_cast<uint64_t>(D));
   }
+  m.runtime = kRuntime + m.shared;
   return m;
 }
 
@@ -223,13 +223,22 @@ MemoryEstimate estimateMemory(const spec::TrainerSpec& t, const MemoryLayout& l)
   for (int r = l.first_rank; r < l.first_rank + l.workers; ++r) {
     e.workers.push_back(estimateWorkerMemory(t, l, r));
     const WorkerMemory& w = e.workers.back();
-    e.host += w.peak();
+    e.host += w.peak() - w.shared;  // (the segments: once, below)
     sum.model += w.model;
     sum.batch += w.batch;
     sum.data += w.data;
     sum.loading += w.loading;
     sum.resume += w.resume;
     sum.gather += w.gather;
+  }
+  // Each distinct segment once: the world's, and with a pipeline of D > 1 replicas each
+  // replica's pipeline group (P ranks) and each stage's group (D ranks).
+  if (l.workers == l.world && !e.workers.empty()) {
+    const int P = std::max(1, t.parallel.pipeline_stages), D = std::max(1, l.world / P);
+    e.host += shmSegment(static_cast<uint64_t>(l.world));
+    if (P > 1 && D > 1)
+      e.host += static_cast<uint64_t>(D) * shmSegment(static_cast<uint64_t>(P)) +
+                static_cast<uint64_t>(P) * shmSegment(static_cast<uint64_t>(D));
   }
   e.field = dominantField(sum);
   return e;

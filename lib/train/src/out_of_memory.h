@@ -60,7 +60,14 @@ auto withAllocationSite(const spec::TrainerSpec& t, int rank, int world, F&& bod
   try {
     return body(site);
   } catch (const std::bad_alloc& e) {
-    throw SpecError(outOfMemoryMessage(t, site.layout, rank, site.kind(), e));
+    std::string message;
+    try {
+      message = outOfMemoryMessage(t, site.layout, rank, site.kind(), e);
+    } catch (...) {  // (the message itself could not be made: memory is that short)
+      throw SpecError("trainer: out of memory (an allocation failed, and so did the report of it); use smaller "
+                      "/trainer/model/layers, /trainer/batch_size or fewer workers per host");
+    }
+    throw SpecError(message);
   }
 }
 

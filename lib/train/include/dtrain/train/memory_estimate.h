@@ -26,6 +26,10 @@ struct MemoryLayout {
   // The held-out set's size: the evaluation's batches are min(batch_size, this) rows.
   // -1: unknown; synthetic data's is its spec's eval_samples, a file's taken as a batch.
   long long eval_rows = -1;
+  // Whether checkpoint.dir may hold a checkpoint to resume from (read at the start, rank 0 /
+  // each stage's replica 0): false for a directory without any (a first run), whose read
+  // would otherwise be counted for nothing.
+  bool checkpoint_to_read = true;
 };
 
 // One worker's memory in bytes, by what holds it. Each part is at its largest; peak() is
@@ -41,6 +45,9 @@ struct WorkerMemory {
   uint64_t gather = 0;   // pipeline rank 0: the whole model, gathered for the job's weight hash at the end
   uint64_t runtime = 0;  // the process itself: code, libraries, stacks, the communicators' shared memory
   uint64_t device = 0;   // GPU workers: device memory (outside peak(), which is host memory)
+  // The shared-memory segments of its communicators, part of runtime: mapped by every worker
+  // of the host, held once (estimateMemory counts them once).
+  uint64_t shared = 0;
   uint64_t peak() const { return runtime + model + std::max(resume, data + std::max(loading, batch + gather)); }
 };
 
