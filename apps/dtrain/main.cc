@@ -491,6 +491,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     plan.master_port = 0;
     plan.run_id = "id chosen at start";
     std::cout << launch::formatPlan(plan, s);
+    if (!a.summary_json.empty())
+      std::cerr << fmt::format("dtrain: warning: --summary-json {}: not written by --dry-run (nothing runs)\n",
+                               a.summary_json);
     return kExitOk;
   }
   if (!s.log_dir.empty()) {
@@ -619,6 +622,7 @@ int cmdRun(RunArgs& a) {
   const auto started = std::chrono::steady_clock::now();
   std::string jobName;
   auto early = [&](int code, const char* what) {
+    if (a.dry_run) return;  // (a preview writes no outcome, failed or not: nothing ran)
     writeFailedSummary(a.summary_json, jobName, runId, code, what,
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   };

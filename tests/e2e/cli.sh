@@ -279,6 +279,13 @@ expect_eq "$(cat "$T/err")" "dtrain: error: store get: unknown option --tmeout (
 expect_eq "$(cat "$T/err")" "dtrain: error: bench allreduce: unknown option --nproc-per-nod (did you mean --nproc-per-node?); see dtrain bench allreduce --help" "bench --nproc-per-nod: did you mean"
 "$DTRAIN" train --foo x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "train --foo: exit 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: train: unknown option --foo; see dtrain train --help" "train --foo: named"
+# --env NAME twice with different values: the last, said (the values unsaid: secrets).
+"$DTRAIN" validate --env SECRET_A=one --env SECRET_A=two --env B=1 --env B=1 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "--env twice: exit 0"
+expect_eq "$(cat "$T/err")" "dtrain: warning: --env SECRET_A is given twice, with different values; the last one is used" "--env twice: one warning, no values"
+# --dry-run writes no summary (nothing runs), and says so.
+"$DTRAIN" run --dry-run --summary-json "$T/dry.json" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "--dry-run --summary-json: exit 0"
+[ -e "$T/dry.json" ] && fail "--dry-run wrote a summary" || pass "--dry-run wrote no summary"
+expect_eq "$(cat "$T/err")" "dtrain: warning: --summary-json $T/dry.json: not written by --dry-run (nothing runs)" "--dry-run --summary-json: said"
 # A GPU spec on a host without GPUs: validate checks the spec alone (it may run on a login
 # node), --dry-run refuses it as run would, instead of a plan on the CPU.
 if ! nvidia-smi -L >/dev/null 2>&1; then

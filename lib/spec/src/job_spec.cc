@@ -1029,6 +1029,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
       throw SpecError(fmt::format("--shutdown-timeout: expected seconds between 0 and 86400, got {}", *o.shutdown_timeout_s));
     spec.shutdown_timeout_s = *o.shutdown_timeout_s;
   }
+  std::map<std::string, std::string> givenEnv;  // --env NAME -> its value, to tell a repeat
   for (const auto& kv : o.env) {
     auto eq = kv.find('=');
     if (eq == 0 || kv.empty())
@@ -1052,6 +1053,11 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     if (value.find('\0') != std::string::npos)
       throw SpecError(fmt::format("--env: the value of {} contains a NUL character, which the environment cannot carry; remove it",
                                   name));
+    // (the values unsaid: they may be secrets)
+    if (auto it = givenEnv.find(name); it != givenEnv.end() && it->second != value)
+      spec.warnings["--env twice: " + name] =
+          fmt::format("--env {} is given twice, with different values; the last one is used", name);
+    givenEnv[name] = value;
     spec.env[name] = value;
     spec.warnings.erase(name);  // --env wins: its line, not the spec's
     if (auto w = masterOverrideWarning("--env", name, value); !w.empty()) spec.warnings[name] = w;
