@@ -326,24 +326,6 @@ std::optional<bool> workersUseGpus(const spec::TrainerSpec& t, int workers) {
   }
 }
 
-// Whether `dir` holds any file named like a checkpoint (its own ckpt-*.bin or a pipeline
-// stage's): a first run's directory reads none at the start.
-bool holdsCheckpointFiles(const std::string& dir) {
-  std::error_code ec;
-  auto named = [](const std::filesystem::path& p) {
-    const std::string n = p.filename().string();
-    return n.rfind("ckpt-", 0) == 0 && n.size() > 9 && n.compare(n.size() - 4, 4, ".bin") == 0;
-  };
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (named(it->path())) return true;
-    std::error_code dec;
-    if (it->path().filename().string().rfind("stage-", 0) == 0 && it->is_directory(dec))
-      for (std::filesystem::directory_iterator st(it->path(), dec), e2; !dec && st != e2; st.increment(dec))
-        if (named(st->path())) return true;
-  }
-  return false;
-}
-
 // The spec of `dtrain run` or `validate`, resolved and checked; `memoryLine`, when given,
 // gets a trainer job's estimated memory (validate prints it).
 spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr) {
@@ -417,22 +399,18 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       layout.gpu = gpu.value_or(false);
       if (t.data.type != "synthetic") layout.data_rows = trainSet->size() + evalSet->size();
       layout.eval_rows = static_cast<long long>(evalSet->size());
-      layout.checkpoint_to_read = !t.checkpoint.dir.empty() && holdsCheckpointFiles(t.checkpoint.dir);
-      // DTRAIN_MEMORY_CHECK=0: the estimate is said, not enforced (swap, a host whose
-      // MemAvailable undercounts what the job may take).
-      const char* check = std::getenv("DTRAIN_MEMORY_CHECK");
-      const bool enforce = gpu.has_value() && !(check && std::string(check) == "0");
+      layout.checkpoint_to_read = !t.checkpoint.dir.empty() && train::holdsCheckpointFiles(t.checkpoint.dir);
+      // (no device: that error is the job's, said by its own check)
+      const bool enforce = gpu.has_value() && train::memoryCheckEnforced();
       train::MemoryEstimate need;
       bool fits = true;
       try {
         need = train::checkHostMemory(t, layout, enforce ? available : 0, s.source);
-        if (!enforce && available && need.host > available) {
-          fits = false;
-          if (gpu.has_value())
-            std::cerr << fmt::format("dtrain: warning: {}: this job needs about {} of memory on this host, more than "
-                                     "the {} available; not refused (DTRAIN_MEMORY_CHECK=0)\n",
-                                     s.source, train::formatBytes(need.host), train::formatBytes(available));
-        }
+        fits = !available || need.host <= available;
+        if (!fits && gpu.has_value())  // (DTRAIN_MEMORY_CHECK=0)
+          std::cerr << fmt::format("dtrain: warning: {}: this job needs about {} of memory on this host, more than "
+                                   "the {} available; not refused (DTRAIN_MEMORY_CHECK=0)\n",
+                                   s.source, train::formatBytes(need.host), train::formatBytes(available));
       } catch (const SpecError& e) {
         // validate may run on another machine than the job's (a login node): the job's host
         // may have the memory. Said, with the numbers; run and --dry-run refuse it here.

@@ -168,10 +168,8 @@ int trainCommand() {
     // left out of this estimate.) DTRAIN_MEMORY_CHECK=0: not enforced.
     train::MemoryLayout layout;
     layout.gpu = train::resolveDevice(s.trainer->device, 0, 1).cuda;
-    layout.checkpoint_to_read = !s.trainer->checkpoint.dir.empty() && std::filesystem::exists(s.trainer->checkpoint.dir);
-    const char* check = std::getenv("DTRAIN_MEMORY_CHECK");
-    if (!(check && std::string(check) == "0"))
-      train::checkHostMemory(*s.trainer, layout, train::availableMemoryBytes(), gSpec);
+    layout.checkpoint_to_read = !s.trainer->checkpoint.dir.empty() && train::holdsCheckpointFiles(s.trainer->checkpoint.dir);
+    if (train::memoryCheckEnforced()) train::checkHostMemory(*s.trainer, layout, train::availableMemoryBytes(), gSpec);
     checkpointLock = train::prepareCheckpointDir(*s.trainer, gSpec);
   }
   // The device decides the communicator: NCCL all-reduces device memory in place, TCP host
@@ -284,10 +282,7 @@ int trainCommand() {
                            r.bubble_fraction, r.stage_ms};
     o.eval_loss = evalLoss;
     // (the final checkpoint, written at the end of every run with a checkpoint dir)
-    if (const auto& dir = s.trainer->checkpoint.dir; !dir.empty()) {
-      const std::string last = s.trainer->parallel.pipeline_stages > 1
-                                   ? (std::filesystem::path(dir) / "manifest.json").string()
-                                   : train::checkpointPath(dir, r.steps);
+    if (const std::string last = train::resumeFile(*s.trainer, r.steps); !last.empty()) {
       std::error_code ec;
       if (std::filesystem::exists(last, ec)) o.checkpoint = last;
     }

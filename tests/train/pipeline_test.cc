@@ -409,6 +409,31 @@ TEST(Pipeline, CheckpointsOfAnotherLayoutAreRefused) {
   std::filesystem::remove_all(base);
 }
 
+// What a next run resumes from, and the launch's cheap look for a first run's directory (its
+// memory estimate counts a checkpoint read only when there may be one).
+TEST(Pipeline, ResumeFileAndCheckpointFilesOfBothLayouts) {
+  const std::string base = ::testing::TempDir() + "/dtrain_pipe_files_" + std::to_string(::getpid());
+  std::filesystem::remove_all(base);
+  auto pipe = model(2, 2, "1f1b");
+  pipe.checkpoint.dir = base + "/pp";
+  EXPECT_EQ(resumeFile(pipe, 12), base + "/pp/manifest.json");
+  auto dp = pipe;
+  dp.parallel = {};
+  EXPECT_EQ(resumeFile(dp, 12), base + "/pp/ckpt-0000000012.bin");
+  dp.checkpoint.dir.clear();
+  EXPECT_EQ(resumeFile(dp, 12), "");
+  EXPECT_FALSE(holdsCheckpointFiles(base + "/pp"));  // (not there yet)
+  std::filesystem::create_directories(base + "/pp/stage-1-of-2");
+  std::ofstream(base + "/pp/notes.txt") << "x";
+  EXPECT_FALSE(holdsCheckpointFiles(base + "/pp"));
+  std::ofstream(base + "/pp/stage-1-of-2/ckpt-0000000004.bin") << "x";  // (named: the look reads no file)
+  EXPECT_TRUE(holdsCheckpointFiles(base + "/pp"));
+  std::filesystem::remove_all(base + "/pp/stage-1-of-2");
+  std::ofstream(base + "/pp/ckpt-0000000004.bin") << "x";
+  EXPECT_TRUE(holdsCheckpointFiles(base + "/pp"));
+  std::filesystem::remove_all(base);
+}
+
 // checkpoint.async: each stage's file is written on a thread and the manifest follows once all
 // are durable (at the next checkpoint or the end): the end state is the inline one's, and a
 // resume is bit-identical to a straight run.

@@ -75,23 +75,23 @@ void treatAsOneStop(RunResult& r, int sig) {
                                       fmt::join(ranks, ", "), signalName(sig)));
 }
 
-// Waits up to `d` for a signal (SIGUSR1/SIGUSR2 excepted: said and dropped, as no worker runs
-// to take them); the signal, or 0 when none came.
-int waitForSignal(std::chrono::steady_clock::duration d, const char* during) {
-  detail::SignalScope signals;
+// Waits up to `d` on `signals` (the job's scope) for a stop signal; SIGUSR1/SIGUSR2 are said
+// and dropped, as no worker runs to take them. The signal, or 0 when none came.
+int waitForSignal(detail::SignalScope& signals, std::chrono::steady_clock::duration d, const char* during) {
   const auto until = std::chrono::steady_clock::now() + d;
-  while (true) {
+  int got = 0;
+  while (got == 0) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
     if (left <= 0) return 0;
     pollfd p{signals.fd(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-    unsigned char sig = 0;
-    if (::read(signals.fd(), &sig, 1) == 1 && detail::passedOn(sig)) {
-      writeAll(STDERR_FILENO, fmt::format("dtrain: {}: no worker runs during {}; not passed on\n", signalName(sig), during));
-      continue;
-    }
-    if (sig != 0 && sig != SIGCHLD) return sig;
+    signals.drain([&](int sig) { if (got == 0) got = sig; },
+                  [&](int sig) {
+                    writeAll(STDERR_FILENO, fmt::format("dtrain: {}: no worker runs during {}; not passed on\n",
+                                                        signalName(sig), during));
+                  });
   }
+  return got;
 }
 
 }  // namespace
@@ -120,7 +120,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     if (r.first_failure >= 0 && outsideStopSignal(r.workers[static_cast<size_t>(r.first_failure)])) {
       int sig = r.outside_stop ? r.received_signal : 0;
       const auto left = kOutsideStopWindow - (std::chrono::steady_clock::now() - r.first_failure_at);
-      if (!r.received_signal && left > left.zero()) sig = waitForSignal(left, "the check for a stop of the whole job");
+      if (!r.received_signal && left > left.zero()) sig = waitForSignal(held, left, "the check for a stop of the whole job");
       if (sig) treatAsOneStop(r, sig);
     }
     // A worker failed and then a signal came, during the teardown: the job ends by the signal,
@@ -181,7 +181,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     double pause = std::min(60.0, spec.restart_backoff_s * std::pow(2.0, attempt));
     // A signal during the pause ends the job as it would have during the run.
     const std::string backoff = fmt::format("the back-off before restart {} of {}", attempt + 1, spec.max_restarts);
-    if (int sig = waitForSignal(std::chrono::milliseconds(static_cast<long>(pause * 1000)), backoff.c_str())) {
+    if (int sig = waitForSignal(held, std::chrono::milliseconds(static_cast<long>(pause * 1000)), backoff.c_str())) {
       r.received_signal = sig;
       r.exit_code = 128 + sig;
       r.restarts = attempt + 1;  // announced by the restart event: it spent the budget

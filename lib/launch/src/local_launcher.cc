@@ -413,7 +413,7 @@ void LocalLauncher::reap() {
       // 128+that signal, as a shell does): a worker that failed on its own at the same time
       // (every rank exiting 127) is a failure too.
       const int endedBy = endedBySignal(w.exit);
-      if (failed && endedBy > 0 && endedBy < NSIG && w.sent.test(static_cast<size_t>(endedBy)) && !w.exit.hung)
+      if (failed && endedBy && w.sent.test(static_cast<size_t>(endedBy)) && !w.exit.hung)  // (endedBy < NSIG)
         w.exit.stopped_by_dtrain = true;
       // The built-in trainer exits 2 only for input it refuses (docs/errors.md): no attempt
       // would get further.
@@ -913,10 +913,11 @@ bool isFrameLine(const std::string& t) {
 // Without a traceback, only the lines that repeat the message go: the message itself, or
 // it after "dtrain: error: " (dtrain train's stderr line for what it writes to the file).
 std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
-  if (f.error_traceback.empty()) {
-    std::set<std::string> said;
-    for (const auto& l : split(f.error_message, '\n'))
+  std::set<std::string> said;
+  for (const std::string* text : {&f.error_traceback, &f.error_message})
+    for (const auto& l : split(*text, '\n'))
       if (std::string t = trim(l); !t.empty()) said.insert(std::move(t));
+  if (f.error_traceback.empty()) {
     std::vector<std::string> out;
     for (const auto& l : f.stderr_tail) {
       std::string t = trim(l);
@@ -925,10 +926,6 @@ std::vector<std::string> tailLessTraceback(const WorkerExit& f) {
     }
     return out;
   }
-  std::set<std::string> said;
-  for (const std::string* text : {&f.error_traceback, &f.error_message})
-    for (const auto& l : split(*text, '\n'))
-      if (std::string t = trim(l); !t.empty()) said.insert(std::move(t));
   auto known = [&](const std::string& raw, const std::string& t) {
     if (said.count(t)) return true;
     if (raw.size() < TailBuffer::kMaxLine) return false;
@@ -992,12 +989,9 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
       ++stopped;
     else if (w.signal || w.exit_code) ++failed;
   }
-  // (exitReason's first part: the error file's message has a line of its own below)
-  std::string how = f.hung ? "hung (no heartbeat within worker_timeout_s) and was killed"
-                           : f.signal ? "killed by " + signalName(f.signal) : fmt::format("exited with code {}", f.exit_code);
   // The headline (the summary's `error`) carries the worker's own one-line reason, as the
   // restart events do: a script reading the summary learns why, not only that.
-  const std::string why = f.hung ? how : exitReason(f);
+  const std::string why = f.hung ? "hung (no heartbeat within worker_timeout_s) and was killed" : exitReason(f);
   std::string out = fmt::format("dtrain: job '{}' failed: rank {} {}", spec.name, f.global_rank, why);
   if (stopped) out += fmt::format("; {} other worker(s) ended during teardown", stopped);
   // In the headline (the summary's error): a script must not have to compare restarts with

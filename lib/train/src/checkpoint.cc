@@ -736,6 +736,20 @@ std::string checkpointPath(const std::string& dir, long long step) {
   return (fs::path(dir) / fmt::format("ckpt-{:010d}.bin", step)).string();
 }
 
+std::string resumeFile(const spec::TrainerSpec& t, long long step) {
+  const std::string& dir = t.checkpoint.dir;
+  if (dir.empty()) return "";
+  return t.parallel.pipeline_stages > 1 ? (fs::path(dir) / "manifest.json").string() : checkpointPath(dir, step);
+}
+
+bool holdsCheckpointFiles(const std::string& dir) {
+  if (!listCheckpoints(dir).empty()) return true;
+  for (const auto& [stages, present] : stageDirectories(dir))
+    for (int p : present)
+      if (!listCheckpoints(fmt::format("{}/stage-{}-of-{}", dir, p, stages)).empty()) return true;
+  return false;
+}
+
 std::string checkpointWriteRefusal(const std::string& dir, long long step, const std::string& error) {
   // saveCheckpoint's errors read "checkpoint: <what> <path>: <OS error>": the OS error first,
   // what failed after it.

@@ -116,6 +116,14 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
 // The file saveCheckpoint writes for `step` in `dir`.
 std::string checkpointPath(const std::string& dir, long long step);
 
+// The file a next run of `t` resumes from once step `step` is saved: the data-parallel
+// trainer's checkpoint (checkpointPath), or a pipeline's manifest.json; "" without a dir.
+std::string resumeFile(const spec::TrainerSpec& t, long long step);
+
+// Whether `dir` holds any file named like a checkpoint, its own or a pipeline stage's
+// (stage-<p>-of-<P>/): a cheap look (names only) for a first run's empty directory.
+bool holdsCheckpointFiles(const std::string& dir);
+
 // The trainer's line for a checkpoint it could not write (saveCheckpoint's IoError `error`:
 // a full disk, a read-only mount, a directory that went away), thrown as a SpecError (exit 2,
 // not restarted: every attempt would train to the same step and fail the same way). Names the

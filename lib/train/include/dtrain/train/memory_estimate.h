@@ -84,6 +84,11 @@ std::string describeWorkerMemory(const WorkerMemory& w);
 // /proc/meminfo, in bytes; 0 when unknown.
 uint64_t availableMemoryBytes();
 
+// Whether the launch refuses a job over the available memory: yes unless DTRAIN_MEMORY_CHECK=0
+// (a host that swaps, or whose MemAvailable undercounts what the job may take), where the
+// estimate is said, not enforced.
+bool memoryCheckEnforced();
+
 // "1.5 GiB", "300 MiB": a size for messages.
 std::string formatBytes(uint64_t bytes);
 
