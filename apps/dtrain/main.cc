@@ -381,7 +381,8 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   if (s.trainer) {
     // (before the data sets below: this process's copy of them is gone before any worker
     // starts, and must not count against the workers' memory)
-    const uint64_t available = train::availableMemoryBytes();
+    const MemoryAvailability availability = memoryAvailability();
+    const uint64_t available = availability.bytes;
     const auto [trainSet, evalSet] = train::openDatasets(*s.trainer);  // (the held-out set checked too)
     // One global batch must fit in the training set: said here, not by every worker after
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
@@ -405,12 +406,12 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       train::MemoryEstimate need;
       bool fits = true;
       try {
-        need = train::checkHostMemory(t, layout, enforce ? available : 0, s.source);
+        need = train::checkHostMemory(t, layout, enforce ? availability : MemoryAvailability{}, s.source);
         fits = !available || need.host <= available;
         if (!fits && gpu.has_value())  // (DTRAIN_MEMORY_CHECK=0)
           std::cerr << fmt::format("dtrain: warning: {}: this job needs about {} of memory on this host, more than "
-                                   "the {} available; not refused (DTRAIN_MEMORY_CHECK=0)\n",
-                                   s.source, train::formatBytes(need.host), train::formatBytes(available));
+                                   "the {} {}; not refused (DTRAIN_MEMORY_CHECK=0)\n",
+                                   s.source, formatBytes(need.host), formatBytes(available), availability.describe());
       } catch (const SpecError& e) {
         // validate may run on another machine than the job's (a login node): the job's host
         // may have the memory. Said, with the numbers; run and --dry-run refuse it here.
@@ -420,9 +421,9 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
         std::cerr << "dtrain: warning: " << e.what() << " (run refuses it on a host like this one)\n";
       }
       if (memoryLine)
-        *memoryLine = fmt::format("about {} on this host ({} worker{}){}{}", train::formatBytes(need.host), world,
+        *memoryLine = fmt::format("about {} on this host ({} worker{}){}{}", formatBytes(need.host), world,
                                   world == 1 ? "" : "s",
-                                  available ? fmt::format(", {} available", train::formatBytes(available)) : "",
+                                  available ? fmt::format(", {} available", formatBytes(available)) : "",
                                   fits ? "" : ": more than this host has");
       if (world % stages == 0 && trainSet->size() < global)
         throw SpecError(fmt::format("{}: /trainer/batch_size: the training set ({} samples) is smaller than one global "

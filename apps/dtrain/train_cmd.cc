@@ -169,7 +169,7 @@ int trainCommand() {
     train::MemoryLayout layout;
     layout.gpu = train::resolveDevice(s.trainer->device, 0, 1).cuda;
     layout.checkpoint_to_read = !s.trainer->checkpoint.dir.empty() && train::holdsCheckpointFiles(s.trainer->checkpoint.dir);
-    if (train::memoryCheckEnforced()) train::checkHostMemory(*s.trainer, layout, train::availableMemoryBytes(), gSpec);
+    if (train::memoryCheckEnforced()) train::checkHostMemory(*s.trainer, layout, memoryAvailability(), gSpec);
     checkpointLock = train::prepareCheckpointDir(*s.trainer, gSpec);
   }
   // The device decides the communicator: NCCL all-reduces device memory in place, TCP host

@@ -80,7 +80,7 @@ cat >"$T/huge.json" <<'JSON'
 {"nproc_per_node": 2, "trainer": {"model": {"layers": [1048576, 1048576, 10]}, "data": {"type": "synthetic", "train_samples": 1000}, "batch_size": 8}}
 JSON
 "$DTRAIN" run "$T/huge.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a model larger than memory: exit 2"
-expect_grep "^dtrain: error: $T/huge.json: /trainer/model/layers: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: weights, gradients, optimizer state and their host copies [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available \(MemAvailable\); use smaller layers \(now 1048576-1048576-10: 1099523.2 M parameters, 4096.0 GiB per copy\), fewer workers per host \(nproc_per_node 2\), or pipeline stages" "$T/err" "a model larger than memory: the numbers and the fix"
+expect_grep "^dtrain: error: $T/huge.json: /trainer/model/layers: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: weights, gradients, optimizer state and their host copies [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available (\(MemAvailable\)|under the memory limit of [0-9.]+ [MG]iB of this process.s cgroup \([^)]*\)); use smaller layers \(now 1048576-1048576-10: 1099523.2 M parameters, 4096.0 GiB per copy\), fewer workers per host \(nproc_per_node 2\), or pipeline stages" "$T/err" "a model larger than memory: the numbers and the fix"
 # ... or the batch: activations were not counted at all (validate said OK for a job that
 # needed 76 GiB per worker).
 cat >"$T/hugebatch.json" <<'JSON'
@@ -90,7 +90,7 @@ JSON
 # (validate warns: it may run on another machine than the job's; run refuses)
 "$DTRAIN" validate "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a batch larger than memory: validate warns, exit 0"
 expect_grep "^  memory: +about [0-9.]+ GiB on this host \(2 workers\), [0-9.]+ [MG]iB available: more than this host has$" "$T/out" "a batch larger than memory: validate's memory line says so"
-expect_grep "^dtrain: warning: $T/hugebatch.json: /trainer/batch_size: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: activations and batch buffers [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available \(MemAvailable\); use a smaller batch_size \(now 1048576\) or fewer workers per host \(nproc_per_node 2\) \(run refuses it on a host like this one\)$" "$T/err" "a batch larger than memory: validate names batch_size, the numbers and the fix"
+expect_grep "^dtrain: warning: $T/hugebatch.json: /trainer/batch_size: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank 0\) [0-9.]+ GiB: activations and batch buffers [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available (\(MemAvailable\)|under the memory limit of [0-9.]+ [MG]iB of this process.s cgroup \([^)]*\)); use a smaller batch_size \(now 1048576\) or fewer workers per host \(nproc_per_node 2\) \(run refuses it on a host like this one\)$" "$T/err" "a batch larger than memory: validate names batch_size, the numbers and the fix"
 "$DTRAIN" run "$T/hugebatch.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a batch larger than memory: run exits 2"
 expect_grep "/trainer/batch_size: this job needs about" "$T/err" "a batch larger than memory: run says it before the launch"
 grep -q "^\[rank" "$T/err" && fail "a batch larger than memory: a worker started" || pass "a batch larger than memory: no worker started"

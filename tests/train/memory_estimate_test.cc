@@ -210,10 +210,16 @@ TEST(MemoryEstimate, DataSetsAreHeldByEveryWorker) {
   EXPECT_EQ(estimateWorkerMemory(t, l, 0).loading, 1000000ull * 784);
 }
 
+MemoryAvailability hostWith(uint64_t bytes) {
+  MemoryAvailability a;
+  a.bytes = a.host_available = bytes;
+  return a;
+}
+
 TEST(MemoryEstimate, TheLaunchRefusesWhatTheHostCannotHold) {
   const auto big = mlp({784, 4096, 10}, 1 << 20);
   try {
-    checkHostMemory(big, local(2), 8ull << 30, "job.json");
+    checkHostMemory(big, local(2), hostWith(8ull << 30), "job.json");
     FAIL() << "153 GiB on a host with 8 GiB available";
   } catch (const SpecError& e) {
     const std::string w = e.what();
@@ -227,7 +233,7 @@ TEST(MemoryEstimate, TheLaunchRefusesWhatTheHostCannotHold) {
         << w;
   }
   try {
-    checkHostMemory(mlp({784, 17000, 17000, 10}, 8), local(2), 8ull << 30, "job.json");
+    checkHostMemory(mlp({784, 17000, 17000, 10}, 8), local(2), hostWith(8ull << 30), "job.json");
     FAIL() << "2 x 5.7 GiB on a host with 8 GiB available";
   } catch (const SpecError& e) {
     const std::string w = e.what();
@@ -237,9 +243,26 @@ TEST(MemoryEstimate, TheLaunchRefusesWhatTheHostCannotHold) {
               std::string::npos)
         << w;
   }
-  EXPECT_NO_THROW(checkHostMemory(big, local(2), 0, "job.json")) << "unknown: not checked";
-  EXPECT_NO_THROW(checkHostMemory(mlp({784, 64, 10}, 64), local(2), 8ull << 30, "job.json"));
-  EXPECT_GT(availableMemoryBytes(), 0u) << "MemAvailable in /proc/meminfo";
+  EXPECT_NO_THROW(checkHostMemory(big, local(2), hostWith(0), "job.json")) << "unknown: not checked";
+  EXPECT_NO_THROW(checkHostMemory(mlp({784, 64, 10}, 64), local(2), hostWith(8ull << 30), "job.json"));
+  EXPECT_GT(memoryAvailability().host_available, 0u) << "MemAvailable in /proc/meminfo";
+}
+
+TEST(MemoryEstimate, ACgroupLimitIsNamedWhenItBinds) {
+  MemoryAvailability a = hostWith(2ull << 30);
+  a.host_available = 20ull << 30;
+  a.cgroup_limit = 3ull << 30;
+  a.cgroup_dir = "/sys/fs/cgroup/job";
+  a.cgroup_bound = true;
+  try {
+    checkHostMemory(mlp({784, 17000, 17000, 10}, 8), local(2), a, "job.json");
+    FAIL() << "11.3 GiB under a 3 GiB limit";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the 2.0 GiB available under the memory limit of 3.0 GiB of this "
+                                         "process's cgroup (/sys/fs/cgroup/job); use smaller layers"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // An allocation failure anywhere in a run becomes one SpecError (the worker's exit 2) naming

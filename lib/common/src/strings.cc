@@ -84,6 +84,12 @@ std::vector<std::string> split(std::string_view s, char sep) {
   }
 }
 
+std::string formatBytes(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (1ull << 30)) return fmt::format("{:.1f} GiB", b / (1ull << 30));
+  return fmt::format("{:.0f} MiB", b / (1ull << 20));
+}
+
 std::string signalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   if (abbrev) return std::string("SIG") + abbrev;

@@ -23,6 +23,7 @@
 #include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
 #include "dtrain/common/strings.h"
+#include "dtrain/common/system_memory.h"
 #include "dtrain/launch/env.h"
 #include "dtrain/launch/launcher.h"
 #include "dtrain/launch/orphan_guard.h"
@@ -197,6 +198,9 @@ class LocalLauncher final : public Launcher {
   OrphanGuard* guard_ = nullptr;  // run()'s, while it runs
   std::string barLine_;     // the latest kStatusPrefix bar, shown when no partial line is
   Worker* partialOwner_ = nullptr;  // whose unfinished line statusLine_ shows, if any
+  // The OOM killer's counts when this attempt started: a worker SIGKILLed by no one dtrain
+  // knows of, after they rose, is said to have run out of memory (fillExit).
+  OomKillCounts oomBefore_;
 };
 
 void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base) {
@@ -553,11 +557,16 @@ void LocalLauncher::fillExit(Worker& w) {
     w.exit.error_message = e->message;
     w.exit.error_traceback = e->traceback;
   }
+  // A SIGKILL no one here sent, while the OOM killer's count rose: "killed by SIGKILL" alone
+  // leaves a user guessing, and the next attempt would likely run out the same way.
+  if (w.exit.signal == SIGKILL && !w.exit.stopped_by_dtrain && w.exit.error_message.empty())
+    w.exit.error_message = oomKillReason(oomBefore_, oomKillCounts());
 }
 
 RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   spec_ = &spec;
   result_ = {};
+  oomBefore_ = oomKillCounts();
   stopping_ = killed_ = controlClosed_ = watchdogFired_ = teardownNoticed_ = false;
   SignalScope signals;
   EnvMap base = currentEnvironment();

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/train/pipeline.h"
 
 namespace dtrain::train {
@@ -289,10 +290,10 @@ std::string memoryFix(const spec::TrainerSpec& t, const std::string& field, int 
       layersText(t), fewer.empty() ? "or " : fewer + ", or ");
 }
 
-MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l, uint64_t available,
+MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l, const MemoryAvailability& available,
                                const std::string& source) {
   MemoryEstimate e = estimateMemory(t, l);
-  if (available == 0 || e.host <= available) return e;
+  if (available.bytes == 0 || e.host <= available.bytes) return e;
   size_t largest = 0;
   for (size_t i = 1; i < e.workers.size(); ++i)
     if (e.workers[i].peak() > e.workers[largest].peak()) largest = i;
@@ -302,34 +303,14 @@ MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l
                                     : fmt::format("{} workers, the largest (rank {}) {}: ", e.workers.size(),
                                                   l.first_rank + static_cast<int>(largest), formatBytes(w.peak()));
   throw SpecError(
-      fmt::format("{}: {}: this job needs about {} of memory on this host ({}{}), more than the {} "
-                  "available (MemAvailable); {}",
-                  source, e.field, formatBytes(e.host), perWorker, describeWorkerMemory(w), formatBytes(available),
-                  memoryFix(t, e.field, l.workers)));
+      fmt::format("{}: {}: this job needs about {} of memory on this host ({}{}), more than the {} {}; {}",
+                  source, e.field, formatBytes(e.host), perWorker, describeWorkerMemory(w),
+                  formatBytes(available.bytes), available.describe(), memoryFix(t, e.field, l.workers)));
 }
 
 bool memoryCheckEnforced() {
   const char* check = std::getenv("DTRAIN_MEMORY_CHECK");
   return !(check && std::string(check) == "0");
-}
-
-uint64_t availableMemoryBytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream in(line.substr(13));
-    uint64_t kb = 0;
-    in >> kb;
-    return kb * 1024;
-  }
-  return 0;
-}
-
-std::string formatBytes(uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (1ull << 30)) return fmt::format("{:.1f} GiB", b / (1ull << 30));
-  return fmt::format("{:.0f} MiB", b / (1ull << 20));
 }
 
 }  // namespace dtrain::train

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include "dtrain/common/strings.h"
+#include "dtrain/common/system_memory.h"
+
 namespace dtrain::train::detail {
 namespace {
 
@@ -66,10 +69,15 @@ std::string outOfMemoryMessage(const spec::TrainerSpec& t, const MemoryLayout& l
   if (device) {
     need = fmt::format("this worker needs about {} of device memory", formatBytes(w.device));
   } else {
-    const uint64_t avail = availableMemoryBytes();
-    need =
-        fmt::format("this worker needs about {} ({}){}{}", formatBytes(w.peak()), describeWorkerMemory(w),
-                    addressSpaceLimit(), avail ? fmt::format(", {} available on this host", formatBytes(avail)) : "");
+    const MemoryAvailability avail = memoryAvailability();
+    std::string left;
+    if (avail.cgroup_bound)
+      left = fmt::format(", {} left under the memory limit of {} of its cgroup", formatBytes(avail.bytes),
+                         formatBytes(avail.cgroup_limit));
+    else if (avail.bytes)
+      left = fmt::format(", {} available on this host", formatBytes(avail.bytes));
+    need = fmt::format("this worker needs about {} ({}){}{}", formatBytes(w.peak()), describeWorkerMemory(w),
+                       addressSpaceLimit(), left);
   }
   return fmt::format("trainer: rank {} ran out of {}memory allocating {} ({}): {}; {}: {}", rank,
                      device ? "device " : "", what, e.what(), need, field, memoryFix(t, field, layout.workers));

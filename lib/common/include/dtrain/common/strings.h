@@ -29,6 +29,9 @@ size_t utf8PrefixLength(std::string_view s, size_t max);
 // Name of a signal without its number: "SIGSEGV". Unknown signals read "SIG<n>".
 std::string signalName(int sig);
 
+// "1.5 GiB", "300 MiB": a size for messages.
+std::string formatBytes(uint64_t bytes);
+
 // Quotes an argv word for display in a shell-like way, only when needed.
 std::string shellQuote(std::string_view word);
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/common/system_memory.h"
 #include "dtrain/spec/job_spec.h"
 
 namespace dtrain::train {
@@ -68,9 +69,10 @@ std::string dominantField(const WorkerMemory& w);
 
 // The launch's check (dtrain run and dtrain validate for a local job, dtrain train run by
 // hand): throws SpecError, "<source>: <field>: this job needs about ... on this host ...,
-// more than the ... available (MemAvailable); <fix>", when the host's estimate exceeds
-// `available` bytes (0: unknown, nothing is checked). Returns the estimate.
-MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l, uint64_t available,
+// more than the ... available (MemAvailable); <fix>" (or "available under the memory limit
+// of ... of this process's cgroup (DIR)"), when the host's estimate exceeds available.bytes
+// (0: unknown, nothing is checked). Returns the estimate.
+MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l, const MemoryAvailability& available,
                                const std::string& source);
 // The fix for a job whose memory comes mostly from `field` (dominantField), with `workers`
 // workers per host: "use a smaller batch_size (now 65536) or fewer workers per host
@@ -80,16 +82,9 @@ std::string memoryFix(const spec::TrainerSpec& t, const std::string& field, int 
 // batch buffers 31.6 GiB, weights, gradients and optimizer state 3 MiB".
 std::string describeWorkerMemory(const WorkerMemory& w);
 
-// The memory the kernel could give a new process without swapping: MemAvailable from
-// /proc/meminfo, in bytes; 0 when unknown.
-uint64_t availableMemoryBytes();
-
 // Whether the launch refuses a job over the available memory: yes unless DTRAIN_MEMORY_CHECK=0
 // (a host that swaps, or whose MemAvailable undercounts what the job may take), where the
 // estimate is said, not enforced.
 bool memoryCheckEnforced();
-
-// "1.5 GiB", "300 MiB": a size for messages.
-std::string formatBytes(uint64_t bytes);
 
 }  // namespace dtrain::train
