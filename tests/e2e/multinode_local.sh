@@ -406,4 +406,23 @@ SH
 "$DTRAIN" run --hosts "$HOSTS" -- bash "$T/lost.sh" >"$T/out" 2>"$T/err"
 expect_eq "$?" 137 "multi-node, collateral first: the exit code is the lost rank's (SIGKILL)"
 expect_grep "job 'lost.sh' failed: rank 0 .*killed by SIGKILL" "$T/err" "multi-node, collateral first: the headline blames rank 0"
+# A scheduler's stop across nodes (scancel, a time limit: every process of the job signalled,
+# the workers and agents before dtrain): one stop, exit 143, no restart, no lost node. A
+# worker's death by it, or an agent's stop by it, used to be a failure and a restart (or a
+# lost node) announced before dtrain read its own SIGTERM.
+for who in workers all; do
+  rm -f "$T"/pid.*
+  D="$T" "$DTRAIN" run --hosts "$HOSTS" --max-restarts 3 --shutdown-timeout 3 --summary-json "$T/sched.json" -- sh -c 'echo $$ > "$D/pid.$RANK"; exec sleep 60' >/dev/null 2>"$T/err" &
+  DTRAIN_PID=$!
+  wait_for "$T/pid.0" "$T/pid.1" "$T/pid.2"
+  agents=""
+  [ "$who" = all ] && agents=$(ps --ppid "$DTRAIN_PID" -o pid=,args= | awk '/ agent /{print $1}')
+  kill -TERM $(cat "$T/pid.0" "$T/pid.1" "$T/pid.2") $agents
+  sleep 0.1
+  kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 143 "scheduler's stop across nodes ($who first): exit 143"
+  expect_grep "had ended by a stop signal from outside dtrain just before dtrain got SIGTERM: one stop of the whole job" "$T/err" "scheduler's stop across nodes ($who first): said as one stop"
+  grep -qE "event (restart|node_lost)" "$T/err" && fail "scheduler's stop across nodes ($who first): $(grep -E 'event' "$T/err")" || pass "scheduler's stop across nodes ($who first): no restart, no lost node"
+  expect_eq "$(python3 -c "import json; d=json.load(open('$T/sched.json')); print(d['restarts'], d['stopped_by'], d['events'], all(r['stopped_by_dtrain'] for r in d['ranks']))")" "0 SIGTERM [] True" "scheduler's stop across nodes ($who first): the summary"
+done
 finish

@@ -240,6 +240,9 @@ class MultiNodeRunner {
   // The incident is this worker's failure (reported at `since`): a restart, or the job's end.
   void blameWorker(Node& n, const WorkerExit& w, Clock::time_point since);
   void releaseHeld();  // the held failure is the incident's cause after all: judged now
+  // The held failure was a stop signal from outside, and dtrain got `sig` within
+  // kOutsideStopWindow: the round's workers that died of one count as stopped, no verdict.
+  void oneStop(int sig);
   bool heldSettled() const;
   void nodeLost(Node& n, const std::string& why);
   void pauseMembers();
@@ -304,6 +307,15 @@ class MultiNodeRunner {
     Clock::time_point at;  // reported: the incident's start
   };
   std::optional<HeldFailure> held_;
+  // Agents that ended their workers on a stop signal of their own (SIGTERM, SIGINT, SIGHUP to
+  // the agent on its host), each lost after kOutsideStopWindow unless dtrain's own signal
+  // comes first: then it was one stop of the whole job.
+  struct HeldAgentStop {
+    Node* node;
+    int sig;
+    Clock::time_point at;
+  };
+  std::vector<HeldAgentStop> heldAgentStops_;
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
   std::optional<Clock::time_point> minNodesDeadline_;
@@ -433,16 +445,40 @@ void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
     finalFailure(notRestartedReason(w, spec_, n.name), kExitFailure, w);
     return;
   }
-  if (memberCount() > 1) {
+  if (memberCount() > 1 || outsideStopSignal(w)) {
     // Its peers on other nodes may have failed only because a node vanished, and this
     // report may have overtaken that node's loss: judged once the round's nodes have all
     // been heard from, or after detail::kCollateralHold. The workers stop now whatever the
-    // verdict.
+    // verdict. A worker that died of a stop signal dtrain did not send is held at least
+    // kOutsideStopWindow, in a round of one node too: a scheduler stopping the job signals
+    // dtrain as well, and that signal makes it one stop, not a failure (the drain below).
     held_ = HeldFailure{&n, w, Clock::now()};
     pauseMembers();
     return;
   }
   blameWorker(n, w, Clock::now());
+}
+
+void MultiNodeRunner::oneStop(int sig) {
+  held_.reset();
+  std::vector<std::string> agents;
+  for (const auto& h : heldAgentStops_) agents.push_back(fmt::format("{} ({})", h.node->name, signalName(h.sig)));
+  heldAgentStops_.clear();
+  std::vector<std::string> ranks;
+  for (auto& n : nodes_) {
+    if (!n.member || n.round != activeRound_) continue;
+    for (auto& w : n.exits)
+      if (outsideStopSignal(w)) {
+        w.stopped_by_dtrain = true;
+        ranks.push_back(fmt::format("{} ({})", w.global_rank, w.signal ? signalName(w.signal) : fmt::format("code {}", w.exit_code)));
+      }
+  }
+  std::string who;
+  if (!ranks.empty()) who = fmt::format("rank(s) {}", fmt::join(ranks, ", "));
+  if (!agents.empty()) who += fmt::format("{}the agent(s) on {}", who.empty() ? "" : " and ", fmt::join(agents, ", "));
+  writeAll(STDERR_FILENO, fmt::format("dtrain: {} had ended by a stop signal from outside dtrain just before dtrain got {}: "
+                                      "one stop of the whole job (a scheduler's), not a failure; no restart\n",
+                                      who, signalName(sig)));
 }
 
 bool MultiNodeRunner::heldSettled() const {
@@ -669,6 +705,9 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       auto w = proto::parseExit(*r);
       if (!w) return;
       w->host = n.name;
+      // A worker that died of a stop signal dtrain did not send, while dtrain stops the job
+      // by its own: the same stop reached it first (a scheduler signals every process).
+      if (stopping_ && result_.received_signal && outsideStopSignal(*w)) w->stopped_by_dtrain = true;
       n.exits.push_back(*w);
       bool failed = (w->signal || w->exit_code) && !w->stopped_by_dtrain;
       if (!failed || stopping_ || finishing_) return;
@@ -692,8 +731,13 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
           (n.round == activeRound_ || (restarting_ && n.round == openRound_)) &&
           std::none_of(n.exits.begin(), n.exits.end(),
                        [](const WorkerExit& w) { return (w.signal || w.exit_code) && !w.stopped_by_dtrain; })) {
-        nodeLost(n, fmt::format("its agent was stopped by {} on that host (and stopped its workers)",
-                                signalName(n.idleRc - 128)));
+        const int sig = n.idleRc - 128;
+        // A stop signal: held kOutsideStopWindow, as a worker's death by one is (workerFailed):
+        // a scheduler stopping the job signals dtrain too, and then it is one stop.
+        if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
+          heldAgentStops_.push_back({&n, sig, Clock::now()});
+        else
+          nodeLost(n, fmt::format("its agent was stopped by {} on that host (and stopped its workers)", signalName(sig)));
         return;
       }
       checkAllIdle();
@@ -800,7 +844,20 @@ void MultiNodeRunner::reap() {
 void MultiNodeRunner::timers() {
   auto now = Clock::now();
   if (stopping_ || finishing_) return;
-  if (held_ && detail::heldFailureDue(held_->at, now, heldSettled())) releaseHeld();
+  for (size_t i = 0; i < heldAgentStops_.size();) {
+    const HeldAgentStop h = heldAgentStops_[i];
+    if (now - h.at < kOutsideStopWindow) {
+      ++i;
+      continue;
+    }
+    heldAgentStops_.erase(heldAgentStops_.begin() + static_cast<long>(i));
+    // (unless it has moved on meanwhile: lost, told to exit)
+    if (h.node->state == NodeState::kIdle && h.node->idleRc == 128 + h.sig && h.node->member)
+      nodeLost(*h.node, fmt::format("its agent was stopped by {} on that host (and stopped its workers)", signalName(h.sig)));
+  }
+  if (held_ && detail::heldFailureDue(held_->at, now, heldSettled()) &&
+      (!outsideStopSignal(held_->exit) || now - held_->at >= kOutsideStopWindow))
+    releaseHeld();
   if (pending_ && now >= pendingAt_) tryRestart();
   // Liveness: a connected agent whose heartbeat stopped is cut off (and then lost).
   if (now >= nextHeartbeatCheck_) {
@@ -907,8 +964,14 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     }
     if (n > 0 && (fds[0].revents & POLLIN)) {
       signals.drain([&](int sig) {
-        // A failure whose verdict is held is judged with what is known now: the signal's
-        // headline names it as it would have after the hold.
+        // A worker's death by a stop signal from outside, held, with dtrain's own signal now,
+        // within kOutsideStopWindow: one stop of the whole job (a scheduler's), not a failure,
+        // as on one host (job.cc). Otherwise a failure whose verdict is held is judged with
+        // what is known now: the signal's headline names it as it would have after the hold.
+        const bool agentStopped = !stopping_ && !heldAgentStops_.empty();
+        if ((held_ && !stopping_ && outsideStopSignal(held_->exit) && Clock::now() - held_->at <= kOutsideStopWindow) ||
+            agentStopped)
+          oneStop(sig);
         if (held_ && !stopping_) releaseHeld();
         // In the teardown after a failure that ends the job anyway (no restart is coming: a
         // restart's teardown pauses, it does not stop), a signal only hurries the teardown:
