@@ -2,10 +2,12 @@
 // reach here is printed as one "dtrain: error: ..." line and mapped to an exit code
 // (docs/errors.md).
 #include <signal.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -740,6 +742,18 @@ bool isSpecFile(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed stdin, stdout or stderr (`dtrain run ... >&-`, a daemon's leftovers) is /dev/null
+  // from here on: otherwise the next descriptor opened takes its number (the signal pipe, a
+  // socket, a log), and what is written to stdout or stderr lands in it, read back as signal
+  // numbers or sent to a peer. The workers get /dev/null there too.
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int null = ::open("/dev/null", O_RDWR);
+      if (null >= 0 && null != fd) {
+        ::dup2(null, fd);
+        ::close(null);
+      }
+    }
   // For `dtrain run` and `dtrain validate`, everything after the first "--" is the worker's
   // argv, untouched by CLI11 (validate checks an ad hoc command as run --dry-run takes it).
   // Other commands leave "--" to CLI11, where it ends the options so that a positional may

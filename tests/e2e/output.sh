@@ -226,4 +226,13 @@ if mount -t tmpfs -o size=16k tmpfs "$T/full" 2>/dev/null; then
 else
   echo "skip: cannot mount a tmpfs (not root?)"
 fi
+# Closed stdin, stdout or stderr (a daemon's leftovers, `>&-`): dtrain's own descriptors took
+# those numbers (the signal pipe), so its console lines were read back as signals: a newline
+# was SIGUSR1, passed on to the worker, which died of it; "d" (100) threw from std::bitset.
+"$DTRAIN" run --no-prefix --summary-json "$T/closed.json" -- sh -c 'echo; sleep 0.5; echo survived >&2' <&- >&- 2>"$T/err"
+expect_eq "$?" 0 "stdin and stdout closed: the job succeeds"
+expect_grep "^survived$" "$T/err" "stdin and stdout closed: the worker was not signalled"
+"$DTRAIN" run --nproc-per-node 2 --summary-json "$T/closed2.json" -- true >&- 2>&-
+expect_eq "$?" 0 "stdout and stderr closed: the job succeeds"
+expect_eq "$(python3 -c "import json; print(json.load(open('$T/closed2.json'))['status'])")" succeeded "stdout and stderr closed: the summary"
 finish

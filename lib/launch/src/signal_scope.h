@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
@@ -107,7 +108,8 @@ class SignalScope {
     while ((got = ::read(fd(), sigs, sizeof(sigs))) > 0)
       for (ssize_t i = 0; i < got; ++i) {
         const int sig = static_cast<int>(sigs[i]);
-        if (sig == SIGCHLD) continue;
+        // (only the handler writes here; anything else is not a signal of ours)
+        if (sig == SIGCHLD || std::find(std::begin(kSignals), std::end(kSignals), sig) == std::end(kSignals)) continue;
         if (passedOn(sig))
           onPassOn(sig);
         else
