@@ -1,6 +1,7 @@
 #include "bench_cmd.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/comm/bench.h"
+#include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/job.h"
@@ -75,8 +77,18 @@ void writeBenchJson(const std::string& path, const std::string& text) {
   }
 }
 
+// A bench rank stopped (Ctrl-C, the launcher's teardown) while its communicator is set up
+// removes the shared-memory segment it made first, then dies of the signal as before.
+extern "C" void onBenchStop(int sig) {
+  comm::removePendingSharedMemory();
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 int worker(comm::Collective c) {
   auto& a = gArgs;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    if (::signal(sig, onBenchStop) == SIG_IGN) ::signal(sig, SIG_IGN);  // (nohup's SIGHUP stays ignored)
   comm::BenchOptions o = benchOptions(c);
   // Across hosts, each host's ranks check their own memory (the launcher checked its own).
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");

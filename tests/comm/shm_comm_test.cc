@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -493,6 +494,80 @@ TEST(ShmComm, SendRecvBlockedBothWaysNamesWhicheverPeerLeft) {
   EXPECT_EQ(p2p, "shm");
   EXPECT_NE(error.find("sendrecv on rank 0: lost rank 1: connection closed"), std::string::npos) << error;
   EXPECT_LT(took, 3s);
+}
+
+// A store whose set() of rank 1's "shm/mapped/1" report waits until released: rank 0 then
+// holds a created segment whose set-up has not finished, as when a stop comes in that window.
+class GatedStore : public store::Store {
+ public:
+  explicit GatedStore(std::shared_ptr<store::Store> inner) : inner_(std::move(inner)) {}
+  void set(const std::string& key, const store::Bytes& value) override {
+    const std::string gated = "shm/mapped/1";
+    if (key.size() >= gated.size() && key.compare(key.size() - gated.size(), gated.size(), gated) == 0) {
+      waiting_ = true;  // (rank 1 has mapped the segment by now)
+      released_.wait();
+    }
+    inner_->set(key, value);
+  }
+  store::Bytes get(const std::string& key) override { return inner_->get(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
+  store::Bytes compareSet(const std::string& key, const store::Bytes& e, const store::Bytes& d) override {
+    return inner_->compareSet(key, e, d);
+  }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  void wait(const std::vector<std::string>& keys, store::Duration t) override { inner_->wait(keys, t); }
+  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
+  int64_t numKeys() override { return inner_->numKeys(); }
+  void append(const std::string& key, const store::Bytes& value) override { inner_->append(key, value); }
+  std::vector<store::Bytes> multiGet(const std::vector<std::string>& keys) override { return inner_->multiGet(keys); }
+  void multiSet(const std::vector<std::string>& keys, const std::vector<store::Bytes>& values) override {
+    inner_->multiSet(keys, values);
+  }
+  void release() { gate_.set_value(); }
+  bool waiting() const { return waiting_; }
+
+ private:
+  std::atomic<bool> waiting_{false};
+  std::shared_ptr<store::Store> inner_;
+  std::promise<void> gate_;
+  std::shared_future<void> released_ = gate_.get_future().share();
+};
+
+TEST(ShmComm, AStopDuringSetUpRemovesTheSegmentItMade) {
+  // dtrain train _exits on a stop during set-up: between rank 0 creating the segment and
+  // every rank reporting it mapped, the name was left in /dev/shm (6 MB each, until reboot).
+  auto before = shmEntries();
+  auto inner = std::make_shared<store::HashStore>();
+  auto gated = std::make_shared<GatedStore>(inner);
+  std::string errors[2];
+  std::thread r1([&] {
+    try {
+      auto c = createTcpCommunicator(gated, 1, 2, withShm(true));
+    } catch (const std::exception& e) {
+      errors[1] = e.what();
+    }
+  });
+  std::thread r0([&] {
+    try {
+      auto c = createTcpCommunicator(inner, 0, 2, withShm(true));
+      EXPECT_EQ(c->transport(), "shm") << "the segment was mapped by both before its name went";
+    } catch (const std::exception& e) {
+      errors[0] = e.what();
+    }
+  });
+  // Rank 0 made the segment, rank 1 mapped it, and rank 0 waits for rank 1's report.
+  for (int i = 0; i < 1000 && !gated->waiting(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(gated->waiting());
+  EXPECT_EQ(shmEntries().size(), before.size() + 1) << "rank 0's segment while set-up is under way";
+  removePendingSharedMemory();
+  EXPECT_EQ(shmEntries(), before) << "the pending segment's name is gone";
+  removePendingSharedMemory();  // (nothing pending now: nothing to do)
+  gated->release();
+  r0.join();
+  r1.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(shmEntries(), before);
 }
 
 }  // namespace

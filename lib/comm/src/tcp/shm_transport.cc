@@ -261,6 +261,19 @@ ShmMapping openSegment(const std::string& name, int size, std::string& why) {
   return map;
 }
 
+// The segment rank 0 has created and not yet unlinked (create(), step 2 to 3), for
+// removePendingSharedMemory(). A fixed buffer, so that a signal path can read it.
+static char gPendingName[256];
+static std::atomic<bool> gPending{false};
+
+static void setPending(const std::string& name) {
+  gPending.store(false);
+  const size_t n = std::min(name.size(), sizeof(gPendingName) - 1);
+  std::memcpy(gPendingName, name.data(), n);
+  gPendingName[n] = '\0';
+  gPending.store(true);
+}
+
 }  // namespace
 
 std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
@@ -293,6 +306,7 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
   std::string why = "rank 0 could not create the segment";
   ShmMapping map;
   if (s.rank == 0) {
+    setPending(name);  // (before it exists: a stop during its creation removes it too)
     map = createSegment(name, s.size, why);
     s.store->set(s.prefix + "shm/name", map ? name : std::string());
   } else {
@@ -316,9 +330,11 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
     oks = gather("shm/mapped/");
   } catch (...) {
     ::shm_unlink(name.c_str());
+    if (s.rank == 0) gPending.store(false);
     throw;
   }
   ::shm_unlink(name.c_str());
+  if (s.rank == 0) gPending.store(false);
   if (!map || !std::all_of(oks.begin(), oks.end(), [](const std::string& v) { return v == "1"; })) return nullptr;
   return std::unique_ptr<ShmTransport>(new ShmTransport(s, std::move(map)));
 }
@@ -759,3 +775,11 @@ void ShmTransport::allgather(const char* send, char* recv, size_t block, Clock::
 }
 
 }  // namespace dtrain::comm::detail
+
+namespace dtrain::comm {
+
+void removePendingSharedMemory() {
+  if (detail::gPending.exchange(false)) ::shm_unlink(detail::gPendingName);
+}
+
+}  // namespace dtrain::comm
