@@ -477,10 +477,27 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
                                a.summary_json);
     return kExitOk;
   }
+  Fd logLock;  // held until the job ends: the rank logs and metrics in log_dir are this run's
   if (!s.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(s.log_dir, ec);
     if (ec) throw SpecError(fmt::format("log_dir (--log-dir): cannot create \"{}\": {}", s.log_dir, ec.message()));
+    // Runs at once on one log_dir (CI jobs of one spec) would append to the same rank_N.log,
+    // line by line, and rewrite each other's metrics.svg: the later one writes in a
+    // directory of its own run id instead, and says so. (Runs one after another keep
+    // appending to the same files, each after its header line.)
+    DirectoryLock lock = tryLockDirectory(s.log_dir, ".dtrain-logs.lock");
+    if (lock.busy) {
+      const std::string own = (std::filesystem::path(s.log_dir) / runId).string();
+      std::filesystem::create_directories(own, ec);
+      if (ec) throw SpecError(fmt::format("log_dir (--log-dir): cannot create \"{}\": {}", own, ec.message()));
+      std::cerr << fmt::format("dtrain: warning: log_dir (--log-dir) \"{}\" is in use by another dtrain run ({}); this "
+                               "run's logs go to {}\n",
+                               s.log_dir, lock.holder.empty() ? "its lock is held" : lock.holder, own);
+      s.log_dir = own;
+      lock = tryLockDirectory(own, ".dtrain-logs.lock");
+    }
+    logLock = std::move(lock.fd);  // (a file system without flock: no lock, as before)
   }
   // Checkpoints: created and tried here, with the newest one's config, so that a directory
   // rank 0 cannot write is not found at the first save (or at the end, the whole run lost),

@@ -193,7 +193,7 @@ expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading mod
 expect_eq "$(cd "$T/logs5" && find . -mindepth 1 -type d | wc -l)" 0 "log dir: a run without error files leaves no directories"
 "$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs6" -- sh -c '[ "$RANK" = 1 ] && { echo "{\"message\": {\"message\": \"boom\"}}" > "$TORCHELASTIC_ERROR_FILE"; exit 3; }; exit 0' >"$T/out" 2>&1
 expect_eq "$?" 3 "log dir: the failing rank's exit code"
-expect_eq "$(cd "$T/logs6" && find . -mindepth 1 | sed 's|^\./[0-9a-f]\{12\}|./RUN|' | sort | tr '\n' ' ')" "./RUN ./RUN/attempt_0 ./RUN/attempt_0/1 ./RUN/attempt_0/1/error.json ./rank_0.log ./rank_1.log " "log dir: only the error file written is kept"
+expect_eq "$(cd "$T/logs6" && find . -mindepth 1 | sed 's|^\./[0-9a-f]\{12\}|./RUN|' | sort | tr '\n' ' ')" "./.dtrain-logs.lock ./RUN ./RUN/attempt_0 ./RUN/attempt_0/1 ./RUN/attempt_0/1/error.json ./rank_0.log ./rank_1.log " "log dir: only the error file written is kept"
 # A rank log that cannot be appended to (another user's, read-only) is refused before the
 # launch, exit 2 (it failed the launch with exit 1). Needs another user: root runs as nobody,
 # in a directory of its own outside $T (which only root may enter).
@@ -235,4 +235,29 @@ expect_grep "^survived$" "$T/err" "stdin and stdout closed: the worker was not s
 "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/closed2.json" -- true >&- 2>&-
 expect_eq "$?" 0 "stdout and stderr closed: the job succeeds"
 expect_eq "$(python3 -c "import json; print(json.load(open('$T/closed2.json'))['status'])")" succeeded "stdout and stderr closed: the summary"
+# Runs at once on one log_dir (CI jobs of one spec): each rank_N.log held lines of every run,
+# mixed. The one started while another holds the directory writes in log_dir/<run id>/.
+cat >"$T/logjob.json" <<JSON
+{"command": ["sh", "-c", "for i in 1 2 3 4 5; do echo line\$i run=\$DTRAIN_RUN_ID; sleep 0.1; done"], "nproc_per_node": 2, "log_dir": "$T/shared"}
+JSON
+"$DTRAIN" run "$T/logjob.json" >/dev/null 2>"$T/errA" & pa=$!
+"$DTRAIN" run "$T/logjob.json" >/dev/null 2>"$T/errB" & pb=$!
+wait $pa; ra=$?; wait $pb; rb=$?
+expect_eq "$ra $rb" "0 0" "two runs on one log_dir: both succeed"
+expect_eq "$(cat "$T/errA" "$T/errB" | grep -c "^dtrain: warning: log_dir (--log-dir) \"$T/shared\" is in use by another dtrain run (pid [0-9]* on .*); this run's logs go to $T/shared/[0-9a-f]*$")" 1 "two runs on one log_dir: the later one says where its logs go"
+mixed=0; files=0
+for f in $(find "$T/shared" -name 'rank_*.log'); do
+  files=$((files + 1))
+  [ "$(grep -o 'run=[0-9a-f]*' "$f" | sort -u | wc -l)" = 1 ] || mixed=1
+  [ "$(grep -c '^line' "$f")" = 5 ] || mixed=1
+done
+expect_eq "$files $mixed" "4 0" "two runs on one log_dir: four rank logs, each with one run's five lines"
+# One directory for both logs and checkpoints: its two locks are two files, not one job
+# refusing itself.
+cat >"$T/samedir.json" <<JSON
+{"nproc_per_node": 2, "log_dir": "$T/both", "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 8, 3]},
+ "data": {"type": "synthetic", "train_samples": 256, "eval_samples": 32}, "batch_size": 16, "max_steps": 4, "checkpoint": {"dir": "$T/both"}}}
+JSON
+"$DTRAIN" run "$T/samedir.json" >/dev/null 2>"$T/err"; expect_eq "$?" 0 "log_dir = checkpoint dir: runs"
+grep -q "in use" "$T/err" && fail "log_dir = checkpoint dir: $(grep 'in use' "$T/err")" || pass "log_dir = checkpoint dir: no lock conflict with itself"
 finish

@@ -1,6 +1,7 @@
 #include "dtrain/common/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <unistd.h>
@@ -97,6 +98,42 @@ void writePrivateFile(const std::string& path, const std::string& text) {
   if (!fd) fail("create");
   if (::fchmod(fd.get(), 0600) != 0) fail("chmod");
   if (!writeAllTo(fd.get(), text) || ::close(fd.release()) != 0) fail("write");
+}
+
+DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name) {
+  DirectoryLock out;
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  Fd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+  const bool writable = static_cast<bool>(lock);
+  if (!lock) lock = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!lock) {
+    out.unsupported = fmt::format("cannot open {}: {}", path, std::strerror(errno));
+    out.open_failed = true;
+    return out;
+  }
+  int rc;
+  while ((rc = ::flock(lock.get(), LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    if (errno != EWOULDBLOCK) {
+      out.unsupported = fmt::format("cannot lock {}: {}", path, std::strerror(errno));
+      return out;
+    }
+    out.busy = true;
+    char buf[256];
+    const ssize_t n = ::pread(lock.get(), buf, sizeof(buf) - 1, 0);
+    if (n > 0) out.holder.assign(buf, static_cast<size_t>(n));
+    while (!out.holder.empty() && (out.holder.back() == '\n' || out.holder.back() == '\0')) out.holder.pop_back();
+    return out;
+  }
+  if (writable) {
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
+    if (::ftruncate(lock.get(), 0) == 0) (void)!::pwrite(lock.get(), me.data(), me.size(), 0);
+  }
+  out.fd = std::move(lock);
+  return out;
 }
 
 }  // namespace dtrain

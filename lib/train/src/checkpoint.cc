@@ -30,6 +30,7 @@
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
+#include "dtrain/common/files.h"
 #include "dtrain/common/memory.h"
 #include "dtrain/spec/checkpoint_manifest.h"
 #include "dtrain/train/pipeline.h"
@@ -528,45 +529,26 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
   if (fd < 0) throw SpecError(fmt::format("{}: cannot write in \"{}\": {}; {}", where, dir, std::strerror(errno), fix));
   ::close(fd);
   ::unlink(probe.c_str());
-  // One job per directory, for the whole job (the caller keeps the lock). The file is
-  // anyone's to open (0666 less the umask; read-only is enough for flock), so a directory
-  // shared by several users is not locked out by the first one's file.
-  const std::string lockPath = (fs::path(dir) / ".dtrain.lock").string();
-  Fd lock(::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
-  bool writable = static_cast<bool>(lock);
-  if (!lock) lock = Fd(::open(lockPath.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!lock) throw SpecError(fmt::format("{}: cannot open {}: {}; {}", where, lockPath, std::strerror(errno), fix));
+  // One job per directory, for the whole job (the caller keeps the lock; tryLockDirectory).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long>(lockWaitS * 1000));
-  while (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    if (err == EINTR) continue;
-    if (err != EWOULDBLOCK) {
-      // A file system without flock (Lustre without -o flock, NFSv3 without lockd): no lock
-      // rather than no job. Said once.
-      fmt::print(stderr, "dtrain: warning: {}: cannot lock {}: {}; running without the one-job-per-directory "
-                         "check\n", where, lockPath, std::strerror(err));
-      return Fd();
-    }
-    if (std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      continue;
-    }
-    std::string holder;
-    char buf[256];
-    const ssize_t n = ::pread(lock.get(), buf, sizeof(buf) - 1, 0);
-    if (n > 0) holder.assign(buf, static_cast<size_t>(n));
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+  DirectoryLock lock = tryLockDirectory(dir);
+  while (lock.busy && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    lock = tryLockDirectory(dir);
+  }
+  if (lock.open_failed) throw SpecError(fmt::format("{}: {}; {}", where, lock.unsupported, fix));
+  if (!lock.unsupported.empty()) {
+    // A file system without flock (Lustre without -o flock, NFSv3 without lockd): no lock
+    // rather than no job. Said once.
+    fmt::print(stderr, "dtrain: warning: {}: {}; running without the one-job-per-directory check\n", where,
+               lock.unsupported);
+    return Fd();
+  }
+  if (lock.busy)
     throw SpecError(fmt::format("{}: \"{}\" is in use by another dtrain job ({}); two jobs writing one checkpoint "
                                 "directory would overwrite and prune each other's checkpoints: wait for that job to end "
                                 "or stop it, or use another /trainer/checkpoint/dir",
-                                where, dir, holder.empty() ? "its lock is held" : holder));
-  }
-  if (writable) {
-    char host[256] = {0};
-    ::gethostname(host, sizeof(host) - 1);
-    const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
-    if (::ftruncate(lock.get(), 0) == 0) (void)!::pwrite(lock.get(), me.data(), me.size(), 0);
-  }
+                                where, dir, lock.holder.empty() ? "its lock is held" : lock.holder));
   // Checkpoints of another layout would not be found (a fresh start beside them) or would be
   // refused by the trainer: said here, before the config of this layout's own.
   if (const std::string why = checkpointLayoutMismatch(t); !why.empty())
@@ -597,7 +579,7 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
       break;
     }
   }
-  return lock;
+  return std::move(lock.fd);
 }
 
 std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail) {

@@ -1,6 +1,8 @@
 #pragma once
 #include <string>
 
+#include "dtrain/common/fd.h"
+
 namespace dtrain {
 
 // Writes `text` to `path` (created or truncated), readable and writable by the owner only,
@@ -25,5 +27,22 @@ bool isSpecialOutput(const std::string& path);
 // written to that descriptor as it is: reopening it would truncate a redirected log
 // (`> build.log`) or fail on a socket (a journal, some CI runners).
 int inheritedOutputFd(const std::string& path);
+
+// One job per directory: an exclusive flock on DIR/<name> (.dtrain.lock for a checkpoint
+// directory, .dtrain-logs.lock for a log directory: one directory may be both), a file anyone may open
+// (0666 less the umask; read-only is enough for flock, so a directory several users share is
+// not locked out by the first one's file), which names its holder ("pid 123 on host-a").
+struct DirectoryLock {
+  Fd fd;             // held while open; empty when not taken
+  bool busy = false;  // another process holds it; `holder` says who ("" when unknown)
+  std::string holder;
+  // Not taken for another reason: why, with the path; open_failed when the lock file could not
+  // be opened at all, else the file system has no flock (Lustre without -o flock, NFSv3
+  // without lockd).
+  std::string unsupported;
+  bool open_failed = false;
+};
+// Tries once, never waits. The directory must exist.
+DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name = ".dtrain.lock");
 
 }  // namespace dtrain
