@@ -28,6 +28,11 @@ timeout 20 "$DTRAIN" validate /dev/zero 2>"$T/err"; expect_eq "$?" 2 "/dev/zero 
 expect_grep "^dtrain: error: /dev/zero: too large for a job spec \(more than the 16 MiB limit\)" "$T/err" "/dev/zero message"
 timeout 20 "$DTRAIN" run --hostfile /dev/zero -- true 2>"$T/err"; expect_eq "$?" 2 "--hostfile /dev/zero: exit 2"
 expect_grep "/dev/zero: too large for a hostfile \(more than the 16 MiB limit\); give a hostfile" "$T/err" "--hostfile /dev/zero message"
+# Nested thousands deep (a 2 MB file): refused at once; each level kept its path, so time and
+# memory grew with the square of the depth (depth 100000: 70 s and 10 GB).
+python3 -c "d = 1000000; print('{\"command\": [\"true\"], \"x\": ' + '[' * d + ']' * d + '}')" >"$T/deep.json"
+timeout 20 "$DTRAIN" validate "$T/deep.json" 2>"$T/err"; expect_eq "$?" 2 "a spec nested a million deep: exit 2"
+expect_grep "^dtrain: error: $T/deep.json:1:90: invalid JSON: nested more than 64 levels deep" "$T/err" "a spec nested a million deep: said, with the place"
 "$DTRAIN" validate <(cat "$SRC/configs/quickstart.json") >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a spec from <(...) validates"
 expect_grep "trainer" "$T/out" "the piped spec was read whole"
 "$DTRAIN" run --hostfile <(echo "localhost slots=2") --dry-run -- true >"$T/out" 2>"$T/err"

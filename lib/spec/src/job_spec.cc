@@ -291,6 +291,8 @@ size_t stringStart(const std::string& text, size_t close) {
 
 // json::parse, except that a key given twice in one object is an error: nlohmann keeps the
 // last one, so {"nproc_per_node": 2, "nproc_per_node": 8} would silently run 8.
+constexpr size_t kMaxJsonDepth = 64;
+
 json parseRefusingDuplicateKeys(const std::string& text, const Checker& c) {
   struct Frame {
     bool object;
@@ -315,6 +317,14 @@ json parseRefusingDuplicateKeys(const std::string& text, const Checker& c) {
     switch (event) {
       case E::object_start:
       case E::array_start: {
+        // No field nests deeper than a few levels; a file nested thousands deep (each level's
+        // path kept here) would take time and memory growing with the square of its depth.
+        if (stack.size() >= kMaxJsonDepth) {
+          auto [line, col] = lineColumn(text, static_cast<size_t>(last - text.data()));
+          throw SpecError(fmt::format("{}:{}:{}: invalid JSON: nested more than {} levels deep; no field of a job spec "
+                                      "nests more than 4, so this is not a job spec (check the file)",
+                                      c.source(), line, col, kMaxJsonDepth));
+        }
         std::string path = childPath();
         stack.push_back(Frame{event == E::object_start, std::move(path), {}, {}, 0});
         break;
