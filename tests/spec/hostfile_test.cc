@@ -1011,4 +1011,15 @@ TEST(SerializeForNode, IdxDataRoundTrips) {
 }
 
 }  // namespace
+TEST(Hostfile, ControlCharactersAreShownAndLongNamesRefused) {
+  // A NUL in a line cut the message there, with the fix lost (security audit).
+  EXPECT_EQ(hostfileError(std::string("h1 slots=1\0\n", 12)),
+            "hosts:1: bad slot count \"1\\x00\" for host \"h1\"; give slots=N (or host:N) with N between 1 and 4096");
+  // A 10-million-character name was taken.
+  EXPECT_EQ(hostfileError(std::string(254, 'a') + " slots=1\n"),
+            "hosts:1: a host name of 254 characters (at most 253 in DNS); give a host name or address (user@host for a "
+            "login name)");
+  EXPECT_EQ(parseHostfile("user@" + std::string(253, 'a') + " slots=1\n", "hosts").at(0).slots, 1);
+}
+
 }  // namespace dtrain::spec

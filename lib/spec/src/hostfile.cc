@@ -63,6 +63,10 @@ bool allDigits(const std::string& s) {
 std::string hostProblem(const std::string& host) {
   // "2" would be taken for the IPv4 address 0.0.0.2 (inet_aton's short forms): never meant.
   if (allDigits(host)) return fmt::format("\"{}\" is not a host name (a number is read as an IPv4 address)", host);
+  // (a user@ part aside: DNS names end at 253 characters)
+  const size_t at = host.rfind('@');
+  const size_t name = host.size() - (at == std::string::npos ? 0 : at + 1);
+  if (name > 253) return fmt::format("a host name of {} characters (at most 253 in DNS)", name);
   return nameProblem(host, "host name", ":%");
 }
 std::string userProblem(const std::string& user) { return nameProblem(user, "user name", ""); }
@@ -178,7 +182,9 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
     auto tokens = words(raw);
     if (tokens.empty()) continue;
     const std::string where = fmt::format("{}:{}", source, lineNo);
-    Fail fail = [&](const std::string& msg) { throw SpecError(fmt::format("{}: {}", where, msg)); };
+    // (what the line holds is quoted in the messages: a control character or a NUL in it is
+    // shown escaped, not cutting the message short)
+    Fail fail = [&](const std::string& msg) { throw SpecError(oneLine(fmt::format("{}: {}", where, msg))); };
     NodeSpec n;
     n.origin = where;
     const std::string slotsFix = "give slots=N (or host:N) with N between 1 and 4096";
