@@ -46,6 +46,11 @@ expect_eq "$?" 0 "validate exits 0"
 expect_grep "env_dump.json: OK" "$T/out" "validate OK"
 expect_grep "^nproc_per_node: +5$" "$T/out" "override applied"
 expect_grep "^env: +A=B$" "$T/out" "--env shown"
+# ... but not a credential's value (validate's output lands in CI logs; security audit).
+"$DTRAIN" validate "$SRC/configs/env_dump.json" --env HF_TOKEN=hf_secret_abc --env WANDB_API_KEY=k123 >"$T/out" 2>"$T/err"
+expect_grep "^env: +HF_TOKEN=\(hidden: 13 characters\)$" "$T/out" "validate hides a token's value"
+expect_grep "^env: +WANDB_API_KEY=\(hidden: 4 characters\)$" "$T/out" "validate hides an API key's value"
+grep -q "hf_secret_abc\|k123" "$T/out" "$T/err" && fail "validate printed a secret" || pass "no secret value printed"
 "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
 expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
 # auto without GPUs = usable CPU cores (CUDA_VISIBLE_DEVICES hides any).

@@ -1471,6 +1471,17 @@ std::string describeTrainer(const TrainerSpec& t) {
 
 }  // namespace
 
+// validate's output goes to CI logs and terminals: a variable whose name says it holds a
+// credential (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD) is shown as set,
+// not by its value, as CI systems mask theirs.
+static bool looksSecret(const std::string& name) {
+  std::string upper;
+  for (char ch : name) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
+  for (const char* word : {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE"})
+    if (upper.find(word) != std::string::npos) return true;
+  return false;
+}
+
 std::string describe(const JobSpec& spec) {
   std::ostringstream os;
   std::vector<std::string> argv;
@@ -1489,7 +1500,9 @@ std::string describe(const JobSpec& spec) {
                     spec.rendezvous.timeout_s);
   os << fmt::format("prefix_output:      {}\n", spec.prefix_output);
   if (!spec.console_ranks.empty()) os << fmt::format("console_ranks:      {}\n", fmt::join(spec.console_ranks, ","));
-  for (const auto& [k, v] : spec.env) os << fmt::format("env:                {}={}\n", k, v);
+  for (const auto& [k, v] : spec.env)
+    os << fmt::format("env:                {}={}\n", k,
+                      looksSecret(k) ? fmt::format("(hidden: {} characters)", v.size()) : v);
   if (!spec.env_file.empty()) os << fmt::format("env_file:           {} (under env)\n", spec.env_file);
   if (spec.trainer) os << describeTrainer(*spec.trainer);
   if (spec.nodes.empty()) return os.str();
