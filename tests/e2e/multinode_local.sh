@@ -425,4 +425,26 @@ for who in workers all; do
   grep -qE "event (restart|node_lost)" "$T/err" && fail "scheduler's stop across nodes ($who first): $(grep -E 'event' "$T/err")" || pass "scheduler's stop across nodes ($who first): no restart, no lost node"
   expect_eq "$(python3 -c "import json; d=json.load(open('$T/sched.json')); print(d['restarts'], d['stopped_by'], d['events'], all(r['stopped_by_dtrain'] for r in d['ranks']))")" "0 SIGTERM [] True" "scheduler's stop across nodes ($who first): the summary"
 done
+# An agent's records are checked like any peer's bytes (security audit): a round record whose
+# numbers the job cannot have (3000 workers where the node has 1) made the launcher open a log
+# per rank it named (20000 files, then "Too many open files"); a line of rank -7 made
+# rank_-7.log. Now the node is cut off as lost, with the reason. (A fake ssh plays the agent.)
+mkdir -p "$T/fakebin"
+cat >"$T/fakebin/ssh" <<SH
+#!/bin/bash
+for a in "\$@"; do last="\$a"; done
+case "\$last" in *--version*) exec "$DTRAIN" --version;; esac
+read -r tok
+printf 'N\t0\t1\t1\t0\t127.0.0.1\t1234\t0\t3000\n'
+printf 'O\t-7\t0\thello\n'
+sleep 5
+SH
+chmod +x "$T/fakebin/ssh"
+cat >"$T/hostile.json" <<'JSON'
+{"command": ["/bin/true"], "nodes": [{"host": "fakehost1", "address": "127.0.0.1"}], "rendezvous": {"addr": "127.0.0.1", "timeout_s": 5}}
+JSON
+PATH="$T/fakebin:$PATH" timeout 60 "$DTRAIN" run "$T/hostile.json" --log-dir "$T/hostile-logs" >/dev/null 2>"$T/err"
+expect_eq "$?" 1 "an agent's impossible round record: the job fails"
+expect_grep "node fakehost1 \(.*\) lost: its agent reported a round the job cannot have \(3000 workers from rank 0 of 1\)" "$T/err" "an agent's impossible round record: said"
+expect_eq "$(find "$T/hostile-logs" -name 'rank_*.log' | wc -l)" 0 "an agent's impossible round record: no log opened for its ranks"
 finish

@@ -243,6 +243,9 @@ class MultiNodeRunner {
   // The held failure was a stop signal from outside, and dtrain got `sig` within
   // kOutsideStopWindow: the round's workers that died of one count as stopped, no verdict.
   void oneStop(int sig);
+  // The most workers node n's agent may start, and the largest world a round may have.
+  int maxLocalWorkers(const Node& n) const;
+  int maxWorld() const;
   bool heldSettled() const;
   void nodeLost(Node& n, const std::string& why);
   void pauseMembers();
@@ -459,6 +462,21 @@ void MultiNodeRunner::workerFailed(Node& n, const WorkerExit& w) {
   blameWorker(n, w, Clock::now());
 }
 
+int MultiNodeRunner::maxLocalWorkers(const Node& n) const {
+  // (as the agent resolves them: slots, else one per listed GPU, else nproc_per_node; "auto"
+  // is the host's GPU count, unknown here: bounded by the hostfile's own cap on slots)
+  constexpr int kMaxSlots = 4096;
+  if (n.spec->slots > 0) return n.spec->slots;
+  if (!n.spec->gpus.empty()) return static_cast<int>(n.spec->gpus.size());
+  return spec_.nproc_auto ? kMaxSlots : std::max(1, spec_.nproc_per_node);
+}
+
+int MultiNodeRunner::maxWorld() const {
+  long long w = 0;
+  for (const auto& m : nodes_) w += maxLocalWorkers(m);
+  return static_cast<int>(std::min<long long>(w, 1 << 24));
+}
+
 void MultiNodeRunner::oneStop(int sig) {
   held_.reset();
   std::vector<std::string> agents;
@@ -668,15 +686,31 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
   switch (r->type) {
     case 'O':
     case 'E':
-      if (r->fields.size() == 3) emitWorkerLine(n, r->type == 'E', intField(0), intField(1), r->fields[2]);
+      // (a rank outside the node's round is not its worker's: an agent's bytes are checked
+      // like any peer's, never opening a log file for a number it made up)
+      if (r->fields.size() == 3 && n.round >= 0 && intField(0) >= n.rankOffset &&
+          intField(0) < n.rankOffset + n.localWorkers)
+        emitWorkerLine(n, r->type == 'E', intField(0), intField(1), r->fields[2]);
       return;
     case 'W':
       if (n.state == NodeState::kStarting) n.state = NodeState::kWaiting;
       return;
     case 'N': {
-      n.round = intField(6);
-      n.rankOffset = intField(3);
-      n.localWorkers = std::max(0, intField(7));
+      // The numbers must fit the job: an agent that says otherwise (a different dtrain, a
+      // corrupted stream) is cut off as a lost node, rather than trusted to make the launcher
+      // open a log per rank it names.
+      const int world = intField(2), offset = intField(3), round = intField(6), local = intField(7);
+      if (r->fields.size() != 8 || round < 0 || local < 1 || local > maxLocalWorkers(n) || offset < 0 ||
+          world < 1 || world > maxWorld() || offset > world - local) {
+        n.lostReason = fmt::format("its agent reported a round the job cannot have ({} workers from rank {} of {}); "
+                                   "is the same dtrain version installed there (DTRAIN_BIN)?",
+                                   local, offset, world);
+        ::kill(-n.pid, SIGKILL);
+        return;
+      }
+      n.round = round;
+      n.rankOffset = offset;
+      n.localWorkers = local;
       n.state = NodeState::kRunning;
       n.exits.clear();
       // Each rank of the node's round gets its log now, under a header of that round, as a
