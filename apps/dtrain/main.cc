@@ -3,6 +3,7 @@
 // (docs/errors.md).
 #include <signal.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -138,6 +139,14 @@ void checkCreatable(const std::string& path, const std::string& what) {
 void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   if (!s.log_dir.empty()) {
     checkCreatable(s.log_dir, "log_dir (--log-dir)");
+    // Another user's directory that anyone may write in, without the sticky bit (/tmp has
+    // it): its files could be swapped under this run at any time.
+    struct stat d {};
+    if (::stat(s.log_dir.c_str(), &d) == 0 && S_ISDIR(d.st_mode) && d.st_uid != ::geteuid() && (d.st_mode & S_IWOTH) &&
+        !(d.st_mode & S_ISVTX))
+      throw SpecError(fmt::format("log_dir (--log-dir): \"{}\" belongs to another user and anyone may write in it; "
+                                  "its files could be replaced under this run: use a directory of your own",
+                                  s.log_dir));
     // Rank logs are appended to: one of this run's ranks left by another user, made
     // read-only, or in the way as a directory or a dangling link would fail the launch after
     // the workers' store is up (exit 1); said here instead.
@@ -148,8 +157,11 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
       const auto st = std::filesystem::symlink_status(log, ec);
       if (ec || st.type() == std::filesystem::file_type::not_found) continue;
       std::string why;
-      if (std::filesystem::is_directory(log, ec)) why = "it is a directory";
-      else if (!std::filesystem::exists(log, ec)) why = "it is a dangling symbolic link";
+      if (st.type() == std::filesystem::file_type::symlink)
+        why = "it is a symbolic link (rank logs are written to regular files only: a link in a shared directory "
+              "would send this run's output to a file of someone else's choosing)";
+      else if (st.type() == std::filesystem::file_type::directory) why = "it is a directory";
+      else if (st.type() != std::filesystem::file_type::regular) why = "it is not a regular file (a FIFO would block)";
       else if (::access(log.c_str(), W_OK) != 0) why = std::strerror(errno);
       if (!why.empty())
         throw SpecError(fmt::format("log_dir (--log-dir): cannot append to {}: {}; make it writable, remove it, or use "

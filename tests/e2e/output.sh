@@ -199,7 +199,7 @@ expect_eq "$(cd "$T/logs6" && find . -mindepth 1 | sed 's|^\./[0-9a-f]\{12\}|./R
 # in a directory of its own outside $T (which only root may enter).
 DT_ABS=$(realpath "$DTRAIN")
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups "$DT_ABS" --version >/dev/null 2>&1; then
-  RO=$(mktemp -d /tmp/dtrain-ro.XXXXXX) && chmod 777 "$RO" && touch "$RO/rank_0.log" && chmod 444 "$RO/rank_0.log"
+  RO=$(mktemp -d /tmp/dtrain-ro.XXXXXX) && chmod 1777 "$RO" && touch "$RO/rank_0.log" && chmod 444 "$RO/rank_0.log"
   (cd "$RO" && setpriv --reuid=65534 --regid=65534 --clear-groups "$DT_ABS" run --log-dir "$RO" -- true) >"$T/out" 2>"$T/err"
   expect_eq "$?" 2 "read-only rank log: exit 2 before the launch"
   expect_grep "^dtrain: error: log_dir \(--log-dir\): cannot append to $RO/rank_0.log: Permission denied" "$T/err" "read-only rank log: named"
@@ -260,4 +260,31 @@ cat >"$T/samedir.json" <<JSON
 JSON
 "$DTRAIN" run "$T/samedir.json" >/dev/null 2>"$T/err"; expect_eq "$?" 0 "log_dir = checkpoint dir: runs"
 grep -q "in use" "$T/err" && fail "log_dir = checkpoint dir: $(grep 'in use' "$T/err")" || pass "log_dir = checkpoint dir: no lock conflict with itself"
+# A log_dir others can write in (security audit): a symbolic link at rank_0.log had this run
+# append its output to the file the link named; a FIFO there hung dtrain in open() for good,
+# SIGTERM and all; another user's world-writable directory (no sticky bit) was taken.
+mkdir -p "$T/sl"; echo victim >"$T/victim"; ln -s "$T/victim" "$T/sl/rank_0.log"
+"$DTRAIN" run --log-dir "$T/sl" -- echo hi >/dev/null 2>"$T/err"; expect_eq "$?" 2 "rank log that is a symlink: exit 2"
+expect_grep "cannot append to $T/sl/rank_0.log: it is a symbolic link" "$T/err" "rank log that is a symlink: said"
+expect_eq "$(cat "$T/victim")" victim "rank log that is a symlink: its target untouched"
+rm "$T/sl/rank_0.log"; mkfifo "$T/sl/rank_0.log"
+timeout 20 "$DTRAIN" run --log-dir "$T/sl" -- echo hi >/dev/null 2>"$T/err"; expect_eq "$?" 2 "rank log that is a FIFO: exit 2, no hang"
+expect_grep "rank_0.log: it is not a regular file" "$T/err" "rank log that is a FIFO: said"
+rm "$T/sl/rank_0.log"
+if [ "$(id -u)" = 0 ]; then
+  mkdir -p "$T/ww" && chmod 777 "$T/ww" && chown nobody "$T/ww"
+  "$DTRAIN" run --log-dir "$T/ww" -- echo hi >/dev/null 2>"$T/err"; expect_eq "$?" 2 "another user's world-writable log_dir: exit 2"
+  expect_grep "\"$T/ww\" belongs to another user and anyone may write in it" "$T/err" "another user's world-writable log_dir: said"
+  chmod +t "$T/ww"
+  "$DTRAIN" run --log-dir "$T/ww" -- echo hi >/dev/null 2>"$T/err"; expect_eq "$?" 0 "... with the sticky bit (as /tmp): taken"
+fi
+# metrics.svg is replaced, not written through a link; metrics.jsonl is not opened through one.
+mkdir -p "$T/ml"; ln -s "$T/victim" "$T/ml/metrics.svg"
+cat >"$T/ml.json" <<JSON
+{"nproc_per_node": 1, "log_dir": "$T/ml", "trainer": {"model": {"layers": [4, 8, 3]},
+ "data": {"type": "synthetic", "train_samples": 256, "eval_samples": 32}, "batch_size": 16, "max_steps": 4}}
+JSON
+"$DTRAIN" run "$T/ml.json" >/dev/null 2>"$T/err"; expect_eq "$?" 0 "metrics.svg that is a symlink: the job runs"
+expect_eq "$(cat "$T/victim")" victim "metrics.svg that is a symlink: its target untouched"
+[ -f "$T/ml/metrics.svg" ] && [ ! -L "$T/ml/metrics.svg" ] && pass "metrics.svg: a file of its own" || fail "metrics.svg: $(ls -l "$T/ml")"
 finish

@@ -45,8 +45,23 @@ std::string logWriteWarning(const std::string& path, const std::string& what, in
 }
 
 int openRankLog(const std::string& path, std::string_view run_id, int attempt) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throwErrno("open " + path);
+  // Never through a symbolic link (in a shared directory, another user's link would have this
+  // run append its output to a file of their choosing), and never blocking on a FIFO (open
+  // would wait for a reader forever, signals and all): a regular file, or an error.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    if (errno == ELOOP)
+      throw IoError(fmt::format("log_dir (--log-dir): {} is a symbolic link; rank logs are written to regular files "
+                                "only: remove it, or use another log_dir",
+                                path));
+    throwErrno("open " + path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IoError(fmt::format("log_dir (--log-dir): {} is not a regular file; remove it, or use another log_dir", path));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // (a regular file: writes as before)
   writeAll(fd, fmt::format("==== dtrain run {} attempt {} {} ====\n", run_id, attempt, utcNow()));
   return fd;
 }

@@ -1,5 +1,9 @@
 #include "dtrain/train/metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,11 +22,28 @@ MetricsLog::MetricsLog(const std::string& dir, const MetricsRun& run) : dir_(dir
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   std::string path = (std::filesystem::path(dir_) / "metrics.jsonl").string();
-  f_ = std::fopen(path.c_str(), "a");
+  // Never through a symbolic link or into a FIFO (a log_dir others can write in): a regular
+  // file or no metrics, said.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  std::string why = fd < 0 ? (errno == ELOOP ? "it is a symbolic link" : std::strerror(errno)) : "";
+  struct stat st {};
+  if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+    ::close(fd);
+    fd = -1;
+    why = "it is not a regular file";
+  }
+  if (fd >= 0) {
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    f_ = ::fdopen(fd, "a");
+    if (!f_) {
+      why = std::strerror(errno);
+      ::close(fd);
+    }
+  }
   if (!f_) {
     // Metrics are a record, not the job: on a host where the log directory cannot be made
     // (a multi-node job's node 0 that lacks the launching host's path) training goes on.
-    std::fprintf(stderr, "dtrain: warning: no metrics: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "dtrain: warning: no metrics: cannot open %s: %s\n", path.c_str(), why.c_str());
     return;
   }
   write(spec::metricsStartLine(run_, utcNow()));
@@ -50,9 +71,22 @@ void MetricsLog::finish() {
   if (!f_) return;
   std::ifstream in(std::filesystem::path(dir_) / "metrics.jsonl");
   const spec::MetricsCurve curve = spec::readMetricsRun(in, run_.run_id);
-  std::string path = (std::filesystem::path(dir_) / "metrics.svg").string();
-  std::ofstream out(path, std::ios::trunc);
-  out << metricsSvg(curve.points, curve.eval_accuracy);
+  // A fresh file renamed over metrics.svg: a symbolic link there is replaced, not followed.
+  const std::string path = (std::filesystem::path(dir_) / "metrics.svg").string();
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return;  // (a record, not the job)
+  const std::string svg = metricsSvg(curve.points, curve.eval_accuracy);
+  size_t done = 0;
+  while (done < svg.size()) {
+    const ssize_t n = ::write(fd, svg.data() + done, svg.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  const bool written = done == svg.size();
+  ::close(fd);
+  if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
 std::string metricsSvg(const std::vector<MetricsPoint>& pts, double evalAccuracy) {
