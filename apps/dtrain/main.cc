@@ -182,14 +182,16 @@ struct RemoveOnExit {
   RemoveOnExit(const RemoveOnExit&) = delete;
   RemoveOnExit& operator=(const RemoveOnExit&) = delete;
   ~RemoveOnExit() {
-    if (!path.empty()) std::remove(path.c_str());
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);  // (a file, or a directory and what it holds)
   }
 };
 
-// Where a run keeps its trainer's spec snapshot: private to the user (the spec's env may
-// carry secrets from an env_file), removed when the run ends.
+// Where a run keeps its trainer's spec snapshot, as a plan shows it: a directory of the
+// run's own (made when it starts: runJob), private to the user (the spec's env may carry
+// secrets from an env_file), removed when the run ends.
 std::string trainerSpecPath(const std::string& runId) {
-  return (std::filesystem::temp_directory_path() / fmt::format("dtrain-spec-{}.json", runId)).string();
+  return (std::filesystem::temp_directory_path() / fmt::format("dtrain-run-{}-XXXXXX", runId) / "spec.json").string();
 }
 
 // A command job's name, for messages ("job 'train.py' failed"): the program, or for an
@@ -529,18 +531,21 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     sum.running = true;
     writeSummary(a, sum);
   }
-  // The trainer's rank 0 leaves its outcome here for the summary.
+  // The trainer's spec snapshot and the outcome rank 0 leaves for the summary, in a directory
+  // of this run's own (makePrivateDirectory): their names in /tmp were the run id's, which any
+  // user reads in ps, so another user could plant a link there (the outcome was written
+  // through it) or a file of their own (the run failed, or wrote its env's secrets into it).
   std::string resultFile;
-  RemoveOnExit snapshot, resultCleanup;
+  RemoveOnExit runDir;
   if (s.trainer) {
+    runDir.path = makePrivateDirectory(fmt::format("dtrain-run-{}-", runId));
     if (!multiNode) {  // (each node's agent writes its own from what the launcher sends)
       spec::JobSpec shipped = s;
       shipped.command.clear();
-      snapshot.path = s.command.back();
-      writePrivateFile(snapshot.path, spec::serializeForNode(shipped));
+      s.command.back() = (std::filesystem::path(runDir.path) / "spec.json").string();
+      writePrivateFile(s.command.back(), spec::serializeForNode(shipped));
     }
-    resultFile = (std::filesystem::temp_directory_path() / fmt::format("dtrain-result-{}.json", runId)).string();
-    resultCleanup.path = resultFile;
+    resultFile = (std::filesystem::path(runDir.path) / "result.json").string();
     s.env["DTRAIN_RESULT_FILE"] = resultFile;
   }
   launch::RunResult r;
@@ -551,7 +556,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     s.env.erase("DTRAIN_RESULT_FILE");  // each node's agent picks its own; rank 0's comes back
     r = launch::runMultiNodeJob(s, runId, mo);
   } else {
-    r = launch::runLocalJob(s, runId, {snapshot.path, resultFile});
+    r = launch::runLocalJob(s, runId, {runDir.path});
   }
   // The job is over. A signal from now on (a late second Ctrl-C; timeout(1) sends its SIGTERM
   // to its process group as well as to dtrain) must not end dtrain with the default action

@@ -63,6 +63,10 @@ DTRAIN_PID=$!
 for _ in $(seq 100); do grep -q "step" "$T/tr.out" && break; sleep 0.1; done
 snap=$(ps -o args= --ppid "$DTRAIN_PID" | awk '$2 == "train" {print $3; exit}')
 [ -n "$snap" ] && [ -e "$snap" ] && pass "trainer snapshot exists while it runs ($snap)" || fail "no trainer snapshot found: '$snap'"
+# (in a directory of the run's own that only its user may enter: at a name in /tmp that any
+# user could read in ps, another user could plant a link or a file first; security audit)
+[ -n "$snap" ] && [ "$(stat -c %a "$(dirname "$snap")")" = 700 ] && [ -e "$(dirname "$snap")/result.json" -o "$(basename "$snap")" = spec.json ] &&
+  pass "trainer snapshot: in a 0700 directory of the run's own" || fail "trainer snapshot directory: $(ls -ld "$(dirname "$snap")")"
 kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null
 DTRAIN_PID=
 for _ in $(seq 100); do [ -e "$snap" ] || break; sleep 0.1; done
@@ -80,17 +84,20 @@ for f in "dtrain-0123456789ab-$ns-$dead.json" "dtrain-result-0123456789ab-$ns-$d
          "dtrain-0123456789ab-$ns-$dead.json.keep" "dtrain-0123456789-$ns-$dead.json" "dtrain-0123456789ab-f$ns-$dead.json"; do
   echo '{}' > "$tmp/$f"
 done
+# (an agent's files are in a private directory of its own now: a dead one's goes too)
+mkdir -p "$tmp/dtrain-0123456789ab-$ns-$dead-Ab3dEf" && echo '{}' >"$tmp/dtrain-0123456789ab-$ns-$dead-Ab3dEf/spec.json"
 DTRAIN_TEST_REPORT_DELAY=127.0.0.1:8000 timeout -k 5 40 "$DTRAIN" run "$T/tr.json" --nproc-per-node 1 --max-restarts 0 \
   --hosts localhost:1,127.0.0.1:1 >"$T/ag.out" 2>&1 &
 DTRAIN_PID=$!
 agent=""
 for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.1; done
 runid=$(ps -o args= -p "$agent" | sed -n 's/.*--run-id \([0-9a-f]*\).*/\1/p')
-snap="$tmp/dtrain-$runid-$ns-$agent.json"
-wait_for "$snap"
-[ -n "$runid" ] && [ -e "$snap" ] && pass "agent snapshot exists ($snap)" || fail "no agent snapshot '$snap'"
-for f in "dtrain-0123456789ab-$ns-$dead.json" "dtrain-result-0123456789ab-$ns-$dead.json"; do
-  [ ! -e "$tmp/$f" ] && pass "a dead agent's $f removed" || { fail "a dead agent's $f left"; rm -f "$tmp/$f"; }
+snap=""
+for _ in $(seq 200); do snap=$(ls -d "$tmp/dtrain-$runid-$ns-$agent-"??????/spec.json 2>/dev/null | head -1); [ -n "$snap" ] && break; sleep 0.1; done
+[ -n "$runid" ] && [ -n "$snap" ] && [ -e "$snap" ] && pass "agent snapshot exists ($snap)" || fail "no agent snapshot '$tmp/dtrain-$runid-$ns-$agent-XXXXXX/spec.json'"
+[ -n "$snap" ] && [ "$(stat -c %a "$(dirname "$snap")")" = 700 ] && pass "agent snapshot: in a directory only its user may enter" || fail "agent snapshot directory mode"
+for f in "dtrain-0123456789ab-$ns-$dead.json" "dtrain-result-0123456789ab-$ns-$dead.json" "dtrain-0123456789ab-$ns-$dead-Ab3dEf"; do
+  [ ! -e "$tmp/$f" ] && pass "a dead agent's $f removed" || { fail "a dead agent's $f left"; rm -rf "$tmp/$f"; }
 done
 for f in "dtrain-0123456789ab-$ns-$$.json" "dtrain-0123456789ab-$ns-$dead.json.keep" "dtrain-0123456789-$ns-$dead.json" \
          "dtrain-0123456789ab-f$ns-$dead.json"; do
@@ -99,7 +106,7 @@ for f in "dtrain-0123456789ab-$ns-$$.json" "dtrain-0123456789ab-$ns-$dead.json.k
 done
 kill -9 "$agent"
 for _ in $(seq 50); do [ -e "$snap" ] || break; sleep 0.1; done
-[ ! -e "$snap" ] && pass "agent SIGKILLed before its workers started: its snapshot removed" || { fail "agent snapshot $snap left"; rm -f "$snap"; }
+[ -n "$snap" ] && [ ! -e "$(dirname "$snap")" ] && pass "agent SIGKILLed before its workers started: its snapshot's directory removed" || { fail "agent snapshot $snap left"; [ -n "$snap" ] && rm -rf "$(dirname "$snap")"; }
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 1 "the job fails: its node was lost (max_restarts 0)"
 finish

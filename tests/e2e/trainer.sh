@@ -63,7 +63,7 @@ expect_grep "^  data: +synthetic, 60000 train / 10000 eval samples, seed 1, pref
 expect_grep "^  device: +auto, seed 0, bucket_mb 25, overlap auto, log every 100 steps$" "$T/out" "validate: device and overlap"
 # dry run shows the trainer as each worker's command.
 "$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1
-expect_grep " train /.*/dtrain-spec-[0-9a-f]+\.json$" "$T/out" "dry run: workers run dtrain train on the run's spec snapshot"
+expect_grep " train /.*/dtrain-run-[0-9a-f]+-XXXXXX/spec\.json$" "$T/out" "dry run: workers run dtrain train on the run's spec snapshot"
 # A worker of the trainer run by hand trains alone.
 cat > "$T/tiny.json" <<JSON
 {"trainer": {"model": {"layers": [16, 8, 3]}, "data": {"train_samples": 512, "eval_samples": 64},
@@ -177,7 +177,7 @@ expect_eq "$?" 0 "relative cwd, data, log_dir and checkpoint dir"
 expect_eq "$(cat "$T/err")" "" "logs, metrics and checkpoints beside the spec"
 expect_eq "$(ls -A "$T/rel/wd")" "" "nothing written in the workers' cwd"
 run_id=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$T/rel/sum.json")
-[ -n "$run_id" ] && [ ! -e "${TMPDIR:-/tmp}/dtrain-spec-$run_id.json" ] && pass "the run's spec snapshot is removed" ||
+[ -n "$run_id" ] && ! ls -d "${TMPDIR:-/tmp}/dtrain-run-$run_id-"* >/dev/null 2>&1 && pass "the run's spec snapshot is removed" ||
   fail "spec snapshot of run '$run_id' left behind"
 
 # Too few samples for one global batch is a clear error.

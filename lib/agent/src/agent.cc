@@ -242,8 +242,10 @@ const std::string& pidPlace() {
   return place;
 }
 
-// The agent pid in an agent's file name, "dtrain-[result-]<12 hex run id>-<pid place>-
-// <pid>.json", when the place (pidPlace) is this process's; else -1.
+// The agent pid in the name of an agent's private directory, "dtrain-<12 hex run id>-<pid
+// place>-<pid>-XXXXXX" (mkdtemp's suffix), or of its files before there was one,
+// "dtrain-[result-]<run id>-<pid place>-<pid>.json", when the place (pidPlace) is this
+// process's; else -1.
 long agentFilePid(std::string_view name) {
   auto eat = [&](std::string_view p) {
     if (name.substr(0, p.size()) != p) return false;
@@ -262,7 +264,8 @@ long agentFilePid(std::string_view name) {
   while (digits < name.size() && digits < 10 && name[digits] >= '0' && name[digits] <= '9')
     pid = pid * 10 + (name[digits++] - '0');
   name.remove_prefix(digits);
-  return digits > 0 && digits < 10 && name == ".json" ? pid : -1;
+  const bool dir = name.size() == 7 && name[0] == '-';
+  return digits > 0 && digits < 10 && (name == ".json" || dir) ? pid : -1;
 }
 
 // Removes the private files (spec snapshot, result file) that agents of this user left in
@@ -275,11 +278,12 @@ void removeStaleAgentFiles(const std::filesystem::path& dir) {
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const long pid = agentFilePid(it->path().filename().string());
     struct stat st {};
-    if (pid <= 1 || pid == ::getpid() || ::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
-        st.st_uid != ::geteuid())
+    if (pid <= 1 || pid == ::getpid() || ::lstat(it->path().c_str(), &st) != 0 ||
+        !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) || st.st_uid != ::geteuid())
       continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    std::remove(it->path().c_str());
+    std::error_code rmEc;
+    std::filesystem::remove_all(it->path(), rmEc);
   }
 }
 
@@ -354,6 +358,7 @@ int runAgent(const AgentOptions& opts) {
   }
   std::string resultFile;
   std::string specFile;
+  std::string privateDir;  // holds both (makePrivateDirectory): nobody else can put a link or a file there
   // Registered with a guard of the agent's own before they are written: the agent may be
   // killed at any point (while it waits for the rendezvous, between rounds) and the guard
   // then removes them. A guard dies with its host, so an agent also removes what dead agents
@@ -363,13 +368,12 @@ int runAgent(const AgentOptions& opts) {
   // This node's copies (the spec may carry secrets) go however the agent ends: a refusal at
   // startup (a checkpoint dir it cannot use) returned with them left in /tmp.
   struct RemoveAtEnd {
-    const std::string& spec;
-    const std::string& result;
+    const std::string& dir;
     ~RemoveAtEnd() {
-      if (!spec.empty()) std::remove(spec.c_str());
-      if (!result.empty()) std::remove(result.c_str());
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     }
-  } removeAtEnd{specFile, resultFile};
+  } removeAtEnd{privateDir};
   {
     std::error_code ec;
     auto tmp = std::filesystem::temp_directory_path(ec);
@@ -379,12 +383,11 @@ int runAgent(const AgentOptions& opts) {
     spec::resolve(spec);
     if (spec.trainer) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
-      auto tmp = std::filesystem::temp_directory_path();
-      specFile = (tmp / fmt::format("dtrain-{}-{}-{}.json", opts.run_id, pidPlace(), ::getpid())).string();
-      resultFile = (tmp / fmt::format("dtrain-result-{}-{}-{}.json", opts.run_id, pidPlace(), ::getpid())).string();
       fileGuard.emplace();
-      fileGuard->removeIfKilled(specFile);
-      fileGuard->removeIfKilled(resultFile);
+      privateDir = makePrivateDirectory(fmt::format("dtrain-{}-{}-{}-", opts.run_id, pidPlace(), ::getpid()));
+      fileGuard->removeIfKilled(privateDir);
+      specFile = (std::filesystem::path(privateDir) / "spec.json").string();
+      resultFile = (std::filesystem::path(privateDir) / "result.json").string();
       writePrivateFile(specFile, specText);  // its env may carry secrets
       spec.env["DTRAIN_RESULT_FILE"] = resultFile;
       spec.command = {launch::selfExecutable(), "train", specFile};
@@ -592,7 +595,7 @@ int runAgent(const AgentOptions& opts) {
     };
     lo.restart_count = restartCount;
     lo.merge_output = opts.merge_output;
-    lo.remove_if_killed = {specFile, resultFile};
+    lo.remove_if_killed = {privateDir};
     lo.other_nodes = plan.nnodes > 1;
     try {
       launch::RunResult result = launch::makeLocalLauncher(lo)->run(plan, spec);

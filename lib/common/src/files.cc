@@ -100,6 +100,15 @@ void writePrivateFile(const std::string& path, const std::string& text) {
   if (!writeAllTo(fd.get(), text) || ::close(fd.release()) != 0) fail("write");
 }
 
+std::string makePrivateDirectory(const std::string& prefix) {
+  std::error_code ec;
+  const auto tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) throw IoError(fmt::format("no temporary directory: {} (TMPDIR)", ec.message()));
+  std::string tmpl = (std::filesystem::absolute(tmp) / (prefix + "XXXXXX")).string();
+  if (!::mkdtemp(tmpl.data())) throw IoError(fmt::format("cannot make a directory {}: {}", tmpl, std::strerror(errno)));
+  return tmpl;
+}
+
 DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name) {
   DirectoryLock out;
   const std::string path = (std::filesystem::path(dir) / name).string();

@@ -28,6 +28,12 @@ bool isSpecialOutput(const std::string& path);
 // (`> build.log`) or fail on a socket (a journal, some CI runners).
 int inheritedOutputFd(const std::string& path);
 
+// A directory of this process's own under the temporary directory: mkdtemp's, mode 0700,
+// named <prefix>XXXXXX, returned absolute. For files a run writes and reads back (a spec
+// snapshot with its env's secrets, the trainer's outcome): in a shared /tmp, a predictable
+// name could be taken first, or made a symbolic link, by another user. Throws IoError.
+std::string makePrivateDirectory(const std::string& prefix);
+
 // One job per directory: an exclusive flock on DIR/<name> (.dtrain.lock for a checkpoint
 // directory, .dtrain-logs.lock for a log directory: one directory may be both), a file anyone may open
 // (0666 less the umask; read-only is enough for flock, so a directory several users share is
