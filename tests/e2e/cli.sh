@@ -208,6 +208,22 @@ expect_grep "^dtrain: error: $T/vars.env:2: WORLD_SIZE is set by dtrain for ever
 expect_eq "$?" 0 "--env MASTER_PORT runs"
 expect_eq "$(cat "$T/out")" "[rank 0] port=29517" "--env MASTER_PORT reaches the worker"
 expect_eq "$(grep -c '^dtrain: warning: --env: MASTER_PORT=29517 replaces the free port dtrain picks' "$T/err")" 1 "--env MASTER_PORT: one warning line"
+# ... but it must be a port: an integer 1..65535, checked where it is given (it failed in
+# every worker, after the launch), by validate too.
+for bad in 99999 0 notaport " 80" 8O; do
+  "$DTRAIN" run --env "MASTER_PORT=$bad" --nproc-per-node 1 -- touch "$T/ran-port" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env MASTER_PORT=$bad: exit 2"
+  expect_eq "$(cat "$T/err")" "dtrain: error: --env: MASTER_PORT=\"$bad\": expected a port, an integer between 1 and 65535; give one, or leave MASTER_PORT out to get a free port picked by dtrain" "--env MASTER_PORT=$bad: named, with the fix"
+  "$DTRAIN" validate --env "MASTER_PORT=$bad" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate --env MASTER_PORT=$bad: exit 2"
+done
+[ -e "$T/ran-port" ] && fail "a bad MASTER_PORT ran" || pass "a bad MASTER_PORT ran nothing"
+echo '{"command": ["true"], "env": {"MASTER_PORT": "notaport"}}' > "$T/port.json"
+"$DTRAIN" validate "$T/port.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "spec env MASTER_PORT=notaport: exit 2"
+expect_grep "^dtrain: error: $T/port.json: /env/MASTER_PORT: MASTER_PORT=\"notaport\": expected a port" "$T/err" "spec env MASTER_PORT: the field named"
+printf 'MASTER_PORT=65536\n' > "$T/port.env"
+echo "{\"command\": [\"true\"], \"env_file\": \"$T/port.env\"}" > "$T/portenv.json"
+"$DTRAIN" validate "$T/portenv.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "env_file MASTER_PORT=65536: exit 2"
+expect_grep "^dtrain: error: $T/port.env:1: MASTER_PORT=\"65536\": expected a port" "$T/err" "env_file MASTER_PORT: file:line named"
+"$DTRAIN" validate --env MASTER_PORT=65535 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "--env MASTER_PORT=65535 is a port"
 
 # --nproc-per-node against a host's own slots: refused, not silently ignored.
 "$DTRAIN" run --hosts localhost:2 --nproc-per-node 1 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hosts localhost:2 --nproc-per-node 1 exits 2"

@@ -132,6 +132,18 @@ std::string masterOverrideWarning(const std::string& where, const std::string& n
   return "";
 }
 
+// MASTER_PORT given by the job must be a port the workers' process group can use: an integer
+// 1..65535 in decimal (torch reads it with int(); 99999 or "notaport" only failed in every
+// worker, after the launch). The problem and the fix, "" when fine or for other names.
+std::string masterPortProblem(const std::string& name, const std::string& value) {
+  if (name != "MASTER_PORT") return "";
+  const bool digits = !value.empty() && value.size() <= 5 && value.find_first_not_of("0123456789") == std::string::npos;
+  if (digits && std::stoi(value) >= 1 && std::stoi(value) <= 65535) return "";
+  return oneLine(fmt::format("MASTER_PORT={}: expected a port, an integer between 1 and 65535; give one, or leave "
+                             "MASTER_PORT out to get a free port picked by dtrain",
+                             jsonQuoted(value)));
+}
+
 // The bounds a number field accepts: [lo, hi], or open at one end.
 enum class Bounds { kClosed, kOpenLow, kOpenHigh };
 
@@ -861,6 +873,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
       if (auto problem = envNameProblem(it.key()); !problem.empty()) c.fail(p, problem);
       if (auto problem = identityProblem(it.key()); !problem.empty()) c.fail(p, problem);
       spec.env[it.key()] = c.str(it.value(), p);
+      if (auto problem = masterPortProblem(it.key(), spec.env[it.key()]); !problem.empty()) c.fail(p, problem);
       if (auto w = masterOverrideWarning(source + ": " + p, it.key(), spec.env[it.key()]); !w.empty())
         spec.warnings[it.key()] = w;
     }
@@ -975,6 +988,8 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     std::map<std::string, int> lineOf;
     for (auto& [k, v] : parseEnvFile(f.text, spec.env_file, &lineOf)) {
       if (!spec.env.emplace(k, v).second) continue;
+      if (auto problem = masterPortProblem(k, v); !problem.empty())
+        throw SpecError(fmt::format("{}:{}: {}", spec.env_file, lineOf[k], problem));
       if (auto w = masterOverrideWarning(fmt::format("{}:{}", spec.env_file, lineOf[k]), k, v); !w.empty())
         spec.warnings[k] = w;
     }
@@ -1057,6 +1072,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     if (auto it = givenEnv.find(name); it != givenEnv.end() && it->second != value)
       spec.warnings["--env twice: " + name] =
           fmt::format("--env {} is given twice, with different values; the last one is used", name);
+    if (auto problem = masterPortProblem(name, value); !problem.empty()) throw SpecError("--env: " + problem);
     givenEnv[name] = value;
     spec.env[name] = value;
     spec.warnings.erase(name);  // --env wins: its line, not the spec's
