@@ -175,9 +175,14 @@ struct RemoveOnExit {
 };
 
 // Where a run keeps its trainer's spec snapshot: private to the user (the spec's env may
-// carry secrets from an env_file), removed when the run ends.
-std::string trainerSpecPath(const std::string& runId) {
-  return (std::filesystem::temp_directory_path() / fmt::format("dtrain-spec-{}.json", runId)).string();
+// carry secrets from an env_file), removed when the run ends. In the temp dir (tempDirectory:
+// an unusable TMPDIR is refused, naming it); for --dry-run, which writes nothing, where it
+// would be, checked or not (buildSpec says what is wrong with it).
+std::string trainerSpecPath(const std::string& runId, bool dryRun) {
+  std::string dir;
+  if (dryRun) tempDirectoryProblem(&dir);
+  else dir = tempDirectory();
+  return (std::filesystem::path(dir) / fmt::format("dtrain-spec-{}.json", runId)).string();
 }
 
 // A command job's name, for messages ("job 'train.py' failed"): the program, or for an
@@ -364,6 +369,14 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   spec::applyOverrides(s, a.overrides);
   s.ssh.options.insert(s.ssh.options.end(), a.ssh_options.begin(), a.ssh_options.end());
   spec::resolve(s, a.overrides);
+  // The temp dir takes a local job's workers' error files, and a trainer job's spec snapshot
+  // and result: an unusable TMPDIR is refused by run before the data is read; validate and
+  // --dry-run, which write no temp file (validate may run on another machine), say it.
+  if (s.nodes.empty() || s.trainer) {
+    if (!runId.empty() && !a.dry_run) tempDirectory();
+    else if (const std::string problem = tempDirectoryProblem(); !problem.empty())
+      std::cerr << "dtrain: warning: " << problem << " (run refuses it: the job's temporary files go there)\n";
+  }
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
   // A pipeline needs whole pipelines: a world size known here that is not a multiple of the
   // stages is said once, not by every worker after the launch.
@@ -377,7 +390,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   // (validate, with no run: the spec file itself, which is what `dtrain train` takes by hand)
   if (s.trainer)
     s.command = {launch::selfExecutable(), "train",
-                 runId.empty() ? std::filesystem::absolute(a.spec_path).string() : trainerSpecPath(runId)};
+                 runId.empty() ? std::filesystem::absolute(a.spec_path).string() : trainerSpecPath(runId, a.dry_run)};
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
   if (s.trainer) {
@@ -510,7 +523,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
       snapshot.path = s.command.back();
       writePrivateFile(snapshot.path, spec::serializeForNode(shipped));
     }
-    resultFile = (std::filesystem::temp_directory_path() / fmt::format("dtrain-result-{}.json", runId)).string();
+    resultFile = (std::filesystem::path(tempDirectory()) / fmt::format("dtrain-result-{}.json", runId)).string();
     resultCleanup.path = resultFile;
     s.env["DTRAIN_RESULT_FILE"] = resultFile;
   }

@@ -26,4 +26,18 @@ bool isSpecialOutput(const std::string& path);
 // (`> build.log`) or fail on a socket (a journal, some CI runners).
 int inheritedOutputFd(const std::string& path);
 
+// The directory dtrain makes its temporary files in (workers' error files, a trainer job's
+// spec snapshot and result file): the first of TMPDIR, TMP, TEMP and TEMPDIR that is set and
+// not empty (the variables std::filesystem::temp_directory_path reads), else /tmp. Absolute:
+// the paths are handed to workers, which may start in another directory (the spec's cwd).
+// Throws SpecError naming the variable and the fix (create it, or unset it) when it is not
+// a directory this process can create files in: every temp file path goes through here, so
+// an unusable TMPDIR is one line naming it, never a filesystem error that names nothing.
+std::string tempDirectory();
+
+// tempDirectory()'s error as one line, "" when the directory is usable: for commands that
+// make no temporary file (validate, run --dry-run) and only say it. `dir`, when given, gets the
+// directory (absolute), usable or not.
+std::string tempDirectoryProblem(std::string* dir = nullptr);
+
 }  // namespace dtrain
