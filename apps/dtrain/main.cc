@@ -163,6 +163,15 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   if (!a.summary_json.empty()) app::checkOutputFile(a.summary_json, "--summary-json");
 }
 
+// What validate and --dry-run print is their result: a stdout that cannot take it whole (a
+// full disk, /dev/full, a pipe closed early) is dtrain's failure, one line and exit 1 (an OS
+// failure, docs/errors.md), not an exit 0 for an answer no one saw. `what` names it.
+void printResult(const std::string& text, const char* what) {
+  std::cout.flush();
+  if (!launch::writeAll(STDOUT_FILENO, text))
+    throw IoError(fmt::format("cannot write to stdout: {} ({} was not printed whole)", std::strerror(errno), what));
+}
+
 // A file of the run's own, removed when the run ends however it ends.
 struct RemoveOnExit {
   std::string path;
@@ -484,7 +493,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     launch::Plan plan = multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId);
     plan.master_port = 0;
     plan.run_id = "id chosen at start";
-    std::cout << launch::formatPlan(plan, s);
+    printResult(launch::formatPlan(plan, s), "the plan");
     if (!a.summary_json.empty())
       std::cerr << fmt::format("dtrain: warning: --summary-json {}: not written by --dry-run (nothing runs)\n",
                                a.summary_json);
@@ -936,9 +945,10 @@ int main(int argc, char** argv) {
       std::string memory;
       spec::JobSpec s = buildSpec(valArgs, "", &memory);
       checkOutputs(s, valArgs);
-      std::cout << (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) << ": OK\n"
-                << spec::describe(s);
-      if (!memory.empty()) std::cout << "  memory:           " << memory << "\n";
+      std::string out = (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) + ": OK\n" +
+                        spec::describe(s);
+      if (!memory.empty()) out += "  memory:           " + memory + "\n";
+      printResult(out, "the resolved spec");
       return kExitOk;
     }
   } catch (const SpecError& e) {

@@ -235,4 +235,15 @@ expect_grep "^survived$" "$T/err" "stdin and stdout closed: the worker was not s
 "$DTRAIN" run --nproc-per-node 2 --summary-json "$T/closed2.json" -- true >&- 2>&-
 expect_eq "$?" 0 "stdout and stderr closed: the job succeeds"
 expect_eq "$(python3 -c "import json; print(json.load(open('$T/closed2.json'))['status'])")" succeeded "stdout and stderr closed: the summary"
+# A stdout that cannot be written (a full disk; /dev/full here) where the output is the
+# result (validate's resolved spec, --dry-run's plan, bench's table): one line naming stdout
+# and the OS error, exit 1, not exit 0 for an answer no one saw. (dtrain run's workers' output
+# is not its result: a job goes on without its console.)
+for cmd in "validate" "run --dry-run"; do
+  "$DTRAIN" $cmd --nproc-per-node 1 -- true >/dev/full 2>"$T/err"; expect_eq "$?" 1 "$cmd >/dev/full: exit 1"
+  expect_grep "^dtrain: error: cannot write to stdout: No space left on device \(the (resolved spec|plan) was not printed whole\)$" "$T/err" "$cmd >/dev/full: said"
+done
+"$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 >/dev/full 2>"$T/err"; expect_eq "$?" 1 "bench >/dev/full: exit 1"
+expect_eq "$(cat "$T/err")" "dtrain: error: cannot write to stdout: No space left on device (the table was not printed whole)" "bench >/dev/full: said"
+"$DTRAIN" validate --nproc-per-node 1 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate to a file: exit 0"
 finish

@@ -108,12 +108,15 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
   plan.store_port = spec.rendezvous.port;
   plan.store_token = js.token;
   std::vector<spec::JobEvent> events;
+  int stdoutError = 0;  // the first attempt's that had one
   for (int attempt = 0;; ++attempt) {
     LocalRunOptions lo;
     lo.restart_count = attempt;
     lo.remove_if_killed = remove_if_killed;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
+    if (stdoutError == 0) stdoutError = r.stdout_error;
+    r.stdout_error = stdoutError;
     // A worker that died of a stop signal from outside, with dtrain's own signal within
     // kOutsideStopWindow of that death (read by the launcher, or coming now): the job was
     // stopped, not failed. A signal later in a long teardown is one after a failure.

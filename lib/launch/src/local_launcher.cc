@@ -349,7 +349,7 @@ int LocalLauncher::flushIdlePartials() {
 
 void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
-  writeAll(fd, text);
+  if (!writeAll(fd, text) && fd == STDOUT_FILENO && result_.stdout_error == 0) result_.stdout_error = errno;
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 
