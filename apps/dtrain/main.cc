@@ -344,7 +344,10 @@ std::optional<bool> workersUseGpus(const spec::TrainerSpec& t, int workers) {
 
 // The spec of `dtrain run` or `validate`, resolved and checked; `memoryLine`, when given,
 // gets a trainer job's estimated memory (validate prints it).
-spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr) {
+// `jobName`, when given, gets the job's name as soon as the spec is read, for the summary of
+// a run refused after that (a program that cannot run, a data file).
+spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr,
+                        std::string* jobName = nullptr) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
     throw SpecError("give either a job spec file or a command after --, not both");
@@ -352,6 +355,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     try {
       s = spec::loadJobSpec(a.spec_path);
     } catch (const SpecError& e) {
+      if (const auto* named = dynamic_cast<const spec::NamedSpecError*>(&e); named && jobName) *jobName = named->job();
       // torchrun's habit, `dtrain run train.py`: say how to run a command.
       const std::string ext = std::filesystem::path(a.spec_path).extension().string();
       if (ext == ".json" || std::string(e.what()).find("invalid JSON") == std::string::npos) throw;
@@ -369,6 +373,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
                                 "python3 train.py)",
                                 a.verb));
   }
+  if (jobName) *jobName = s.name;
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
   if (!a.hosts.empty()) a.overrides.hosts = a.hosts;
@@ -459,8 +464,34 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   return s;
 }
 
+// `dtrain run`'s stop signals, held from main()'s start until the launch has ended (null for
+// other commands): a SIGINT, SIGTERM or SIGHUP before any worker starts ends the run at the
+// next step with its own summary (stopIfSignalled), not by the signal's default action,
+// which left an earlier run's summary in place.
+launch::HeldStopSignals* gHeldSignals = nullptr;
+
+// A stop signal that came before the launch: the run ends with it (exit 128 + the signal).
+struct StoppedBeforeLaunch {
+  int sig;
+};
+
+// Ends the run, before anything starts, when a stop signal has come (between pre-flight steps:
+// reading the spec and its data can take a while).
+void stopIfSignalled() {
+  if (!gHeldSignals) return;
+  if (const int sig = gHeldSignals->stopSignal()) throw StoppedBeforeLaunch{sig};
+}
+
+// A summary written in place (a pipe, /dev/stdout) may block for good (a FIFO no one reads):
+// there Ctrl-C must end dtrain, so the held signals go back to their default action first.
+// A regular file is written whole and at once, signals still held.
+void releaseSignalsFor(const std::string& path) {
+  if (gHeldSignals && (isSpecialOutput(path) || inheritedOutputFd(path) >= 0)) gHeldSignals->release();
+}
+
 // Writes the --summary-json of a run; false (said on stderr) when it cannot.
 bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
+  releaseSignalsFor(a.summary_json);
   try {
     writeOutputFile(a.summary_json, spec::toJson(sum));
     return true;
@@ -470,11 +501,40 @@ bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
   }
 }
 
-int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time_point started, std::string& jobName) {
-  spec::JobSpec s = buildSpec(a, runId);
-  jobName = s.name;
+// `summaryRefused`: set when the --summary-json path itself was refused (nothing is written
+// there then).
+int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time_point started, std::string& jobName,
+           bool& summaryRefused) {
+  // An earlier run's summary must not outlive this run's start: if dtrain is stopped or
+  // SIGKILLed (or the machine lost) before the outcome is written, a script would read that
+  // run's outcome as this one's. So the path is checked, and a regular file says "running",
+  // first, before the spec and its data are read; the outcome replaces it (a pipe or
+  // /dev/stdout, written in place, gets the outcome only).
+  const bool summaryInPlace =
+      !a.summary_json.empty() && (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0);
+  auto writeRunning = [&](const std::string& job) {
+    if (a.summary_json.empty() || summaryInPlace || a.dry_run) return;
+    spec::RunSummary sum;
+    sum.job = job;
+    sum.run_id = runId;
+    sum.running = true;
+    writeSummary(a, sum);
+  };
+  if (!a.summary_json.empty() && !a.dry_run) {
+    try {
+      app::checkOutputFile(a.summary_json, "--summary-json");
+    } catch (const SpecError&) {
+      summaryRefused = true;
+      throw;
+    }
+    writeRunning("");
+  }
+  stopIfSignalled();
+  spec::JobSpec s = buildSpec(a, runId, nullptr, &jobName);
+  stopIfSignalled();
   bool multiNode = !s.nodes.empty();
   checkOutputs(s, a);
+  writeRunning(s.name);  // (now with the job's name)
   // Asking for GPUs on a machine without them is bad input, said before anything starts, and
   // by --dry-run, whose plan would otherwise show the CPU (multi-node: each node checks its
   // own). (validate does not: a spec is often checked on a machine other than the job's.)
@@ -509,19 +569,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // and an old config's checkpoint is one line, not a refusal on every restart.
   Fd checkpointLock;  // held until the job ends (restarts included): one job per directory
   if (s.trainer && s.nodes.empty()) checkpointLock = train::prepareCheckpointDir(*s.trainer, s.source);
-  // An earlier run's summary must not outlive this run's start: if dtrain is SIGKILLed (or
-  // the machine lost), a script would read that run's outcome as this one's. A regular file
-  // says "running" until the outcome replaces it (a pipe or /dev/stdout gets the outcome only).
-  // (a pipe, a descriptor or /dev/stdout: written in place, once)
-  const bool summaryInPlace =
-      !a.summary_json.empty() && (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0);
-  if (!a.summary_json.empty() && !summaryInPlace) {
-    spec::RunSummary sum;
-    sum.job = s.name;
-    sum.run_id = runId;
-    sum.running = true;
-    writeSummary(a, sum);
-  }
+  stopIfSignalled();
   // The trainer's rank 0 leaves its outcome here for the summary.
   std::string resultFile;
   RemoveOnExit snapshot, resultCleanup;
@@ -536,6 +584,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     resultCleanup.path = resultFile;
     s.env["DTRAIN_RESULT_FILE"] = resultFile;
   }
+  // The last look before the launch; a signal from here on is the launch's (its handling
+  // nests in the held signals' and reads what they hold), which stops the workers it started.
+  stopIfSignalled();
   launch::RunResult r;
   if (multiNode) {
     launch::MultiNodeOptions mo;
@@ -553,6 +604,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   sigemptyset(&hold);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&hold, sig);
   ::sigprocmask(SIG_BLOCK, &hold, nullptr);
+  // (blocked first: the handlers that caught them since the start go now, and one that came
+  // after the job ended stays pending, changing nothing)
+  if (gHeldSignals) gHeldSignals->release();
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);
@@ -593,15 +647,16 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
 }
 
 // The --summary-json of a run that ended before any worker started: status failed, the
-// exit code and the error. Best effort: when the summary's own path is what is wrong, the
-// error says so already.
+// exit code and the error (`stoppedBy`: the signal that stopped it, "" for none). Best effort:
+// the error is said on stderr anyway.
 void writeFailedSummary(const std::string& path, const std::string& job, const std::string& runId, int code,
-                        const std::string& what, double wallS) {
+                        const std::string& what, double wallS, const std::string& stoppedBy = "") {
   if (path.empty()) return;
   spec::RunSummary sum;
   sum.job = job;
   sum.run_id = runId;
   sum.exit_code = code;
+  sum.stopped_by = stoppedBy;
   // One line, as the field promises: a table of lines (pre-flight's, one per host) joined.
   // ("...remote host(s):\n  a (hostfile:1) ...\n  b ..." -> "...remote host(s): a ...; b ...")
   for (const auto& l : split(what, '\n')) {
@@ -611,6 +666,7 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
     sum.error += t;
   }
   sum.wall_s = wallS;
+  releaseSignalsFor(path);
   try {
     writeOutputFile(path, spec::toJson(sum));
   } catch (const std::exception&) {
@@ -624,13 +680,23 @@ int cmdRun(RunArgs& a) {
   const std::string runId = launch::newRunId();
   const auto started = std::chrono::steady_clock::now();
   std::string jobName;
-  auto early = [&](int code, const char* what) {
-    if (a.dry_run) return;  // (a preview writes no outcome, failed or not: nothing ran)
+  bool summaryRefused = false;
+  auto early = [&](int code, const std::string& what, const std::string& stoppedBy = "") {
+    // (a preview writes no outcome, failed or not: nothing ran; a path refused gets nothing)
+    if (a.dry_run || summaryRefused) return;
     writeFailedSummary(a.summary_json, jobName, runId, code, what,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), stoppedBy);
   };
   try {
-    return runJob(a, runId, started, jobName);
+    return runJob(a, runId, started, jobName, summaryRefused);
+  } catch (const StoppedBeforeLaunch& stop) {
+    // As a stop during the run ends (exit 128 + the signal, said on stderr), with nothing to
+    // tear down.
+    const int code = 128 + stop.sig;
+    const std::string what = fmt::format("stopped by {} before any worker started", signalName(stop.sig));
+    launch::writeAll(STDERR_FILENO, fmt::format("dtrain: {}; exit code {}\n", what, code));
+    early(code, what, signalName(stop.sig));
+    return code;
   } catch (const SpecError& e) {
     early(kExitUsage, e.what());
     throw;
@@ -793,6 +859,12 @@ int main(int argc, char** argv) {
       break;
     }
   }
+
+  // `dtrain run`'s stop signals are held from here until its launch has ended (gHeldSignals):
+  // one that comes before the launch ends the run with its own summary, not by the signal's
+  // default action, which left an earlier run's summary in place.
+  std::optional<launch::HeldStopSignals> heldSignals;
+  if (isRun) gHeldSignals = &heldSignals.emplace();
 
   // A run refused on its command line still writes its --summary-json (status failed, exit
   // 2, the error), as a run refused for its spec does: a CI script must never read an

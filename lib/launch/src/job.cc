@@ -96,6 +96,22 @@ int waitForSignal(detail::SignalScope& signals, std::chrono::steady_clock::durat
 
 }  // namespace
 
+HeldStopSignals::HeldStopSignals() : scope_(std::make_unique<detail::SignalScope>()) {}
+HeldStopSignals::~HeldStopSignals() = default;
+
+int HeldStopSignals::stopSignal() {
+  if (!scope_) return got_;
+  scope_->drain([&](int sig) { if (got_ == 0) got_ = sig; },
+                [&](int sig) {
+                  writeAll(STDERR_FILENO,
+                           fmt::format("dtrain: {}: no worker runs yet (the job is being checked); not passed on\n",
+                                       signalName(sig)));
+                });
+  return got_;
+}
+
+void HeldStopSignals::release() { scope_.reset(); }
+
 RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed) {
   // Over the whole job (first, so that it ends last, after the store's shutdown): a signal
   // between one attempt's end and the next scope (the check for a stop of the whole job, the

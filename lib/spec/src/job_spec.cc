@@ -812,7 +812,10 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
   return env;
 }
 
-JobSpec parseJobSpec(const std::string& text, const std::string& source) {
+namespace {
+
+// parseJobSpec, with the job's name in `name` as soon as it is read.
+JobSpec parseJobSpecReadingName(const std::string& text, const std::string& source, std::string& name) {
   Checker c(source);
   json root;
   try {
@@ -849,6 +852,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
                                     "and on terminals: use printable characters",
                                     static_cast<unsigned>(ch)));
   }
+  name = spec.name;
 
   bool hasTrainer = root.contains("trainer");
   if (hasTrainer && root.contains("command"))
@@ -996,6 +1000,18 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
   }
   makePathsAbsolute(spec);
   return spec;
+}
+
+}  // namespace
+
+JobSpec parseJobSpec(const std::string& text, const std::string& source) {
+  std::string name;
+  try {
+    return parseJobSpecReadingName(text, source, name);
+  } catch (const SpecError& e) {
+    if (name.empty()) throw;
+    throw NamedSpecError(e.what(), name);
+  }
 }
 
 JobSpec loadJobSpec(const std::string& path) {
