@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <tuple>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -51,6 +52,16 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   o.max_bytes = parseSize(a.maxBytes, "-e/--maxbytes");
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
     throw SpecError(fmt::format("-b/-e: need 0 < minbytes <= maxbytes, got {} and {}", a.minBytes, a.maxBytes));
+  o.dtype = comm::parseDataType(a.dtype);
+  // A size below one element measures nothing: -e 3 with floats was an empty table, "OK" and
+  // exit 0 (and -b 3 quietly started at 4).
+  const size_t es = comm::elementSize(o.dtype);
+  for (const auto& [flag, given, bytes] : {std::tuple{"-b/--minbytes", a.minBytes, o.min_bytes},
+                                           std::tuple{"-e/--maxbytes", a.maxBytes, o.max_bytes}})
+    if (bytes < es)
+      throw SpecError(fmt::format("{}: {} is less than one {} ({} bytes), the smallest size measured; give {} or "
+                                  "more",
+                                  flag, given, comm::name(o.dtype), es, es));
   if (a.factor < 2) throw SpecError(fmt::format("-f/--stepfactor: expected an integer >= 2, got {}", a.factor));
   if (a.factor > (1u << 20)) throw SpecError(fmt::format("-f/--stepfactor: expected an integer from 2 to 1048576, got {}", a.factor));
   if (a.iters < 1 || a.warmup < 0) throw SpecError("-n must be >= 1 and -w >= 0");
@@ -61,7 +72,6 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   o.factor = a.factor;
   o.iters = a.iters;
   o.warmup = a.warmup;
-  o.dtype = comm::parseDataType(a.dtype);
   o.op = comm::parseReduceOp(a.op);
   return o;
 }
@@ -101,10 +111,9 @@ int worker(comm::Collective c) {
   // Rank 0 prints the table as it goes, a row per size as soon as it is measured (as
   // nccl-tests does): a long sweep shows progress, and an interrupted one keeps its rows.
   const bool printer = comm->rank() == 0;
-  if (printer)
-    std::cout << comm::formatBenchHeader(o, comm->size(), comm->backend(),
-                                         c == comm::Collective::kSendRecv ? comm->p2pTransport() : comm->transport())
-              << std::flush;
+  // (the table's header and the JSON say the same)
+  const std::string transport = c == comm::Collective::kSendRecv ? comm->p2pTransport() : comm->transport();
+  if (printer) std::cout << comm::formatBenchHeader(o, comm->size(), comm->backend(), transport) << std::flush;
   std::vector<comm::BenchRow> rows, done;
   try {
     rows = comm::runBench(*comm, o, [&](const comm::BenchRow& r) {
@@ -116,7 +125,7 @@ int worker(comm::Collective c) {
       // /dev/stdout gets the one document at the end.
       if (!a.json.empty() && !isSpecialOutput(a.json)) {
         done.push_back(r);
-        writeBenchJson(a.json, comm::benchJson(done, o, comm->size(), comm->backend(), false));
+        writeBenchJson(a.json, comm::benchJson(done, o, comm->size(), comm->backend(), transport, false));
       }
     });
   } catch (const std::bad_alloc&) {
@@ -128,7 +137,7 @@ int worker(comm::Collective c) {
   for (const auto& r : rows) wrong += r.wrong;
   if (printer) {
     std::cout << comm::formatBenchFooter(rows) << std::flush;
-    if (!a.json.empty()) writeBenchJson(a.json, comm::benchJson(rows, o, comm->size(), comm->backend(), true));
+    if (!a.json.empty()) writeBenchJson(a.json, comm::benchJson(rows, o, comm->size(), comm->backend(), transport, true));
   }
   return wrong ? 1 : 0;
 }
@@ -210,6 +219,13 @@ int launch(comm::Collective c, CLI::App* sub) {
     r = launch::runLocalJob(s, launch::newRunId());
   }
   if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s);
+  // The table is bench's result: one that did not reach stdout whole is a failure, not an
+  // "OK" no one saw (exit 1, as any OS failure; a failed job keeps its own code).
+  if (r.stdout_error) {
+    std::cerr << fmt::format("dtrain: error: cannot write to stdout: {} (the table was not printed whole)\n",
+                             std::strerror(r.stdout_error));
+    if (r.exit_code == 0) return kExitFailure;
+  }
   return r.exit_code;
 }
 

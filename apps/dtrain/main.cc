@@ -175,6 +175,15 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   if (!a.summary_json.empty()) app::checkOutputFile(a.summary_json, "--summary-json");
 }
 
+// What validate and --dry-run print is their result: a stdout that cannot take it whole (a
+// full disk, /dev/full, a pipe closed early) is dtrain's failure, one line and exit 1 (an OS
+// failure, docs/errors.md), not an exit 0 for an answer no one saw. `what` names it.
+void printResult(const std::string& text, const char* what) {
+  std::cout.flush();
+  if (!launch::writeAll(STDOUT_FILENO, text))
+    throw IoError(fmt::format("cannot write to stdout: {} ({} was not printed whole)", std::strerror(errno), what));
+}
+
 // A file of the run's own, removed when the run ends however it ends.
 struct RemoveOnExit {
   std::string path;
@@ -189,9 +198,14 @@ struct RemoveOnExit {
 
 // Where a run keeps its trainer's spec snapshot, as a plan shows it: a directory of the
 // run's own (made when it starts: runJob), private to the user (the spec's env may carry
-// secrets from an env_file), removed when the run ends.
-std::string trainerSpecPath(const std::string& runId) {
-  return (std::filesystem::temp_directory_path() / fmt::format("dtrain-run-{}-XXXXXX", runId) / "spec.json").string();
+// secrets from an env_file), removed when the run ends. In the temp dir (tempDirectory:
+// an unusable TMPDIR is refused, naming it); for --dry-run, which writes nothing, where it
+// would be, checked or not (buildSpec says what is wrong with it).
+std::string trainerSpecPath(const std::string& runId, bool dryRun) {
+  std::string dir;
+  if (dryRun) tempDirectoryProblem(&dir);
+  else dir = tempDirectory();
+  return (std::filesystem::path(dir) / fmt::format("dtrain-run-{}-XXXXXX", runId) / "spec.json").string();
 }
 
 // A command job's name, for messages ("job 'train.py' failed"): the program, or for an
@@ -344,7 +358,10 @@ std::optional<bool> workersUseGpus(const spec::TrainerSpec& t, int workers) {
 
 // The spec of `dtrain run` or `validate`, resolved and checked; `memoryLine`, when given,
 // gets a trainer job's estimated memory (validate prints it).
-spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr) {
+// `jobName`, when given, gets the job's name as soon as the spec is read, for the summary of
+// a run refused after that (a program that cannot run, a data file).
+spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr,
+                        std::string* jobName = nullptr) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
     throw SpecError("give either a job spec file or a command after --, not both");
@@ -352,6 +369,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     try {
       s = spec::loadJobSpec(a.spec_path);
     } catch (const SpecError& e) {
+      if (const auto* named = dynamic_cast<const spec::NamedSpecError*>(&e); named && jobName) *jobName = named->job();
       // torchrun's habit, `dtrain run train.py`: say how to run a command.
       const std::string ext = std::filesystem::path(a.spec_path).extension().string();
       if (ext == ".json" || std::string(e.what()).find("invalid JSON") == std::string::npos) throw;
@@ -369,6 +387,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
                                 "python3 train.py)",
                                 a.verb));
   }
+  if (jobName) *jobName = s.name;
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
   if (!a.hosts.empty()) a.overrides.hosts = a.hosts;
@@ -378,6 +397,14 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   spec::applyOverrides(s, a.overrides);
   s.ssh.options.insert(s.ssh.options.end(), a.ssh_options.begin(), a.ssh_options.end());
   spec::resolve(s, a.overrides);
+  // The temp dir takes a local job's workers' error files, and a trainer job's spec snapshot
+  // and result: an unusable TMPDIR is refused by run before the data is read; validate and
+  // --dry-run, which write no temp file (validate may run on another machine), say it.
+  if (s.nodes.empty() || s.trainer) {
+    if (!runId.empty() && !a.dry_run) tempDirectory();
+    else if (const std::string problem = tempDirectoryProblem(); !problem.empty())
+      std::cerr << "dtrain: warning: " << problem << " (run refuses it: the job's temporary files go there)\n";
+  }
   if (!s.trainer && s.nodes.empty()) checkProgram(s, a.command.empty());
   // A pipeline needs whole pipelines: a world size known here that is not a multiple of the
   // stages is said once, not by every worker after the launch.
@@ -391,7 +418,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   // (validate, with no run: the spec file itself, which is what `dtrain train` takes by hand)
   if (s.trainer)
     s.command = {launch::selfExecutable(), "train",
-                 runId.empty() ? std::filesystem::absolute(a.spec_path).string() : trainerSpecPath(runId)};
+                 runId.empty() ? std::filesystem::absolute(a.spec_path).string() : trainerSpecPath(runId, a.dry_run)};
   // A trainer's data files are read once here, so that bad data is a clear error (exit 2)
   // before any worker starts.
   if (s.trainer) {
@@ -451,8 +478,34 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   return s;
 }
 
+// `dtrain run`'s stop signals, held from main()'s start until the launch has ended (null for
+// other commands): a SIGINT, SIGTERM or SIGHUP before any worker starts ends the run at the
+// next step with its own summary (stopIfSignalled), not by the signal's default action,
+// which left an earlier run's summary in place.
+launch::HeldStopSignals* gHeldSignals = nullptr;
+
+// A stop signal that came before the launch: the run ends with it (exit 128 + the signal).
+struct StoppedBeforeLaunch {
+  int sig;
+};
+
+// Ends the run, before anything starts, when a stop signal has come (between pre-flight steps:
+// reading the spec and its data can take a while).
+void stopIfSignalled() {
+  if (!gHeldSignals) return;
+  if (const int sig = gHeldSignals->stopSignal()) throw StoppedBeforeLaunch{sig};
+}
+
+// A summary written in place (a pipe, /dev/stdout) may block for good (a FIFO no one reads):
+// there Ctrl-C must end dtrain, so the held signals go back to their default action first.
+// A regular file is written whole and at once, signals still held.
+void releaseSignalsFor(const std::string& path) {
+  if (gHeldSignals && (isSpecialOutput(path) || inheritedOutputFd(path) >= 0)) gHeldSignals->release();
+}
+
 // Writes the --summary-json of a run; false (said on stderr) when it cannot.
 bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
+  releaseSignalsFor(a.summary_json);
   try {
     writeOutputFile(a.summary_json, spec::toJson(sum));
     return true;
@@ -462,11 +515,40 @@ bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
   }
 }
 
-int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time_point started, std::string& jobName) {
-  spec::JobSpec s = buildSpec(a, runId);
-  jobName = s.name;
+// `summaryRefused`: set when the --summary-json path itself was refused (nothing is written
+// there then).
+int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time_point started, std::string& jobName,
+           bool& summaryRefused) {
+  // An earlier run's summary must not outlive this run's start: if dtrain is stopped or
+  // SIGKILLed (or the machine lost) before the outcome is written, a script would read that
+  // run's outcome as this one's. So the path is checked, and a regular file says "running",
+  // first, before the spec and its data are read; the outcome replaces it (a pipe or
+  // /dev/stdout, written in place, gets the outcome only).
+  const bool summaryInPlace =
+      !a.summary_json.empty() && (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0);
+  auto writeRunning = [&](const std::string& job) {
+    if (a.summary_json.empty() || summaryInPlace || a.dry_run) return;
+    spec::RunSummary sum;
+    sum.job = job;
+    sum.run_id = runId;
+    sum.running = true;
+    writeSummary(a, sum);
+  };
+  if (!a.summary_json.empty() && !a.dry_run) {
+    try {
+      app::checkOutputFile(a.summary_json, "--summary-json");
+    } catch (const SpecError&) {
+      summaryRefused = true;
+      throw;
+    }
+    writeRunning("");
+  }
+  stopIfSignalled();
+  spec::JobSpec s = buildSpec(a, runId, nullptr, &jobName);
+  stopIfSignalled();
   bool multiNode = !s.nodes.empty();
   checkOutputs(s, a);
+  writeRunning(s.name);  // (now with the job's name)
   // Asking for GPUs on a machine without them is bad input, said before anything starts, and
   // by --dry-run, whose plan would otherwise show the CPU (multi-node: each node checks its
   // own). (validate does not: a spec is often checked on a machine other than the job's.)
@@ -485,7 +567,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     launch::Plan plan = multiNode ? launch::makeNodesPlan(s, runId) : launch::makeLocalPlan(s, runId);
     plan.master_port = 0;
     plan.run_id = "id chosen at start";
-    std::cout << launch::formatPlan(plan, s);
+    printResult(launch::formatPlan(plan, s), "the plan");
     if (!a.summary_json.empty())
       std::cerr << fmt::format("dtrain: warning: --summary-json {}: not written by --dry-run (nothing runs)\n",
                                a.summary_json);
@@ -518,19 +600,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // and an old config's checkpoint is one line, not a refusal on every restart.
   Fd checkpointLock;  // held until the job ends (restarts included): one job per directory
   if (s.trainer && s.nodes.empty()) checkpointLock = train::prepareCheckpointDir(*s.trainer, s.source);
-  // An earlier run's summary must not outlive this run's start: if dtrain is SIGKILLed (or
-  // the machine lost), a script would read that run's outcome as this one's. A regular file
-  // says "running" until the outcome replaces it (a pipe or /dev/stdout gets the outcome only).
-  // (a pipe, a descriptor or /dev/stdout: written in place, once)
-  const bool summaryInPlace =
-      !a.summary_json.empty() && (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0);
-  if (!a.summary_json.empty() && !summaryInPlace) {
-    spec::RunSummary sum;
-    sum.job = s.name;
-    sum.run_id = runId;
-    sum.running = true;
-    writeSummary(a, sum);
-  }
+  stopIfSignalled();
   // The trainer's spec snapshot and the outcome rank 0 leaves for the summary, in a directory
   // of this run's own (makePrivateDirectory): their names in /tmp were the run id's, which any
   // user reads in ps, so another user could plant a link there (the outcome was written
@@ -548,6 +618,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     resultFile = (std::filesystem::path(runDir.path) / "result.json").string();
     s.env["DTRAIN_RESULT_FILE"] = resultFile;
   }
+  // The last look before the launch; a signal from here on is the launch's (its handling
+  // nests in the held signals' and reads what they hold), which stops the workers it started.
+  stopIfSignalled();
   launch::RunResult r;
   if (multiNode) {
     launch::MultiNodeOptions mo;
@@ -565,6 +638,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   sigemptyset(&hold);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&hold, sig);
   ::sigprocmask(SIG_BLOCK, &hold, nullptr);
+  // (blocked first: the handlers that caught them since the start go now, and one that came
+  // after the job ended stays pending, changing nothing)
+  if (gHeldSignals) gHeldSignals->release();
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);
@@ -605,15 +681,16 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
 }
 
 // The --summary-json of a run that ended before any worker started: status failed, the
-// exit code and the error. Best effort: when the summary's own path is what is wrong, the
-// error says so already.
+// exit code and the error (`stoppedBy`: the signal that stopped it, "" for none). Best effort:
+// the error is said on stderr anyway.
 void writeFailedSummary(const std::string& path, const std::string& job, const std::string& runId, int code,
-                        const std::string& what, double wallS) {
+                        const std::string& what, double wallS, const std::string& stoppedBy = "") {
   if (path.empty()) return;
   spec::RunSummary sum;
   sum.job = job;
   sum.run_id = runId;
   sum.exit_code = code;
+  sum.stopped_by = stoppedBy;
   // One line, as the field promises: a table of lines (pre-flight's, one per host) joined.
   // ("...remote host(s):\n  a (hostfile:1) ...\n  b ..." -> "...remote host(s): a ...; b ...")
   for (const auto& l : split(what, '\n')) {
@@ -623,6 +700,7 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
     sum.error += t;
   }
   sum.wall_s = wallS;
+  releaseSignalsFor(path);
   try {
     writeOutputFile(path, spec::toJson(sum));
   } catch (const std::exception&) {
@@ -636,13 +714,23 @@ int cmdRun(RunArgs& a) {
   const std::string runId = launch::newRunId();
   const auto started = std::chrono::steady_clock::now();
   std::string jobName;
-  auto early = [&](int code, const char* what) {
-    if (a.dry_run) return;  // (a preview writes no outcome, failed or not: nothing ran)
+  bool summaryRefused = false;
+  auto early = [&](int code, const std::string& what, const std::string& stoppedBy = "") {
+    // (a preview writes no outcome, failed or not: nothing ran; a path refused gets nothing)
+    if (a.dry_run || summaryRefused) return;
     writeFailedSummary(a.summary_json, jobName, runId, code, what,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), stoppedBy);
   };
   try {
-    return runJob(a, runId, started, jobName);
+    return runJob(a, runId, started, jobName, summaryRefused);
+  } catch (const StoppedBeforeLaunch& stop) {
+    // As a stop during the run ends (exit 128 + the signal, said on stderr), with nothing to
+    // tear down.
+    const int code = 128 + stop.sig;
+    const std::string what = fmt::format("stopped by {} before any worker started", signalName(stop.sig));
+    launch::writeAll(STDERR_FILENO, fmt::format("dtrain: {}; exit code {}\n", what, code));
+    early(code, what, signalName(stop.sig));
+    return code;
   } catch (const SpecError& e) {
     early(kExitUsage, e.what());
     throw;
@@ -806,6 +894,12 @@ int main(int argc, char** argv) {
     }
   }
 
+  // `dtrain run`'s stop signals are held from here until its launch has ended (gHeldSignals):
+  // one that comes before the launch ends the run with its own summary, not by the signal's
+  // default action, which left an earlier run's summary in place.
+  std::optional<launch::HeldStopSignals> heldSignals;
+  if (isRun) gHeldSignals = &heldSignals.emplace();
+
   // A run refused on its command line still writes its --summary-json (status failed, exit
   // 2, the error), as a run refused for its spec does: a CI script must never read an
   // earlier run's file as this one's. The path is read from the words themselves, because
@@ -957,9 +1051,10 @@ int main(int argc, char** argv) {
       std::string memory;
       spec::JobSpec s = buildSpec(valArgs, "", &memory);
       checkOutputs(s, valArgs);
-      std::cout << (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) << ": OK\n"
-                << spec::describe(s);
-      if (!memory.empty()) std::cout << "  memory:           " << memory << "\n";
+      std::string out = (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) + ": OK\n" +
+                        spec::describe(s);
+      if (!memory.empty()) out += "  memory:           " + memory + "\n";
+      printResult(out, "the resolved spec");
       return kExitOk;
     }
   } catch (const SpecError& e) {

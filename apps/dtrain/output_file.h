@@ -2,6 +2,7 @@
 // Output files named on the command line (--summary-json, bench --json) are checked before a
 // job starts, so a typo in a path is exit 2 at once, not a failure after the work is done.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,11 +35,25 @@ inline void checkOutputFile(const std::string& path, const char* flag) {
       throw SpecError(fmt::format("{}: cannot write \"{}\": {}; give another path", flag, path, std::strerror(errno)));
     return;
   }
-  fs::path target = fs::weakly_canonical(fs::absolute(path, ec), ec);  // a symlink's target is what gets replaced
-  if (ec) target = fs::absolute(path, ec);
-  const fs::path parent = target.parent_path();
-  if (!fs::is_directory(parent, ec))
-    throw SpecError(fmt::format("{}: \"{}\": directory {} does not exist; create it or give another path", flag, path,
+  // The file writeOutputFile replaces, found as it finds it: a symlink's target, else the path
+  // as given (relative stays relative: with a working directory longer than PATH_MAX, its
+  // absolute form is one no call takes, while the relative path works).
+  fs::path target = fs::weakly_canonical(path, ec);
+  if (ec) target = path;
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  // The OS's own reason when the directory cannot be looked at (ENAMETOOLONG, EACCES on the
+  // way, ELOOP), not "does not exist" for every failure.
+  struct stat st {};
+  if (::stat(parent.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT)
+      throw SpecError(fmt::format("{}: \"{}\": directory {} does not exist; create it or give another path", flag, path,
+                                  parent.string()));
+    throw SpecError(fmt::format("{}: \"{}\": cannot use directory {}: {}; give another path", flag, path,
+                                parent.string(), std::strerror(err)));
+  }
+  if (!S_ISDIR(st.st_mode))
+    throw SpecError(fmt::format("{}: \"{}\": {} is not a directory; give a path in a directory", flag, path,
                                 parent.string()));
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
     throw SpecError(fmt::format("{}: \"{}\": cannot write in {}: {}; give a path in a directory you can write", flag, path,

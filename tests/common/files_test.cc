@@ -65,5 +65,34 @@ TEST(WritePrivateFile, RefusesASymlinkAndNamesThePath) {
   EXPECT_THROW(writePrivateFile(d.path / "no-such-dir" / "f", "x"), IoError);
 }
 
+// The temp dir: TMPDIR as given, made absolute (workers may start elsewhere); an unusable one
+// refused as bad input naming the variable, the problem and the fix.
+TEST(TempDirectory, AbsoluteAndCheckedNamingTheVariable) {
+  TempDir d;
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  const fs::path cwd = fs::current_path();
+  fs::create_directory(d.path / "rel");
+  fs::current_path(d.path);
+  ::setenv("TMPDIR", "rel", 1);
+  EXPECT_EQ(tempDirectory(), (d.path / "rel").string());
+  EXPECT_EQ(tempDirectoryProblem(), "");
+  ::setenv("TMPDIR", "missing", 1);
+  std::string dir;
+  EXPECT_EQ(tempDirectoryProblem(&dir), "TMPDIR=missing (" + (d.path / "missing").string() +
+                                            "): the directory does not exist; create it, or unset TMPDIR");
+  EXPECT_EQ(dir, (d.path / "missing").string());
+  EXPECT_THROW(tempDirectory(), SpecError);
+  std::ofstream(d.path / "file") << "x";
+  ::setenv("TMPDIR", (d.path / "file").c_str(), 1);
+  EXPECT_EQ(tempDirectoryProblem(), "TMPDIR=" + (d.path / "file").string() +
+                                        ": not a directory; point TMPDIR at a directory, or unset it");
+  ::setenv("TMPDIR", "", 1);  // (empty: as if unset)
+  EXPECT_EQ(tempDirectoryProblem(), "");
+  fs::current_path(cwd);
+  if (old) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -213,6 +213,22 @@ expect_grep "^dtrain: error: $T/vars.env:2: WORLD_SIZE is set by dtrain for ever
 expect_eq "$?" 0 "--env MASTER_PORT runs"
 expect_eq "$(cat "$T/out")" "[rank 0] port=29517" "--env MASTER_PORT reaches the worker"
 expect_eq "$(grep -c '^dtrain: warning: --env: MASTER_PORT=29517 replaces the free port dtrain picks' "$T/err")" 1 "--env MASTER_PORT: one warning line"
+# ... but it must be a port: an integer 1..65535, checked where it is given (it failed in
+# every worker, after the launch), by validate too.
+for bad in 99999 0 notaport " 80" 8O; do
+  "$DTRAIN" run --env "MASTER_PORT=$bad" --nproc-per-node 1 -- touch "$T/ran-port" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env MASTER_PORT=$bad: exit 2"
+  expect_eq "$(cat "$T/err")" "dtrain: error: --env: MASTER_PORT=\"$bad\": expected a port, an integer between 1 and 65535; give one, or leave MASTER_PORT out to get a free port picked by dtrain" "--env MASTER_PORT=$bad: named, with the fix"
+  "$DTRAIN" validate --env "MASTER_PORT=$bad" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "validate --env MASTER_PORT=$bad: exit 2"
+done
+[ -e "$T/ran-port" ] && fail "a bad MASTER_PORT ran" || pass "a bad MASTER_PORT ran nothing"
+echo '{"command": ["true"], "env": {"MASTER_PORT": "notaport"}}' > "$T/port.json"
+"$DTRAIN" validate "$T/port.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "spec env MASTER_PORT=notaport: exit 2"
+expect_grep "^dtrain: error: $T/port.json: /env/MASTER_PORT: MASTER_PORT=\"notaport\": expected a port" "$T/err" "spec env MASTER_PORT: the field named"
+printf 'MASTER_PORT=65536\n' > "$T/port.env"
+echo "{\"command\": [\"true\"], \"env_file\": \"$T/port.env\"}" > "$T/portenv.json"
+"$DTRAIN" validate "$T/portenv.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "env_file MASTER_PORT=65536: exit 2"
+expect_grep "^dtrain: error: $T/port.env:1: MASTER_PORT=\"65536\": expected a port" "$T/err" "env_file MASTER_PORT: file:line named"
+"$DTRAIN" validate --env MASTER_PORT=65535 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "--env MASTER_PORT=65535 is a port"
 
 # --nproc-per-node against a host's own slots: refused, not silently ignored.
 "$DTRAIN" run --hosts localhost:2 --nproc-per-node 1 --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--hosts localhost:2 --nproc-per-node 1 exits 2"
@@ -248,6 +264,36 @@ expect_eq "$(grep -c ' true$' "$T/out")" 2 "max_slots: exactly slots workers"
 echo "localhost slots=4 max_slots=2" > "$T/hosts"
 "$DTRAIN" run --hostfile "$T/hosts" --dry-run -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "slots above max_slots exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: --hostfile: $T/hosts:1: slots=4 is more than max_slots=2 for host \"localhost\"; dtrain runs exactly slots workers and never oversubscribes: give max_slots >= slots, or leave max_slots out" "slots above max_slots: the line and the fix"
+
+# The temp dir (workers' error files, a trainer job's spec snapshot and result): a TMPDIR
+# that does not exist or is not a directory is refused by run and bench in one line naming it,
+# exit 2, nothing started (it was exit 1, "filesystem error: temp_directory_path"); validate
+# and --dry-run, which write no temp file, say it and exit 0 alike.
+printf '{"name": "tiny", "nproc_per_node": 1, "trainer": {"model": {"layers": [8, 4, 2]}, "data": {"train_samples": 64, "eval_samples": 16}, "batch_size": 16, "epochs": 1}}' >"$T/tiny.json"
+msg="TMPDIR=$T/no-tmp: the directory does not exist; create it, or unset TMPDIR"
+TMPDIR="$T/no-tmp" "$DTRAIN" run --nproc-per-node 1 -- touch "$T/ran-tmp" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "TMPDIR missing: a command job exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: $msg" "TMPDIR missing: named, with the fix"
+[ -e "$T/ran-tmp" ] && fail "TMPDIR missing: the job ran" || pass "TMPDIR missing: nothing started"
+TMPDIR="$T/no-tmp" "$DTRAIN" run "$T/tiny.json" --summary-json "$T/tmp-sum.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "TMPDIR missing: a trainer job exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: $msg" "TMPDIR missing (trainer): named"
+expect_eq "$(python3 -c "import json; d=json.load(open('$T/tmp-sum.json')); print(d['status'], d['exit_code'], d['error'])")" "failed 2 $msg" "TMPDIR missing: the summary says so"
+TMPDIR="$T/no-tmp" "$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "TMPDIR missing: bench exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: $msg" "TMPDIR missing (bench): named"
+for cmd in "validate" "run --dry-run"; do
+  TMPDIR="$T/no-tmp" "$DTRAIN" $cmd "$T/tiny.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "TMPDIR missing: $cmd exits 0"
+  expect_eq "$(cat "$T/err")" "dtrain: warning: $msg (run refuses it: the job's temporary files go there)" "TMPDIR missing: $cmd says it"
+done
+touch "$T/tmp-file"
+TMPDIR="$T/tmp-file" "$DTRAIN" run --nproc-per-node 1 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "TMPDIR a file: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: TMPDIR=$T/tmp-file: not a directory; point TMPDIR at a directory, or unset it" "TMPDIR a file: named"
+# A relative TMPDIR is made absolute: workers starting in the spec's cwd get paths that lead
+# somewhere (their spec snapshot, TORCHELASTIC_ERROR_FILE).
+mkdir -p "$T/rel/reltmp"
+sed 's/"nproc_per_node": 1,/"nproc_per_node": 1, "cwd": "\/",/' "$T/tiny.json" >"$T/rel/cwd.json"
+(cd "$T/rel" && TMPDIR=reltmp "$DTRAIN" run cwd.json >"$T/out" 2>"$T/err"); expect_eq "$?" 0 "relative TMPDIR, spec cwd /: the trainer runs"
+expect_grep "^\[rank 0\] trained: 4 steps" "$T/out" "relative TMPDIR: trained"
+(cd "$T/rel" && TMPDIR=reltmp "$DTRAIN" run --nproc-per-node 1 -- sh -c 'echo "$TORCHELASTIC_ERROR_FILE"' >"$T/out" 2>"$T/err")
+expect_grep "^\[rank 0\] $T/rel/reltmp/dtrain-[^/]+/attempt_0/0/error.json$" "$T/out" "relative TMPDIR: TORCHELASTIC_ERROR_FILE absolute"
 
 # A wall-clock limit is timeout(1)'s: exit 124, the workers stopped cleanly (SIGTERM first).
 timeout 2 "$DTRAIN" run --nproc-per-node 2 -- sh -c 'trap "echo stopped cleanly; exit 0" TERM; sleep 60 & wait' >"$T/out" 2>"$T/err"

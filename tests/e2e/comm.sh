@@ -99,6 +99,17 @@ done
 "$DTRAIN" bench sendrecv --nproc-per-node 3 -n 1 2>"$T/err"; expect_eq "$?" 2 "sendrecv with 3 ranks exits 2"
 expect_grep "^dtrain: error: --nproc-per-node: bench sendrecv is a 2-rank ping-pong, got 3$" "$T/err" "sendrecv names the flag"
 "$DTRAIN" bench sendrecv -b 0 -e 8 2>"$T/err"; expect_eq "$?" 2 "sendrecv -b 0 exits 2"
+# Sizes below one element of the type measure nothing: -b 3 -e 3 was an empty table, "OK",
+# exit 0, and a JSON "complete" with no rows naming another transport than the table.
+"$DTRAIN" bench allreduce -b 3 -e 3 --json "$T/b3.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "-b 3 -e 3 (float) exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: -b/--minbytes: 3 is less than one float (4 bytes), the smallest size measured; give 4 or more" "-b 3: the minimum named"
+[ -e "$T/b3.json" ] && fail "-b 3 -e 3: a JSON written" || pass "-b 3 -e 3: nothing run"
+"$DTRAIN" bench allreduce -b 8 -e 4 -d double >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "-b 8 -e 4 exits 2"
+"$DTRAIN" bench allreduce -b 4 -e 4 -d double >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "-b 4 -e 4 (double) exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: -b/--minbytes: 4 is less than one double (8 bytes), the smallest size measured; give 8 or more" "-b 4 (double): the minimum named"
+"$DTRAIN" bench allreduce -b 8 -e 7 -f 2 -d double 2>"$T/err" >/dev/null; expect_eq "$?" 2 "-e below -b exits 2"
+"$DTRAIN" bench allreduce -b 2 -e 2 -d half -n 1 -w 0 --json "$T/b2.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "-b 2 -e 2 (half): one element, measured"
+expect_eq "$(python3 -c "import json; d=json.load(open('$T/b2.json')); print(len(d['rows']), d['transport'])")" "1 $(sed -n 's/^# transport: //p' "$T/out")" "-b 2 -e 2: one row, the JSON's transport the table's"
 "$DTRAIN" bench allreduce -b 1X 2>"$T/err"; expect_eq "$?" 2 "bad size exits 2"
 expect_grep "expected a size like 4096, 4K" "$T/err" "bad size message"
 "$DTRAIN" bench allreduce -d complex 2>"$T/err"; expect_eq "$?" 2 "bad type exits 2"

@@ -287,4 +287,15 @@ JSON
 "$DTRAIN" run "$T/ml.json" >/dev/null 2>"$T/err"; expect_eq "$?" 0 "metrics.svg that is a symlink: the job runs"
 expect_eq "$(cat "$T/victim")" victim "metrics.svg that is a symlink: its target untouched"
 [ -f "$T/ml/metrics.svg" ] && [ ! -L "$T/ml/metrics.svg" ] && pass "metrics.svg: a file of its own" || fail "metrics.svg: $(ls -l "$T/ml")"
+# A stdout that cannot be written (a full disk; /dev/full here) where the output is the
+# result (validate's resolved spec, --dry-run's plan, bench's table): one line naming stdout
+# and the OS error, exit 1, not exit 0 for an answer no one saw. (dtrain run's workers' output
+# is not its result: a job goes on without its console.)
+for cmd in "validate" "run --dry-run"; do
+  "$DTRAIN" $cmd --nproc-per-node 1 -- true >/dev/full 2>"$T/err"; expect_eq "$?" 1 "$cmd >/dev/full: exit 1"
+  expect_grep "^dtrain: error: cannot write to stdout: No space left on device \(the (resolved spec|plan) was not printed whole\)$" "$T/err" "$cmd >/dev/full: said"
+done
+"$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 >/dev/full 2>"$T/err"; expect_eq "$?" 1 "bench >/dev/full: exit 1"
+expect_eq "$(cat "$T/err")" "dtrain: error: cannot write to stdout: No space left on device (the table was not printed whole)" "bench >/dev/full: said"
+"$DTRAIN" validate --nproc-per-node 1 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate to a file: exit 0"
 finish

@@ -12,7 +12,11 @@ expect_eq "$(jq_ "$T/s.json" "(d['status'], d['exit_code'], d['ranks'])")" "('fa
 expect_eq "$(jq_ "$T/s.json" "d['error'] == open('$T/err').read().strip().removeprefix('dtrain: error: ')")" "True" "program missing: the error line in the summary"
 printf '{"command": ["true"], "nproc_per_node": 0}' >"$T/bad.json"
 "$DTRAIN" run "$T/bad.json" --summary-json "$T/s.json" 2>"$T/err"; expect_eq "$?" 2 "bad spec: exit 2"
-expect_eq "$(jq_ "$T/s.json" "(d['status'], d['exit_code'], d['job'], '/nproc_per_node' in d['error'])")" "('failed', 2, None, True)" "bad spec: summary written, names the field"
+# (the job's name, "job" when the spec gives none, once the spec's JSON is read)
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['exit_code'], d['job'], '/nproc_per_node' in d['error'])")" "('failed', 2, 'job', True)" "bad spec: summary written, names the field"
+printf '{"command": ["true"], ' >"$T/badjson.json"
+"$DTRAIN" run "$T/badjson.json" --summary-json "$T/s.json" 2>"$T/err"; expect_eq "$?" 2 "invalid JSON: exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['job'])")" "('failed', None)" "invalid JSON: no job name"
 
 # A run refused on its command line (an unknown flag, a bad value, a torchrun option) too,
 # whether the flag comes before or after --summary-json.
@@ -80,4 +84,58 @@ DTRAIN_PID=$!
 wait_for "$T/started"
 kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
 expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["run_id"] is not None)' "$T/stale.json")" "running None True" "stale: a SIGKILLed run's file says running, not the earlier success"
+# A stop signal before any worker starts (here while dtrain waits for its spec on a FIFO, as
+# it would read a large data file) ends the run with its own summary, never with the earlier
+# run's left in place: the file says "running" from the start (the path checked first), and
+# the signal, held until the step ends, gives status failed, exit 128 + the signal, the job's
+# name, and nothing started.
+for sig in TERM INT HUP; do
+  "$DTRAIN" run --nproc-per-node 1 --summary-json "$T/pre.json" -- true >/dev/null 2>&1
+  expect_eq "$(jq_ "$T/pre.json" "d['status']")" "succeeded" "stop before the launch ($sig): an earlier run succeeded"
+  rm -f "$T/fifo.json"; mkfifo "$T/fifo.json"
+  "$DTRAIN" run "$T/fifo.json" --summary-json "$T/pre.json" >"$T/out" 2>"$T/err" &
+  DTRAIN_PID=$!
+  for _ in $(seq 100); do grep -q '"running"' "$T/pre.json" && break; sleep 0.05; done
+  expect_eq "$(jq_ "$T/pre.json" "(d['status'], d['run_id'] is not None)")" "('running', True)" "stop before the launch ($sig): running before the spec is read"
+  kill -$sig "$DTRAIN_PID"; sleep 0.2
+  # (the spec arrives after the signal; a dtrain the signal killed has no reader left)
+  timeout 5 sh -c "echo '{\"name\": \"fifojob\", \"command\": [\"touch\", \"$T/ran-$sig\"]}' >'$T/fifo.json'"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  code=$((128 + $(kill -l $sig)))
+  expect_eq "$rc" "$code" "stop before the launch ($sig): exit 128 + the signal"
+  expect_eq "$(jq_ "$T/pre.json" "(d['status'], d['exit_code'], d['stopped_by'], d['job'], d['error'], d['ranks'])")" \
+    "('failed', $code, 'SIG$sig', 'fifojob', 'stopped by SIG$sig before any worker started', [])" "stop before the launch ($sig): the summary says so"
+  expect_grep "^dtrain: stopped by SIG$sig before any worker started; exit code $code$" "$T/err" "stop before the launch ($sig): said"
+  [ -e "$T/ran-$sig" ] && fail "stop before the launch ($sig): the worker ran" || pass "stop before the launch ($sig): nothing started"
+done
+
+# The job's name is in the summary as soon as the spec is read: errors found after it (a
+# program that cannot run, a data file missing) name the job.
+printf '{"name": "x", "command": ["nosuchprog_zz"]}' >"$T/bad2.json"
+"$DTRAIN" run "$T/bad2.json" --summary-json "$T/s.json" 2>"$T/err"; expect_eq "$?" 2 "program missing (spec): exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['job'])")" "('failed', 'x')" "program missing (spec): the job named"
+printf '{"name": "nodata", "trainer": {"model": {"layers": [4, 2]}, "data": {"type": "csv", "path": "%s"}}}' "$T/missing.csv" >"$T/nodata.json"
+"$DTRAIN" run "$T/nodata.json" --summary-json "$T/s.json" 2>"$T/err"; expect_eq "$?" 2 "data file missing: exit 2"
+expect_eq "$(jq_ "$T/s.json" "(d['status'], d['job'])")" "('failed', 'nodata')" "data file missing: the job named"
+"$DTRAIN" run --summary-json "$T/s.json" -- "$T/no-such-program" 2>"$T/err"
+expect_eq "$(jq_ "$T/s.json" "d['job']")" "no-such-program" "program missing (command): the job named"
+
+# A working directory longer than PATH_MAX: a relative --summary-json is checked as it is
+# written (relative), so it is taken and written; a path no call can take is refused with
+# the OS's reason, and nothing is written there.
+mkdir -p "$T/long"
+(
+  cd "$T/long" || exit 1
+  d=$(printf 'd%.0s' $(seq 200))
+  for _ in $(seq 22); do mkdir "$d" && cd "$d" || exit 1; done
+  "$DTRAIN" run --nproc-per-node 1 --summary-json s.json -- true >/dev/null 2>"$T/err"; echo "rc=$?" >"$T/long.rc"
+  cp s.json "$T/long.json"  # (python, through a pyenv shim, cannot start in such a directory)
+  "$DTRAIN" run --nproc-per-node 1 --summary-json "$PWD/s2.json" -- touch "$T/ran-long" >/dev/null 2>"$T/err2"; echo "rc=$?" >>"$T/long.rc"
+  [ -e s2.json ] && echo written >>"$T/long.rc"
+  cp "$T/err2" "$T/long.err2"
+)
+expect_eq "$(cat "$T/long.rc")" "$(printf 'rc=0\nrc=2')" "cwd longer than PATH_MAX: a relative summary taken, an absolute one refused (and not written)"
+expect_eq "$(jq_ "$T/long.json" "d['status']")" "succeeded" "cwd longer than PATH_MAX: the relative summary written"
+expect_grep "^dtrain: error: --summary-json: .*: cannot use directory .*: File name too long; give another path$" "$T/long.err2" "cwd longer than PATH_MAX: the absolute path refused with the OS's reason"
+[ -e "$T/ran-long" ] && fail "cwd longer than PATH_MAX: the job ran" || pass "cwd longer than PATH_MAX: nothing ran"
 finish

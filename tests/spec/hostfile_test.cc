@@ -418,6 +418,33 @@ TEST(EnvFile, MasterAddrAndPortAreWarnings) {
   EXPECT_TRUE(parseJobSpec(R"({"command": ["true"], "env": {"A": "1"}})", "job.json").warnings.empty());
 }
 
+// MASTER_PORT, wherever the job gives it, must be a port (1..65535, decimal): refused naming
+// where, not passed to every worker to fail there.
+TEST(EnvFile, MasterPortMustBeAPort) {
+  for (const std::string bad : {"99999", "0", "notaport", "", " 80", "+80", "80.0", "123456"}) {
+    const std::string said = "MASTER_PORT=\"" + bad + "\": expected a port, an integer between 1 and 65535";
+    EXPECT_EQ(errorOf([&] { parseJobSpec(R"({"command": ["true"], "env": {"MASTER_PORT": ")" + bad + R"("}})", "job.json"); })
+                  .rfind("job.json: /env/MASTER_PORT: " + said, 0),
+              0u)
+        << bad;
+    JobSpec s = parseJobSpec(R"({"command": ["true"]})", "job.json");
+    Overrides o;
+    o.env = {"MASTER_PORT=" + bad};
+    EXPECT_EQ(errorOf([&] { applyOverrides(s, o); }).rfind("--env: " + said, 0), 0u) << bad;
+  }
+  TempFile f("MASTER_PORT=65536\n");
+  EXPECT_EQ(errorOf([&] { parseJobSpec(R"({"command": ["true"], "env_file": ")" + f.path() + R"("})", "job.json"); })
+                .rfind(f.path() + ":1: MASTER_PORT=\"65536\": expected a port", 0),
+            0u);
+  // The spec's env wins over the file's: only the value used is checked.
+  EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env": {"MASTER_PORT": "1"}, "env_file": ")" + f.path() + R"("})",
+                         "job.json")
+                .env.at("MASTER_PORT"),
+            "1");
+  EXPECT_EQ(parseJobSpec(R"({"command": ["true"], "env": {"MASTER_PORT": "65535"}})", "job.json").env.at("MASTER_PORT"),
+            "65535");
+}
+
 // --env NAME (mpirun's -x NAME): the launcher's own value, refused when it has none.
 TEST(SpecOverrides, EnvNameAloneTakesTheLaunchersValue) {
   ::setenv("DTRAIN_TEST_FROM_LAUNCHER", "a b=c", 1);

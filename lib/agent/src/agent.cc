@@ -375,12 +375,14 @@ int runAgent(const AgentOptions& opts) {
     }
   } removeAtEnd{privateDir};
   {
-    std::error_code ec;
-    auto tmp = std::filesystem::temp_directory_path(ec);
-    if (!ec) removeStaleAgentFiles(tmp);
+    // (an unusable temp dir is the job's error only where the job needs it: below)
+    if (tempDirectoryProblem().empty()) removeStaleAgentFiles(tempDirectory());
   }
   try {
     spec::resolve(spec);
+    // This host's workers' error files live in its temp dir (the launcher's local job too):
+    // an unusable TMPDIR here is said now, as this node's error, before the rendezvous.
+    tempDirectory();
     if (spec.trainer) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
       fileGuard.emplace();

@@ -203,8 +203,8 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
 }
 
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend,
-                      bool complete) {
-  std::string transport = rows.empty() || rows[0].transport.empty() ? backend : rows[0].transport;
+                      const std::string& transportName, bool complete) {
+  const std::string transport = transportName.empty() ? std::string(backend) : transportName;
   std::string out = fmt::format("{{\"collective\": \"{}\", \"ranks\": {}, \"backend\": \"{}\", \"transport\": \"{}\", \"type\": \"{}\", \"redop\": \"{}\", \"complete\": {}, \"rows\": [",
                                 name(o.collective), worldSize, backend, transport, name(o.dtype), redopName(o), complete);
   for (size_t i = 0; i < rows.size(); ++i) {

@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -90,6 +92,64 @@ void writeOutputFile(const std::string& path, const std::string& text) {
   }
 }
 
+namespace {
+
+// The temp directory tempDirectory() would use, absolute, and the error that refuses it ("" when
+// usable).
+std::pair<std::string, std::string> checkTempDirectory() {
+  std::string var, dir = "/tmp";
+  for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') {
+      var = name;
+      dir = v;
+      break;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+  if (ec) abs = dir;
+  // Named as the user set it: "TMPDIR=reltmp (/home/u/reltmp)"; /tmp when nothing was set.
+  const std::string where = var.empty() ? std::string("the temp directory /tmp (TMPDIR is not set)")
+                            : abs.string() == dir ? fmt::format("{}={}", var, dir)
+                                                  : fmt::format("{}={} ({})", var, dir, abs.string());
+  const std::string fix = var.empty() ? std::string("set TMPDIR to a directory you can write")
+                                      : fmt::format("create it, or unset {}", var);
+  struct stat st {};
+  if (::stat(abs.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT)
+      return {abs.string(), fmt::format("{}: the directory does not exist; {}", where, fix)};
+    return {abs.string(), fmt::format("{}: {}; {}", where, std::strerror(err), fix)};
+  }
+  if (!S_ISDIR(st.st_mode))
+    return {abs.string(), fmt::format("{}: not a directory; {}", where,
+                                      var.empty() ? fix : fmt::format("point {} at a directory, or unset it", var))};
+  if (::access(abs.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    return {abs.string(), fmt::format("{}: cannot create files there: {}; {}", where, std::strerror(err),
+                                      var.empty() ? fix
+                                                  : fmt::format("make it writable, point {} at a directory you can "
+                                                                "write, or unset it",
+                                                                var))};
+  }
+  return {abs.lexically_normal().string(), ""};
+}
+
+}  // namespace
+
+std::string tempDirectory() {
+  auto [dir, problem] = checkTempDirectory();
+  if (!problem.empty()) throw SpecError(problem);
+  return dir;
+}
+
+std::string tempDirectoryProblem(std::string* dir) {
+  auto [path, problem] = checkTempDirectory();
+  if (dir) *dir = path;
+  return problem;
+}
+
 void writePrivateFile(const std::string& path, const std::string& text) {
   auto fail = [&](const char* what) {
     throw IoError(fmt::format("cannot {} {}: {}", what, path, std::strerror(errno)));
@@ -101,10 +161,7 @@ void writePrivateFile(const std::string& path, const std::string& text) {
 }
 
 std::string makePrivateDirectory(const std::string& prefix) {
-  std::error_code ec;
-  const auto tmp = std::filesystem::temp_directory_path(ec);
-  if (ec) throw IoError(fmt::format("no temporary directory: {} (TMPDIR)", ec.message()));
-  std::string tmpl = (std::filesystem::absolute(tmp) / (prefix + "XXXXXX")).string();
+  std::string tmpl = (std::filesystem::path(tempDirectory()) / (prefix + "XXXXXX")).string();
   if (!::mkdtemp(tmpl.data())) throw IoError(fmt::format("cannot make a directory {}: {}", tmpl, std::strerror(errno)));
   return tmpl;
 }

@@ -96,6 +96,22 @@ int waitForSignal(detail::SignalScope& signals, std::chrono::steady_clock::durat
 
 }  // namespace
 
+HeldStopSignals::HeldStopSignals() : scope_(std::make_unique<detail::SignalScope>()) {}
+HeldStopSignals::~HeldStopSignals() = default;
+
+int HeldStopSignals::stopSignal() {
+  if (!scope_) return got_;
+  scope_->drain([&](int sig) { if (got_ == 0) got_ = sig; },
+                [&](int sig) {
+                  writeAll(STDERR_FILENO,
+                           fmt::format("dtrain: {}: no worker runs yet (the job is being checked); not passed on\n",
+                                       signalName(sig)));
+                });
+  return got_;
+}
+
+void HeldStopSignals::release() { scope_.reset(); }
+
 RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed) {
   // Over the whole job (first, so that it ends last, after the store's shutdown): a signal
   // between one attempt's end and the next scope (the check for a stop of the whole job, the
@@ -108,12 +124,15 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
   plan.store_port = spec.rendezvous.port;
   plan.store_token = js.token;
   std::vector<spec::JobEvent> events;
+  int stdoutError = 0;  // the first attempt's that had one
   for (int attempt = 0;; ++attempt) {
     LocalRunOptions lo;
     lo.restart_count = attempt;
     lo.remove_if_killed = remove_if_killed;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
+    if (stdoutError == 0) stdoutError = r.stdout_error;
+    r.stdout_error = stdoutError;
     // A worker that died of a stop signal from outside, with dtrain's own signal within
     // kOutsideStopWindow of that death (read by the launcher, or coming now): the job was
     // stopped, not failed. A signal later in a long teardown is one after a failure.

@@ -22,6 +22,7 @@
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
+#include "dtrain/common/files.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/system_memory.h"
 #include "dtrain/launch/env.h"
@@ -348,7 +349,7 @@ int LocalLauncher::flushIdlePartials() {
 
 void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
-  writeAll(fd, text);
+  if (!writeAll(fd, text) && fd == STDOUT_FILENO && result_.stdout_error == 0) result_.stdout_error = errno;
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 
@@ -590,8 +591,11 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     std::filesystem::create_directories(spec.log_dir);
     errRoot = std::filesystem::path(spec.log_dir) / plan.run_id;
   } else {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "dtrain-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throwErrno("mkdtemp");
+    // (absolute: a relative TMPDIR would hand workers that start in the spec's cwd error
+    // file paths that lead nowhere)
+    const std::string tmp = tempDirectory();
+    std::string tmpl = (std::filesystem::path(tmp) / "dtrain-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throwErrno(fmt::format("cannot create a directory in {} (the temp directory, TMPDIR)", tmp));
     errRoot = tmpl;
   }
 

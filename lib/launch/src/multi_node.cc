@@ -425,7 +425,8 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
   rec.append(text);
   rec.push_back('\n');
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
-  writeAll(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+  if (!writeAll(isErr ? STDERR_FILENO : STDOUT_FILENO, rec) && !isErr && result_.stdout_error == 0)
+    result_.stdout_error = errno;
   if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
 }
 

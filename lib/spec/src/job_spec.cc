@@ -132,6 +132,18 @@ std::string masterOverrideWarning(const std::string& where, const std::string& n
   return "";
 }
 
+// MASTER_PORT given by the job must be a port the workers' process group can use: an integer
+// 1..65535 in decimal (torch reads it with int(); 99999 or "notaport" only failed in every
+// worker, after the launch). The problem and the fix, "" when fine or for other names.
+std::string masterPortProblem(const std::string& name, const std::string& value) {
+  if (name != "MASTER_PORT") return "";
+  const bool digits = !value.empty() && value.size() <= 5 && value.find_first_not_of("0123456789") == std::string::npos;
+  if (digits && std::stoi(value) >= 1 && std::stoi(value) <= 65535) return "";
+  return oneLine(fmt::format("MASTER_PORT={}: expected a port, an integer between 1 and 65535; give one, or leave "
+                             "MASTER_PORT out to get a free port picked by dtrain",
+                             jsonQuoted(value)));
+}
+
 // The bounds a number field accepts: [lo, hi], or open at one end.
 enum class Bounds { kClosed, kOpenLow, kOpenHigh };
 
@@ -810,7 +822,10 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
   return env;
 }
 
-JobSpec parseJobSpec(const std::string& text, const std::string& source) {
+namespace {
+
+// parseJobSpec, with the job's name in `name` as soon as it is read.
+JobSpec parseJobSpecReadingName(const std::string& text, const std::string& source, std::string& name) {
   Checker c(source);
   json root;
   try {
@@ -847,6 +862,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
                                     "and on terminals: use printable characters",
                                     static_cast<unsigned>(ch)));
   }
+  name = spec.name;
 
   bool hasTrainer = root.contains("trainer");
   if (hasTrainer && root.contains("command"))
@@ -871,6 +887,7 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
       if (auto problem = envNameProblem(it.key()); !problem.empty()) c.fail(p, problem);
       if (auto problem = identityProblem(it.key()); !problem.empty()) c.fail(p, problem);
       spec.env[it.key()] = c.str(it.value(), p);
+      if (auto problem = masterPortProblem(it.key(), spec.env[it.key()]); !problem.empty()) c.fail(p, problem);
       if (auto w = masterOverrideWarning(source + ": " + p, it.key(), spec.env[it.key()]); !w.empty())
         spec.warnings[it.key()] = w;
     }
@@ -985,12 +1002,26 @@ JobSpec parseJobSpec(const std::string& text, const std::string& source) {
     std::map<std::string, int> lineOf;
     for (auto& [k, v] : parseEnvFile(f.text, spec.env_file, &lineOf)) {
       if (!spec.env.emplace(k, v).second) continue;
+      if (auto problem = masterPortProblem(k, v); !problem.empty())
+        throw SpecError(fmt::format("{}:{}: {}", spec.env_file, lineOf[k], problem));
       if (auto w = masterOverrideWarning(fmt::format("{}:{}", spec.env_file, lineOf[k]), k, v); !w.empty())
         spec.warnings[k] = w;
     }
   }
   makePathsAbsolute(spec);
   return spec;
+}
+
+}  // namespace
+
+JobSpec parseJobSpec(const std::string& text, const std::string& source) {
+  std::string name;
+  try {
+    return parseJobSpecReadingName(text, source, name);
+  } catch (const SpecError& e) {
+    if (name.empty()) throw;
+    throw NamedSpecError(e.what(), name);
+  }
 }
 
 JobSpec loadJobSpec(const std::string& path) {
@@ -1067,6 +1098,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     if (auto it = givenEnv.find(name); it != givenEnv.end() && it->second != value)
       spec.warnings["--env twice: " + name] =
           fmt::format("--env {} is given twice, with different values; the last one is used", name);
+    if (auto problem = masterPortProblem(name, value); !problem.empty()) throw SpecError("--env: " + problem);
     givenEnv[name] = value;
     spec.env[name] = value;
     spec.warnings.erase(name);  // --env wins: its line, not the spec's

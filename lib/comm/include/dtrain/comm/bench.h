@@ -30,7 +30,7 @@ struct BenchRow {
   double busbw = 0;    // GB/s
   long long wrong = 0; // values that differ from the expected result, summed over ranks
   // Communicator::transport() the row ran on ("shm" or "tcp" for the tcp backend); carried
-  // in the rows so formatBench/benchJson can report it without another parameter.
+  // in the rows so formatBench can report it without another parameter.
   std::string transport;
 };
 
@@ -49,8 +49,9 @@ std::string formatBenchHeader(const BenchOptions& opts, int worldSize, const cha
 std::string formatBenchRow(const BenchRow& row, const BenchOptions& opts);
 std::string formatBenchFooter(const std::vector<BenchRow>& rows);
 // `complete`: false while the sweep is still going (or was cut short): the rows so far.
+// `transport`: the one the table's header names ("" = the backend), whether or not a row ran.
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend,
-                      bool complete = true);
+                      const std::string& transport, bool complete = true);
 
 const char* name(Collective c);
 

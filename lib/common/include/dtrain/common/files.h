@@ -31,7 +31,7 @@ int inheritedOutputFd(const std::string& path);
 // A directory of this process's own under the temporary directory: mkdtemp's, mode 0700,
 // named <prefix>XXXXXX, returned absolute. For files a run writes and reads back (a spec
 // snapshot with its env's secrets, the trainer's outcome): in a shared /tmp, a predictable
-// name could be taken first, or made a symbolic link, by another user. Throws IoError.
+// name could be taken first, or made a symbolic link, by another user. Throws tempDirectory()'s SpecError, or IoError.
 std::string makePrivateDirectory(const std::string& prefix);
 
 // One job per directory: an exclusive flock on DIR/<name> (.dtrain.lock for a checkpoint
@@ -50,5 +50,19 @@ struct DirectoryLock {
 };
 // Tries once, never waits. The directory must exist.
 DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name = ".dtrain.lock");
+
+// The directory dtrain makes its temporary files in (workers' error files, a trainer job's
+// spec snapshot and result file): the first of TMPDIR, TMP, TEMP and TEMPDIR that is set and
+// not empty (the variables std::filesystem::temp_directory_path reads), else /tmp. Absolute:
+// the paths are handed to workers, which may start in another directory (the spec's cwd).
+// Throws SpecError naming the variable and the fix (create it, or unset it) when it is not
+// a directory this process can create files in: every temp file path goes through here, so
+// an unusable TMPDIR is one line naming it, never a filesystem error that names nothing.
+std::string tempDirectory();
+
+// tempDirectory()'s error as one line, "" when the directory is usable: for commands that
+// make no temporary file (validate, run --dry-run) and only say it. `dir`, when given, gets the
+// directory (absolute), usable or not.
+std::string tempDirectoryProblem(std::string* dir = nullptr);
 
 }  // namespace dtrain

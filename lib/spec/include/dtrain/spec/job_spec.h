@@ -4,7 +4,10 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "dtrain/common/errors.h"
 
 namespace dtrain::spec {
 
@@ -172,8 +175,19 @@ inline constexpr int kMaxProcsPerNode = 4096;  // nproc_per_node, slots; local r
 inline constexpr int kMaxNodes = 4096;         // min_nodes, max_nodes, --nnodes
 inline constexpr int kMaxRestarts = 1000000;   // max_restarts, --max-restarts
 
+// A spec refused after its JSON was read and its name taken (the default "job" when it has
+// none): the name, so that the run's summary names the job it refused.
+class NamedSpecError : public SpecError {
+ public:
+  NamedSpecError(const std::string& what, std::string job) : SpecError(what), job_(std::move(job)) {}
+  const std::string& job() const { return job_; }
+
+ private:
+  std::string job_;
+};
+
 // Reads and validates a job spec file. Throws SpecError with one line:
-// "<file>: <json pointer>: <problem>; <fix>".
+// "<file>: <json pointer>: <problem>; <fix>" (a NamedSpecError once the name is known).
 JobSpec loadJobSpec(const std::string& path);
 
 // Same, from text already in memory; `source` names it in messages.
