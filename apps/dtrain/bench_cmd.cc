@@ -1,5 +1,7 @@
 #include "bench_cmd.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
+#include "dtrain/launch/output.h"
 #include "output_file.h"
 #include "version.h"
 #include "dtrain/launch/plan.h"
@@ -197,7 +200,9 @@ int launch(comm::Collective c, CLI::App* sub) {
   } else {
     r = launch::runLocalJob(s, launch::newRunId());
   }
-  if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s);
+  // (behind the workers' lines the console may still hold; written out before dtrain exits)
+  if (r.first_failure >= 0 || !r.failure_message.empty())
+    launch::console().write(STDERR_FILENO, launch::formatFailure(r, s));
   return r.exit_code;
 }
 
