@@ -288,7 +288,7 @@ expect_eq "$? $(grep -c '^\[rank 0\] xxxxxxxx$' "$T/stall.out")" "0 1111110" "st
 wait "$reader"
 # ... and a reader that never reads again: the job ends, dtrain waits for its console at the
 # end (as any program's last write would), and a second stop signal ends that wait.
-( exec 3<"$T/stall"; sleep 20 ) &
+( exec 3<"$T/stall"; exec sleep 20 ) &
 reader=$!
 "$DTRAIN" run --nproc-per-node 1 --shutdown-timeout 2 --summary-json "$T/stall.json" -- sh -c 'yes | head -c 12000000' \
   >"$T/stall" 2>"$T/stall.err" &
