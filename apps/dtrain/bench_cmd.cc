@@ -1,5 +1,7 @@
 #include "bench_cmd.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cerrno>
@@ -19,6 +21,7 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
+#include "dtrain/launch/output.h"
 #include "output_file.h"
 #include "version.h"
 #include "dtrain/launch/plan.h"
@@ -218,12 +221,17 @@ int launch(comm::Collective c, CLI::App* sub) {
   } else {
     r = launch::runLocalJob(s, launch::newRunId());
   }
-  if (r.first_failure >= 0 || !r.failure_message.empty()) std::cerr << launch::formatFailure(r, s);
+  // (behind the workers' lines the console may still hold; written out before dtrain exits)
+  if (r.first_failure >= 0 || !r.failure_message.empty())
+    launch::console().write(STDERR_FILENO, launch::formatFailure(r, s));
   // The table is bench's result: one that did not reach stdout whole is a failure, not an
-  // "OK" no one saw (exit 1, as any OS failure; a failed job keeps its own code).
-  if (r.stdout_error) {
-    std::cerr << fmt::format("dtrain: error: cannot write to stdout: {} (the table was not printed whole)\n",
-                             std::strerror(r.stdout_error));
+  // "OK" no one saw (exit 1, as any OS failure; a failed job keeps its own code). Known once
+  // the console has written it out.
+  launch::console().flush();
+  if (const int err = launch::console().firstError(STDOUT_FILENO)) {
+    launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: cannot write to stdout: {} (the table was not "
+                                                       "printed whole)\n",
+                                                       std::strerror(err)));
     if (r.exit_code == 0) return kExitFailure;
   }
   return r.exit_code;

@@ -503,6 +503,21 @@ void releaseSignalsFor(const std::string& path) {
   if (gHeldSignals && (isSpecialOutput(path) || inheritedOutputFd(path) >= 0)) gHeldSignals->release();
 }
 
+// Waits until dtrain's console has written out what it holds (the end of a run's output, a
+// verdict), however long a stalled reader takes: dtrain's last lines, written as any program
+// writes them, after the workers are gone. True when done; false when a stop signal
+// (SIGINT, SIGTERM, SIGHUP: timeout(1), a second Ctrl-C) is pending, held blocked after a
+// run, or comes meanwhile: then dtrain gives the rest up and ends, with the job's exit code.
+bool flushConsole() {
+  return launch::console().flush([] {
+    sigset_t pending;
+    sigemptyset(&pending);
+    ::sigpending(&pending);
+    return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1 ||
+           sigismember(&pending, SIGHUP) == 1;
+  });
+}
+
 // Writes the --summary-json of a run; false (said on stderr) when it cannot.
 bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
   releaseSignalsFor(a.summary_json);
@@ -510,7 +525,8 @@ bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
     writeOutputFile(a.summary_json, spec::toJson(sum));
     return true;
   } catch (const std::exception& e) {
-    std::cerr << fmt::format("dtrain: error: --summary-json: {}\n", e.what());
+    // (after a run, behind what its console still holds)
+    launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: --summary-json: {}\n", e.what()));
     return false;
   }
 }
@@ -652,7 +668,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
                            r.teardown_signal == SIGINT ? "the workers still running were killed at once"
                                                        : "the teardown went on as it was",
                            r.exit_code);
-  std::cerr << verdict << std::flush;
+  // Behind the workers' lines the console may still hold (launch::Console): written out by
+  // main() before dtrain exits.
+  launch::console().write(STDERR_FILENO, verdict);
   if (!a.summary_json.empty()) {
     spec::RunSummary sum;
     sum.job = s.name;
@@ -673,8 +691,12 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     if (!resultFile.empty()) sum.trainer = spec::readTrainerOutcome(resultFile);
     // A job that succeeded but could not leave its summary is a failure of dtrain's (exit 1);
     // a failed job keeps its own exit code.
+    // A pipe or /dev/stdout may be the console's: the summary comes after what it holds.
     // A FIFO nobody reads would block the write for good: there, Ctrl-C must still work.
-    if (summaryInPlace) ::sigprocmask(SIG_UNBLOCK, &hold, nullptr);
+    if (summaryInPlace) {
+      if (!flushConsole()) return r.exit_code;  // a stop signal came while it waited: dtrain ends
+      ::sigprocmask(SIG_UNBLOCK, &hold, nullptr);
+    }
     if (!writeSummary(a, sum) && r.exit_code == 0) return kExitFailure;
   }
   return r.exit_code;
@@ -741,10 +763,10 @@ int cmdRun(RunArgs& a) {
 }
 
 // The error that ends dtrain, as one write: a worker's last line must not be cut between
-// its parts by the teardown's signal (std::cerr is unbuffered: one write per <<).
+// its parts by the teardown's signal (std::cerr is unbuffered: one write per <<). Through
+// the console, behind what a run left in it.
 int sayError(const char* what, int code) {
-  const std::string line = fmt::format("dtrain: error: {}\n", what);
-  launch::writeAll(STDERR_FILENO, line);
+  launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: {}\n", what));
   return code;
 }
 
@@ -863,7 +885,9 @@ bool isSpecFile(const std::string& path) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int dtrainMain(int argc, char** argv) {
   // A closed stdin, stdout or stderr (`dtrain run ... >&-`, a daemon's leftovers) is /dev/null
   // from here on: otherwise the next descriptor opened takes its number (the signal pipe, a
   // socket, a log), and what is written to stdout or stderr lands in it, read back as signal
@@ -1063,4 +1087,14 @@ int main(int argc, char** argv) {
     return sayError(e.what(), kExitFailure);
   }
   return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rc = dtrainMain(argc, argv);
+  // A run's (or an agent's) last output may still be queued in the console: written out
+  // before dtrain exits (flushConsole).
+  flushConsole();
+  return rc;
 }

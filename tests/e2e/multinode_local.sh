@@ -447,4 +447,39 @@ PATH="$T/fakebin:$PATH" timeout 60 "$DTRAIN" run "$T/hostile.json" --log-dir "$T
 expect_eq "$?" 1 "an agent's impossible round record: the job fails"
 expect_grep "node fakehost1 \(.*\) lost: its agent reported a round the job cannot have \(3000 workers from rank 0 of 1\)" "$T/err" "an agent's impossible round record: said"
 expect_eq "$(find "$T/hostile-logs" -name 'rank_*.log' | wc -l)" 0 "an agent's impossible round record: no log opened for its ranks"
+# A console that takes nothing for a while (a stuck log collector): the launcher leaves the
+# agents' output unread, each agent its workers' (backpressure), and a SIGTERM still reaches
+# every worker at once (the agents' loops go on while their channel to the launcher is
+# backlogged); the job ends, exit 143, once the reader reads again, with every line read in
+# the console and the logs alike.
+mkfifo "$T/stall"
+( exec 3<"$T/stall"; sleep 7; date +%s.%N >"$T/resumed"; cat <&3 >"$T/stall.out" ) &
+reader=$!
+rm -f "$T"/termed.*
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --shutdown-timeout 2 --log-dir "$T/logs9" -- sh -c \
+  "trap 'date +%s.%N >$T/termed.\$RANK; exit 143' TERM; yes xxxxxxxx | head -c 16000000; while :; do sleep 0.1; done" \
+  >"$T/stall" 2>"$T/stall.err" &
+DTRAIN_PID=$!
+sleep 3
+date +%s.%N >"$T/killed"
+kill -TERM "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+date +%s.%N >"$T/ended"
+wait "$reader"
+expect_eq "$rc" 143 "stalled console across nodes: exit 143"
+python3 - "$T" >"$T/check" <<'PY'
+import os, sys
+t = sys.argv[1]
+at = lambda n: float(open(f"{t}/{n}").read()) if os.path.exists(f"{t}/{n}") else float("inf")
+print("term-delays-ok", all(at(f"termed.{r}") - at("killed") < 2 for r in (0, 1)))
+print("end-ok", at("ended") - at("resumed") < 6)
+console = open(f"{t}/stall.out", "rb").read().split(b"\n")
+for r, host in ((0, b"localhost"), (1, b"127.0.0.1")):
+    n = sum(1 for l in console if l == b"[%s rank %d] xxxxxxxx" % (host, r))
+    log = open(f"{t}/logs9/rank_{r}.log", "rb").read().split(b"\n")
+    print(f"rank{r}", n > 100000, n == sum(1 for l in log if l == b"xxxxxxxx"))
+PY
+expect_eq "$(sed -n 1p "$T/check")" "term-delays-ok True" "stalled console across nodes: every worker gets SIGTERM at once"
+expect_eq "$(sed -n 2p "$T/check")" "end-ok True" "stalled console across nodes: dtrain exits once the reader reads again"
+expect_eq "$(sed -n 3,4p "$T/check" | tr '\n' ' ')" "rank0 True True rank1 True True " "stalled console across nodes: every line read in the console and the logs"
 finish

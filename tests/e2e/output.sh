@@ -298,4 +298,96 @@ done
 "$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 >/dev/full 2>"$T/err"; expect_eq "$?" 1 "bench >/dev/full: exit 1"
 expect_eq "$(cat "$T/err")" "dtrain: error: cannot write to stdout: No space left on device (the table was not printed whole)" "bench >/dev/full: said"
 "$DTRAIN" validate --nproc-per-node 1 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "validate to a file: exit 0"
+# A console that takes nothing for a while (a stuck log collector, a slow `| tee`): dtrain's
+# own loop goes on. A SIGTERM reached the worker only once the reader read again (dtrain
+# was blocked writing a worker line), and timeout(1) could not stop the job. The worker is
+# held meanwhile (dtrain stops reading its pipe at a few MiB: it never gets to print
+# after-burst), and no line is lost once the reader reads again.
+mkfifo "$T/stall"
+( exec 3<"$T/stall"; sleep 6; date +%s.%N >"$T/resumed"; cat <&3 >"$T/stall.out" ) &
+reader=$!
+"$DTRAIN" run --nproc-per-node 1 --shutdown-timeout 2 --log-dir "$T/logs8" -- sh -c \
+  "trap 'date +%s.%N >$T/termed; exit 143' TERM; yes xxxxxxxx | head -c 12000000; echo after-burst; while :; do sleep 0.1; done" \
+  >"$T/stall" 2>"$T/stall.err" &
+DTRAIN_PID=$!
+sleep 2
+date +%s.%N >"$T/killed"
+kill -TERM "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+date +%s.%N >"$T/ended"
+wait "$reader"
+expect_eq "$rc" 143 "stalled console: SIGTERM ends the job, exit 143"
+python3 - "$T" >"$T/check" <<'PY'
+import sys
+t = sys.argv[1]
+at = lambda n: float(open(f"{t}/{n}").read())
+try:
+    print("term-delay-ok", at("termed") - at("killed") < 2)
+except FileNotFoundError:
+    print("term-delay-ok no SIGTERM")
+# (ended within --shutdown-timeout + a margin of the reader's resuming)
+print("end-ok", at("ended") - at("resumed") < 4)
+console = open(f"{t}/stall.out", "rb").read().split(b"\n")
+log = open(f"{t}/logs8/rank_0.log", "rb").read().split(b"\n")
+n = sum(1 for l in console if l == b"[rank 0] xxxxxxxx")
+print("lines", n > 200000, n == sum(1 for l in log if l == b"xxxxxxxx"))
+print("held", sum(1 for l in log if b"after-burst" in l))
+PY
+expect_eq "$(sed -n 1p "$T/check")" "term-delay-ok True" "stalled console: the worker gets SIGTERM at once"
+expect_eq "$(sed -n 2p "$T/check")" "end-ok True" "stalled console: dtrain exits once the reader reads again"
+expect_eq "$(sed -n 3p "$T/check")" "lines True True" "stalled console: every line read reaches the console and the log"
+expect_eq "$(sed -n 4p "$T/check")" "held 0" "stalled console: the worker is held (backpressure), not read into memory"
+# A worker held back that way is not hung: worker_timeout_s counts its silence from when
+# dtrain reads from it again (it heartbeats between bursts of output that block it for
+# longer than the timeout while the reader stalls).
+cat > "$T/held.json" <<EOF
+{"name": "held", "nproc_per_node": 1, "worker_timeout_s": 2,
+ "command": ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do touch \"\$DTRAIN_WATCHDOG_FILE\"; yes xxxxxxxx | head -c 999999; done"]}
+EOF
+( exec 3<"$T/stall"; sleep 5; cat <&3 >"$T/stall.out" ) &
+reader=$!
+"$DTRAIN" run "$T/held.json" >"$T/stall" 2>"$T/stall.err"
+expect_eq "$? $(grep -c '^\[rank 0\] xxxxxxxx$' "$T/stall.out")" "0 1111110" "stalled console: a worker held back is not killed as hung, and every line arrives"
+wait "$reader"
+# ... and a reader that never reads again: the job ends, dtrain waits for its console at the
+# end (as any program's last write would), and a second stop signal ends that wait.
+( exec 3<"$T/stall"; exec sleep 20 ) &
+reader=$!
+"$DTRAIN" run --nproc-per-node 1 --shutdown-timeout 2 --summary-json "$T/stall.json" -- sh -c 'yes | head -c 12000000' \
+  >"$T/stall" 2>"$T/stall.err" &
+DTRAIN_PID=$!
+sleep 1
+kill -TERM "$DTRAIN_PID"
+sleep 1.5
+expect_eq "$(python3 -c "import json; print(json.load(open('$T/stall.json'))['status'])")" failed "stalled console: the summary is written while dtrain waits for its console"
+alive "$DTRAIN_PID" && pass "stalled console: dtrain waits for its console at the end" || fail "stalled console: dtrain did not wait for its console"
+kill -TERM "$DTRAIN_PID"
+t0=$(date +%s%N)
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc $(( ($(date +%s%N) - t0) / 1000000000 ))" "143 0" "stalled console: a second SIGTERM ends dtrain at once, exit 143"
+kill "$reader" 2>/dev/null; wait "$reader" 2>/dev/null
+# A non-blocking pipe as stdout and stderr (O_NONBLOCK left on a CI runner's pipe), read
+# late: dtrain dropped most lines at EAGAIN, without a word, and exited 0.
+cat > "$T/nonblock.py" <<'PY'
+import fcntl, os, re, subprocess, sys, time
+r, w = os.pipe()
+fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+worker = "for i in range(5000): print(f'line {i} ' + 'y' * 60, flush=True)"
+p = subprocess.Popen([sys.argv[1], "run", "--nproc-per-node", "2", "--", "python3", "-c", worker], stdout=w, stderr=w)
+os.close(w)
+time.sleep(1.5)
+data = b""
+while True:
+    b = os.read(r, 65536)
+    if not b:
+        break
+    data += b
+seen = {0: [], 1: []}
+for l in data.split(b"\n"):
+    m = re.fullmatch(rb"\[rank ([01])\] line (\d+) y{60}", l)
+    if m:
+        seen[int(m.group(1))].append(int(m.group(2)))
+print(p.wait(), len(seen[0]) + len(seen[1]), all(seen[k] == list(range(5000)) for k in seen))
+PY
+expect_eq "$(python3 "$T/nonblock.py" "$DTRAIN")" "0 10000 True" "non-blocking stdout read late: every line, in order, exit 0"
 finish

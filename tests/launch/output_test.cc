@@ -1,11 +1,18 @@
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/launcher.h"
+#include "dtrain/launch/process.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
 
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dtrain::launch {
@@ -91,6 +98,99 @@ TEST(LineSplitter, ProgressBarMemoryStaysBounded) {
   for (int i = 0; i < 100000; ++i) s.feed("\rstep " + std::to_string(i) + " of 100000", [&](std::string_view) { ++emitted; });
   EXPECT_EQ(emitted, 0);
   EXPECT_EQ(s.pending(), "step 99999 of 100000");
+}
+
+// Reads fd until EOF.
+std::string readAll(int fd) {
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+bool readable(int fd, int timeoutMs) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeoutMs) == 1 && (p.revents & POLLIN);
+}
+
+// Two descriptors of one pipe (stdout and stderr to one file): the text arrives in the order
+// it was queued, across both.
+TEST(Console, KeepsTheOrderAcrossDescriptors) {
+  auto [r, w] = makePipe();
+  Fd w2(::dup(w.get()));
+  std::string want;
+  {
+    Console c;
+    for (int i = 0; i < 2000; ++i) {
+      const std::string line = "line " + std::to_string(i) + "\n";
+      c.write(i % 3 ? w.get() : w2.get(), line);
+      want += line;
+    }
+    std::thread reader([&, rfd = r.get()] { EXPECT_EQ(readAll(rfd), want); });
+    EXPECT_TRUE(c.flush());
+    w.reset();
+    w2.reset();
+    reader.join();
+  }
+}
+
+// A reader that takes nothing: writes return at once, backlogged() holds from backlog_max
+// until half is written, and the wake descriptor says when that was; a non-blocking
+// descriptor (EAGAIN) loses nothing.
+TEST(Console, BacklogsWithoutBlockingAndLosesNothingOnANonBlockingPipe) {
+  auto [r, w] = makePipe();
+  ASSERT_EQ(::fcntl(w.get(), F_SETFL, ::fcntl(w.get(), F_GETFL) | O_NONBLOCK), 0);
+  Console::Options o;
+  o.backlog_max = 1 << 20;
+  Console c(o);
+  const std::string chunk(1000, 'x');
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t queued = 0;
+  while (!c.backlogged()) {
+    c.write(w.get(), chunk);
+    queued += chunk.size();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));  // never waited on the reader
+  EXPECT_GE(c.pending(), o.backlog_max);
+  EXPECT_FALSE(readable(c.wakeFd(), 100));
+  EXPECT_FALSE(c.flush([] { return true; }));  // a giveUp that says stop: not waited for
+  c.write(w.get(), "end\n");
+  queued += 4;
+  std::string got;
+  char buf[65536];
+  // Half read: still more than half of backlog_max pending, still backlogged.
+  while (got.size() < 200000) {
+    ssize_t n = ::read(r.get(), buf, sizeof(buf));
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_TRUE(c.backlogged());
+  while (c.backlogged()) {
+    ssize_t n = ::read(r.get(), buf, sizeof(buf));
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_TRUE(readable(c.wakeFd(), 1000));
+  c.clearWake();
+  EXPECT_FALSE(readable(c.wakeFd(), 0));
+  std::thread reader([&, rfd = r.get()] { got += readAll(rfd); });
+  EXPECT_TRUE(c.flush());
+  EXPECT_EQ(c.pending(), 0u);
+  w.reset();
+  reader.join();
+  EXPECT_EQ(got.size(), queued);
+  EXPECT_EQ(got.substr(got.size() - 4), "end\n");
+}
+
+// A reader gone (EPIPE): the text is dropped, the process not killed by SIGPIPE.
+TEST(Console, DropsWhatAClosedReaderCannotTake) {
+  auto [r, w] = makePipe();
+  r.reset();
+  Console c;
+  c.write(w.get(), "nobody reads this\n");
+  EXPECT_TRUE(c.flush());
+  EXPECT_EQ(c.pending(), 0u);
 }
 
 TEST(TailBuffer, KeepsLastN) {

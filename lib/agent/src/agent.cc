@@ -45,7 +45,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace proto = launch::proto;
 
-void send(const std::string& rec) { launch::writeAll(STDOUT_FILENO, rec); }
+// A record for the launcher, on stdout (its pipe or ssh channel). Queued (launch::Console):
+// a launcher that is slow to read, or holds our output back while its own console is
+// stalled, must not stop this agent's event loop, which takes the launcher's commands and
+// stops its workers. The local launcher's loop reads no more worker lines while this
+// channel is backlogged, so the workers wait instead. main() waits for what is left before
+// the agent exits.
+void send(const std::string& rec) { launch::console().write(STDOUT_FILENO, rec); }
 
 // Reads one '\n'-terminated line from fd without buffering past it (the rest of stdin
 // belongs to the control thread). Empty optional on EOF or timeout.
@@ -467,9 +473,10 @@ int runAgent(const AgentOptions& opts) {
         if (Clock::now() - lastOk >= budget) {
           storeLost = true;
           // On stderr: the launcher names it as why this node was lost, if it hears of it.
-          launch::writeAll(STDERR_FILENO, fmt::format("the launcher's store at {}:{} did not answer for {:g} s; stopping "
-                                                      "this node's workers\n",
-                                                      storeAddr, opts.store_port, opts.store_lost_s));
+          launch::console().write(STDERR_FILENO,
+                                  fmt::format("the launcher's store at {}:{} did not answer for {:g} s; stopping "
+                                              "this node's workers\n",
+                                              storeAddr, opts.store_port, opts.store_lost_s));
           control.post({Command::kLost});
           lk.lock();
           return;

@@ -70,9 +70,10 @@ void treatAsOneStop(RunResult& r, int sig) {
   r.exit_code = 128 + sig;
   r.teardown_signal = 0;
   r.stopped_during.clear();
-  writeAll(STDERR_FILENO, fmt::format("dtrain: rank(s) {} had ended by a stop signal from outside dtrain just before dtrain "
-                                      "got {}: one stop of the whole job (a scheduler's), not a failure; no restart\n",
-                                      fmt::join(ranks, ", "), signalName(sig)));
+  console().write(STDERR_FILENO,
+                  fmt::format("dtrain: rank(s) {} had ended by a stop signal from outside dtrain just before dtrain "
+                              "got {}: one stop of the whole job (a scheduler's), not a failure; no restart\n",
+                              fmt::join(ranks, ", "), signalName(sig)));
 }
 
 // Waits up to `d` on `signals` (the job's scope) for a stop signal; SIGUSR1/SIGUSR2 are said
@@ -87,8 +88,8 @@ int waitForSignal(detail::SignalScope& signals, std::chrono::steady_clock::durat
     if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
     signals.drain([&](int sig) { if (got == 0) got = sig; },
                   [&](int sig) {
-                    writeAll(STDERR_FILENO, fmt::format("dtrain: {}: no worker runs during {}; not passed on\n",
-                                                        signalName(sig), during));
+                    console().write(STDERR_FILENO, fmt::format("dtrain: {}: no worker runs during {}; not passed on\n",
+                                                               signalName(sig), during));
                   });
   }
   return got;
@@ -124,15 +125,12 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
   plan.store_port = spec.rendezvous.port;
   plan.store_token = js.token;
   std::vector<spec::JobEvent> events;
-  int stdoutError = 0;  // the first attempt's that had one
   for (int attempt = 0;; ++attempt) {
     LocalRunOptions lo;
     lo.restart_count = attempt;
     lo.remove_if_killed = remove_if_killed;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
-    if (stdoutError == 0) stdoutError = r.stdout_error;
-    r.stdout_error = stdoutError;
     // A worker that died of a stop signal from outside, with dtrain's own signal within
     // kOutsideStopWindow of that death (read by the launcher, or coming now): the job was
     // stopped, not failed. A signal later in a long teardown is one after a failure.
@@ -160,7 +158,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
       const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
       if (f.hung) {
         events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
-        writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
+        console().write(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
       }
       if (attempt < spec.max_restarts && !restartCannotHelp(f))
         r.stopped_during = fmt::format("the teardown before restart {} of {}", attempt + 1, spec.max_restarts);
@@ -171,7 +169,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
       std::string what = exitReason(f);
       if (f.hung) {
         events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
-        writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
+        console().write(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
       }
       if (restartCannotHelp(f)) {
         // Every attempt would fail the same way, so the budget is not spent on it.
@@ -180,7 +178,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
         events.push_back({detail::utcNow(), attempt + 1, "restart",
                           fmt::format("rank {} {}; restart {} of {}", f.global_rank, what, attempt + 1, spec.max_restarts),
                           f.host, f.global_rank});
-        writeAll(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
+        console().write(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
       } else if (spec.max_restarts > 0) {
         r.failure_message = fmt::format("restart budget exhausted: {} restart(s) of {} used", attempt, spec.max_restarts);
         r.budget_exhausted = true;
@@ -191,7 +189,8 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
     if (!failed || attempt >= spec.max_restarts || restartCannotHelp(r.workers[static_cast<size_t>(r.first_failure)])) {
       // A stop signal held since the last attempt ended changes nothing: said, not dropped.
       held.drain([&](int sig) {
-        writeAll(STDERR_FILENO, fmt::format("dtrain: {} after the job had ended; the outcome stands\n", signalName(sig)));
+        console().write(STDERR_FILENO,
+                        fmt::format("dtrain: {} after the job had ended; the outcome stands\n", signalName(sig)));
       });
       return r;
     }

@@ -51,6 +51,10 @@ constexpr auto kPartialShowDelay = std::chrono::milliseconds(100);
 // A rank's unfinished line drawn in place is given up to another rank's after this long
 // without an update.
 constexpr auto kPartialOwnerIdle = std::chrono::seconds(1);
+// With every worker gone and the console backlogged, the pipes are read up to this much
+// more (what the workers left there is far less; a grandchild that kept a pipe open and
+// writes on is cut off), then given up.
+constexpr size_t kLeftoverMax = 16u << 20;
 // A teardown after a worker failure still waiting this long says what it waits for.
 constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
 // How often a lingering process group (see Worker::lingering) is looked at, should no
@@ -90,6 +94,16 @@ class SubreaperScope {
 bool maybeStatus(std::string_view pending) {
   size_t n = std::min(pending.size(), kStatusPrefix.size());
   return pending.substr(0, n) == kStatusPrefix.substr(0, n);
+}
+
+// Whether a worker's pipe is at least half full, unread. While dtrain's console holds the
+// workers' output back (Console::backlogged), such a worker is likely blocked in a write:
+// silent by dtrain's doing, not hung.
+bool pipeFilling(const Fd& fd) {
+  int unread = 0;
+  if (!fd || ::ioctl(fd.get(), FIONREAD, &unread) != 0) return false;
+  const int cap = ::fcntl(fd.get(), F_GETPIPE_SZ);
+  return cap > 0 && unread >= cap / 2;
 }
 
 // Whether process pid is stopped (SIGSTOP, a debugger): state T or t in /proc/PID/stat.
@@ -138,6 +152,9 @@ struct Worker {
   // reported (on_exit) once the group is gone.
   bool lingering = false;
   Clock::time_point lingerKilled{};  // when the lingering group was SIGKILLed; {} = not yet
+  // When dtrain's console last held its output back with its pipe filling (pipeFilling): its
+  // watchdog counts its silence from then at the earliest.
+  Clock::time_point heldAt{};
 };
 
 class LocalLauncher final : public Launcher {
@@ -192,6 +209,11 @@ class LocalLauncher final : public Launcher {
   bool teardownNoticed_ = false;  // one worker per attempt is killed as hung; teardown follows
   bool controlClosed_ = false;
   bool consoleTty_ = false;
+  // The console is backlogged: the workers' pipes are left unread this turn of the loop
+  // (backpressure), and lastHeld_ is when that was last so. Unfinished lines are not taken
+  // for idle (kPartialLineIdle) while their rest may wait in a pipe.
+  bool held_ = false;
+  Clock::time_point lastHeld_{};
   // dtrain's stdout and stderr are one file (a terminal, 2>&1): each worker gets one pipe
   // for both, so that its lines keep the order it wrote them in; all of them go to stdout.
   bool merged_ = false;
@@ -245,7 +267,7 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     if (partialOwner_ == &w) partialOwner_ = nullptr;  // the bar was its unfinished line
     if (partialOwner_) return;  // shown once that line is complete
     statusLine_ = barLine_;
-    writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+    console().write(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }
   if (partialOwner_ == &w && !isErr) dropPartial(&w);  // its line is complete: printed below
@@ -297,7 +319,7 @@ bool LocalLauncher::showPartial(Worker& w) {
   partialOwner_ = &w;
   if (text == statusLine_) return true;
   statusLine_ = std::move(text);
-  writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+  console().write(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
   return true;
 }
 
@@ -310,7 +332,7 @@ void LocalLauncher::dropPartial(const Worker* done) {
       continue;
     if (showPartial(o)) return;
   }
-  writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+  console().write(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
 }
 
 int LocalLauncher::flushIdlePartials() {
@@ -333,7 +355,7 @@ int LocalLauncher::flushIdlePartials() {
         if (nextMs < 0 || ms < nextMs) nextMs = ms;
         continue;
       }
-      auto due = s->last_data + kPartialLineIdle;
+      auto due = std::max(s->last_data, lastHeld_) + kPartialLineIdle;
       if (due <= now) {
         bool isErr = s->is_err;
         s->splitter.flushPending([&](std::string_view l) { emitLine(w, isErr, l); });
@@ -348,9 +370,9 @@ int LocalLauncher::flushIdlePartials() {
 }
 
 void LocalLauncher::writeAboveStatus(int fd, const std::string& text) {
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
-  if (!writeAll(fd, text) && fd == STDOUT_FILENO && result_.stdout_error == 0) result_.stdout_error = errno;
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, "\r\x1b[2K");
+  console().write(fd, text);
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, statusLine_);
 }
 
 void LocalLauncher::signalAll(int sig) {
@@ -483,12 +505,19 @@ void LocalLauncher::checkWatchdogs() {
   };
   std::vector<Armed> armed;
   bool tripped = false;
+  const auto steadyNow = Clock::now();
   for (auto& w : workers_) {
     if (!w.running || w.watchdog_file.empty()) continue;
     std::error_code ec;
     auto touched = std::filesystem::last_write_time(w.watchdog_file, ec);
     if (ec) continue;  // not armed: the worker never touched it
-    armed.push_back({&w, std::chrono::duration<double>(now - touched).count()});
+    // A worker blocked writing to a pipe dtrain does not read (its console backlogged) is
+    // held up by dtrain: its silence counts from when that ended.
+    if (held_ && (pipeFilling(w.out.fd) || pipeFilling(w.err.fd))) w.heldAt = steadyNow;
+    double silent = std::chrono::duration<double>(now - touched).count();
+    if (w.heldAt != Clock::time_point{})
+      silent = std::min(silent, std::chrono::duration<double>(steadyNow - w.heldAt).count());
+    armed.push_back({&w, silent});
     tripped |= armed.back().silent > spec_->worker_timeout_s;
   }
   if (!tripped) return;
@@ -619,10 +648,10 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     }
   }
   if (setsOmpThreads(base, spec) && !opts_.line_sink && opts_.restart_count == 0)  // an agent's launcher says it once for all nodes
-    writeAll(STDERR_FILENO,
-             fmt::format("dtrain: setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
-                         "machine; set it in the spec's env or with --env to tune\n",
-                         spec.nproc_per_node));
+    console().write(STDERR_FILENO,
+                    fmt::format("dtrain: setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
+                                "machine; set it in the spec's env or with --env to tune\n",
+                                spec.nproc_per_node));
 
   SubreaperScope subreaper;
   OrphanGuard guard;
@@ -636,6 +665,11 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   }
 
   std::vector<char> buf(65536);
+  Console& con = console();
+  held_ = false;
+  lastHeld_ = {};
+  // Read from the pipes with every worker gone while the console was backlogged.
+  size_t leftover = 0;
   while (true) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, Stream*>> owners;
@@ -648,13 +682,32 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     for (auto& w : workers_) {
       anyRunning |= w.running || w.lingering;
       anyLingering |= w.lingering;
+    }
+    // Backpressure: while the console (dtrain's stdout and stderr, or an agent's channel to
+    // its launcher) takes nothing more, the workers' pipes are left unread, and a worker
+    // blocks on its writes as it would on a stalled terminal of its own; everything else in
+    // this loop (signals, control, reaping, deadlines, watchdogs) goes on. Read on once the
+    // console's wake descriptor says the backlog has gone down. With every worker gone, what
+    // is left in the pipes is read regardless: the pipes bound it, unless a grandchild that
+    // kept one open writes on, cut off after kLeftoverMax as after 200 ms of silence below.
+    held_ = con.backlogged() && anyRunning;
+    if (held_) {
+      lastHeld_ = Clock::now();
+      fds.push_back({con.wakeFd(), POLLIN, 0});
+      owners.push_back({nullptr, nullptr});
+    }
+    const size_t firstStream = fds.size();
+    bool anyStreams = false;
+    for (auto& w : workers_) {
       for (Stream* s : {&w.out, &w.err}) {
         if (!s->fd) continue;
+        anyStreams = true;
+        if (held_) continue;
         fds.push_back({s->fd.get(), POLLIN, 0});
         owners.push_back({&w, s});
       }
     }
-    if (!anyRunning && fds.size() == 2) break;
+    if (!anyRunning && (!anyStreams || leftover >= kLeftoverMax)) break;
     int timeoutMs = -1;
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
@@ -708,14 +761,14 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
                               Clock::now() - result_.first_failure_at <= kOutsideStopWindow;
         if (sameStop) result_.outside_stop = true;
         if (!result_.received_signal) result_.received_signal = sig;
-        const bool console = !opts_.line_sink;  // an agent's launcher: the user's console is elsewhere
+        const bool ownConsole = !opts_.line_sink;  // an agent's launcher: the user's console is elsewhere
         if (stopping_ && sig == SIGINT && !killed_ && !sameStop) {
           // A second Ctrl-C means "now".
           killed_ = true;
           signalAll(SIGKILL);
-          if (console) writeAll(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
+          if (ownConsole) console().write(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
         }
-        if (!stopping_ && console) {
+        if (!stopping_ && ownConsole) {
           const size_t running = static_cast<size_t>(
               std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
           writeAboveStatus(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "worker", signalName(sig),
@@ -736,11 +789,13 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         startShutdown(SIGTERM, std::min(spec.shutdown_timeout_s, kLostControllerGraceS));
       }
     }
-    for (size_t i = 2; i < fds.size(); ++i) {
+    if (held_ && (fds[firstStream - 1].revents & POLLIN)) con.clearWake();  // read on at the next turn
+    for (size_t i = firstStream; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto [w, s] = owners[i];
       ssize_t got = ::read(s->fd.get(), buf.data(), buf.size());
       if (got < 0 && errno == EINTR) continue;
+      if (got > 0 && !anyRunning && con.backlogged()) leftover += static_cast<size_t>(got);
       bool isErr = s->is_err;
       if (got <= 0) {
         s->splitter.finish([&](std::string_view l) { emitLine(*w, isErr, l); });
@@ -767,7 +822,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     fillExit(w);
     result_.workers.push_back(w.exit);
   }
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, "\n");
   std::error_code ec;
   if (tempErrRoot) {
     std::filesystem::remove_all(errRoot, ec);

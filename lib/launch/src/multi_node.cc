@@ -175,9 +175,10 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
   if (stoppedBy) {
     // Nothing has started anywhere yet: the ssh checks (and what they started: a
     // ProxyCommand) are all there is to stop.
-    writeAll(STDERR_FILENO, fmt::format("dtrain: {}: stopped during the pre-flight; killing the ssh check(s) of {} "
-                                        "host(s); no agent or worker was started\n",
-                                        signalName(stoppedBy), checks.size()));
+    console().write(STDERR_FILENO,
+                    fmt::format("dtrain: {}: stopped during the pre-flight; killing the ssh check(s) of {} "
+                                "host(s); no agent or worker was started\n",
+                                signalName(stoppedBy), checks.size()));
     for (auto& c : checks) ::kill(-c.proc.pid, SIGKILL);
     for (auto& c : checks) ::waitpid(c.proc.pid, nullptr, 0);
     return {};
@@ -343,7 +344,7 @@ int MultiNodeRunner::memberCount() const {
 
 void MultiNodeRunner::event(const std::string& kind, int round, const std::string& reason, const std::string& host, int rank) {
   result_.events.push_back({detail::utcNow(), round, kind, reason, host, rank});
-  writeAll(STDERR_FILENO, spec::formatEvent(result_.events.back()) + "\n");
+  console().write(STDERR_FILENO, spec::formatEvent(result_.events.back()) + "\n");
 }
 
 void MultiNodeRunner::send(Node& n, const std::string& cmd) {
@@ -405,7 +406,7 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
     if (!consoleTty_) return;
     const std::string_view status = text.substr(kStatusPrefix.size());
     statusLine_ = status.empty() ? std::string() : prefix + std::string(status);  // empty: the bar is done
-    writeAll(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
+    console().write(STDOUT_FILENO, "\r\x1b[2K" + statusLine_);
     return;
   }
   if (!spec_.log_dir.empty()) {
@@ -416,7 +417,7 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
     if (!writeAll(it->second.get(), rec)) {
       const int err = errno;
       if (logsFailed_.insert(rank).second)  // said once per rank's log
-        writeAll(STDERR_FILENO, logWriteWarning(logPath(rank), fmt::format("rank {}", rank), err));
+        console().write(STDERR_FILENO, logWriteWarning(logPath(rank), fmt::format("rank {}", rank), err));
     }
   }
   const auto& filter = spec_.console_ranks;
@@ -424,10 +425,9 @@ void MultiNodeRunner::emitWorkerLine(Node& n, bool isErr, int rank, int localRan
   std::string rec = prefix;
   rec.append(text);
   rec.push_back('\n');
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");
-  if (!writeAll(isErr ? STDERR_FILENO : STDOUT_FILENO, rec) && !isErr && result_.stdout_error == 0)
-    result_.stdout_error = errno;
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, "\r\x1b[2K");
+  console().write(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, statusLine_);
 }
 
 void MultiNodeRunner::finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker) {
@@ -495,9 +495,10 @@ void MultiNodeRunner::oneStop(int sig) {
   std::string who;
   if (!ranks.empty()) who = fmt::format("rank(s) {}", fmt::join(ranks, ", "));
   if (!agents.empty()) who += fmt::format("{}the agent(s) on {}", who.empty() ? "" : " and ", fmt::join(agents, ", "));
-  writeAll(STDERR_FILENO, fmt::format("dtrain: {} had ended by a stop signal from outside dtrain just before dtrain got {}: "
-                                      "one stop of the whole job (a scheduler's), not a failure; no restart\n",
-                                      who, signalName(sig)));
+  console().write(STDERR_FILENO,
+                  fmt::format("dtrain: {} had ended by a stop signal from outside dtrain just before dtrain got {}: "
+                              "one stop of the whole job (a scheduler's), not a failure; no restart\n",
+                              who, signalName(sig)));
 }
 
 bool MultiNodeRunner::heldSettled() const {
@@ -641,9 +642,10 @@ void MultiNodeRunner::tryRestart() {
   if (static_cast<int>(ready.size()) < spec_.min_nodes) {
     if (!minNodesDeadline_) {
       minNodesDeadline_ = Clock::now() + std::chrono::seconds(spec_.rendezvous.timeout_s);
-      writeAll(STDERR_FILENO, fmt::format("dtrain: {} node(s) available, min_nodes is {}: waiting up to {} s for hosts to "
-                                          "come back\n",
-                                          ready.size(), spec_.min_nodes, spec_.rendezvous.timeout_s));
+      console().write(STDERR_FILENO,
+                      fmt::format("dtrain: {} node(s) available, min_nodes is {}: waiting up to {} s for hosts to "
+                                  "come back\n",
+                                  ready.size(), spec_.min_nodes, spec_.rendezvous.timeout_s));
     }
     if (Clock::now() >= *minNodesDeadline_)
       finalFailure(fmt::format("only {} node(s) left, min_nodes is {}; waited {} s (rendezvous.timeout_s) for others "
@@ -857,9 +859,9 @@ void MultiNodeRunner::teardownNotice() {
   std::string line = fmt::format("dtrain: {}; waiting up to {:.0f} s more for rank(s) {} to exit after SIGTERM, then "
                                  "SIGKILL (shutdown_timeout_s, --shutdown-timeout)\n",
                                  what, left, fmt::join(waiting, " and "));
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\r\x1b[2K");  // above a progress bar, as worker lines
-  writeAll(STDERR_FILENO, line);
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, statusLine_);
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, "\r\x1b[2K");  // above a progress bar, as worker lines
+  console().write(STDERR_FILENO, line);
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, statusLine_);
 }
 
 void MultiNodeRunner::reap() {
@@ -916,7 +918,7 @@ void MultiNodeRunner::timers() {
   for (const auto& n : nodes_) inPlay += n.running;
   for (auto& n : nodes_) {
     if (n.state != NodeState::kLost || n.running || now < n.retryAt || inPlay >= spec_.max_nodes) continue;
-    writeAll(STDERR_FILENO, fmt::format("dtrain: trying {} ({}) again\n", n.name, n.spec->origin));
+    console().write(STDERR_FILENO, fmt::format("dtrain: trying {} ({}) again\n", n.name, n.spec->origin));
     spawnAgent(n, /*wait=*/true);
     ++inPlay;
   }
@@ -963,27 +965,53 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
   bool crowded = std::any_of(spec_.nodes.begin(), spec_.nodes.end(),
                              [&](const spec::NodeSpec& n) { return (n.slots ? n.slots : spec_.nproc_per_node) > 1; });
   if (crowded && !env_.count("OMP_NUM_THREADS") && !spec_.env.count("OMP_NUM_THREADS"))
-    writeAll(STDERR_FILENO, "dtrain: setting OMP_NUM_THREADS=1 for the workers of nodes that run several, to avoid "
-                            "overloading them; set it in the spec's env or with --env to tune\n");
+    console().write(STDERR_FILENO,
+                    "dtrain: setting OMP_NUM_THREADS=1 for the workers of nodes that run several, to avoid "
+                    "overloading them; set it in the spec's env or with --env to tune\n");
   for (auto& n : nodes_)
     if (n.member) spawnAgent(n, /*wait=*/false);
 
   std::vector<char> buf(65536);
+  Console& con = console();
+  std::optional<Clock::time_point> heldSince;  // since when the agents' pipes are left unread
   while (true) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Node*, bool>> owners;
     fds.push_back({signals.fd(), POLLIN, 0});
     owners.push_back({nullptr, false});
     bool anyRunning = false;
+    for (const auto& n : nodes_) anyRunning |= n.running;
+    // Backpressure, as on one node (local_launcher.cc): while the console takes nothing
+    // more, the agents' output is left unread; an agent then stops reading its workers' pipes
+    // once its own channel here is backlogged, and the workers block on their writes. This
+    // loop goes on meanwhile (signals, stops sent to the agents, heartbeats, timers), but the
+    // agents' records wait behind their workers' lines in the same channel: a worker's exit
+    // on a node is learned once the console takes output again (its own agent tears that
+    // node's workers down at once regardless). With every agent gone, what is left in their
+    // pipes is read regardless.
+    const bool held = con.backlogged() && anyRunning;
+    if (held) {
+      if (!heldSince) heldSince = Clock::now();
+      fds.push_back({con.wakeFd(), POLLIN, 0});
+      owners.push_back({nullptr, false});
+    } else if (heldSince) {
+      // An agent's end may have waited on us for that long (its last records unread): the
+      // backstop below does not count it.
+      if (stopping_ && !killed_) killDeadline_ += Clock::now() - *heldSince;
+      heldSince.reset();
+    }
+    const size_t firstPipe = fds.size();
+    bool anyPipes = false;
     for (auto& n : nodes_) {
-      anyRunning |= n.running;
+      anyPipes |= n.out.fd || n.err.fd;
+      if (held) continue;
       if (n.out.fd) fds.push_back({n.out.fd.get(), POLLIN, 0}), owners.push_back({&n, false});
       if (n.err.fd) fds.push_back({n.err.fd.get(), POLLIN, 0}), owners.push_back({&n, true});
     }
     bool retriesLeft = !stopping_ && !finishing_ &&
                        std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kLost; }) &&
                        (pending_ || restarting_ || minNodesDeadline_);
-    if (!anyRunning && fds.size() == 1 && !pending_ && !retriesLeft) break;
+    if (!anyRunning && !anyPipes && !pending_ && !retriesLeft) break;
     int timeoutMs = 250;
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
@@ -992,7 +1020,8 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     }
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
-    if (stopping_ && !killed_ && Clock::now() >= killDeadline_) {
+    if (held && n > 0 && (fds[firstPipe - 1].revents & POLLIN)) con.clearWake();
+    if (stopping_ && !killed_ && !held && Clock::now() >= killDeadline_) {
       killed_ = true;
       for (auto& node : nodes_)
         if (node.running) ::kill(-node.pid, SIGKILL);
@@ -1033,21 +1062,21 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           // (in the back-off the paused nodes' workers got SIGTERM at the pause, and a stop
           // sends a stopping worker nothing new; a round that started gets the signal)
           if (stopping)
-            writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), stopping, "node",
-                                                           pending_ ? "SIGTERM" : signalName(sig),
-                                                           spec_.shutdown_timeout_s, sig == SIGINT));
+            console().write(STDERR_FILENO, detail::shutdownNotice(signalName(sig), stopping, "node",
+                                                                  pending_ ? "SIGTERM" : signalName(sig),
+                                                                  spec_.shutdown_timeout_s, sig == SIGINT));
           else
-            writeAll(STDERR_FILENO,
-                     fmt::format("dtrain: {}: stopping during {}; no worker runs\n", signalName(sig), result_.stopped_during));
+            console().write(STDERR_FILENO, fmt::format("dtrain: {}: stopping during {}; no worker runs\n",
+                                                       signalName(sig), result_.stopped_during));
         } else if (!stopping_) {
           const size_t running =
               // (the nodes of the round: an agent of a host waiting to rejoin runs no workers)
               static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.running && n.member; }));
           // Each agent passes the signal on to its workers, as on one host (agent_protocol.h "stop").
-          writeAll(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "node", signalName(sig),
-                                                         spec_.shutdown_timeout_s, sig == SIGINT));
+          console().write(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "node", signalName(sig),
+                                                                spec_.shutdown_timeout_s, sig == SIGINT));
         } else if (again) {
-          writeAll(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
+          console().write(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
         }
         // A second Ctrl-C means "now". Otherwise the agents pass the signal on to the workers
         // (SIGINT, SIGTERM, SIGHUP), as one host does; an agent already stopping its workers
@@ -1062,13 +1091,13 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
               send(node, "signal " + signalName(sig));
               ++nodes;
             }
-        writeAll(STDERR_FILENO, nodes ? fmt::format("dtrain: {}: passed on to the workers of {} node{}\n", signalName(sig),
-                                                    nodes, nodes == 1 ? "" : "s")
-                                      : fmt::format("dtrain: {}: no worker runs{}; not passed on\n", signalName(sig),
-                                                    stopping_ ? " (stopping)" : ""));
+        console().write(STDERR_FILENO, nodes ? fmt::format("dtrain: {}: passed on to the workers of {} node{}\n",
+                                                           signalName(sig), nodes, nodes == 1 ? "" : "s")
+                                             : fmt::format("dtrain: {}: no worker runs{}; not passed on\n",
+                                                           signalName(sig), stopping_ ? " (stopping)" : ""));
       });
     }
-    for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
+    for (size_t i = firstPipe; n > 0 && i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto [node, isErr] = owners[i];
       Pipe& p = isErr ? node->err : node->out;
@@ -1077,7 +1106,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
       auto handle = [&, node = node, isErr = isErr](std::string_view l) {
         if (isErr) {
           node->errTail.push(l);
-          writeAll(STDERR_FILENO, fmt::format("dtrain: [{}] {}\n", node->name, l));
+          console().write(STDERR_FILENO, fmt::format("dtrain: [{}] {}\n", node->name, l));
         } else {
           onRecord(*node, l);
         }
@@ -1109,7 +1138,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     }
     timers();
   }
-  if (!statusLine_.empty()) writeAll(STDOUT_FILENO, "\n");
+  if (!statusLine_.empty()) console().write(STDOUT_FILENO, "\n");
   // The summary shows the last round's ranks, in order; first_failure follows its worker.
   // A node lost in that round (no new round opened since) adds the exits it did report.
   // Its ranks that reported no exit are listed as lost: the summary names every rank of the
@@ -1231,9 +1260,10 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
     for (const auto& p : problems) table += "\n  " + p.text;
     if (fatal || usable < spec.min_nodes)
       throw PreflightError(fmt::format("pre-flight failed for {} of {} remote host(s):{}", problems.size(), remotes.size(), table));
-    writeAll(STDERR_FILENO, fmt::format("dtrain: pre-flight: {} host(s) unreachable; starting with {} (min_nodes {}), "
-                                        "retrying the others later:{}\n",
-                                        problems.size(), usable, spec.min_nodes, table));
+    console().write(STDERR_FILENO,
+                    fmt::format("dtrain: pre-flight: {} host(s) unreachable; starting with {} (min_nodes {}), "
+                                "retrying the others later:{}\n",
+                                problems.size(), usable, spec.min_nodes, table));
     for (const auto& p : problems) excluded.push_back(p.node);
   }
 

@@ -1,10 +1,14 @@
 #include "dtrain/launch/output.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <cstdlib>
 
@@ -36,6 +40,123 @@ bool writeAll(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
+}
+
+namespace {
+
+// Writes all of `text` to fd, blocking as long as it takes: a non-blocking descriptor is
+// waited on for POLLOUT. An error drops the rest.
+// 0, or the errno of the write that failed (what is left of `text` then dropped).
+int writeWaiting(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n >= 0) {
+      text.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, -1) < 0 && errno != EINTR) return errno;
+  }
+  return 0;
+}
+
+// Queued text for the same descriptor is joined up to this, for fewer, larger writes.
+constexpr size_t kChunkMax = 64 * 1024;
+
+}  // namespace
+
+Console::Console(Options opts) : opts_(opts) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throwErrno("pipe");
+  wakeR_ = Fd(p[0]);
+  wakeW_ = Fd(p[1]);
+}
+
+Console::~Console() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Console::write(int fd, std::string_view text) {
+  if (text.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!q_.empty() && q_.back().fd == fd && q_.back().text.size() < kChunkMax)
+      q_.back().text.append(text);
+    else
+      q_.push_back({fd, std::string(text)});
+    pending_ += text.size();
+    if (pending_ >= opts_.backlog_max) held_ = true;
+    if (!thread_.joinable()) thread_ = std::thread([this] { writer(); });
+  }
+  work_.notify_one();
+}
+
+size_t Console::pending() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return pending_;
+}
+
+bool Console::backlogged() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return held_;
+}
+
+void Console::clearWake() {
+  char buf[64];
+  while (::read(wakeR_.get(), buf, sizeof(buf)) > 0) {
+  }
+}
+
+bool Console::flush(const std::function<bool()>& giveUp) {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (pending_ > 0) {
+    if (giveUp && giveUp()) return false;
+    idle_.wait_for(lk, std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+void Console::writer() {
+  // Signals are for the thread that handles them (the event loop's self-pipe, or main's
+  // blocked set after a run), never this one, which may sit in a write for a long time.
+  sigset_t all;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, nullptr);
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    work_.wait(lk, [&] { return !q_.empty() || stop_; });
+    if (q_.empty()) return;  // stopped, with everything written
+    Chunk c = std::move(q_.front());
+    q_.pop_front();
+    lk.unlock();
+    const int err = writeWaiting(c.fd, c.text);
+    lk.lock();
+    if (err && c.fd >= 0 && c.fd < 3 && errors_[c.fd] == 0) errors_[c.fd] = err;
+    pending_ -= c.text.size();
+    if (held_ && pending_ <= opts_.backlog_max / 2) {
+      held_ = false;
+      const char b = 1;
+      (void)!::write(wakeW_.get(), &b, 1);  // (a full wake pipe is already readable)
+    }
+    if (pending_ == 0) idle_.notify_all();
+  }
+}
+
+int Console::firstError(int fd) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return fd >= 0 && fd < 3 ? errors_[fd] : 0;
+}
+
+Console& console() {
+  static Console* c = new Console();  // never destroyed: see the declaration
+  return *c;
 }
 
 std::string logWriteWarning(const std::string& path, const std::string& what, int err) {

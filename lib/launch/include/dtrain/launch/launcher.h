@@ -63,10 +63,6 @@ struct RunResult {
   // The failure came with every restart of max_restarts (> 0) spent: the headline says so.
   bool budget_exhausted = false;
   std::vector<spec::JobEvent> events;    // elastic events, in order
-  // errno of the first worker line dtrain could not write to its stdout (a full disk,
-  // /dev/full, a closed pipe), else 0. Not the job's failure (losing the console must not
-  // kill a job); for a command whose output is its result (bench's table).
-  int stdout_error = 0;
 };
 
 // Seam between "what to run" and "how processes get started" (local now; SSH and a fake

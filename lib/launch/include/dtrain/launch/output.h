@@ -1,9 +1,16 @@
 #pragma once
-// Line-atomic output multiplexing. Thread-safety: none; the launcher's single event loop
-// owns every OutputSink and LineSplitter.
+// Line-atomic output multiplexing. Thread-safety: none, except Console's; the launcher's
+// single event loop owns every LineSplitter and TailBuffer.
+#include <condition_variable>
+#include <cstddef>
 #include <deque>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+
+#include "dtrain/common/fd.h"
 
 namespace dtrain::launch {
 
@@ -68,9 +75,85 @@ class LineSplitter {
 };
 
 // Writes all of `data` to fd with one write() where the kernel allows, retrying on EINTR and
-// partial writes. An error (a closed console, a full disk) ends the write and returns false
-// (errno says why): losing the console must not kill the job, so most callers ignore it.
+// partial writes. An error (a closed pipe, a full disk) ends the write and returns false
+// (errno says why). Blocks while fd cannot take more: for log files and pipes dtrain owns;
+// dtrain's own stdout and stderr go through console().
 bool writeAll(int fd, std::string_view data);
+
+// dtrain's console (its stdout and stderr) as its launchers and agents write it: a write
+// queues the text and returns at once; a thread of its own writes it out, in the order it
+// was queued across descriptors (stdout and stderr may be one file: a terminal, 2>&1).
+// Why: a console that takes nothing for a while (a stuck log collector, a slow `| tee`,
+// Ctrl-S on a terminal, an ssh channel to a busy launcher) must not stop the event loop
+// that passes signals on, tears down on time, reaps workers and checks their watchdogs.
+// Backpressure, not loss: a launcher stops reading its workers' pipes while backlogged()
+// (so a worker blocks on its writes, as it would writing to that console itself), and reads
+// on once wakeFd() is readable. A descriptor left non-blocking (O_NONBLOCK, shared with the
+// shell or a CI runner's other processes, so not changed here) is waited on for POLLOUT at
+// EAGAIN, never dropped. Text a write fails on (a reader gone: EPIPE; EIO) is dropped: a
+// console that is gone must not end the job. The writer thread blocks every signal: they
+// go to the thread that handles them.
+// Thread-safety: every member may be called from any thread.
+class Console {
+ public:
+  // Pending bytes at which backlogged() becomes true: a few MiB, so that a console that
+  // keeps up never holds a worker, and one that does not costs dtrain bounded memory.
+  static constexpr size_t kDefaultBacklogMax = 4u << 20;
+  struct Options {
+    size_t backlog_max = kDefaultBacklogMax;
+  };
+  explicit Console(Options opts);
+  Console() : Console(Options{}) {}
+  // Waits until everything queued is written (or dropped): only for a console whose
+  // descriptors someone reads (tests); the process's, console(), is never destroyed.
+  ~Console();
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+  // Queues `text` for fd (dtrain's STDOUT_FILENO or STDERR_FILENO); never blocks. The
+  // writer thread starts at the first write.
+  void write(int fd, std::string_view text);
+  // Bytes queued and not yet written (the one being written included).
+  size_t pending() const;
+  // True from when pending() reaches backlog_max until it falls to half of that: the time
+  // for a launcher to leave its workers' pipes unread.
+  bool backlogged() const;
+  // Readable once a backlog has ended (backlogged() turned false); clearWake() empties it.
+  int wakeFd() const { return wakeR_.get(); }
+  void clearWake();
+  // Waits until everything queued so far is written (or dropped): true. False when
+  // `giveUp`, asked every 50 ms while it waits, says to stop waiting.
+  bool flush(const std::function<bool()>& giveUp = nullptr);
+  // The errno of the first write to fd (STDOUT_FILENO, STDERR_FILENO) that failed (a full
+  // disk, a reader gone), 0 when none has: what was lost is said by whoever needed it whole
+  // (bench's table, validate's and --dry-run's output).
+  int firstError(int fd) const;
+
+ private:
+  struct Chunk {
+    int fd;
+    std::string text;
+  };
+  void writer();
+
+  const Options opts_;
+  Fd wakeR_, wakeW_;
+  mutable std::mutex mu_;
+  std::condition_variable work_;  // queued text, or stop_
+  std::condition_variable idle_;  // pending_ fell to 0
+  std::deque<Chunk> q_;
+  size_t pending_ = 0;
+  bool held_ = false;  // backlogged()
+  bool stop_ = false;
+  int errors_[3] = {0, 0, 0};
+  std::thread thread_;
+};
+
+// dtrain's own console (its stdout and stderr): every line a launcher or an agent writes
+// there, worker lines and dtrain's own, goes through it, so that their order holds. Made at
+// first use and never destroyed: a write still blocked when dtrain exits must not hold the
+// exit up (dtrain's main() waits for the console first, unless a stop signal says not to).
+Console& console();
 
 // A log file that could not be written (a full disk): the one-line warning, said once per
 // file by the caller. `what` names whose output it was ("rank 3").
