@@ -57,7 +57,10 @@ std::string token(bool serving) {
       throw SpecError(fmt::format("--token-file {}", e.what()));
     }
   }
-  if (const char* t = std::getenv("DTRAIN_STORE_TOKEN"); t && *t) return t;
+  if (const char* t = std::getenv("DTRAIN_STORE_TOKEN"); t && *t) {
+    store::checkTokenStrength(t, "DTRAIN_STORE_TOKEN", "set a new one: export DTRAIN_STORE_TOKEN=$(openssl rand -hex 32)");
+    return t;
+  }
   throw SpecError("no store token: set DTRAIN_STORE_TOKEN or pass --token-file FILE");
 }
 
@@ -241,6 +244,8 @@ int runStoreCommand() {
     std::cerr << "dtrain: error: " << e.what() << "\n";
     return kExitUsage;
   } catch (const store::StoreError& e) {
+    // Other server errors: QUOTA, also a store too busy to take the connection
+    // (StoreBusyError), which is not a token problem (5).
     std::cerr << "dtrain: error: " << e.what() << "\n";
     return kExitFailure;
   }

@@ -25,9 +25,40 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 expect_grep "store $EP: timed out after 0.5 s waiting for key 'never'" "$T/err" "timeout names endpoint and key"
 ( sleep 0.3; S set late 1 ) &
 S wait late --timeout 10; expect_eq "$?" 0 "wait woken by a later set"
-echo wrong > "$T/bad"; chmod 600 "$T/bad"
+echo wrong-token-0123456789 > "$T/bad"; chmod 600 "$T/bad"
 "$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/bad" 2>"$T/err"; expect_eq "$?" 5 "wrong token -> 5"
 expect_grep "authentication failed" "$T/err" "wrong token message"
+# A token that can be guessed is refused before anything connects, with the way to make one.
+printf 'a\n' >"$T/weak"; chmod 600 "$T/weak"
+"$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/weak" 2>"$T/err"; expect_eq "$?" 2 "weak token file -> 2"
+expect_grep "^dtrain: error: --token-file $T/weak: the token is 1 character; a token must have at least 16 \(a short one can be guessed\); write a new one: openssl rand -hex 32 > $T/weak$" "$T/err" "weak token file: the fix named"
+"$DTRAIN" store serve --port 0 --token-file "$T/weak" 2>"$T/err"; expect_eq "$?" 2 "serve with a weak token file -> 2"
+expect_grep "the token is 1 character" "$T/err" "serve: weak token named"
+DTRAIN_STORE_TOKEN=x "$DTRAIN" store get greeting --endpoint "$EP" 2>"$T/err"; expect_eq "$?" 2 "weak DTRAIN_STORE_TOKEN -> 2"
+expect_grep "^dtrain: error: DTRAIN_STORE_TOKEN: the token is 1 character; .*export DTRAIN_STORE_TOKEN=[$][(]openssl rand -hex 32[)]$" "$T/err" "weak DTRAIN_STORE_TOKEN: the fix named"
+DTRAIN_STORE_TOKEN=x "$DTRAIN" store serve --port 0 2>"$T/err"; expect_eq "$?" 2 "serve with a weak DTRAIN_STORE_TOKEN -> 2"
+# Something else listening at the endpoint (without the token) is refused as not the store:
+# it cannot prove the token, whatever it answers (docs/store-protocol.md, version 2).
+if command -v python3 >/dev/null; then
+  python3 - "$T/fake.port" >"$T/fake.out" 2>&1 <<'PY' &
+import os, socket, struct, sys
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(4)
+open(sys.argv[1] + ".tmp", "w").write(str(ls.getsockname()[1])); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+c, _ = ls.accept()
+body = b"\x85" + struct.pack(">HI", 2, 32) + os.urandom(32)
+c.sendall(struct.pack(">I", len(body)) + body)   # CHALLENGE, version 2
+c.recv(4096)                                      # AUTH: not checked, the token is unknown here
+c.sendall(struct.pack(">I", 1) + b"\x80")         # "OK"
+print("requests after the handshake:", len(c.recv(4096)))
+PY
+  FAKE=$!
+  wait_for "$T/fake.port"
+  "$DTRAIN" store get job/spec --endpoint "127.0.0.1:$(cat "$T/fake.port")" --token-file "$T/tok" 2>"$T/err"
+  expect_eq "$?" 5 "a listener without the token -> 5"
+  expect_grep "the server did not prove that it knows the job token, so it is not this job's store" "$T/err" "impostor named as not the store"
+  wait $FAKE
+  expect_grep "requests after the handshake: 0" "$T/fake.out" "no request sent to the impostor"
+fi
 chmod 644 "$T/bad"
 "$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/bad" 2>"$T/err"; expect_eq "$?" 2 "token file readable by others -> 2"
 expect_grep "chmod 600" "$T/err" "token file fix named"

@@ -9,11 +9,15 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/store/auth.h"
 #include "dtrain/store/wire.h"
 
 namespace dtrain::store {
@@ -44,7 +48,8 @@ class TcpStoreTest : public ::testing::Test {
   std::unique_ptr<TcpStoreServer> server_;
 };
 
-// A raw socket for talking the protocol by hand.
+// A raw socket for talking the protocol by hand. After auth() it seals what it sends and
+// checks what it reads, as a client must (docs/store-protocol.md).
 class Raw {
  public:
   explicit Raw(int port) {
@@ -56,8 +61,14 @@ class Raw {
     EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
   }
   ~Raw() { ::close(fd_); }
-  void send(std::string_view b) { ASSERT_EQ(::send(fd_, b.data(), b.size(), MSG_NOSIGNAL), static_cast<ssize_t>(b.size())); }
-  // Reads one reply frame, or nullopt on close / timeout.
+  void sendRaw(std::string_view b) {
+    ASSERT_EQ(::send(fd_, b.data(), b.size(), MSG_NOSIGNAL), static_cast<ssize_t>(b.size()));
+  }
+  // One whole frame (header + body), with its MAC once authenticated.
+  std::string seal(std::string frame) { return sendMac_ ? sendMac_->seal(std::move(frame)) : frame; }
+  void send(std::string frame) { sendRaw(seal(std::move(frame))); }
+  // Reads one reply frame, or nullopt on close / timeout. Once authenticated, a frame whose
+  // MAC does not verify fails the test.
   std::optional<wire::Reply> read(std::chrono::milliseconds timeout = 3000ms) {
     std::string buf;
     size_t want = 4;
@@ -74,7 +85,14 @@ class Raw {
         want += wire::decodeHeader(buf, wire::Limits{});
       }
     }
-    return wire::decodeReply(std::string_view(buf).substr(4), wire::Limits{});
+    std::string_view body = std::string_view(buf).substr(4);
+    if (recvMac_) {
+      auto opened = recvMac_->open(std::string_view(buf).substr(0, 4), body);
+      EXPECT_TRUE(opened) << "reply failed its MAC";
+      if (!opened) return std::nullopt;
+      body = *opened;
+    }
+    return wire::decodeReply(body, wire::Limits{});
   }
   bool closedByPeer(std::chrono::milliseconds timeout) {
     pollfd p{fd_, POLLIN, 0};
@@ -86,16 +104,27 @@ class Raw {
       if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
     }
   }
-  // Reads the challenge and authenticates.
+  // Reads the challenge, sends AUTH (version 2) and checks the server's PROOF.
   void auth(const std::string& token = kToken) {
     auto c = read();
     ASSERT_TRUE(c);
     ASSERT_EQ(c->op, Op::kChallenge);
-    send(wire::encodeRequest({Op::kAuth, {}, {handshakeMac(token, c->value)}, wire::kVersion}));
+    ASSERT_EQ(c->num, wire::kVersion);
+    std::string clientNonce = randomBytes(wire::kNonceSize);
+    send(wire::encodeRequest({Op::kAuth, {}, {clientNonce, auth::clientProof(token, c->value, clientNonce)}, wire::kVersion}));
+    auto p = read();
+    ASSERT_TRUE(p);
+    ASSERT_EQ(p->op, Op::kProof) << p->message;
+    ASSERT_TRUE(auth::macEqual(p->value, auth::serverProof(token, c->value, clientNonce)));
+    std::string key = auth::sessionKey(token, c->value, clientNonce);
+    sendMac_.emplace(key, auth::Direction::kClientToServer);
+    recvMac_.emplace(key, auth::Direction::kServerToClient);
   }
+  int fd() const { return fd_; }
 
  private:
   int fd_;
+  std::optional<auth::FrameMac> sendMac_, recvMac_;
 };
 
 TEST_F(TcpStoreTest, AllOperations) {
@@ -153,7 +182,6 @@ TEST_F(TcpStoreTest, AddRefusesOverflowAndNonIntegers) {
   // On the wire: OUT_OF_RANGE (10), connection kept.
   Raw r(server_->port());
   r.auth();
-  ASSERT_EQ(r.read()->op, Op::kOk);
   r.send(wire::encodeRequest({Op::kAdd, {"ov"}, {}, kMax}));
   auto rep = r.read();
   ASSERT_TRUE(rep);
@@ -169,7 +197,6 @@ TEST_F(TcpStoreTest, HugeWaitTimeoutIsNotWrapped) {
   for (int64_t t : {std::numeric_limits<int64_t>::max(), int64_t{1} << 53}) {
     Raw r(server_->port());
     r.auth();
-    ASSERT_EQ(r.read()->op, Op::kOk);
     std::string key = "later" + std::to_string(t);
     r.send(wire::encodeRequest({Op::kGet, {key}, {}, t}));
     EXPECT_FALSE(r.read(300ms)) << "timeout " << t << " ms replied at once";
@@ -189,7 +216,6 @@ TEST_F(TcpStoreTest, WaitForeverIsWokenBySetFromAnotherConnection) {
   for (const auto& q : waits) {
     Raw r(server_->port());
     r.auth();
-    ASSERT_EQ(r.read()->op, Op::kOk);
     r.send(wire::encodeRequest(q));
     EXPECT_FALSE(r.closedByPeer(400ms)) << "opcode " << static_cast<int>(q.op) << " closed instead of waiting";
     auto setter = client();
@@ -211,10 +237,9 @@ TEST_F(TcpStoreTest, WaiterThatDisconnectsIsFreed) {
     {
       Raw r(server_->port());
       r.auth();
-      ASSERT_EQ(r.read()->op, Op::kOk);
-      std::string frames = wire::encodeRequest({Op::kGet, {"never"}, {}, -1});
-      if (pipelined) frames += wire::encodeRequest({Op::kPing, {}, {}, 0});
-      r.send(frames);
+      std::string frames = r.seal(wire::encodeRequest({Op::kGet, {"never"}, {}, -1}));
+      if (pipelined) frames += r.seal(wire::encodeRequest({Op::kPing, {}, {}, 0}));
+      r.sendRaw(frames);
       EXPECT_FALSE(r.closedByPeer(300ms));
       EXPECT_EQ(server_->connectionCount(), base + 1);
     }
@@ -266,12 +291,15 @@ TEST_F(TcpStoreTest, WaitWokenAndTimeoutPrecise) {
 }
 
 TEST_F(TcpStoreTest, WrongTokenAndUnreachableAreDistinct) {
+  auto start = std::chrono::steady_clock::now();
   try {
     client("wrong");
     FAIL();
-  } catch (const IoError& e) {
+  } catch (const AuthError& e) {
     EXPECT_NE(std::string(e.what()).find("authentication failed: wrong token"), std::string::npos) << e.what();
   }
+  // A wrong AUTH is answered late: guessing costs a connection and that wait.
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 90ms);
   TcpStoreOptions o;
   o.port = 1;  // nothing listens there
   o.token = kToken;
@@ -333,7 +361,6 @@ TEST_F(TcpStoreTest, CommandsBeforeHandshakeAreRefused) {
 TEST_F(TcpStoreTest, TypedErrorsAndServerStaysUp) {
   Raw r(server_->port());
   r.auth();
-  ASSERT_EQ(r.read()->op, Op::kOk);
   // Unknown opcode: typed error, connection usable afterwards.
   r.send(std::string("\x00\x00\x00\x01\x63", 5));
   auto rep = r.read();
@@ -349,8 +376,7 @@ TEST_F(TcpStoreTest, TypedErrorsAndServerStaysUp) {
   // A frame length of 2^32-1 (and limit+1) is fatal: typed error, then close.
   Raw big(server_->port());
   big.auth();
-  big.read();
-  big.send(std::string("\xff\xff\xff\xff", 4));
+  big.sendRaw(std::string("\xff\xff\xff\xff", 4));
   rep = big.read();
   ASSERT_TRUE(rep);
   EXPECT_EQ(rep->code, ErrorCode::kTooLarge);
@@ -363,10 +389,10 @@ TEST_F(TcpStoreTest, FrameSplitAtEveryByteBoundary) {
   for (size_t cut = 1; cut < frame.size(); ++cut) {
     Raw r(server_->port());
     r.auth();
-    ASSERT_EQ(r.read()->op, Op::kOk);
-    r.send(std::string_view(frame).substr(0, cut));
+    std::string sealed = r.seal(frame);
+    r.sendRaw(std::string_view(sealed).substr(0, cut));
     std::this_thread::sleep_for(1ms);
-    r.send(std::string_view(frame).substr(cut));
+    r.sendRaw(std::string_view(sealed).substr(cut));
     auto rep = r.read();
     ASSERT_TRUE(rep) << cut;
     EXPECT_EQ(rep->op, Op::kOk) << cut;
@@ -382,8 +408,7 @@ TEST_F(TcpStoreTest, SlowLorisIsDropped) {
   Raw silent(server_->port());  // never authenticates
   Raw slow(server_->port());
   slow.auth();
-  ASSERT_EQ(slow.read()->op, Op::kOk);
-  slow.send(std::string("\x00\x00", 2));  // half a header, then nothing
+  slow.sendRaw(std::string("\x00\x00", 2));  // half a header, then nothing
   EXPECT_TRUE(silent.closedByPeer(3000ms));
   EXPECT_TRUE(slow.closedByPeer(3000ms));
   client()->ping();
@@ -420,8 +445,7 @@ TEST_F(TcpStoreTest, UnfinishedFramesHaveAGlobalBudget) {
   for (int i = 0; i < 6; ++i) {
     hogs.push_back(std::make_unique<Raw>(server_->port()));
     hogs.back()->auth();
-    ASSERT_EQ(hogs.back()->read()->op, Op::kOk);
-    hogs.back()->send(partial);
+    hogs.back()->sendRaw(partial);
     std::this_thread::sleep_for(50ms);
   }
   for (auto& h : hogs) {
@@ -446,6 +470,544 @@ TEST_F(TcpStoreTest, HoldsAThousandConnections) {
   EXPECT_EQ(server_->connectionCount(), 1000u);
   for (int i = 0; i < 1000; i += 37) clients[i]->add("many", 1);
   EXPECT_EQ(clients[999]->get("many"), "28");
+}
+
+// ---- Impostors, relays and floods (tests of the security audit's findings) ----
+
+// Blocking whole-frame I/O on a socket (header + body), for fake servers and relays.
+std::optional<std::string> readFrameFd(int fd) {
+  std::string buf;
+  size_t want = 4;
+  while (buf.size() < want) {
+    char tmp[65536];
+    ssize_t n = ::recv(fd, tmp, std::min(sizeof(tmp), want - buf.size()), 0);
+    if (n <= 0) return std::nullopt;
+    buf.append(tmp, static_cast<size_t>(n));
+    if (want == 4 && buf.size() == 4)
+      want += (uint32_t(uint8_t(buf[0])) << 24) | (uint32_t(uint8_t(buf[1])) << 16) | (uint32_t(uint8_t(buf[2])) << 8) |
+              uint32_t(uint8_t(buf[3]));
+  }
+  return buf;
+}
+
+bool writeFd(int fd, std::string_view b) {
+  while (!b.empty()) {
+    ssize_t n = ::send(fd, b.data(), b.size(), MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    b.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+int listenLoopback(int& port) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::listen(lfd, 16), 0);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  port = ntohs(a.sin_port);
+  return lfd;
+}
+
+int connectLoopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
+// A listener that is not the job's store: `serve` gets each connection in turn.
+class FakeServer {
+ public:
+  explicit FakeServer(std::function<void(int)> serve) : lfd_(listenLoopback(port_)) {
+    thread_ = std::thread([this, serve = std::move(serve)] {
+      while (true) {
+        int c = ::accept(lfd_, nullptr, nullptr);
+        if (c < 0) return;  // shut down
+        serve(c);
+        ::close(c);
+      }
+    });
+  }
+  ~FakeServer() {
+    ::shutdown(lfd_, SHUT_RDWR);  // wakes accept()
+    thread_.join();
+    ::close(lfd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_ = 0;
+  int lfd_;
+  std::thread thread_;
+};
+
+std::string challengeFrame(uint16_t version) {
+  wire::Reply c;
+  c.op = Op::kChallenge;
+  c.num = version;
+  c.value = randomBytes(wire::kNonceSize);
+  return wire::encodeReply(c);
+}
+
+TcpStoreOptions optionsFor(int port, const std::string& token = kToken) {
+  TcpStoreOptions o;
+  o.port = port;
+  o.token = token;
+  o.connect_timeout = 2s;
+  o.request_timeout = 2s;
+  return o;
+}
+
+// A listener without the job's token that "accepts" any AUTH (the audit's attack: it then
+// served its own job/spec, and the agent ran its command) is refused in the handshake, before
+// the client sends any request, whatever it answers in place of the server's proof.
+TEST(TcpStoreImpostor, ServerWithoutTheTokenIsRefused) {
+  const std::vector<std::pair<std::string, std::function<std::string(const std::string& nonce, const wire::Request&)>>>
+      answers = {
+          {"OK, as version 1 did", [](const std::string&, const wire::Request&) { return wire::encodeReply(wire::Reply{}); }},
+          {"a PROOF of random bytes",
+           [](const std::string&, const wire::Request&) {
+             wire::Reply p;
+             p.op = Op::kProof;
+             p.value = randomBytes(32);
+             return wire::encodeReply(p);
+           }},
+          {"a PROOF under another token (the impostor's own)",
+           [](const std::string& nonce, const wire::Request& a) {
+             wire::Reply p;
+             p.op = Op::kProof;
+             p.value = auth::serverProof("the-attackers-own-token", nonce, a.values.at(0));
+             return wire::encodeReply(p);
+           }},
+          {"the client's own proof sent back",
+           [](const std::string&, const wire::Request& a) {
+             wire::Reply p;
+             p.op = Op::kProof;
+             p.value = a.values.at(1);
+             return wire::encodeReply(p);
+           }},
+      };
+  for (const auto& [what, answer] : answers) {
+    std::atomic<int> requestsSeen{0};
+    FakeServer fake([&, answer = answer](int fd) {
+      wire::Reply c;
+      c.op = Op::kChallenge;
+      c.num = wire::kVersion;
+      c.value = randomBytes(wire::kNonceSize);
+      if (!writeFd(fd, wire::encodeReply(c))) return;
+      auto a = readFrameFd(fd);
+      if (!a) return;
+      wire::Request auth = wire::decodeRequest(std::string_view(*a).substr(4), wire::Limits{});
+      if (!writeFd(fd, answer(c.value, auth))) return;
+      // Then it would serve its own job/spec to whatever is asked.
+      while (auto f = readFrameFd(fd)) {
+        ++requestsSeen;
+        wire::Reply v;
+        v.op = Op::kValue;
+        v.value = "{\"command\": [\"touch\", \"/tmp/pwned\"]}";
+        if (!writeFd(fd, wire::encodeReply(v))) return;
+      }
+    });
+    try {
+      TcpStore s(optionsFor(fake.port()));
+      s.get("job/spec");
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const AuthError& e) {
+      EXPECT_NE(std::string(e.what()).find("the server did not prove that it knows the job token"), std::string::npos)
+          << what << ": " << e.what();
+    }
+    EXPECT_EQ(requestsSeen.load(), 0) << what << ": the client sent a request to an impostor";
+  }
+}
+
+// Version 1 peers are refused with a VERSION error that names both versions: a store of
+// version 1 by the client (before it sends its proof), a version 1 client by the store.
+TEST(TcpStoreImpostor, VersionOnePeersAreRefusedByVersion) {
+  std::atomic<int> framesSeen{0};
+  FakeServer v1([&](int fd) {
+    if (!writeFd(fd, challengeFrame(1))) return;
+    while (readFrameFd(fd)) ++framesSeen;
+  });
+  try {
+    TcpStore s(optionsFor(v1.port()));
+    ADD_FAILURE() << "a version 1 store was accepted";
+  } catch (const AuthError& e) {
+    EXPECT_NE(std::string(e.what()).find("the server speaks store protocol version 1, this dtrain speaks version 2"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(framesSeen.load(), 0);
+
+  TcpStoreServerOptions so;
+  so.token = kToken;
+  TcpStoreServer server(so);
+  server.start();
+  Raw r(server.port());
+  auto c = r.read();
+  ASSERT_TRUE(c);
+  ASSERT_EQ(c->num, 2);
+  // Version 1's AUTH: u16 1, bytes HMAC(token, nonce).
+  std::string body = std::string("\x40\x00\x01\x00\x00\x00\x20", 7) + std::string(32, 'm');
+  r.sendRaw(std::string("\x00\x00\x00", 3) + static_cast<char>(body.size()) + body);
+  auto rep = r.read();
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->code, ErrorCode::kVersion);
+  EXPECT_NE(rep->message.find("the client speaks store protocol version 1, this store speaks version 2"), std::string::npos)
+      << rep->message;
+  EXPECT_TRUE(r.closedByPeer(2000ms));
+}
+
+// Forwards whole frames between a client and the real store, passing each through `tamper`
+// (direction, its index in that direction, the frame), which returns what to forward
+// instead. Server-to-client index 0 is the CHALLENGE, 1 the PROOF, 2 the first reply;
+// client-to-server index 0 is the AUTH, 1 the first request.
+class Relay {
+ public:
+  using Tamper = std::function<std::vector<std::string>(auth::Direction, int, std::string)>;
+  Relay(int upstream, Tamper tamper) : upstream_(upstream), tamper_(std::move(tamper)), lfd_(listenLoopback(port_)) {
+    acceptor_ = std::thread([this] {
+      while (true) {
+        int c = ::accept(lfd_, nullptr, nullptr);
+        if (c < 0) return;
+        int u = connectLoopback(upstream_);
+        std::lock_guard<std::mutex> l(mu_);
+        fds_.insert(fds_.end(), {c, u});
+        pumps_.emplace_back([this, c, u] { pump(c, u, auth::Direction::kClientToServer); });
+        pumps_.emplace_back([this, c, u] { pump(u, c, auth::Direction::kServerToClient); });
+      }
+    });
+  }
+  ~Relay() {
+    ::shutdown(lfd_, SHUT_RDWR);
+    acceptor_.join();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (auto& t : pumps_) t.join();
+    for (int fd : fds_) ::close(fd);
+    ::close(lfd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void pump(int from, int to, auth::Direction dir) {
+    for (int i = 0;; ++i) {
+      auto f = readFrameFd(from);
+      if (!f) break;
+      bool ok = true;
+      for (const auto& out : tamper_(dir, i, std::move(*f))) ok = ok && writeFd(to, out);
+      if (!ok) break;
+    }
+    ::shutdown(from, SHUT_RDWR);  // one side gone: so is the other
+    ::shutdown(to, SHUT_RDWR);
+  }
+
+  int upstream_;
+  Tamper tamper_;
+  int port_ = 0;
+  int lfd_;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> pumps_;
+};
+
+Relay::Tamper passThrough() {
+  return [](auth::Direction, int, std::string f) { return std::vector<std::string>{std::move(f)}; };
+}
+
+TEST_F(TcpStoreTest, RelayThatAltersNothingIsTransparent) {
+  Relay relay(server_->port(), passThrough());
+  TcpStore s(optionsFor(relay.port()));
+  s.set("k", "v");
+  EXPECT_EQ(s.get("k"), "v");
+  EXPECT_EQ(s.add("n", 2), 2);
+  EXPECT_EQ(s.multiGet({"k", "n"}), (std::vector<Bytes>{"v", "2"}));
+}
+
+bool mentions(const std::exception& e, const char* what) { return std::string(e.what()).find(what) != std::string::npos; }
+
+// A relay that flips one byte of a reply (here in a value) is caught by the client: the
+// call fails, the connection is dropped, and the altered value is never returned.
+TEST_F(TcpStoreTest, ReplyAlteredOnTheWayIsDetected) {
+  client()->set("job/spec", "the real spec");
+  // The opcode, the value's length, the value, the tag. (A flipped header byte is caught the
+  // same way once the frame is complete; one that makes it longer waits out the timeout.)
+  for (size_t at : {size_t{4}, size_t{8}, size_t{9}, std::string::npos}) {
+    Relay relay(server_->port(), [at](auth::Direction d, int i, std::string f) {
+      if (d == auth::Direction::kServerToClient && i == 2) f[at == std::string::npos ? f.size() - 1 : at] ^= 0x01;
+      return std::vector<std::string>{std::move(f)};
+    });
+    TcpStore s(optionsFor(relay.port()));
+    try {
+      Bytes v = s.get("job/spec");
+      ADD_FAILURE() << "byte " << at << ": got '" << v << "'";
+    } catch (const IoError& e) {
+      EXPECT_TRUE(mentions(e, "a reply failed its integrity check")) << "byte " << at << ": " << e.what();
+    }
+    EXPECT_THROW(s.ping(), IoError) << "the connection was kept after an altered reply";
+  }
+}
+
+// A relay that answers with an earlier reply of the same connection (identical bytes, an
+// earlier place in the stream) or with nothing but its own bytes is caught too.
+TEST_F(TcpStoreTest, ReplayedOrInjectedReplyIsDetected) {
+  client()->set("k", "v");
+  for (bool inject : {false, true}) {
+    std::string first;
+    Relay relay(server_->port(), [&](auth::Direction d, int i, std::string f) {
+      if (d == auth::Direction::kServerToClient && i == 2) first = f;
+      if (d == auth::Direction::kServerToClient && i == 3) {
+        if (!inject) return std::vector<std::string>{first};  // the first reply again
+        wire::Reply fake;
+        fake.op = Op::kValue;
+        fake.value = "forged";
+        std::string forged = wire::encodeReply(fake) + randomBytes(auth::kMacSize);
+        forged[3] = static_cast<char>(forged.size() - 4);
+        return std::vector<std::string>{forged};
+      }
+      return std::vector<std::string>{std::move(f)};
+    });
+    TcpStore s(optionsFor(relay.port()));
+    EXPECT_EQ(s.get("k"), "v");
+    try {
+      s.get("k");
+      ADD_FAILURE() << (inject ? "injected" : "replayed") << " reply accepted";
+    } catch (const IoError& e) {
+      EXPECT_TRUE(mentions(e, "a reply failed its integrity check")) << e.what();
+    }
+  }
+}
+
+// A request altered, replayed or injected on the way is not applied: the store answers
+// INTEGRITY (under its MAC) and closes, and the client says so.
+TEST_F(TcpStoreTest, RequestAlteredReplayedOrInjectedIsNotApplied) {
+  auto direct = client();
+  {  // altered: one bit of the value
+    Relay relay(server_->port(), [](auth::Direction d, int i, std::string f) {
+      if (d == auth::Direction::kClientToServer && i == 1) f[f.size() - auth::kMacSize - 1] ^= 0x01;
+      return std::vector<std::string>{std::move(f)};
+    });
+    TcpStore s(optionsFor(relay.port()));
+    try {
+      s.set("altered", "value");
+      ADD_FAILURE() << "altered request accepted";
+    } catch (const IoError& e) {
+      EXPECT_TRUE(mentions(e, "the store found our request altered on the way")) << e.what();
+    }
+    EXPECT_FALSE(direct->check({"altered"}));
+  }
+  {  // replayed: an ADD sent twice
+    Relay relay(server_->port(), [](auth::Direction d, int i, std::string f) {
+      if (d == auth::Direction::kClientToServer && i == 1) return std::vector<std::string>{f, f};
+      return std::vector<std::string>{std::move(f)};
+    });
+    TcpStore s(optionsFor(relay.port()));
+    EXPECT_EQ(s.add("ctr", 1), 1);
+    EXPECT_THROW(s.ping(), IoError);
+    EXPECT_EQ(direct->get("ctr"), "1") << "the replayed ADD was applied";
+  }
+  {  // injected: a SET of the relay's own before the client's first request
+    Relay relay(server_->port(), [](auth::Direction d, int i, std::string f) {
+      if (d == auth::Direction::kClientToServer && i == 1) {
+        std::string evil = wire::encodeRequest({Op::kSet, {"evil"}, {"1"}, 0}) + randomBytes(auth::kMacSize);
+        evil[3] = static_cast<char>(evil.size() - 4);
+        return std::vector<std::string>{evil, std::move(f)};
+      }
+      return std::vector<std::string>{std::move(f)};
+    });
+    TcpStore s(optionsFor(relay.port()));
+    try {
+      s.ping();
+      ADD_FAILURE() << "injected request went unnoticed";
+    } catch (const IoError& e) {
+      EXPECT_TRUE(mentions(e, "the store found our request altered on the way")) << e.what();
+    }
+    EXPECT_FALSE(direct->check({"evil"}));
+  }
+  direct->ping();
+}
+
+// Before AUTH a frame may be no longer than AUTH itself: an unauthenticated connection cannot
+// make the store hold more, nor spend the unfinished-frame budget of the job's clients (the
+// audit's 16 connections of 16 MiB each failed both workers of a job).
+TEST_F(TcpStoreTest, UnauthenticatedFramesAreTinyAndDoNotSpendTheBudget) {
+  TcpStoreServerOptions o;
+  o.max_buffered_bytes = 2u << 20;
+  startServer(o);
+  std::vector<std::unique_ptr<Raw>> hogs;
+  for (int i = 0; i < 16; ++i) {
+    hogs.push_back(std::make_unique<Raw>(server_->port()));
+    ASSERT_TRUE(hogs.back()->read());  // challenge
+    hogs.back()->sendRaw(std::string("\x01\x10\x00\x00", 4) + std::string(64 << 10, 'x'));
+  }
+  for (auto& h : hogs) {
+    auto r = h->read();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->code, ErrorCode::kTooLarge);
+    EXPECT_NE(r->message.find("exceeds the limit of 128"), std::string::npos) << r->message;
+    EXPECT_TRUE(h->closedByPeer(2000ms));
+  }
+  // Connections that hold a partial AUTH do not count against the job's clients either.
+  std::vector<std::unique_ptr<Raw>> slow;
+  for (int i = 0; i < 16; ++i) {
+    slow.push_back(std::make_unique<Raw>(server_->port()));
+    slow.back()->sendRaw(std::string("\x00\x00\x00\x4b\x40", 5));
+  }
+  auto s = client();
+  s->set("big", std::string(1u << 20, 'b'));
+  EXPECT_EQ(s->get("big").size(), 1u << 20);
+}
+
+// Connections that do not authenticate are limited apart: past max_unauthenticated the
+// oldest is dropped with QUOTA, and the job's clients still get in.
+TEST_F(TcpStoreTest, UnauthenticatedConnectionsAreLimitedOldestFirst) {
+  TcpStoreServerOptions o;
+  o.max_unauthenticated = 4;
+  startServer(o);
+  auto honest = client();
+  std::vector<std::unique_ptr<Raw>> idle;
+  for (int i = 0; i < 6; ++i) {
+    idle.push_back(std::make_unique<Raw>(server_->port()));
+    ASSERT_TRUE(idle.back()->read());  // challenge (accepted in order)
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto r = idle[i]->read();
+    ASSERT_TRUE(r) << i;
+    EXPECT_EQ(r->code, ErrorCode::kQuota) << i;
+    EXPECT_NE(r->message.find("more than 4 connections are authenticating; this one, the oldest, is dropped"),
+              std::string::npos)
+        << r->message;
+    EXPECT_TRUE(idle[i]->closedByPeer(2000ms));
+  }
+  EXPECT_FALSE(idle[5]->read(300ms)) << "the newest was dropped";
+  // A new client drops the oldest idle one and authenticates; the old client is untouched.
+  auto late = client();
+  late->set("k", "v");
+  EXPECT_EQ(honest->get("k"), "v");
+  EXPECT_EQ(idle[2]->read()->code, ErrorCode::kQuota);
+}
+
+// A client dropped while it authenticates (too slow, among a flood of connections that never
+// authenticate) is told QUOTA and connects again on its own.
+TEST_F(TcpStoreTest, ClientDroppedWhileAuthenticatingRetries) {
+  TcpStoreServerOptions o;
+  o.max_unauthenticated = 4;
+  startServer(o);
+  std::atomic<int> auths{0};
+  std::atomic<bool> held{false};
+  Relay relay(server_->port(), [&](auth::Direction d, int i, std::string f) {
+    if (d == auth::Direction::kClientToServer && i == 0 && auths++ == 0) {
+      held = true;  // the first AUTH is late: four others connect meanwhile
+      std::this_thread::sleep_for(500ms);
+    }
+    return std::vector<std::string>{std::move(f)};
+  });
+  std::vector<std::unique_ptr<Raw>> flood;
+  std::thread flooder([&] {
+    while (!held) std::this_thread::sleep_for(1ms);
+    for (int i = 0; i < 4; ++i) {
+      flood.push_back(std::make_unique<Raw>(server_->port()));
+      flood.back()->read();  // challenge: accepted
+    }
+  });
+  TcpStore s(optionsFor(relay.port()));
+  flooder.join();
+  EXPECT_GE(auths.load(), 2) << "the first connection was not dropped";
+  s.set("k", "v");
+  EXPECT_EQ(client()->get("k"), "v");
+}
+
+// Under a flood of connections that never authenticate, each dropping the oldest, the job's
+// clients still get in: dropped ones are told so (not reset) and retry.
+TEST_F(TcpStoreTest, ClientsGetInDuringAConnectionFlood) {
+  TcpStoreServerOptions o;
+  o.max_unauthenticated = 8;
+  startServer(o);
+  std::atomic<bool> stop{false};
+  std::atomic<int> opened{0};
+  std::thread flooder([&] {
+    std::vector<int> fds;
+    while (!stop) {
+      fds.push_back(connectLoopback(server_->port()));
+      ++opened;
+      if (fds.size() >= 200) {
+        for (int fd : fds) ::close(fd);
+        fds.clear();
+      }
+    }
+    for (int fd : fds) ::close(fd);
+  });
+  for (int i = 0; i < 20; ++i) {
+    try {
+      TcpStore c(optionsFor(server_->port()));
+      c.add("in", 1);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "client " << i << ": " << e.what();
+    }
+  }
+  stop = true;
+  flooder.join();
+  EXPECT_GT(opened.load(), 20);
+  EXPECT_EQ(client()->get("in"), "20");
+}
+
+// A store at its limit of authenticated connections answers QUOTA, which the client retries
+// until its connect timeout and reports as a busy store (exit 1 for `dtrain store`), not as
+// a wrong token.
+TEST_F(TcpStoreTest, FullStoreAnswersQuotaNotASilentClose) {
+  TcpStoreServerOptions o;
+  o.max_connections = 2;
+  startServer(o);
+  auto a = client();
+  auto b = client();
+  TcpStoreOptions co = optionsFor(server_->port());
+  co.connect_timeout = 400ms;
+  try {
+    TcpStore c(co);
+    FAIL() << "a third connection was taken";
+  } catch (const AuthError& e) {
+    FAIL() << "reported as an authentication failure: " << e.what();
+  } catch (const StoreBusyError& e) {
+    EXPECT_TRUE(mentions(e, "the store cannot take this connection now: the store holds its limit of 2 connections"))
+        << e.what();
+    EXPECT_TRUE(mentions(e, "gave up after 0.4 s")) << e.what();
+  }
+  // A slot freed while the client retries is taken.
+  std::thread freeOne([&] {
+    std::this_thread::sleep_for(200ms);
+    b.reset();
+  });
+  co.connect_timeout = 5s;
+  TcpStore c(co);
+  freeOne.join();
+  c.ping();
+}
+
+// A MULTI_GET whose reply would exceed the frame limit is refused with TOO_LARGE before
+// anything is copied (the audit's 60 repeats of a 16 MiB key took 3 GB), and the connection
+// goes on.
+TEST_F(TcpStoreTest, MultiGetOverTheFrameLimitIsRefused) {
+  auto s = client();
+  s->set("big", std::string(1u << 20, 'b'));
+  try {
+    s->multiGet(std::vector<std::string>(4096, "big"));
+    FAIL() << "a 4 GiB reply was attempted";
+  } catch (const RequestRefusedError& e) {
+    EXPECT_TRUE(mentions(e, "the values of these 4096 keys make a reply of")) << e.what();
+    EXPECT_TRUE(mentions(e, "get them in smaller batches")) << e.what();
+  }
+  EXPECT_THROW(s->multiGet(std::vector<std::string>(17, "big")), RequestRefusedError);
+  EXPECT_EQ(s->multiGet(std::vector<std::string>(16, "big")).size(), 16u);
+  s->ping();
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ class StoreTokenFile : public ::testing::Test {
 };
 
 TEST_F(StoreTokenFile, ReadsATokenAndStripsTheLineEnd) {
-  EXPECT_EQ(readTokenFile(write("tok", "abc123\n", 0600)), "abc123");
+  EXPECT_EQ(readTokenFile(write("tok", "abc123-0123456789\n", 0600)), "abc123-0123456789");
   std::string created = dir_ + "/new";
   std::string token = createTokenFile(created);
   EXPECT_EQ(token.size(), 64u);
@@ -88,6 +88,19 @@ TEST_F(StoreTokenFile, EveryRefusalNamesTheRightFix) {
     m = refusal(write("locked", "abc\n", 0000));
     EXPECT_NE(m.find("permission denied"), std::string::npos) << m;
   }
+}
+
+// A token that can be guessed is refused, naming its length and how to make a good one; 16
+// characters is the least taken.
+TEST_F(StoreTokenFile, ShortTokensAreRefusedWithTheFix) {
+  std::string weak = write("weak", "a\n", 0600);
+  EXPECT_EQ(refusal(weak), weak + ": the token is 1 character; a token must have at least 16 (a short one can be "
+                                  "guessed); write a new one: openssl rand -hex 32 > " + weak);
+  std::string m = refusal(write("fifteen", std::string(15, 'x') + "\n", 0600));
+  EXPECT_NE(m.find("the token is 15 characters"), std::string::npos) << m;
+  EXPECT_EQ(readTokenFile(write("sixteen", std::string(16, 'x'), 0600)), std::string(16, 'x'));
+  EXPECT_NO_THROW(checkTokenStrength(newToken(), "new", "fix"));
+  EXPECT_THROW(checkTokenStrength("x", "DTRAIN_STORE_TOKEN", "fix"), SpecError);
 }
 
 TEST_F(StoreTokenFile, CreateRefusesBadPathsAsBadInput) {

@@ -196,7 +196,11 @@ int fail(const Failure& f) {
 }
 
 std::string storeAddrFromSsh() {
-  // "client_ip client_port server_ip server_port": the launcher as this host sees it.
+  // "client_ip client_port server_ip server_port": the launcher as this host sees it, when
+  // ssh came straight from it. Through a jump host (ssh -J, ProxyJump, ProxyCommand) it is
+  // the jump host's address; the launcher cannot know which of its own addresses a node
+  // reaches, so rendezvous.addr (--store-addr) says it. A wrong address is no attack: the
+  // store must prove the job token (docs/store-protocol.md), so the agent fails, naming it.
   const char* c = std::getenv("SSH_CONNECTION");
   if (!c) return "";
   auto parts = split(c, ' ');
@@ -331,6 +335,7 @@ int runAgent(const AgentOptions& opts) {
   std::shared_ptr<store::TcpStore> st;
   spec::JobSpec spec;
   std::string specText;
+  bool reached = false;  // connected and authenticated
   try {
     store::TcpStoreOptions so;
     so.host = storeAddr;
@@ -338,13 +343,21 @@ int runAgent(const AgentOptions& opts) {
     so.token = token;
     so.connect_timeout = std::chrono::seconds(30);
     st = std::make_shared<store::TcpStore>(so);
+    reached = true;
     specText = st->get("job/spec");
     std::string source = st->get("job/source");
     spec = spec::parseJobSpec(specText, source);
   } catch (const SpecError& e) {
     return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});
   } catch (const IoError& e) {
-    return fail({"io", fmt::format("node {}: {}", opts.node, e.what())});
+    // The address was a guess from SSH_CONNECTION: say where it came from and how to give it.
+    std::string hint = opts.store_addr.empty() && !reached
+                           ? fmt::format(" ({} is the ssh client's address as this host sees it (SSH_CONNECTION); "
+                                         "through a jump host that is the jump host, not the launcher: set "
+                                         "rendezvous.addr to the launcher's address as this host reaches it)",
+                                         storeAddr)
+                           : std::string();
+    return fail({"io", fmt::format("node {}: {}{}", opts.node, e.what(), hint)});
   } catch (const std::exception& e) {
     return fail({"io", fmt::format("node {}: cannot use the launcher's store at {}:{}: {}", opts.node, storeAddr,
                                    opts.store_port, e.what())});

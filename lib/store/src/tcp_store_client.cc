@@ -6,9 +6,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -23,14 +20,6 @@ namespace dtrain::store {
 using Clock = std::chrono::steady_clock;
 using wire::ErrorCode;
 using wire::Op;
-
-std::string handshakeMac(const std::string& token, const std::string& nonce) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), reinterpret_cast<const unsigned char*>(nonce.data()),
-       nonce.size(), out, &len);
-  return std::string(reinterpret_cast<char*>(out), len);
-}
 
 std::string randomBytes(size_t n) {
   std::string out(n, '\0');
@@ -47,6 +36,9 @@ std::string randomBytes(size_t n) {
 }
 
 namespace {
+
+constexpr auto kAttemptLimit = std::chrono::seconds(5);  // one connect attempt
+constexpr size_t kMaxHandshakeReply = 1 + 2 + 4 + 64 * 1024;  // ERROR: code, message (decodeReply's limit)
 
 // Waits for fd to be ready until deadline; false on timeout.
 bool waitFd(int fd, short events, Clock::time_point deadline) {
@@ -87,10 +79,34 @@ void TcpStore::connect() {
   // connect_timeout zero means one attempt (per address), not none: it gets the same time to
   // complete as any attempt, and its own outcome (refused, unreachable, ...) is the error.
   const bool once = opts_.connect_timeout <= Duration::zero();
-  const auto kAttemptLimit = std::chrono::seconds(5);
   auto deadline = Clock::now() + (once ? Duration(kAttemptLimit) : opts_.connect_timeout);
   auto backoff = std::chrono::milliseconds(20);
+  while (true) {
+    openSocket(once, deadline, backoff);
+    try {
+      handshake();
+      return;
+    } catch (const StoreBusyError& e) {
+      // A store full for now is retried as one that is not up yet: connections free up.
+      ::close(fd_);
+      fd_ = -1;
+      if (once) throw StoreBusyError(fmt::format("{} (one attempt, no retries)", e.what()));
+      if (Clock::now() + backoff >= deadline)
+        throw StoreBusyError(fmt::format("{} (gave up after {:.3g} s)", e.what(), opts_.connect_timeout.count() / 1000.0));
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    } catch (...) {
+      ::close(fd_);
+      fd_ = -1;
+      throw;
+    }
+  }
+}
+
+void TcpStore::openSocket(bool once, Clock::time_point deadline, std::chrono::milliseconds& backoff) {
   std::string lastError = "no attempt";
+  sendMac_.reset();
+  recvMac_.reset();
   while (true) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -136,7 +152,7 @@ void TcpStore::connect() {
       }
       ::freeaddrinfo(res);
     }
-    if (fd_ >= 0) break;
+    if (fd_ >= 0) return;
     if (permanent) throw IoError(fmt::format("store {}: cannot connect: {}", endpoint(), lastError));
     if (once) throw IoError(fmt::format("store {}: cannot connect: {} (one attempt, no retries)", endpoint(), lastError));
     if (Clock::now() + backoff >= deadline)
@@ -145,37 +161,70 @@ void TcpStore::connect() {
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
-  // Handshake: challenge from the server, HMAC of it with the token back.
-  wire::Request auth;
-  try {
-    auth.op = Op::kAuth;
-    auth.num = wire::kVersion;
-    wire::Reply challenge = readReply(Clock::now() + opts_.request_timeout);
-    if (challenge.op != Op::kChallenge)
-      throw IoError(fmt::format("store {}: server did not start with a challenge; is this a dtrain store?", endpoint()));
-    auth.values = {handshakeMac(opts_.token, challenge.value)};
-    wire::Reply r = call(auth, Duration::zero());
-    if (r.op == Op::kError) {
-      if (r.code == ErrorCode::kAuthFailed)
-        throw AuthError(fmt::format("store {}: authentication failed: wrong token; check DTRAIN_STORE_TOKEN or --token-file", endpoint()));
-      throw AuthError(fmt::format("store {}: handshake refused: {}", endpoint(), r.message));
-    }
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
+}
+
+namespace {
+
+// An ERROR in place of the handshake's next frame, as the error a caller can act on. These
+// frames carry no MAC (there is no session key yet): a relay could forge one, but all it
+// gains is a failed connection, which it can have by closing it.
+[[noreturn]] void throwHandshakeError(const std::string& ep, const wire::Reply& r) {
+  switch (r.code) {
+    case ErrorCode::kAuthFailed:
+      throw AuthError(fmt::format("store {}: authentication failed: wrong token; check DTRAIN_STORE_TOKEN or --token-file", ep));
+    case ErrorCode::kVersion:
+      throw AuthError(fmt::format("store {}: {}; use the same dtrain release for the store and its clients", ep, r.message));
+    case ErrorCode::kQuota:
+      throw StoreBusyError(fmt::format("store {}: the store cannot take this connection now: {}", ep, r.message));
+    default:
+      throw IoError(fmt::format("store {}: handshake refused: {} ({})", ep, r.message, wire::errorCodeName(r.code)));
   }
+}
+
+}  // namespace
+
+void TcpStore::handshake() {
+  // Challenge from the server; our nonce and proof of the token over both nonces back; the
+  // server's proof over both, which a listener without the token cannot give.
+  wire::Reply challenge = readReply(Clock::now() + opts_.request_timeout);
+  if (challenge.op == Op::kError) throwHandshakeError(endpoint(), challenge);
+  if (challenge.op != Op::kChallenge)
+    throw IoError(fmt::format("store {}: server did not start with a challenge; is this a dtrain store?", endpoint()));
+  if (challenge.num != wire::kVersion)
+    throw AuthError(fmt::format("store {}: the server speaks store protocol version {}, this dtrain speaks version {}; "
+                                "use the same dtrain release for the store and its clients",
+                                endpoint(), challenge.num, wire::kVersion));
+  if (challenge.value.size() != wire::kNonceSize)
+    throw IoError(fmt::format("store {}: the server's challenge holds a {}-byte nonce, not {}; is this a dtrain store?",
+                              endpoint(), challenge.value.size(), wire::kNonceSize));
+  const std::string& serverNonce = challenge.value;
+  const std::string clientNonce = randomBytes(wire::kNonceSize);
+  wire::Request auth{Op::kAuth, {}, {clientNonce, auth::clientProof(opts_.token, serverNonce, clientNonce)}, wire::kVersion};
+  wire::Reply r = call(auth, Duration::zero());
+  if (r.op == Op::kError) throwHandshakeError(endpoint(), r);
+  if (r.op != Op::kProof || !auth::macEqual(r.value, auth::serverProof(opts_.token, serverNonce, clientNonce)))
+    throw AuthError(fmt::format(
+        "store {}: the server did not prove that it knows the job token, so it is not this job's store (another "
+        "process listening at that address, or a stale store of another job); check the address and port "
+        "(rendezvous.addr, --endpoint, DTRAIN_STORE_ADDR/PORT) and the token",
+        endpoint()));
+  std::string key = auth::sessionKey(opts_.token, serverNonce, clientNonce);
+  sendMac_.emplace(key, auth::Direction::kClientToServer);
+  recvMac_.emplace(std::move(key), auth::Direction::kServerToClient);
 }
 
 IoError TcpStore::dropConnection(const std::string& why) {
   ::close(fd_);
   fd_ = -1;
+  sendMac_.reset();
+  recvMac_.reset();
   return IoError(fmt::format("store {}: {}", endpoint(), why));
 }
 
 void TcpStore::sendRequest(const wire::Request& req, std::chrono::steady_clock::time_point deadline) {
   if (fd_ < 0) throw IoError(fmt::format("store {}: not connected", endpoint()));
   std::string frame = wire::encodeRequest(req);
+  if (sendMac_) frame = sendMac_->seal(std::move(frame));
   size_t sent = 0;
   while (sent < frame.size()) {
     ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
@@ -197,8 +246,12 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
   std::string buf;
   size_t want = wire::kHeaderSize;
   bool haveHeader = false;
+  // A server never sends a frame over its max_frame (a MULTI_GET reply that would be larger
+  // is refused with TOO_LARGE), so nothing larger is read before the connection is dropped.
+  // Before the handshake is done the peer is not known to be the store: no more than the
+  // largest handshake frame (an ERROR with its longest message).
   wire::Limits lim;
-  lim.max_frame = std::max<size_t>(lim.max_frame, (lim.max_value + 8) * 4);
+  if (!recvMac_) lim.max_frame = kMaxHandshakeReply;
   while (buf.size() < want) {
     char tmp[65536];
     ssize_t n = ::recv(fd_, tmp, std::min(sizeof(tmp), want - buf.size()), 0);
@@ -222,8 +275,17 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
     }
     throw dropConnection(fmt::format("connection lost: {}", std::strerror(errno)));
   }
+  std::string_view header = std::string_view(buf).substr(0, wire::kHeaderSize);
+  std::string_view body = std::string_view(buf).substr(wire::kHeaderSize);
+  if (recvMac_) {
+    auto opened = recvMac_->open(header, body);
+    if (!opened)
+      throw dropConnection("a reply failed its integrity check: it was altered, dropped, replayed or injected on the "
+                           "way, or did not come from the store; connection dropped");
+    body = *opened;
+  }
   try {
-    return wire::decodeReply(std::string_view(buf).substr(wire::kHeaderSize), lim);
+    return wire::decodeReply(body, lim);
   } catch (const wire::WireError& e) {
     throw dropConnection(fmt::format("bad reply: {}", e.what()));
   }
@@ -238,7 +300,11 @@ wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
   if (!unbounded && serverWait > Duration::zero()) budget += serverWait;
   auto deadline = unbounded ? Clock::time_point::max() : Clock::now() + budget;
   sendRequest(req, deadline);
-  return readReply(deadline);
+  wire::Reply r = readReply(deadline);
+  // The store closes the connection after this error: our request reached it altered.
+  if (r.op == Op::kError && r.code == ErrorCode::kIntegrity)
+    throw dropConnection(fmt::format("the store found our request altered on the way ({}); connection dropped", r.message));
+  return r;
 }
 
 namespace {

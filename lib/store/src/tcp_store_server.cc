@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/store/auth.h"
 #include "dtrain/store/tcp_store.h"
 
 namespace dtrain::store {
@@ -46,6 +47,12 @@ struct TcpStoreServer::Impl {
   void notifyKey(const std::string& key);
 
   TcpStoreServerOptions opts;
+  // What a Session's destructor touches is declared before `io`, so that it outlives the
+  // sessions that handlers still queued in `io` hold when the server is destroyed.
+  std::atomic<size_t> connections{0};
+  size_t authenticated = 0;    // io thread only
+  size_t buffered = 0;         // bytes of unfinished frames held by authenticated sessions
+  std::list<Session*> pending;  // sessions still authenticating, oldest first (each leaves it itself)
   asio::io_context io;
   tcp::acceptor acceptor;
   asio::steady_timer sweep;
@@ -53,13 +60,15 @@ struct TcpStoreServer::Impl {
   bool stopping = false;           // io thread only
   State state;
   std::list<std::weak_ptr<Session>> sessions;
-  std::atomic<size_t> connections{0};
-  size_t buffered = 0;  // bytes of unfinished frames held by all sessions
   std::thread thread;
   int port = 0;
 };
 
 namespace {
+
+// A wrong AUTH is answered this much later: each guess at a token costs a connection and
+// this wait, and at most max_unauthenticated connections wait at once.
+constexpr auto kAuthFailureDelay = std::chrono::milliseconds(100);
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -67,12 +76,27 @@ class Session : public std::enable_shared_from_this<Session> {
       : srv_(srv), sock_(std::move(sock)), waitTimer_(srv.io), connected_(Clock::now()), lastActivity_(connected_) {}
 
   void start() {
+    pendingAt_ = srv_.pending.insert(srv_.pending.end(), this);
+    pending_ = true;
     nonce_ = randomBytes(wire::kNonceSize);
     wire::Reply c;
     c.op = Op::kChallenge;
     c.num = wire::kVersion;
     c.value = nonce_;
-    send(wire::encodeReply(c));
+    reply(c);
+  }
+
+  // Dropped to make room for a newer connection while still authenticating: told so with
+  // QUOTA (an honest client that was this slow retries), then closed.
+  void evict() {
+    auto keep = shared_from_this();
+    leavePending();
+    // The challenge may still be on its way out: the error follows it (see send()).
+    if (writing_) {
+      evictAfterWrite_ = true;
+      return;
+    }
+    fatal(ErrorCode::kQuota, evictionNotice());
   }
 
   // Called by the sweep: drops connections that break the deadlines.
@@ -95,6 +119,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    leavePending();
     // Every caller holds its own reference, so dropping the wait's is safe here.
     auto keep = std::move(waitHold_);
     waiting_ = false;
@@ -110,6 +135,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto self = shared_from_this();
     sock_.async_read_some(asio::buffer(chunk_), [this, self](boost::system::error_code ec, size_t n) {
       if (ec) return close();
+      if (closeAfterWrite_) return;  // evicted while this read was pending: its last word is on its way
       lastActivity_ = Clock::now();
       if (in_.empty() && n > 0 && !frameStarted_) {
         frameStarted_ = true;
@@ -117,7 +143,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       in_.append(chunk_.data(), n);
       account();
-      if (srv_.buffered > srv_.opts.max_buffered_bytes)
+      if (authed_ && srv_.buffered > srv_.opts.max_buffered_bytes)
         return fatal(ErrorCode::kQuota, fmt::format("server holds more than {} bytes of unfinished frames; retry later",
                                                     srv_.opts.max_buffered_bytes));
       processBuffer();
@@ -127,23 +153,37 @@ class Session : public std::enable_shared_from_this<Session> {
   // Handles at most one complete frame, then either replies (and continues after the write)
   // or keeps reading. Memory per session stays below one frame plus one read chunk.
   void processBuffer() {
-    if (closed_) return;
+    if (closed_ || closeAfterWrite_) return;
     if (in_.size() < wire::kHeaderSize) {
       frameStarted_ = !in_.empty();
       return readMore();
     }
     uint32_t len;
     try {
-      len = wire::decodeHeader(in_, srv_.opts.limits);
+      // Before authentication only a frame the size of AUTH: nobody without the token can
+      // make the server hold more than that per connection.
+      wire::Limits handshake = srv_.opts.limits;
+      handshake.max_frame = std::min(handshake.max_frame, wire::kMaxHandshakeFrame);
+      len = wire::decodeHeader(in_, authed_ ? srv_.opts.limits : handshake);
     } catch (const wire::WireError& e) {
       return fatal(e.code(), e.what());
     }
     if (in_.size() < wire::kHeaderSize + len) return readMore();
-    std::string body = in_.substr(wire::kHeaderSize, len);
+    std::string frame = in_.substr(0, wire::kHeaderSize + len);
     in_.erase(0, wire::kHeaderSize + len);
     account();
     frameStarted_ = !in_.empty();
     if (frameStarted_) frameStart_ = Clock::now();
+    std::string_view body = std::string_view(frame).substr(wire::kHeaderSize);
+    if (recvMac_) {
+      // Nothing of a frame that fails its MAC is acted on, and the stream cannot be trusted
+      // after it: answered (under our MAC, so the client knows it is from us), then closed.
+      auto opened = recvMac_->open(std::string_view(frame).substr(0, wire::kHeaderSize), body);
+      if (!opened)
+        return fatal(ErrorCode::kIntegrity, "a request failed its integrity check: it was altered, dropped, replayed "
+                                            "or injected on the way");
+      body = *opened;
+    }
     wire::Request req;
     try {
       req = wire::decodeRequest(body, srv_.opts.limits);
@@ -151,28 +191,54 @@ class Session : public std::enable_shared_from_this<Session> {
       // The frame boundary is intact, so the connection can go on after a typed error,
       // except before authentication, where nothing but AUTH is accepted.
       if (!authed_) return fatal(e.code(), e.what());
-      return send(wire::encodeReply(wire::errorReply(e.code(), e.what())));
+      return reply(wire::errorReply(e.code(), e.what()));
     }
     handle(req);
   }
 
+  // The last frame of the connection: an error, then close.
   void fatal(ErrorCode code, const std::string& msg) {
+    if (closed_ || closeAfterWrite_) return;
     closeAfterWrite_ = true;
-    send(wire::encodeReply(wire::errorReply(code, msg)));
+    leavePending();
+    reply(wire::errorReply(code, msg));
   }
 
+  // One frame at a time: a session writes only when it has no write in flight (it reads
+  // the next request after its reply is written; evict() defers to the write's end).
   void send(std::string frame) {
     if (closed_) return;
     out_ = std::move(frame);
+    writing_ = true;
     auto self = shared_from_this();
     asio::async_write(sock_, asio::buffer(out_), [this, self](boost::system::error_code ec, size_t) {
+      writing_ = false;
       if (ec || closeAfterWrite_) return close();
       lastActivity_ = Clock::now();
+      if (evictAfterWrite_) return fatal(ErrorCode::kQuota, evictionNotice());
       processBuffer();
     });
   }
 
-  void reply(const wire::Reply& r) { send(wire::encodeReply(r)); }
+  std::string evictionNotice() const {
+    return fmt::format("more than {} connections are authenticating; this one, the oldest, is dropped; retry",
+                       srv_.opts.max_unauthenticated);
+  }
+
+  // Every frame the session sends goes here: after the handshake it carries our MAC.
+  void reply(const wire::Reply& r) {
+    std::string frame;
+    try {
+      frame = wire::encodeReply(r);
+      if (sendMac_) frame = sendMac_->seal(std::move(frame));
+    } catch (const wire::WireError& e) {
+      // A reply too large for its frame is refused before it is built (finishWait), so this
+      // is a bug; still a typed answer rather than a frame with a wrapped length.
+      frame = wire::encodeReply(wire::errorReply(e.code(), e.what()));
+      if (sendMac_) frame = sendMac_->seal(std::move(frame));
+    }
+    send(std::move(frame));
+  }
   void ok() { reply(wire::Reply{}); }
   void error(ErrorCode c, std::string m) { reply(wire::errorReply(c, std::move(m))); }
 
@@ -203,19 +269,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void handle(wire::Request& q) {
     auto& st = srv_.state;
-    if (!authed_) {
-      if (q.op != Op::kAuth) return fatal(ErrorCode::kNotAuthenticated, "authenticate first (AUTH with the job token)");
-      if (q.num != wire::kVersion)
-        return fatal(ErrorCode::kVersion, fmt::format("protocol version {} is not supported; server speaks {}", q.num, wire::kVersion));
-      std::string expect = handshakeMac(srv_.opts.token, nonce_);
-      const std::string& got = q.values[0];
-      bool match = got.size() == expect.size();
-      unsigned char diff = 0;
-      for (size_t i = 0; match && i < got.size(); ++i) diff |= static_cast<unsigned char>(got[i] ^ expect[i]);
-      if (!match || diff != 0) return fatal(ErrorCode::kAuthFailed, "wrong token");
-      authed_ = true;
-      return ok();
-    }
+    if (!authed_) return authenticate(q);
     switch (q.op) {
       case Op::kSet:
         if (!admit(q.keys[0], q.values[0].size())) return;
@@ -303,6 +357,40 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // The AUTH: the client's proof of the token over both nonces; ours back (PROOF), and from
+  // then on every frame both ways carries a MAC under the session key (auth.h).
+  void authenticate(const wire::Request& q) {
+    if (q.op != Op::kAuth) return fatal(ErrorCode::kNotAuthenticated, "authenticate first (AUTH with the job token)");
+    if (q.num != wire::kVersion)
+      return fatal(ErrorCode::kVersion, fmt::format("the client speaks store protocol version {}, this store speaks "
+                                                    "version {}", q.num, wire::kVersion));
+    const std::string& clientNonce = q.values[0];
+    if (clientNonce.size() != wire::kNonceSize)
+      return fatal(ErrorCode::kMalformed, fmt::format("client nonce of {} bytes; it must be {}", clientNonce.size(), wire::kNonceSize));
+    if (!auth::macEqual(q.values[1], auth::clientProof(srv_.opts.token, nonce_, clientNonce))) {
+      waitTimer_.expires_after(kAuthFailureDelay);
+      auto self = shared_from_this();
+      waitTimer_.async_wait([this, self](boost::system::error_code ec) {
+        if (!ec) fatal(ErrorCode::kAuthFailed, "wrong token");
+      });
+      return;
+    }
+    if (srv_.authenticated >= srv_.opts.max_connections)
+      return fatal(ErrorCode::kQuota, fmt::format("the store holds its limit of {} connections; retry later",
+                                                  srv_.opts.max_connections));
+    authed_ = true;
+    ++srv_.authenticated;
+    leavePending();
+    account();  // pipelined bytes already read count from now on
+    wire::Reply proof;
+    proof.op = Op::kProof;
+    proof.value = auth::serverProof(srv_.opts.token, nonce_, clientNonce);
+    reply(proof);  // (encoded before the session key is set: PROOF carries its own MAC)
+    std::string key = auth::sessionKey(srv_.opts.token, nonce_, clientNonce);
+    sendMac_.emplace(key, auth::Direction::kServerToClient);
+    recvMac_.emplace(std::move(key), auth::Direction::kClientToServer);
+  }
+
   void startWait(wire::Request& q) {
     waitOp_ = q.op;
     waitKeys_ = std::move(q.keys);
@@ -348,7 +436,16 @@ class Session : public std::enable_shared_from_this<Session> {
       r.op = Op::kValue;
       r.value = st.map.at(waitKeys_[0]);
     } else {
+      // The reply's size is known before anything is copied: keys may repeat, and 4096 of a
+      // 16 MiB value would be 64 GiB. One over the frame limit is refused as too large.
+      size_t length = 1 + 4 + (sendMac_ ? auth::kMacSize : 0);
+      for (const auto& k : waitKeys_) length += 4 + st.map.at(k).size();
+      if (length > srv_.opts.limits.max_frame)
+        return error(ErrorCode::kTooLarge, fmt::format("the values of these {} keys make a reply of {} bytes, over the "
+                                                       "frame limit of {}; get them in smaller batches",
+                                                       waitKeys_.size(), length, srv_.opts.limits.max_frame));
       r.op = Op::kValues;
+      r.values.reserve(waitKeys_.size());
       for (const auto& k : waitKeys_) r.values.push_back(st.map.at(k));
     }
     reply(r);
@@ -370,12 +467,22 @@ class Session : public std::enable_shared_from_this<Session> {
   std::array<char, 16 * 1024> chunk_{};
   size_t accounted_ = 0;  // our share of srv_.buffered
 
+  // Only authenticated sessions spend the shared budget (see max_buffered_bytes).
   void account() {
-    srv_.buffered = srv_.buffered - accounted_ + in_.size();
-    accounted_ = in_.size();
+    const size_t mine = authed_ ? in_.size() : 0;
+    srv_.buffered = srv_.buffered - accounted_ + mine;
+    accounted_ = mine;
+  }
+  void leavePending() {
+    if (!pending_) return;
+    srv_.pending.erase(pendingAt_);
+    pending_ = false;
   }
   std::string in_, out_, nonce_;
-  bool authed_ = false, closed_ = false, closeAfterWrite_ = false;
+  std::optional<auth::FrameMac> sendMac_, recvMac_;  // after the handshake
+  std::list<Session*>::iterator pendingAt_;           // in srv_.pending while pending_
+  bool pending_ = false;
+  bool authed_ = false, closed_ = false, closeAfterWrite_ = false, writing_ = false, evictAfterWrite_ = false;
   bool frameStarted_ = false, waiting_ = false;
   Clock::time_point connected_, lastActivity_, frameStart_;
   Op waitOp_ = Op::kWait;
@@ -384,7 +491,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
  public:
   ~Session() {
+    leavePending();
     srv_.buffered -= accounted_;
+    if (authed_) --srv_.authenticated;
     --srv_.connections;
   }
 };
@@ -412,18 +521,16 @@ void TcpStoreServer::Impl::accept() {
       });
       return;
     }
-    {
-      if (connections.load() >= opts.max_connections) {
-        boost::system::error_code ignored;
-        sock.close(ignored);
-      } else {
-        sock.set_option(tcp::no_delay(true), ec);
-        ++connections;
-        auto s = std::make_shared<Session>(*this, std::move(sock));
-        sessions.push_back(s);
-        s->start();
-      }
-    }
+    // Connections still authenticating are bounded apart from authenticated ones: past the
+    // limit the oldest goes (an honest client authenticates within a round trip; one that
+    // has not is most likely one of a flood). Authenticated ones are limited at their AUTH,
+    // which is answered QUOTA: never a silent close.
+    while (!pending.empty() && pending.size() >= std::max<size_t>(opts.max_unauthenticated, 1)) pending.front()->evict();
+    sock.set_option(tcp::no_delay(true), ec);
+    ++connections;
+    auto s = std::make_shared<Session>(*this, std::move(sock));
+    sessions.push_back(s);
+    s->start();
     accept();
   });
 }

@@ -20,6 +20,13 @@ std::string newToken() {
   return hex;
 }
 
+void checkTokenStrength(const std::string& token, const std::string& where, const std::string& fix) {
+  if (token.size() >= kMinTokenLength) return;
+  throw SpecError(fmt::format("{}: the token is {} character{}; a token must have at least {} (a short one can be "
+                              "guessed); {}",
+                              where, token.size(), token.size() == 1 ? "" : "s", kMinTokenLength, fix));
+}
+
 namespace {
 
 // A token line is 64 hex characters; anything this large is the wrong file, and reading
@@ -86,6 +93,7 @@ std::string readTokenFile(const std::string& path) {
                                 path, kMaxTokenFile / 1024));
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
   if (out.empty()) throw SpecError(fmt::format("{}: token file is empty; write the job token into it", path));
+  checkTokenStrength(out, path, fmt::format("write a new one: openssl rand -hex 32 > {}", path));
   return out;
 }
 

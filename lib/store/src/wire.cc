@@ -1,9 +1,14 @@
 #include "dtrain/store/wire.h"
 
+#include <cstdint>
+#include <limits>
+
 #include <fmt/format.h>
 
 namespace dtrain::store::wire {
 namespace {
+
+constexpr size_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 
 class Writer {
  public:
@@ -19,11 +24,21 @@ class Writer {
     auto u = static_cast<uint64_t>(v);
     for (int s = 56; s >= 0; s -= 8) u8(static_cast<uint8_t>(u >> s));
   }
+  void count(size_t n) {
+    if (n > kMaxU32) throw WireError(ErrorCode::kTooLarge, fmt::format("{} items do not fit a frame", n));
+    u32(static_cast<uint32_t>(n));
+  }
   void bytes(std::string_view b) {
+    // A length that does not fit its u32 would be sent truncated: the peer would read the
+    // rest as other fields.
+    if (b.size() > kMaxU32)
+      throw WireError(ErrorCode::kTooLarge, fmt::format("a field of {} bytes does not fit a frame", b.size()));
     u32(static_cast<uint32_t>(b.size()));
     buf_.append(b);
   }
   std::string frame() && {
+    if (buf_.size() > kMaxU32)
+      throw WireError(ErrorCode::kTooLarge, fmt::format("a frame of {} bytes does not fit the u32 length", buf_.size()));
     std::string out;
     out.reserve(kHeaderSize + buf_.size());
     uint32_t n = static_cast<uint32_t>(buf_.size());
@@ -97,6 +112,7 @@ const char* errorCodeName(ErrorCode c) {
     case ErrorCode::kNotInteger: return "not an integer";
     case ErrorCode::kVersion: return "unsupported protocol version";
     case ErrorCode::kOutOfRange: return "out of range";
+    case ErrorCode::kIntegrity: return "integrity check failed";
   }
   return "unknown error";
 }
@@ -105,7 +121,7 @@ std::string encodeRequest(const Request& r) {
   Writer w;
   w.u8(static_cast<uint8_t>(r.op));
   auto keyList = [&] {
-    w.u32(static_cast<uint32_t>(r.keys.size()));
+    w.count(r.keys.size());
     for (const auto& k : r.keys) w.bytes(k);
   };
   switch (r.op) {
@@ -121,13 +137,19 @@ std::string encodeRequest(const Request& r) {
     case Op::kNumKeys:
     case Op::kPing: break;
     case Op::kMultiSet:
-      w.u32(static_cast<uint32_t>(r.keys.size()));
+      w.count(r.keys.size());
       for (size_t i = 0; i < r.keys.size(); ++i) {
         w.bytes(r.keys[i]);
         w.bytes(r.values.at(i));
       }
       break;
-    case Op::kAuth: w.u16(static_cast<uint16_t>(r.num)); w.bytes(r.values.at(0)); break;
+    case Op::kAuth:
+      w.u16(static_cast<uint16_t>(r.num));
+      if (r.num == kVersion) {
+        w.bytes(r.values.at(0));
+        w.bytes(r.values.at(1));
+      }
+      break;
     default: break;
   }
   return std::move(w).frame();
@@ -176,7 +198,11 @@ Request decodeRequest(std::string_view body, const Limits& limits) {
     }
     case Op::kAuth:
       q.num = r.u16();
-      q.values.push_back(r.bytes(256, "authentication code"));
+      // Another version's AUTH is answered VERSION whatever follows: its fields are that
+      // version's, so a MALFORMED about them would hide the real cause.
+      if (q.num != kVersion) return q;
+      q.values.push_back(r.bytes(256, "client nonce"));
+      q.values.push_back(r.bytes(256, "client proof"));
       break;
     default: throw WireError(ErrorCode::kUnknownOpcode, fmt::format("unknown opcode 0x{:02x}", op));
   }
@@ -195,10 +221,11 @@ std::string encodeReply(const Reply& p) {
     case Op::kInt: w.i64(p.num); break;
     case Op::kBool: w.u8(p.flag ? 1 : 0); break;
     case Op::kValues:
-      w.u32(static_cast<uint32_t>(p.values.size()));
+      w.count(p.values.size());
       for (const auto& v : p.values) w.bytes(v);
       break;
     case Op::kChallenge: w.u16(static_cast<uint16_t>(p.num)); w.bytes(p.value); break;
+    case Op::kProof: w.bytes(p.value); break;
     case Op::kError: w.u16(static_cast<uint16_t>(p.code)); w.bytes(p.message); break;
     default: break;
   }
@@ -224,6 +251,7 @@ Reply decodeReply(std::string_view body, const Limits& limits) {
       p.num = r.u16();
       p.value = r.bytes(256, "nonce");
       break;
+    case Op::kProof: p.value = r.bytes(256, "server proof"); break;
     case Op::kError:
       p.code = static_cast<ErrorCode>(r.u16());
       p.message = r.bytes(64 * 1024, "error message");

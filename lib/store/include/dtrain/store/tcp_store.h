@@ -3,18 +3,30 @@
 // costs no thread); the client is a blocking socket with a deadline on every call.
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/store/auth.h"
 #include "dtrain/store/store.h"
 #include "dtrain/store/wire.h"
 
 namespace dtrain::store {
 
-// The server refused our token (or protocol version): retrying will not help.
+// The two sides do not share the job's token: the server refused ours, the server could not
+// prove it knows it (not the job's store: another process listening at that address), or
+// they speak different protocol versions. Retrying will not help.
 class AuthError : public IoError {
  public:
   using IoError::IoError;
+};
+
+// The store is up but cannot take this connection now (QUOTA in the handshake: it holds its
+// limit of connections, or dropped this one among too many still authenticating). Not a
+// token problem; the client retries until connect_timeout before throwing it.
+class StoreBusyError : public StoreError {
+ public:
+  using StoreError::StoreError;
 };
 
 struct TcpStoreServerOptions {
@@ -24,9 +36,16 @@ struct TcpStoreServerOptions {
   wire::Limits limits;
   size_t max_total_keys = 1u << 20;
   size_t max_total_bytes = 1ull << 30;
+  // Authenticated connections; one more is refused with QUOTA at its AUTH.
   size_t max_connections = 4096;
-  // Bytes of unfinished frames held across all connections: many clients each sending most
-  // of a maximal frame cannot exhaust memory.
+  // Connections still authenticating, counted apart: past this, a new one drops the oldest
+  // (with QUOTA). Honest clients authenticate within a round trip, so only a flood of
+  // connections that never authenticate is dropped, and it cannot take authenticated slots.
+  size_t max_unauthenticated = 256;
+  // Bytes of unfinished frames held across all authenticated connections: many clients each
+  // sending most of a maximal frame cannot exhaust memory. Unauthenticated connections do
+  // not count (each holds at most a 128-byte frame, wire::kMaxHandshakeFrame), so they
+  // cannot spend this budget for the job's own clients.
   size_t max_buffered_bytes = 256u << 20;
   Duration handshake_timeout{std::chrono::seconds(10)};  // connect -> authenticated
   Duration frame_timeout{std::chrono::seconds(10)};      // first byte of a frame -> last byte
@@ -106,14 +125,17 @@ class TcpStore final : public Store {
   // Closes the connection and returns the error to throw.
   IoError dropConnection(const std::string& why);
   void connect();
+  // Opens the TCP connection (fd_), retrying until `deadline` unless `once`.
+  void openSocket(bool once, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds& backoff);
+  // Mutual authentication on fd_; then every frame is sealed (sendMac_) and checked
+  // (recvMac_). Throws AuthError, StoreBusyError or IoError; the caller closes fd_.
+  void handshake();
 
   TcpStoreOptions opts_;
   std::mutex mu_;
   int fd_ = -1;
+  std::optional<auth::FrameMac> sendMac_, recvMac_;  // set by a completed handshake
 };
-
-// HMAC-SHA256(token, nonce): the handshake's proof of the token.
-std::string handshakeMac(const std::string& token, const std::string& nonce);
 
 // 32 random bytes from the kernel.
 std::string randomBytes(size_t n);

@@ -10,9 +10,15 @@
 
 namespace dtrain::store::wire {
 
-inline constexpr uint16_t kVersion = 1;
+// Version 2: mutual authentication and a MAC on every frame after the handshake (auth.h).
+// Version 1 authenticated the client only; its peers are refused with VERSION.
+inline constexpr uint16_t kVersion = 2;
 inline constexpr size_t kHeaderSize = 4;  // u32 big-endian body length
 inline constexpr size_t kNonceSize = 32;
+// The longest frame read before authentication: AUTH is 75 bytes. Room for a later
+// version's AUTH to reach the version check (and get VERSION, not TOO_LARGE), and nothing
+// an unauthenticated peer could make the server hold.
+inline constexpr size_t kMaxHandshakeFrame = 128;
 
 enum class Op : uint8_t {
   kSet = 1,
@@ -35,6 +41,7 @@ enum class Op : uint8_t {
   kBool = 0x83,
   kValues = 0x84,
   kChallenge = 0x85,
+  kProof = 0x86,
   kError = 0xFF,
 };
 
@@ -49,6 +56,7 @@ enum class ErrorCode : uint16_t {
   kNotInteger = 8,
   kVersion = 9,
   kOutOfRange = 10,
+  kIntegrity = 11,
 };
 
 const char* errorCodeName(ErrorCode c);
@@ -73,7 +81,8 @@ class WireError : public std::runtime_error {
 
 // One request. Which fields an op uses is fixed per op (see docs/store-protocol.md):
 // keys/values for the key-value ops, num for a timeout (ms, -1 = none), an add delta, or the
-// protocol version (kAuth).
+// protocol version (kAuth, whose values are {client nonce, client proof}; an AUTH of another
+// version carries its version only: what follows is that version's, and is not read).
 struct Request {
   Op op = Op::kPing;
   std::vector<std::string> keys;
@@ -85,13 +94,14 @@ struct Reply {
   Op op = Op::kOk;
   ErrorCode code = ErrorCode::kMalformed;  // kError
   std::string message;                     // kError
-  std::string value;                       // kValue; nonce for kChallenge
+  std::string value;                       // kValue; nonce for kChallenge; proof for kProof
   int64_t num = 0;                         // kInt; version for kChallenge
   bool flag = false;                       // kBool
   std::vector<std::string> values;         // kValues
 };
 
-// Whole frames: header + body.
+// Whole frames: header + body. Throw WireError(kTooLarge) for a frame whose length would not
+// fit the u32 header (a caller bounds its frames by Limits::max_frame before building them).
 std::string encodeRequest(const Request& r);
 std::string encodeReply(const Reply& r);
 
