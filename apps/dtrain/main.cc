@@ -180,7 +180,7 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
 // failure, docs/errors.md), not an exit 0 for an answer no one saw. `what` names it.
 void printResult(const std::string& text, const char* what) {
   std::cout.flush();
-  if (!launch::writeAll(STDOUT_FILENO, text))
+  if (!writeAllBlocking(STDOUT_FILENO, text))
     throw IoError(fmt::format("cannot write to stdout: {} ({} was not printed whole)", std::strerror(errno), what));
 }
 

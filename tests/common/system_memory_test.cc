@@ -118,7 +118,7 @@ TEST(SystemMemory, AnOomKillOnTheHostOnlyIsALikelyCause) {
   EXPECT_EQ(before.cgroup, -1);
   s.write("proc/vmstat", "pgfault 1\noom_kill 3\n");
   EXPECT_EQ(oomKillReason(before, oomKillCounts(s.paths())),
-            "likely the kernel's OOM killer: it killed a process on this host meanwhile (memory 16.0 GiB)");
+            "likely the kernel's OOM killer: it killed a process on this host since this attempt started (memory 16.0 GiB)");
   EXPECT_EQ(memoryAvailability(s.paths()).bytes, 10 * kGiB);
   // Unreadable counts say nothing.
   EXPECT_EQ(oomKillReason(OomKillCounts{}, OomKillCounts{}), "");

@@ -482,4 +482,22 @@ PY
 expect_eq "$(sed -n 1p "$T/check")" "term-delays-ok True" "stalled console across nodes: every worker gets SIGTERM at once"
 expect_eq "$(sed -n 2p "$T/check")" "end-ok True" "stalled console across nodes: dtrain exits once the reader reads again"
 expect_eq "$(sed -n 3,4p "$T/check" | tr '\n' ' ')" "rank0 True True rank1 True True " "stalled console across nodes: every line read in the console and the logs"
+# A console that never drains across nodes (a log shipper that stopped reading, the pipe
+# still open): the agents' last records wait on the launcher, which holds their pipes; the
+# kill backstop waited for the console too, so dtrain ignored every signal for good. Now
+# the agents are SIGKILLed one shutdown timeout after the usual deadline, and a second
+# SIGTERM ends dtrain's own wait for its console. (review finding)
+mkfifo "$T/never"
+( exec 3<"$T/never"; sleep 60 ) & holder=$!
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --shutdown-timeout 1 -- sh -c 'yes xxxxxxxx | head -c 16000000; exec sleep 60' \
+  >"$T/never" 2>"$T/never.err" &
+DTRAIN_PID=$!
+sleep 3
+kill -TERM "$DTRAIN_PID"
+sleep 15
+kill -TERM "$DTRAIN_PID" 2>/dev/null
+for _ in $(seq 100); do alive "$DTRAIN_PID" || break; sleep 0.1; done
+alive "$DTRAIN_PID" && { fail "never-draining console across nodes: dtrain still runs after two SIGTERMs"; kill -9 "$DTRAIN_PID"; } || pass "never-draining console across nodes: two SIGTERMs end dtrain"
+wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
 finish

@@ -390,4 +390,9 @@ for l in data.split(b"\n"):
 print(p.wait(), len(seen[0]) + len(seen[1]), all(seen[k] == list(range(5000)) for k in seen))
 PY
 expect_eq "$(python3 "$T/nonblock.py" "$DTRAIN")" "0 10000 True" "non-blocking stdout read late: every line, in order, exit 0"
+# The log_dir's lock file is not opened through a symbolic link (it was, and truncated the
+# link's target: a co-user of a group-writable directory could plant one; review finding).
+mkdir -p "$T/ll"; echo precious >"$T/victim2"; ln -s "$T/victim2" "$T/ll/.dtrain-logs.lock"
+"$DTRAIN" run --log-dir "$T/ll" -- echo hi >/dev/null 2>"$T/err"; expect_eq "$?" 0 "a symlinked log lock: the run goes on"
+expect_eq "$(cat "$T/victim2")" precious "a symlinked log lock: its target untouched"
 finish

@@ -1,6 +1,7 @@
 #include "dtrain/common/files.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 
@@ -19,20 +20,24 @@
 
 namespace dtrain {
 
-namespace {
-
-// Writes all of text to fd; false (errno set) on failure.
-bool writeAllTo(int fd, const std::string& text) {
+bool writeAllBlocking(int fd, std::string_view text) {
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return false;
+      continue;
+    }
     if (n < 0) return false;
     done += static_cast<size_t>(n);
   }
   return true;
 }
 
+namespace {
+bool writeAllTo(int fd, const std::string& text) { return writeAllBlocking(fd, text); }
 }  // namespace
 
 int inheritedOutputFd(const std::string& path) {
@@ -169,14 +174,27 @@ std::string makePrivateDirectory(const std::string& prefix) {
 DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name) {
   DirectoryLock out;
   const std::string path = (std::filesystem::path(dir) / name).string();
-  Fd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
-  const bool writable = static_cast<bool>(lock);
-  if (!lock) lock = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Never through a symbolic link, nor on a FIFO (a directory its users share: another one's
+  // link would have this process truncate a file of their choosing); and the holder line is
+  // rewritten only in a file of this user's own with no other name.
+  constexpr int kSafe = O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+  Fd lock(::open(path.c_str(), O_RDWR | O_CREAT | kSafe, 0666));
+  if (!lock) lock = Fd(::open(path.c_str(), O_RDONLY | kSafe));
+  struct stat st {};
+  if (lock && (::fstat(lock.get(), &st) != 0 || !S_ISREG(st.st_mode))) {
+    lock.reset();
+    errno = EINVAL;
+  }
   if (!lock) {
-    out.unsupported = fmt::format("cannot open {}: {}", path, std::strerror(errno));
+    out.unsupported = fmt::format("cannot open {}: {}", path,
+                                  errno == ELOOP    ? "it is a symbolic link; remove it"
+                                  : errno == EINVAL ? "it is not a regular file; remove it"
+                                                    : std::strerror(errno));
     out.open_failed = true;
     return out;
   }
+  const bool writable = (::fcntl(lock.get(), F_GETFL) & O_ACCMODE) == O_RDWR && st.st_uid == ::geteuid() &&
+                        st.st_nlink == 1;
   int rc;
   while ((rc = ::flock(lock.get(), LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
   }

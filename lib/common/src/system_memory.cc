@@ -219,7 +219,7 @@ std::string oomKillReason(const OomKillCounts& before, const OomKillCounts& afte
     return fmt::format("the kernel's OOM killer: dtrain's cgroup reached its memory limit of {}",
                        formatBytes(after.cgroup_limit));
   if (inCgroup) return "the kernel's OOM killer: this host's memory ran out";
-  return fmt::format("likely the kernel's OOM killer: it killed a process on this host meanwhile (memory {})",
+  return fmt::format("likely the kernel's OOM killer: it killed a process on this host since this attempt started (memory {})",
                      formatBytes(after.host_total));
 }
 

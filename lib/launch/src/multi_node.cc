@@ -320,6 +320,7 @@ class MultiNodeRunner {
     Clock::time_point at;
   };
   std::vector<HeldAgentStop> heldAgentStops_;
+  bool killAsked_ = false;  // a second Ctrl-C: the agents are SIGKILLed at the deadline, held console or not
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
   std::optional<Clock::time_point> minNodesDeadline_;
@@ -827,7 +828,10 @@ void MultiNodeRunner::stopAll(const std::string& how) {
     // for an agent (or an ssh connection) that does not come back.
     killDeadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000) + 10000);
   }
-  if (how == "kill") killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
+  if (how == "kill") {
+    killDeadline_ = std::min(killDeadline_, Clock::now() + std::chrono::seconds(5));
+    killAsked_ = true;  // (the backstop then fires even while the console holds the agents' pipes)
+  }
 }
 
 // A teardown after a failure that takes a while (workers slow to honour SIGTERM, or ignoring
@@ -997,7 +1001,8 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     } else if (heldSince) {
       // An agent's end may have waited on us for that long (its last records unread): the
       // backstop below does not count it.
-      if (stopping_ && !killed_) killDeadline_ += Clock::now() - *heldSince;
+      // (counted from the stop when it came later: the time before it was not the agents')
+      if (stopping_ && !killed_) killDeadline_ += Clock::now() - std::max(*heldSince, stopStarted_);
       heldSince.reset();
     }
     const size_t firstPipe = fds.size();
@@ -1021,7 +1026,13 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     int n = ::poll(fds.data(), fds.size(), timeoutMs);
     if (n < 0 && errno != EINTR) throwErrno("poll");
     if (held && n > 0 && (fds[firstPipe - 1].revents & POLLIN)) con.clearWake();
-    if (stopping_ && !killed_ && !held && Clock::now() >= killDeadline_) {
+    // While the console holds the agents' pipes, their last records may be waiting on us; but
+    // a console that never drains must not keep the agents (and dtrain, deaf to any signal)
+    // alive for good: the backstop fires anyway one more shutdown_timeout_s later, or at once
+    // on a second Ctrl-C ("kill").
+    const auto heldGrace = std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000));
+    if (stopping_ && !killed_ && (!held || killAsked_ || Clock::now() >= killDeadline_ + heldGrace) &&
+        Clock::now() >= killDeadline_) {
       killed_ = true;
       for (auto& node : nodes_)
         if (node.running) ::kill(-node.pid, SIGKILL);
@@ -1032,10 +1043,12 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
         // within kOutsideStopWindow: one stop of the whole job (a scheduler's), not a failure,
         // as on one host (job.cc). Otherwise a failure whose verdict is held is judged with
         // what is known now: the signal's headline names it as it would have after the hold.
-        const bool agentStopped = !stopping_ && !heldAgentStops_.empty();
-        if ((held_ && !stopping_ && outsideStopSignal(held_->exit) && Clock::now() - held_->at <= kOutsideStopWindow) ||
-            agentStopped)
-          oneStop(sig);
+        // (a held failure of its own is judged first: a worker failing by itself meanwhile is a
+        // failure, whatever else the scheduler's stop reached)
+        const bool heldOutside =
+            held_ && outsideStopSignal(held_->exit) && Clock::now() - held_->at <= kOutsideStopWindow;
+        if (held_ && !stopping_ && !heldOutside) releaseHeld();
+        if (!stopping_ && !pending_ && (heldOutside || !heldAgentStops_.empty())) oneStop(sig);
         if (held_ && !stopping_) releaseHeld();
         // In the teardown after a failure that ends the job anyway (no restart is coming: a
         // restart's teardown pauses, it does not stop), a signal only hurries the teardown:

@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <new>
 #include <thread>
@@ -305,6 +306,17 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
   std::string name = fmt::format("/dtrain-{}-{}", sanitize(s.prefix), hex(s.nonce));
   std::string why = "rank 0 could not create the segment";
   ShmMapping map;
+  // Rank 0's segment goes however its set-up ends: a store error below too, not only a stop.
+  struct UnlinkOnThrow {
+    const std::string& name;
+    bool armed;
+    ~UnlinkOnThrow() {
+      if (armed && std::uncaught_exceptions() > 0) {
+        ::shm_unlink(name.c_str());
+        gPending.store(false);
+      }
+    }
+  } unlinkOnThrow{name, s.rank == 0};
   if (s.rank == 0) {
     setPending(name);  // (before it exists: a stop during its creation removes it too)
     map = createSegment(name, s.size, why);

@@ -1,9 +1,14 @@
 #pragma once
 #include <string>
+#include <string_view>
 
 #include "dtrain/common/fd.h"
 
 namespace dtrain {
+
+// Writes all of `text` to fd, waiting for POLLOUT when fd is non-blocking (a CI runner's
+// stdout pipe may be left so): false, errno set, on a real failure.
+bool writeAllBlocking(int fd, std::string_view text);
 
 // Writes `text` to `path` (created or truncated), readable and writable by the owner only,
 // also when the file existed: for files that carry a job's environment, which may hold

@@ -54,7 +54,7 @@ OomKillCounts oomKillCounts(const SystemMemoryPaths& paths = {});
 // "" when `after` shows no OOM kill since `before`; else why a process of this cgroup that
 // died of SIGKILL in between did: "the kernel's OOM killer: dtrain's cgroup reached its
 // memory limit of 4.0 GiB" (a kill counted in this cgroup), "likely the kernel's OOM killer:
-// it killed a process on this host meanwhile (memory 23.5 GiB)" (counted on the host only).
+// it killed a process on this host since this attempt started (memory 23.5 GiB)" (counted on the host only).
 std::string oomKillReason(const OomKillCounts& before, const OomKillCounts& after);
 
 }  // namespace dtrain

@@ -126,7 +126,7 @@ class Console {
   bool flush(const std::function<bool()>& giveUp = nullptr);
   // The errno of the first write to fd (STDOUT_FILENO, STDERR_FILENO) that failed (a full
   // disk, a reader gone), 0 when none has: what was lost is said by whoever needed it whole
-  // (bench's table, validate's and --dry-run's output).
+  // (bench's table; validate and --dry-run write theirs directly, writeAllBlocking).
   int firstError(int fd) const;
 
  private:
