@@ -36,10 +36,6 @@ bool writeAllBlocking(int fd, std::string_view text) {
   return true;
 }
 
-namespace {
-bool writeAllTo(int fd, const std::string& text) { return writeAllBlocking(fd, text); }
-}  // namespace
-
 int inheritedOutputFd(const std::string& path) {
   int fd = -1;
   if (path == "/dev/stdout") fd = STDOUT_FILENO;
@@ -65,12 +61,12 @@ void writeOutputFile(const std::string& path, const std::string& text) {
     throw IoError(fmt::format("cannot {} {}: {}", what, file, std::strerror(errno)));
   };
   if (const int inherited = inheritedOutputFd(path); inherited >= 0) {
-    if (!writeAllTo(inherited, text)) fail("write", path);
+    if (!writeAllBlocking(inherited, text)) fail("write", path);
     return;
   }
   if (isSpecialOutput(path)) {
     Fd fd{::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY)};
-    if (!fd || !writeAllTo(fd.get(), text)) fail("write", path);
+    if (!fd || !writeAllBlocking(fd.get(), text)) fail("write", path);
     return;
   }
   // The file a symlink (chain) points at, existing or not; else the path itself.
@@ -83,7 +79,7 @@ void writeOutputFile(const std::string& path, const std::string& text) {
   // A file replaced keeps its permissions (a summary someone made 0600 stays private).
   struct stat old {};
   if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) (void)::fchmod(fd.get(), old.st_mode & 07777);
-  if (!writeAllTo(fd.get(), text) || ::close(fd.release()) != 0) {
+  if (!writeAllBlocking(fd.get(), text) || ::close(fd.release()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     errno = err;
@@ -162,7 +158,7 @@ void writePrivateFile(const std::string& path, const std::string& text) {
   Fd fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600)};
   if (!fd) fail("create");
   if (::fchmod(fd.get(), 0600) != 0) fail("chmod");
-  if (!writeAllTo(fd.get(), text) || ::close(fd.release()) != 0) fail("write");
+  if (!writeAllBlocking(fd.get(), text) || ::close(fd.release()) != 0) fail("write");
 }
 
 std::string makePrivateDirectory(const std::string& prefix) {

@@ -1049,7 +1049,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
             held_ && outsideStopSignal(held_->exit) && Clock::now() - held_->at <= kOutsideStopWindow;
         if (held_ && !stopping_ && !heldOutside) releaseHeld();
         if (!stopping_ && !pending_ && (heldOutside || !heldAgentStops_.empty())) oneStop(sig);
-        if (held_ && !stopping_) releaseHeld();
+        if (held_ && !stopping_) releaseHeld();  // (an outside stop not made one stop: a restart is under way)
         // In the teardown after a failure that ends the job anyway (no restart is coming: a
         // restart's teardown pauses, it does not stop), a signal only hurries the teardown:
         // the job still ends as that failure, as on one node (RunResult::teardown_signal).

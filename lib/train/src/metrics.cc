@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/files.h"
 #include "dtrain/common/time.h"
 
 namespace dtrain::train {
@@ -77,14 +78,7 @@ void MetricsLog::finish() {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return;  // (a record, not the job)
   const std::string svg = metricsSvg(curve.points, curve.eval_accuracy);
-  size_t done = 0;
-  while (done < svg.size()) {
-    const ssize_t n = ::write(fd, svg.data() + done, svg.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  const bool written = done == svg.size();
+  const bool written = writeAllBlocking(fd, svg);
   ::close(fd);
   if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }
