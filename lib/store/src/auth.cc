@@ -16,7 +16,7 @@
 #include "dtrain/store/wire.h"
 
 namespace dtrain::store::auth {
-namespace {
+namespace detail {
 
 // HMAC-SHA256 over several pieces, so that a 16 MiB frame is not copied to prepend its
 // direction and sequence number. OpenSSL 3 deprecates HMAC_CTX for EVP_MAC; both are
@@ -47,6 +47,18 @@ class Hmac {
   }
   Hmac(const Hmac&) = delete;
   Hmac& operator=(const Hmac&) = delete;
+
+  // Starts a new message under the same key: the key's inner and outer states were hashed
+  // once, at construction, and are copied back (a null key means "the previous key" to both
+  // OpenSSL 3's EVP_MAC_init and 1.1's HMAC_Init_ex).
+  Hmac& reset() {
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+    if (EVP_MAC_init(ctx_, nullptr, 0, nullptr) != 1) fail();
+#else
+    if (HMAC_Init_ex(ctx_, nullptr, 0, nullptr, nullptr) != 1) fail();
+#endif
+    return *this;
+  }
 
   Hmac& update(std::string_view data) {
     const auto* p = reinterpret_cast<const unsigned char*>(data.data());
@@ -83,6 +95,12 @@ class Hmac {
 #endif
 };
 
+}  // namespace detail
+
+namespace {
+
+using detail::Hmac;
+
 std::string labelled(std::string_view label, std::string_view token, std::string_view serverNonce,
                      std::string_view clientNonce) {
   return Hmac(token).update(label).update(serverNonce).update(clientNonce).final();
@@ -106,11 +124,17 @@ bool macEqual(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-std::string FrameMac::tag(std::string_view header, std::string_view body) const {
+FrameMac::FrameMac(std::string key, Direction dir) : mac_(std::make_unique<Hmac>(key)), dir_(dir) {}
+FrameMac::~FrameMac() = default;
+FrameMac::FrameMac(FrameMac&&) noexcept = default;
+FrameMac& FrameMac::operator=(FrameMac&&) noexcept = default;
+
+std::string FrameMac::tag(std::string_view header, std::string_view body) {
   char prefix[9];
   prefix[0] = static_cast<char>(dir_);
   for (int i = 0; i < 8; ++i) prefix[1 + i] = static_cast<char>(static_cast<uint8_t>(seq_ >> (56 - 8 * i)));
-  return Hmac(key_).update(std::string_view(prefix, sizeof(prefix))).update(header).update(body).final();
+  // reset() first, not after final(): a tag that threw half-way leaves no message behind.
+  return mac_->reset().update(std::string_view(prefix, sizeof(prefix))).update(header).update(body).final();
 }
 
 std::string FrameMac::seal(std::string frame) {

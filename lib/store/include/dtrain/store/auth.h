@@ -8,11 +8,16 @@
 // libcrypto. Thread-safety: the functions are stateless; a FrameMac belongs to one
 // connection's one direction.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace dtrain::store::auth {
+
+namespace detail {
+class Hmac;
+}
 
 inline constexpr size_t kMacSize = 32;  // HMAC-SHA256, untruncated
 
@@ -35,9 +40,16 @@ enum class Direction : uint8_t { kClientToServer = 'C', kServerToClient = 'S' };
 // is valid only at its place in the stream.
 // tag = HMAC-SHA256(session key, u8 direction || u64 seq || u32 length || body), where
 // length (the frame's header, as sent) counts the body and the tag.
+// The key's HMAC state is computed once, at construction; each frame starts from a copy of
+// it (re-keying per frame, with its digest lookup, was most of a small frame's cost).
 class FrameMac {
  public:
-  FrameMac(std::string key, Direction dir) : key_(std::move(key)), dir_(dir) {}
+  FrameMac(std::string key, Direction dir);
+  ~FrameMac();
+  FrameMac(FrameMac&&) noexcept;
+  FrameMac& operator=(FrameMac&&) noexcept;
+  FrameMac(const FrameMac&) = delete;
+  FrameMac& operator=(const FrameMac&) = delete;
 
   // `frame` is a whole frame as wire::encodeRequest/encodeReply wrote it (header + body).
   // Returns it with the tag appended and the header's length grown by kMacSize. Throws
@@ -53,9 +65,9 @@ class FrameMac {
   uint64_t seq() const { return seq_; }
 
  private:
-  std::string tag(std::string_view header, std::string_view body) const;
+  std::string tag(std::string_view header, std::string_view body);
 
-  std::string key_;
+  std::unique_ptr<detail::Hmac> mac_;  // keyed with the session key; reset per frame
   Direction dir_;
   uint64_t seq_ = 0;
 };
