@@ -204,8 +204,12 @@ TEST(JobSpec, RangeMessagesStateTheRange) {
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "epochs": 1e9}})"),
             "job.json: /trainer/epochs: expected an integer between 1 and 1000000, got 1000000000.0");
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "epochs": 2.0}})"),
-            "job.json: /trainer/epochs: expected an integer between 1 and 1000000, got 2.0; write it without a decimal point "
-            "or exponent");
+            "job.json: /trainer/epochs: expected an integer between 1 and 1000000, got 2.0; write it as 2, without a decimal "
+            "point or exponent");
+  // 1e3 is parsed as the decimal 1000.0: the fix names the integer to write.
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "max_restarts": 1e3})"),
+            "job.json: /max_restarts: expected an integer between 0 and 1000000, got 1000.0; write it as 1000, without a "
+            "decimal point or exponent");
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "seed": 1e30}})"),
             "job.json: /trainer/seed: expected an integer between 0 and 9223372036854775807, got 1e+30");
   EXPECT_EQ(errorOf(R"({"trainer": {"model": {"layers": [16, 4]}, "optimizer": {"lr": 1e300}}})"),

@@ -24,6 +24,7 @@
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
 #include "dtrain/train/device.h"
+#include "dtrain/train/metrics.h"
 #include "dtrain/train/mlp.h"
 #include "dtrain/train/trainer.h"
 
@@ -716,6 +717,35 @@ TEST(Checkpoint, ResumeLineSaysWhenTheJobIsComplete) {
 
 namespace dtrain::train {
 namespace {
+
+// A line of metrics.jsonl cut short (its writer killed mid-write, a full disk) is ended
+// before the next run appends: that run's start row stays a line of its own, so the reader
+// knows where it resumed and replaces the replayed steps.
+TEST(Metrics, ATornLastLineIsEndedBeforeTheNextRunAppends) {
+  const std::string dir = tempDir("metrics-torn");
+  std::filesystem::create_directories(dir);
+  const spec::MetricsRun a{"run-a", 0, 2, 0, "/ck", "h"}, b{"run-b", 0, 2, 20, "/ck", "h"};
+  std::string text = spec::metricsStartLine(a, "t");
+  for (long long s = 10; s <= 30; s += 10) text += spec::metricsTrainLine(a, {s, 1, 1.0, 0.5, 0, 0.1, 0});
+  text += "{\"type\": \"train\", \"run_id\": \"run-a\", \"att";  // killed mid-row
+  std::ofstream(dir + "/metrics.jsonl") << text;
+  {
+    MetricsLog log(dir, b);  // resumed from step 20
+    log.record({30, 1, 2.0, 0.5, 0, 0.1, 0});
+    log.finish();
+  }
+  std::ifstream in(dir + "/metrics.jsonl");
+  const spec::MetricsCurve curve = spec::readMetricsRun(in, b);
+  ASSERT_EQ(curve.points.size(), 3u);
+  EXPECT_EQ(curve.points[2].step, 30);
+  EXPECT_EQ(curve.points[2].loss, 2.0) << "run-a's step 30 was redone by run-b";
+  std::ifstream lines(dir + "/metrics.jsonl");
+  std::string line;
+  int startsOfB = 0;
+  while (std::getline(lines, line)) startsOfB += line.rfind("{\"type\": \"start\", \"run_id\": \"run-b\"", 0) == 0;
+  EXPECT_EQ(startsOfB, 1);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/metrics.svg"));
+}
 
 TEST(Optimizer, LearningRateSchedules) {
   spec::TrainerSpec t;

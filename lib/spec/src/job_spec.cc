@@ -186,7 +186,10 @@ class Checker {
     if (j.is_number_float()) {
       double d = j.get<double>();
       bool whole = d == std::floor(d) && d >= static_cast<double>(lo) && d <= static_cast<double>(hi);
-      fail(pointer, fmt::format("{}, got {}{}", expected, j.dump(), whole ? "; write it without a decimal point or exponent" : ""));
+      // (a whole number written as a decimal, 1e3 or 1000.0: the fix names the integer, not
+      // only the JSON form "1000.0" that is all the parser keeps of it)
+      fail(pointer, fmt::format("{}, got {}{}", expected, j.dump(),
+                                whole ? fmt::format("; write it as {:.0f}, without a decimal point or exponent", d) : ""));
     }
     if (!j.is_number()) fail(pointer, fmt::format("{}, got {}{}", expected, typeName(j), quotedNumberHint(j)));
     if (j.is_number_unsigned() && j.get<unsigned long long>() > static_cast<unsigned long long>(hi))

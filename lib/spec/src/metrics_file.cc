@@ -1,5 +1,6 @@
 #include "dtrain/spec/metrics_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -25,8 +26,11 @@ double numberOr(const json& j, const char* key, double dflt) {
 }  // namespace
 
 std::string metricsStartLine(const MetricsRun& run, const std::string& utcTime) {
-  return head("start", run) + fmt::format(", \"step\": {}, \"world_size\": {}, \"time\": {}}}\n", run.start_step,
-                                          run.world_size, json(utcTime).dump());
+  return head("start", run) + fmt::format(", \"step\": {}, \"world_size\": {}, \"time\": {}, \"checkpoint_dir\": {}, "
+                                          "\"config_hash\": {}}}\n",
+                                          run.start_step, run.world_size, json(utcTime).dump(),
+                                          run.checkpoint_dir.empty() ? std::string("null") : json(run.checkpoint_dir).dump(),
+                                          json(run.config_hash).dump());
 }
 
 std::string metricsTrainLine(const MetricsRun& run, const MetricsPoint& p) {
@@ -40,23 +44,44 @@ std::string metricsEvalLine(const MetricsRun& run, long long step, double loss, 
   return head("eval", run) + fmt::format(", \"step\": {}, \"loss\": {}, \"accuracy\": {}}}\n", step, num(loss), num(accuracy));
 }
 
-MetricsCurve readMetricsRun(std::istream& in, const std::string& runId) {
+MetricsCurve readMetricsRun(std::istream& in, const MetricsRun& run) {
   MetricsCurve c;
-  const std::string idField = "\"run_id\": " + json(runId).dump();
+  // The runs of the training: this one, and each whose start row names its checkpoints.
+  std::vector<std::string> ids{run.run_id}, idFields{"\"run_id\": " + json(run.run_id).dump()};
+  const bool chained = !run.checkpoint_dir.empty();
+  auto stringField = [](const json& j, const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
   std::string line;
   while (std::getline(in, line)) {
-    if (line.find(idField) == std::string::npos) continue;
+    const bool startRow = line.find("\"type\": \"start\"") != std::string::npos;
+    const bool named = std::any_of(idFields.begin(), idFields.end(),
+                                   [&](const std::string& f) { return line.find(f) != std::string::npos; });
+    if (!named && !(startRow && chained)) continue;
     json j = json::parse(line, nullptr, false);
     if (!j.is_object()) continue;
     auto id = j.find("run_id");
     auto type = j.find("type");
     auto step = j.find("step");
-    if (id == j.end() || !id->is_string() || *id != runId || type == j.end() || !type->is_string() ||
-        step == j.end() || !step->is_number_integer())
+    if (id == j.end() || !id->is_string() || type == j.end() || !type->is_string() || step == j.end() ||
+        !step->is_number_integer())
       continue;
+    const std::string rowId = id->get<std::string>();
+    const bool member = std::find(ids.begin(), ids.end(), rowId) != ids.end();
     const long long s = step->get<long long>();
     if (*type == "start") {
+      if (!member) {
+        if (!chained || stringField(j, "checkpoint_dir") != run.checkpoint_dir ||
+            stringField(j, "config_hash") != run.config_hash)
+          continue;
+        ids.push_back(rowId);
+        idFields.push_back("\"run_id\": " + json(rowId).dump());
+      }
       while (!c.points.empty() && c.points.back().step > s) c.points.pop_back();
+      c.eval_accuracy = -1;  // (an earlier end's evaluation: training went on from here)
+    } else if (!member) {
+      continue;  // (another run's row that only mentions a member's id)
     } else if (*type == "train") {
       MetricsPoint p;
       p.step = s;
@@ -66,6 +91,7 @@ MetricsCurve readMetricsRun(std::istream& in, const std::string& runId) {
       p.samples_per_s = numberOr(j, "samples_per_s", NAN);
       p.lr = numberOr(j, "lr", NAN);
       p.elapsed_s = numberOr(j, "elapsed_s", NAN);
+      while (!c.points.empty() && c.points.back().step >= s) c.points.pop_back();
       c.points.push_back(p);
     } else if (*type == "eval") {
       c.eval_accuracy = numberOr(j, "accuracy", -1);

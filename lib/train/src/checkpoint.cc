@@ -41,6 +41,7 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'D', 'T', 'R', 'C', 'K', 'P', 'T', '1'};
+constexpr char kScheduleTag[8] = {'L', 'R', 'S', 'C', 'H', 'E', 'D', '1'};
 
 template <typename T>
 void put(std::string& b, const T& v) {
@@ -332,6 +333,21 @@ std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = 
   uint64_t parts = 0;
   ok = rest.empty() || (get(std::string_view(rest), p, parts) && parts <= 64);
   for (uint64_t i = 0; ok && i < parts; ++i) ok = getString(rest, p, s.config.emplace_back());
+  // Sections: tag, length, bytes.
+  while (ok && p < rest.size()) {
+    char tag[8];
+    uint64_t n = 0;
+    ok = get(std::string_view(rest), p, tag) && get(std::string_view(rest), p, n) && n <= rest.size() - p;
+    if (!ok) break;
+    const std::string_view body = std::string_view(rest).substr(p, n);
+    if (std::memcmp(tag, kScheduleTag, sizeof(tag)) == 0) {
+      ScheduleState& sc = s.schedule.emplace();
+      size_t q = 0;
+      ok = get(body, q, sc.samples) && get(body, q, sc.reference_batch) && get(body, q, sc.global_batch) &&
+           get(body, q, sc.anchor_samples) && get(body, q, sc.anchor_progress) && q == body.size();
+    }
+    p += n;
+  }
   if (!ok || p != rest.size()) return "malformed";
   return "";
 }
@@ -606,7 +622,8 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep,
                            const std::function<void(const std::string&)>& warn, const std::function<void()>& progress) {
-  return saveCheckpoint(dir, CheckpointView{s.config_hash, s.step, s.epoch, s.cursor, s.world, s.params, s.momentum, s.config},
+  return saveCheckpoint(dir, CheckpointView{s.config_hash, s.step, s.epoch, s.cursor, s.world, s.params, s.momentum, s.config,
+                                            s.schedule},
                         keep, warn, progress);
 }
 
@@ -629,6 +646,15 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   put(mid, static_cast<uint64_t>(s.momentum.size()));
   put(tail, static_cast<uint64_t>(s.config.size()));
   for (const auto& c : s.config) putString(tail, c);
+  if (s.schedule) {
+    tail.append(kScheduleTag, sizeof(kScheduleTag));
+    put(tail, uint64_t{5 * 8});
+    put(tail, s.schedule->samples);
+    put(tail, s.schedule->reference_batch);
+    put(tail, s.schedule->global_batch);
+    put(tail, s.schedule->anchor_samples);
+    put(tail, s.schedule->anchor_progress);
+  }
   struct Piece {
     const char* data;
     size_t bytes;

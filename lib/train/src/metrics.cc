@@ -25,7 +25,8 @@ MetricsLog::MetricsLog(const std::string& dir, const MetricsRun& run) : dir_(dir
   std::string path = (std::filesystem::path(dir_) / "metrics.jsonl").string();
   // Never through a symbolic link or into a FIFO (a log_dir others can write in): a regular
   // file or no metrics, said.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  // (read and write: its last byte is looked at below)
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   std::string why = fd < 0 ? (errno == ELOOP ? "it is a symbolic link" : std::strerror(errno)) : "";
   struct stat st {};
   if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
@@ -35,6 +36,12 @@ MetricsLog::MetricsLog(const std::string& dir, const MetricsRun& run) : dir_(dir
   }
   if (fd >= 0) {
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    // A line cut short (a full disk, a writer killed mid-write) is ended first: this
+    // attempt's start row, appended to it, would be lost with it, and the reader would take
+    // the replayed steps for new ones.
+    char last = '\n';
+    if (st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n')
+      (void)writeAllBlocking(fd, "\n");
     f_ = ::fdopen(fd, "a");
     if (!f_) {
       why = std::strerror(errno);
@@ -71,7 +78,7 @@ void MetricsLog::recordEval(long long step, double loss, double accuracy) {
 void MetricsLog::finish() {
   if (!f_) return;
   std::ifstream in(std::filesystem::path(dir_) / "metrics.jsonl");
-  const spec::MetricsCurve curve = spec::readMetricsRun(in, run_.run_id);
+  const spec::MetricsCurve curve = spec::readMetricsRun(in, run_);
   // A fresh file renamed over metrics.svg: a symbolic link there is replaced, not followed.
   const std::string path = (std::filesystem::path(dir_) / "metrics.svg").string();
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());

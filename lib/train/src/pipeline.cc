@@ -561,11 +561,13 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   // and copies its stage's state from its replica-0 rank.
   const std::string stageDir =
       ts.checkpoint.dir.empty() ? std::string() : fmt::format("{}/stage-{}-of-{}", ts.checkpoint.dir, p, P);
-  int64_t header[5] = {0, 0, 0, 0, 0};
+  // {status, step, epoch, cursor, world, the LR schedule's state (5 words)}
+  constexpr size_t kHeaderWords = 10;
+  int64_t header[kHeaderWords] = {};
   std::string ckptPath;
   auto loadStage = [&](long long maxStep) {
     site.at(detail::AllocationSite::kCheckpoint);
-    std::fill(header, header + 5, 0);
+    std::fill(header, header + kHeaderWords, 0);
     auto st = loadLatestCheckpoint(stageDir, [&](const std::string& w) { opts.warning(w); },
                                    &ckptPath, maxStep);
     if (st && (st->config_hash != hash || st->params.size() != nParams || st->momentum.size() != state.size())) {
@@ -576,6 +578,12 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       header[2] = st->epoch;
       header[3] = static_cast<int64_t>(st->cursor);
       header[4] = st->world;
+      // (a file from before the schedule was kept: written at one global batch, batch_size x
+      // its replicas, of the batch_size it resumes with as far as can be told)
+      detail::scheduleToWords(st->schedule ? *st->schedule
+                                           : legacyScheduleState(st->step, static_cast<uint64_t>(B) *
+                                                                               static_cast<uint64_t>(st->world / P)),
+                              header + 5);
       model.loadParams(st->params.data());
       model.loadState(st->momentum.data());
     }
@@ -600,9 +608,9 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   if (!ts.checkpoint.dir.empty()) worldComm.broadcastHost(&otherLayout, 1, comm::DataType::kInt64, 0);
   if (otherLayout == 1) throw SpecError(checkpointLayoutRefusal(ts, layoutError));
   if (d == 0 && !stageDir.empty()) loadStage(-1);
-  std::vector<int64_t> headers(5 * static_cast<size_t>(world));
-  worldComm.allgatherHost(header, headers.data(), 5, comm::DataType::kInt64);
-  auto stageHeader = [&](int s) { return headers.data() + 5 * static_cast<size_t>(lay.rankOf(0, s)); };
+  std::vector<int64_t> headers(kHeaderWords * static_cast<size_t>(world));
+  worldComm.allgatherHost(header, headers.data(), kHeaderWords, comm::DataType::kInt64);
+  auto stageHeader = [&](int s) { return headers.data() + kHeaderWords * static_cast<size_t>(lay.rankOf(0, s)); };
   // A run stopped between two stages' writes leaves some stages one checkpoint ahead: all
   // go back to the newest step every stage has (each keeps its last 3).
   bool allFound = true;
@@ -617,7 +625,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       opts.warning(fmt::format("the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
                                "from step {}", ts.checkpoint.dir, common, newest, common));
     if (d == 0 && header[1] != common) loadStage(common);
-    worldComm.allgatherHost(header, headers.data(), 5, comm::DataType::kInt64);
+    worldComm.allgatherHost(header, headers.data(), kHeaderWords, comm::DataType::kInt64);
   }
   for (int s = 0; s < P; ++s) {
     const int64_t* h = stageHeader(s);
@@ -626,12 +634,12 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
           ts, fmt::format("the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer config (model, "
                           "data, optimizer, seed or stage partition changed)",
                           ts.checkpoint.dir, s, P)));
-    if (std::memcmp(h, headers.data(), 5 * sizeof(int64_t)) != 0)
+    if (std::memcmp(h, headers.data(), kHeaderWords * sizeof(int64_t)) != 0)
       throw SpecError(fmt::format("trainer: the stage checkpoints in {} disagree (stage 0 at step {}, stage {} at step {}) "
                                   "and have no step in common; remove them or use another /trainer/checkpoint/dir",
                                   ts.checkpoint.dir, headers[1], s, h[1]));
   }
-  for (int k = 0; k < 5; ++k) header[k] = headers[static_cast<size_t>(k)];
+  for (size_t k = 0; k < kHeaderWords; ++k) header[k] = headers[k];
   if (D > 1 && header[0] == 1) {
     if (stageGroup->direct()) {
       stageOwned->broadcast(model.params(), nParams, comm::DataType::kFloat32, 0);
@@ -664,6 +672,12 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
   if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
+  // The LR schedule runs on samples trained (lr_schedule.h): a resume with another number of
+  // replicas goes on where it was.
+  const ScheduleState resumedSchedule = detail::scheduleFromWords(header + 5);
+  const LrSchedule schedule =
+      planSchedule(ts, header[0] == 1 ? &resumedSchedule : nullptr, step, startEpoch, startCursor, N, globalBatch);
+  uint64_t samplesTrained = header[0] == 1 ? resumedSchedule.samples : 0;
   // Collective: stops every rank at once when any stage's weights are not finite.
   auto checkWeightsFinite = [&] {
     model.storeParams(hostParams.data());
@@ -715,7 +729,8 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
       writer.start(detail::checkpointJob(
-          stageDir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts)},
+          stageDir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts),
+                                   scheduleState(schedule, samplesTrained)},
           opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
       if (opts.heartbeat) opts.heartbeat();
     }
@@ -882,7 +897,10 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   result.pipeline_stages = P;
   result.stage_params = nParams;
   const long long firstStep = step;
-  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string(), {opts.run_id, opts.attempt, world, firstStep});
+  // (the training's checkpoint directory and config: a later run resuming from them draws
+  // this run's rows too)
+  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string(),
+                     {opts.run_id, opts.attempt, world, firstStep, ts.checkpoint.dir, fmt::format("{:016x}", hash)});
   const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   double windowCompute = 0, windowSchedule = 0;  // this rank, since the last log
@@ -967,7 +985,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       }
       if (!finite) throw detail::divergedError(ts, step + 1, "the loss is not finite (NaN or infinite gradients)");
       const auto optStart = Clock::now();
-      const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
+      const float lr = static_cast<float>(learningRate(ts, schedule, samplesTrained));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);
       if (!adam) {
         model.sgdStep({lr, wd, static_cast<float>(ts.optimizer.momentum), ts.optimizer.nesterov});
@@ -979,6 +997,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       }
       trace.add("optimizer", -1, step, optStart, Clock::now());
       ++step;
+      samplesTrained += globalBatch;
       ++windowSteps;
       progress.stepDone(step);
       if (rank == 0 && opts.status && progress.statusDue(step))
@@ -1040,7 +1059,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
         for (int s = 0; s < P; ++s) stageText += fmt::format("{}{}", s ? "/" : "", detail::msText(1e3 * stats[3 + static_cast<size_t>(s)]));
         const double sps = progress.samplesPerSecond(step);
         const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
-        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""), learningRate(ts, step - 1, totalSteps),
+        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""), learningRate(ts, schedule, samplesTrained - globalBatch),
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
           opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} stage ms {} bubble {} eta {}",

@@ -41,19 +41,6 @@ long long plannedSteps(const spec::TrainerSpec& ts, long long step, int startEpo
   return ts.max_steps > 0 ? std::min(total, ts.max_steps) : total;
 }
 
-double learningRate(const spec::TrainerSpec& ts, long long step, long long totalSteps) {
-  const auto& s = ts.lr_schedule;
-  const double base = ts.optimizer.lr;
-  if (s.type == "step") return base * std::pow(s.gamma, static_cast<double>(step / s.step_size));
-  if (s.type == "warmup_cosine") {
-    if (step < s.warmup_steps) return base * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
-    double span = static_cast<double>(std::max<long long>(1, totalSteps - s.warmup_steps));
-    double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
-    return s.min_lr + (base - s.min_lr) * 0.5 * (1 + std::cos(3.141592653589793 * progress));
-  }
-  return base;
-}
-
 std::string sha256Hex(const void* data, size_t bytes) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -136,10 +123,11 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   };
 
   // Resume: rank 0 finds the newest intact checkpoint and broadcasts it, so ranks need no
-  // shared file system. header = {status, step, epoch, cursor, world}; status -1 = config
-  // mismatch, -2 = a pipeline's checkpoints in the directory (every rank fails with the same
-  // message): this trainer would not find them and would train from step 0 beside them.
-  int64_t header[5] = {0, 0, 0, 0, 0};
+  // shared file system. header = {status, step, epoch, cursor, world, the LR schedule's state
+  // (5 words)}; status -1 = config mismatch, -2 = a pipeline's checkpoints in the directory
+  // (every rank fails with the same message): this trainer would not find them and would
+  // train from step 0 beside them.
+  int64_t header[10] = {};
   std::string ckptPath, mismatch, layout;
   if (rank == 0 && !ts.checkpoint.dir.empty())
     layout = checkpointLayoutMismatch(ts, [&](const std::string& w) { opts.warning(w); });
@@ -158,11 +146,17 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
       header[2] = st->epoch;
       header[3] = static_cast<int64_t>(st->cursor);
       header[4] = st->world;
+      // (a file from before the schedule was kept: written at one global batch, of the
+      // batch_size it resumes with as far as can be told)
+      detail::scheduleToWords(st->schedule ? *st->schedule
+                                           : legacyScheduleState(st->step, static_cast<uint64_t>(ts.batch_size) *
+                                                                               static_cast<uint64_t>(st->world)),
+                              header + 5);
       be->loadParams(st->params.data());
       be->loadState(st->momentum.data());
     }
   }
-  hostComm.broadcast(header, 5, comm::DataType::kInt64, 0);
+  hostComm.broadcast(header, 10, comm::DataType::kInt64, 0);
   // (rank 0 says what changed; the others only that it did)
   if (header[0] == -2) throw SpecError(checkpointLayoutRefusal(ts, layout));
   if (header[0] == -1) throw SpecError(checkpointRefusal(ts, mismatch));
@@ -193,6 +187,12 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
   const long long totalSteps = plannedSteps(ts, step, startEpoch, startCursor, N, globalBatch);
   if (header[0] == 1 && rank == 0 && opts.log) opts.log(resumeLine(ckptPath, header, world, step >= totalSteps, ts));
+  // The LR schedule runs on samples trained (lr_schedule.h): a resume at another global
+  // batch goes on where it was.
+  const ScheduleState resumedSchedule = detail::scheduleFromWords(header + 5);
+  const LrSchedule schedule =
+      planSchedule(ts, header[0] == 1 ? &resumedSchedule : nullptr, step, startEpoch, startCursor, N, globalBatch);
+  uint64_t samplesTrained = header[0] == 1 ? resumedSchedule.samples : 0;
   // Signals (TrainOptions::control): agreed on at step boundaries; see control.h.
   // (alone there is nothing to agree with: a request is acted on at the step it was seen)
   detail::ControlPoints control(opts.control, world > 1 && !hostComm.onDevice(),
@@ -221,7 +221,8 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
     writer.start(detail::checkpointJob(ts.checkpoint.dir,
-                                       CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts)},
+                                       CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts),
+                                                      scheduleState(schedule, samplesTrained)},
                                        opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
     if (opts.heartbeat) opts.heartbeat();
   };
@@ -241,7 +242,10 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
 
   TrainResult result;
   const long long firstStep = step;
-  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string(), {opts.run_id, opts.attempt, world, firstStep});
+  // (the training's checkpoint directory and config: a later run resuming from them draws
+  // this run's rows too)
+  MetricsLog metrics(rank == 0 ? opts.metrics_dir : std::string(),
+                     {opts.run_id, opts.attempt, world, firstStep, ts.checkpoint.dir, fmt::format("{:016x}", hash)});
   const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   detail::Progress progress(firstStep, totalSteps, globalBatch);
@@ -308,7 +312,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
       be->copyToHost(gradTail.data(), grads + P - gradTail.size(), gradTail.size() * sizeof(float));
       if (!detail::allFinite(gradTail.data(), gradTail.size()))
         throw detail::divergedError(ts, step + 1, "the loss is not finite (NaN or infinite gradients)");
-      const float lr = static_cast<float>(learningRate(ts, step, totalSteps));
+      const float lr = static_cast<float>(learningRate(ts, schedule, samplesTrained));
       const float wd = static_cast<float>(ts.optimizer.weight_decay);
       if (!adam) {
         // SGD with momentum / Nesterov / weight decay, PyTorch semantics.
@@ -325,6 +329,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
       int correct = 0;
       const double loss = be->result(&correct);
       ++step;
+      samplesTrained += globalBatch;
       progress.stepDone(step);
       if (rank == 0 && opts.status && progress.statusDue(step))
         opts.status(fmt::format("epoch {}/{} {} loss {} {} eta {}", epoch + 1, ts.epochs, progress.bar(step),
@@ -371,7 +376,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
         const double sps = progress.samplesPerSecond(step);
         const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
         metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""),  // (null: not timed yet)
-                        learningRate(ts, step - 1, totalSteps),
+                        learningRate(ts, schedule, samplesTrained - globalBatch),  // (the last step's)
                         std::chrono::duration<double>(Clock::now() - runStart).count()});
         if (rank == 0 && opts.log)
           opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} eta {}", epoch + 1, ts.epochs, step, totalSteps,

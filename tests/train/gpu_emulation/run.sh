@@ -31,7 +31,7 @@ python3 "$HERE/gen_kernels.py" "$ROOT/lib/train/src/cuda/kernels.cu" "$OUT/kerne
 INC=(-I"$OUT" -I"$HERE" -I"$HERE/fake" -I"$ROOT/lib/common/include" -I"$ROOT/lib/spec/include" -I"$ROOT/lib/store/include"
      -I"$ROOT/lib/comm/include" -I"$ROOT/lib/train/include" -I/usr/include/x86_64-linux-gnu/openblas-pthread)
 FLAGS=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DDTRAIN_HAVE_CUDA=1 -DDTRAIN_BLAS_LIBRARY=\"libopenblas.so\")
-SRCS=("$ROOT"/lib/train/src/{mlp,data,batch_loader,progress,trainer,pipeline,backend,device,checkpoint,checkpoint_writer,metrics,blas,memory_estimate,out_of_memory}.cc "$OUT/kernels.cc" "$HERE/emu_runtime.cc"
+SRCS=("$ROOT"/lib/train/src/{mlp,data,batch_loader,progress,trainer,lr_schedule,pipeline,backend,device,checkpoint,checkpoint_writer,metrics,blas,memory_estimate,out_of_memory}.cc "$OUT/kernels.cc" "$HERE/emu_runtime.cc"
       "$ROOT/tests/train/gpu_train_test.cc")
 pids=()
 for f in "${SRCS[@]}"; do

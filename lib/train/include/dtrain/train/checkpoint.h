@@ -8,7 +8,12 @@
 //   "DTRCKPT1" | u64 payload bytes | payload | SHA-256 of payload (32 bytes)
 // payload: config hash, step, epoch, cursor, world, params, optimizer state, then the config
 // in words (u64 count, then per part u64 bytes + text; absent in files of dtrain before it,
-// which skips files that have it as malformed): so that a refusal can say what changed.
+// which skips files that have it as malformed): so that a refusal can say what changed;
+// then sections, each an 8-byte tag, u64 bytes and the bytes, a tag this reader does not
+// know skipped (dtrain before sections skips files that have any as malformed):
+//   "LRSCHED1": the LR schedule's ScheduleState (lr_schedule.h): u64 samples, reference
+//   batch, global batch, anchor samples, f64 anchor progress. Absent in older files: the
+//   resume derives it (legacyScheduleState).
 // Written atomically: a temporary file, fsync, rename, fsync of the directory.
 #include <cstdint>
 #include <functional>
@@ -19,6 +24,7 @@
 
 #include "dtrain/common/fd.h"
 #include "dtrain/spec/job_spec.h"
+#include "dtrain/train/lr_schedule.h"
 
 namespace dtrain::train {
 
@@ -31,6 +37,8 @@ struct TrainState {
   std::vector<float> params, momentum;
   // configDescription() of the config that wrote it; empty in files from before it was kept.
   std::vector<std::string> config;
+  // Where the LR schedule stood; nullopt in files from before it was kept.
+  std::optional<ScheduleState> schedule;
 };
 
 // Hash of the settings a checkpoint must agree with (model, data, optimizer kind, seeds);
@@ -100,6 +108,7 @@ struct CheckpointView {
   long long world = 0;
   std::span<const float> params, momentum;
   std::vector<std::string> config;
+  std::optional<ScheduleState> schedule;  // (nullopt: no section; tests of older files)
 };
 
 // Writes dir/ckpt-<step>.bin and keeps the newest `keep` valid checkpoints (by a header

@@ -1,7 +1,8 @@
 #pragma once
 // Rank 0's training metrics: one JSON object per line in <dir>/metrics.jsonl as training
 // goes (format: dtrain/spec/metrics_file.h), and <dir>/metrics.svg (loss and accuracy
-// curves of the run, across its restarts) at the end.
+// curves of the whole training: the run across its restarts, and the earlier runs of the log
+// directory whose checkpoints it resumed from) at the end.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,8 +24,8 @@ class MetricsLog {
 
   void record(const MetricsPoint& p);
   void recordEval(long long step, double loss, double accuracy);
-  // Writes the SVG of the whole run (every attempt's rows, as resumed). Safe to call once at
-  // the end.
+  // Writes the SVG of the whole training (every attempt's and resumed run's rows, redone
+  // steps replaced: readMetricsRun). Safe to call once at the end.
   void finish();
 
  private:

@@ -9,6 +9,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/spec/job_spec.h"
+#include "dtrain/train/lr_schedule.h"  // learningRate
 
 namespace dtrain::train {
 
@@ -159,9 +160,6 @@ struct Bucket {
 std::vector<Bucket> planBuckets(const std::vector<size_t>& layerOffsets, size_t bucketFloats, size_t firstBucketFloats);
 
 std::string sha256Hex(const void* data, size_t bytes);
-
-// The learning rate for 0-based `step` of `totalSteps` under the spec's schedule.
-double learningRate(const spec::TrainerSpec& ts, long long step, long long totalSteps);
 
 // The global step training ends at, resuming at `step` from (startEpoch, startCursor):
 // full global batches of the rest of the epochs (drop_last), capped by max_steps.
