@@ -73,6 +73,7 @@ expect_eq "$(sha "$T/nodir.sum")" "$REF" "SIGUSR1 without a checkpoint dir: the 
 # one), every worker exits 143, stopped by dtrain; the same spec resumes from it and ends with
 # the reference's weights.
 spec "$T/t.json" ", \"checkpoint\": {\"dir\": \"$T/ck-t\", \"every_steps\": 16, \"async\": true}"
+python3 -c "import json,sys; s=json.load(open(sys.argv[1])); s['log_dir']=sys.argv[2]; s['trainer']['log_every_steps']=8; json.dump(s, open(sys.argv[1], 'w'))" "$T/t.json" "$T/logs-t"
 start t "$T/t.json"
 wait_step 24 && kill -TERM "$DTRAIN_PID"
 finish_run
@@ -82,6 +83,8 @@ step=$(sed -nE 's/^\[rank 0\] SIGTERM: stopping at step ([0-9]+) of 150; final c
 newest=$(ls "$T/ck-t" | sed -nE 's/^ckpt-0*([0-9]+)\.bin$/\1/p' | sort -n | tail -1)
 if [ -n "$step" ] && [ "$step" -ge 24 ] && [ "$step" = "$newest" ] && [ "$step" -gt 16 ]; then pass "SIGTERM: final checkpoint at step $step, the newest"; else fail "SIGTERM: logged step '$step', newest checkpoint '$newest'"; sed 's/^/    /' "$T/t.out" >&2; fi
 expect_eq "$(ls "$T/ck-t" | grep -c '\.tmp$')" 0 "SIGTERM: no temporary file left (checkpoint.async waited for)"
+# The curve so far is drawn at the stop too: a stopped run may never be resumed.
+[ -s "$T/logs-t/metrics.svg" ] && grep -q '<polyline' "$T/logs-t/metrics.svg" && pass "SIGTERM: metrics.svg written at the stop" || fail "SIGTERM: no metrics.svg with a curve in $T/logs-t: $(ls "$T/logs-t" 2>&1)"
 # The summary says where it stopped and what the next run resumes from.
 expect_eq "$(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['trainer']; print(t['stopped'], t['steps'], t['checkpoint'], t['weights_sha256'], t['final_loss'])" "$T/t.sum")" \
   "True $step $(printf '%s/ckpt-%010d.bin' "$T/ck-t" "$step") None None" "SIGTERM: the summary's trainer: stopped, the step, the checkpoint"
