@@ -103,6 +103,11 @@ int worker(comm::Collective c) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP})
     if (::signal(sig, onBenchStop) == SIG_IGN) ::signal(sig, SIG_IGN);  // (nohup's SIGHUP stays ignored)
   comm::BenchOptions o = benchOptions(c);
+  // DTRAIN_DEBUG_BENCH_CORRUPT=RANK (fault injection, for tests): that rank alters one value
+  // of each size's verified result, so the #wrong count and the exit status can be checked
+  // through the binary.
+  if (const char* corrupt = std::getenv("DTRAIN_DEBUG_BENCH_CORRUPT"); corrupt && *corrupt)
+    o.corrupt_rank = static_cast<int>(parseInteger(corrupt, "DTRAIN_DEBUG_BENCH_CORRUPT", 0, 1 << 20));
   // Across hosts, each host's ranks check their own memory (the launcher checked its own).
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");
   if (auto problem = comm::benchMemoryProblem(o, lws ? std::atoi(lws) : 1, comm::physicalMemoryBytes()); !problem.empty())
@@ -142,7 +147,10 @@ int worker(comm::Collective c) {
     std::cout << comm::formatBenchFooter(rows) << std::flush;
     if (!a.json.empty()) writeBenchJson(a.json, comm::benchJson(rows, o, comm->size(), comm->backend(), transport, true));
   }
-  return wrong ? 1 : 0;
+  // Rank 0 holds every rank's count (summed) and reports it; were the other ranks to exit 1
+  // too, the first of them would have the launcher stop rank 0 before its footer and final
+  // JSON were written.
+  return printer && wrong ? 1 : 0;
 }
 
 int launch(comm::Collective c, CLI::App* sub) {
@@ -168,6 +176,14 @@ int launch(comm::Collective c, CLI::App* sub) {
   }
   if (!a.json.empty() && a.hostfile.empty() && a.hosts.empty()) {
     checkOutputFile(a.json, "--json");  // local ranks: rank 0 writes it here
+  }
+  // -o is the reduction of allreduce; elsewhere it would be ignored, and a table run with
+  // "-o max" that measured no max would say nothing of it.
+  if (c != comm::Collective::kAllreduce) {
+    const CLI::Option* o = sub->get_option_no_throw("--op");
+    if (o && o->count() > 0)
+      throw SpecError(fmt::format("-o/--op: bench {} has no reduction; -o applies to bench allreduce only, leave it out",
+                                  comm::name(c)));
   }
   if (c == comm::Collective::kSendRecv && a.hostfile.empty() && a.hosts.empty() && a.nproc != "2")
     throw SpecError(fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}", a.nproc));

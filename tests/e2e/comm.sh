@@ -69,6 +69,20 @@ if "$DTRAIN" --version | grep -q "CPU build" || [ ! -e /dev/nvidia0 ] || [ "${CU
   expect_grep "^dtrain: error: --backend: nccl needs a (CUDA build|GPU)" "$T/err" "--backend nccl: the need named"
   expect_eq "$(cat "$T/out")" "" "--backend nccl: no rank started"
 fi
+# A wrong result is counted, shown and fails the run (exit 1): one rank alters one value of
+# each size's result (DTRAIN_DEBUG_BENCH_CORRUPT, fault injection for tests).
+for c in allreduce broadcast allgather; do
+  DTRAIN_DEBUG_BENCH_CORRUPT=1 "$DTRAIN" bench $c --nproc-per-node 3 -b 4K -e 16K -n 1 -w 0 --json "$T/wrong.json" >"$T/out" 2>"$T/err"
+  expect_eq "$?" 1 "bench $c with a wrong value: exit 1"
+  expect_eq "$(grep -cE '^ +[0-9]+ .* 1$' "$T/out")" 3 "bench $c with a wrong value: #wrong 1 on each of the 3 rows"
+  expect_grep "^# Out of bounds values : 3 FAILED" "$T/out" "bench $c with a wrong value: the footer says FAILED"
+  expect_grep '"wrong": 1' "$T/wrong.json" "bench $c with a wrong value: in the JSON too"
+done
+# -o is allreduce's: refused, not ignored, elsewhere.
+for c in broadcast allgather sendrecv; do
+  "$DTRAIN" bench $c -o max -e 4K >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench $c -o max exits 2"
+  expect_eq "$(cat "$T/err")" "dtrain: error: -o/--op: bench $c has no reduction; -o applies to bench allreduce only, leave it out" "bench $c -o: explained"
+done
 for bad in "--backend foo" "--timeout 0" "--json /nonexistent-dir/x.json" "-f 4000000"; do
   "$DTRAIN" bench allreduce $bad >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench $bad exits 2"
   expect_eq "$(wc -l <"$T/err")" 1 "bench $bad: one line"

@@ -130,6 +130,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
     // from the peer's in every element, so a receive that leaves it alone counts as wrong.)
     fill(buf, count, o.dtype, rank);
     once();
+    if (rank == o.corrupt_rank) buf[0] = static_cast<char>(~buf[0]);
     long long wrong = 0;
     for (size_t i = 0; i < count; ++i) {
       double expect;

@@ -20,6 +20,9 @@ struct BenchOptions {
   int warmup = 5;
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
+  // For tests of the verification (DTRAIN_DEBUG_BENCH_CORRUPT): this rank, when >= 0, alters
+  // one element of each size's result before checking it.
+  int corrupt_rank = -1;
 };
 
 struct BenchRow {
