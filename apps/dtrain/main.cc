@@ -38,6 +38,7 @@
 #include "dtrain/train/memory_estimate.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
+#include "dtrain/launch/orphan_guard.h"
 #include "agent_cmd.h"
 #include "version.h"
 #include "bench_cmd.h"
@@ -196,6 +197,10 @@ struct RemoveOnExit {
   }
 };
 
+// The name a run's private directory starts with: kRunDirStem<run id>-<pid place>-<pid>-XXXXXX
+// (ownedFilePrefix, makePrivateDirectory).
+constexpr const char* kRunDirStem = "dtrain-run-";
+
 // Where a run keeps its trainer's spec snapshot, as a plan shows it: a directory of the
 // run's own (made when it starts: runJob), private to the user (the spec's env may carry
 // secrets from an env_file), removed when the run ends. In the temp dir (tempDirectory:
@@ -205,7 +210,7 @@ std::string trainerSpecPath(const std::string& runId, bool dryRun) {
   std::string dir;
   if (dryRun) tempDirectoryProblem(&dir);
   else dir = tempDirectory();
-  return (std::filesystem::path(dir) / fmt::format("dtrain-run-{}-XXXXXX", runId) / "spec.json").string();
+  return (std::filesystem::path(dir) / (ownedFilePrefix(kRunDirStem, runId) + "XXXXXX") / "spec.json").string();
 }
 
 // A command job's name, for messages ("job 'train.py' failed"): the program, or for an
@@ -621,10 +626,19 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // of this run's own (makePrivateDirectory): their names in /tmp were the run id's, which any
   // user reads in ps, so another user could plant a link there (the outcome was written
   // through it) or a file of their own (the run failed, or wrote its env's secrets into it).
+  // Its name carries this process's pid (ownedFilePrefix), so that the next trainer run of this
+  // user removes it when this one died without its cleanup, its guard with it (a cgroup's
+  // kill, a pre-flight ended by a second Ctrl-C); meanwhile a guard of its own removes it if
+  // dtrain is killed, over the whole run: the launcher's guards live only while workers run,
+  // not in a restart's back-off, and a multi-node launch has none on this host.
   std::string resultFile;
   RemoveOnExit runDir;
+  std::optional<launch::OrphanGuard> runDirGuard;  // (released before runDir goes: declared after it)
   if (s.trainer) {
-    runDir.path = makePrivateDirectory(fmt::format("dtrain-run-{}-", runId));
+    removeStaleOwnedFiles(tempDirectory(), {kRunDirStem});
+    runDirGuard.emplace();
+    runDir.path = makePrivateDirectory(ownedFilePrefix(kRunDirStem, runId));
+    runDirGuard->removeIfKilled(runDir.path);
     if (!multiNode) {  // (each node's agent writes its own from what the launcher sends)
       spec::JobSpec shipped = s;
       shipped.command.clear();
