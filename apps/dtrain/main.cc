@@ -651,6 +651,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // The last look before the launch; a signal from here on is the launch's (its handling
   // nests in the held signals' and reads what they hold), which stops the workers it started.
   stopIfSignalled();
+  if (gHeldSignals) gHeldSignals->endPreflight();
   launch::RunResult r;
   if (multiNode) {
     launch::MultiNodeOptions mo;

@@ -236,4 +236,49 @@ wait_for "$T/hpid.0" "$T/hpid.1" && kill -HUP "$DTRAIN_PID" && kill -HUP "$(cat 
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 0 "nohup: SIGHUP does not stop the job"
 expect_eq "$(grep -c survived "$T/hup.out")" 2 "nohup: both workers ran on"
+# A stop signal before the launch is held until the step in progress ends (tests/e2e/summary.sh),
+# but a step that never ends (here the spec is a FIFO no one writes: as a data file on a hung
+# NFS mount, or a write to a terminal stopped with Ctrl-S) left Ctrl-C without effect, and only
+# SIGKILL ended dtrain. A second stop signal ends dtrain at once by its default action; one
+# SIGTERM alone (timeout(1), a scheduler) ends it so 10 s later. Nothing that could block is
+# written: the summary still says "running", one line on stderr says why.
+cat > "$T/pre.py" <<'PY'
+import os, signal, subprocess, sys, time
+dtrain, t, sigs = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+for f in ("pf.json", "pfs.json"):
+    if os.path.exists(f"{t}/{f}"): os.unlink(f"{t}/{f}")
+os.mkfifo(f"{t}/pf.json")
+p = subprocess.Popen([dtrain, "run", f"{t}/pf.json", "--summary-json", f"{t}/pfs.json"],
+                     stdout=subprocess.DEVNULL, stderr=open(f"{t}/pf.err", "w"))
+for _ in range(200):  # (the summary says "running" before the spec is read)
+    if os.path.exists(f"{t}/pfs.json") and "running" in open(f"{t}/pfs.json").read(): break
+    time.sleep(0.05)
+time.sleep(0.2)
+t0 = time.time()
+for s in sigs:
+    p.send_signal(getattr(signal, "SIG" + s)); time.sleep(0.2)
+try: rc = p.wait(30)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); print("hung"); sys.exit()
+took = time.time() - t0
+when = "at once" if took < 2 else ("after the grace" if 9 <= took < 14 else f"after {took:.1f} s")
+print(f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}", when)
+PY
+for sigs in INT,INT TERM,INT HUP,TERM; do
+  second=SIG${sigs#*,}
+  expect_eq "$(python3 "$T/pre.py" "$DTRAIN" "$T" "$sigs")" "killed by $second at once" "pre-flight blocked, $sigs: the second signal ends dtrain by its default action"
+  expect_grep "^dtrain: $second again while the job was being checked \(the step in progress has not finished\): ending now by $second; no summary written$" "$T/pf.err" "pre-flight blocked, $sigs: said"
+  expect_eq "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['status'])" "$T/pfs.json")" running "pre-flight blocked, $sigs: the summary still says running"
+done
+expect_eq "$(python3 "$T/pre.py" "$DTRAIN" "$T" TERM)" "killed by SIGTERM after the grace" "pre-flight blocked, one SIGTERM: dtrain ends by it 10 s later"
+expect_grep "^dtrain: SIGTERM 10 s ago while the job was being checked, and the step in progress has not finished: ending now by SIGTERM; no summary written$" "$T/pf.err" "pre-flight blocked, one SIGTERM: said"
+# nohup's SIGHUP stays ignored: it is not a first signal, nor a second one.
+rm -f "$T/pf.json"; mkfifo "$T/pf.json"
+nohup "$DTRAIN" run "$T/pf.json" >/dev/null 2>"$T/pf.err" &
+DTRAIN_PID=$!
+sleep 0.5; kill -HUP "$DTRAIN_PID"; sleep 0.3; kill -HUP "$DTRAIN_PID"; sleep 0.5
+alive "$DTRAIN_PID" && pass "pre-flight blocked under nohup: SIGHUP ignored" || fail "pre-flight blocked under nohup: SIGHUP ended dtrain"
+kill -INT "$DTRAIN_PID"; sleep 0.3; kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "pre-flight blocked under nohup: Ctrl-C twice still ends it"
+
 finish
