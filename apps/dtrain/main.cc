@@ -38,6 +38,7 @@
 #include "dtrain/train/memory_estimate.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
+#include "dtrain/launch/orphan_guard.h"
 #include "agent_cmd.h"
 #include "version.h"
 #include "bench_cmd.h"
@@ -196,6 +197,10 @@ struct RemoveOnExit {
   }
 };
 
+// The name a run's private directory starts with: kRunDirStem<run id>-<pid place>-<pid>-XXXXXX
+// (ownedFilePrefix, makePrivateDirectory).
+constexpr const char* kRunDirStem = "dtrain-run-";
+
 // Where a run keeps its trainer's spec snapshot, as a plan shows it: a directory of the
 // run's own (made when it starts: runJob), private to the user (the spec's env may carry
 // secrets from an env_file), removed when the run ends. In the temp dir (tempDirectory:
@@ -205,7 +210,7 @@ std::string trainerSpecPath(const std::string& runId, bool dryRun) {
   std::string dir;
   if (dryRun) tempDirectoryProblem(&dir);
   else dir = tempDirectory();
-  return (std::filesystem::path(dir) / fmt::format("dtrain-run-{}-XXXXXX", runId) / "spec.json").string();
+  return (std::filesystem::path(dir) / (ownedFilePrefix(kRunDirStem, runId) + "XXXXXX") / "spec.json").string();
 }
 
 // A command job's name, for messages ("job 'train.py' failed"): the program, or for an
@@ -478,10 +483,11 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   return s;
 }
 
-// `dtrain run`'s stop signals, held from main()'s start until the launch has ended (null for
-// other commands): a SIGINT, SIGTERM or SIGHUP before any worker starts ends the run at the
-// next step with its own summary (stopIfSignalled), not by the signal's default action,
-// which left an earlier run's summary in place.
+// `dtrain run`'s stop signals, held from main()'s start until the run's outcome is decided
+// (enterRunEnd; null for other commands): a SIGINT, SIGTERM or SIGHUP before any worker starts
+// ends the run at the next step with its own summary (stopIfSignalled), not by the signal's
+// default action, which left an earlier run's summary in place; a step that never ends is cut
+// short by a second one (HeldStopSignals, until endPreflight() before the launch).
 launch::HeldStopSignals* gHeldSignals = nullptr;
 
 // A stop signal that came before the launch: the run ends with it (exit 128 + the signal).
@@ -496,33 +502,133 @@ void stopIfSignalled() {
   if (const int sig = gHeldSignals->stopSignal()) throw StoppedBeforeLaunch{sig};
 }
 
-// A summary written in place (a pipe, /dev/stdout) may block for good (a FIFO no one reads):
-// there Ctrl-C must end dtrain, so the held signals go back to their default action first.
-// A regular file is written whole and at once, signals still held.
-void releaseSignalsFor(const std::string& path) {
-  if (gHeldSignals && (isSpecialOutput(path) || inheritedOutputFd(path) >= 0)) gHeldSignals->release();
+// The end of a run, from when its outcome is decided (the launch returned or threw, or the
+// run ended before any worker started: an error, a stop, a refused command line) until dtrain
+// exits. The contract:
+// - a stop signal from then on (a late second Ctrl-C; timeout(1)'s SIGTERM, which reaches
+//   dtrain's whole process group) changes nothing of the outcome: not the exit code, not the
+//   verdict, not the summary. It is said on stderr (once), never lost and never the signal's
+//   default action.
+// - it cuts short what may block for good: the wait for a stalled console (the rest of the
+//   output is left unwritten; a console that still takes output gets 0.2 s to finish) and a
+//   --summary-json written in place (a FIFO no one reads, a stalled /dev/stdout): dtrain then
+//   exits at once with the exit code decided.
+// - a summary file (a regular file) is written whole, signals held, before those waits.
+// How: the stop signals are blocked from the start of the end (enterRunEnd) on, so none is
+// lost or takes its default action, and taken with sigtimedwait where the end waits
+// (lateStopCame). An in-place write cannot be polled for them: around it they are unblocked
+// with a handler that _exits with the decided code (async-signal-safe; the orphan guard removes
+// the run's private directory, the kernel releases the locks).
+volatile sig_atomic_t gEndExitCode = 0;
+bool gInRunEnd = false;
+int gLateStop = 0;  // the first stop signal that came in the end, 0 for none
+std::optional<std::chrono::steady_clock::time_point> gLateStopAt;
+
+sigset_t stopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  return set;
 }
 
-// Waits until dtrain's console has written out what it holds (the end of a run's output, a
-// verdict), however long a stalled reader takes: dtrain's last lines, written as any program
-// writes them, after the workers are gone. True when done; false when a stop signal
-// (SIGINT, SIGTERM, SIGHUP: timeout(1), a second Ctrl-C) is pending, held blocked after a
-// run, or comes meanwhile: then dtrain gives the rest up and ends, with the job's exit code.
-bool flushConsole() {
-  return launch::console().flush([] {
+// Says a late stop signal, once: it changes nothing.
+void sayLateStop(int sig) {
+  if (gLateStop) return;
+  gLateStop = sig;
+  gLateStopAt = std::chrono::steady_clock::now();
+  launch::console().write(STDERR_FILENO,
+                          fmt::format("dtrain: {} after the job had ended; the outcome stands\n", signalName(sig)));
+}
+
+// The outcome is decided: exit code `code` (entered again, the code is updated: a summary that
+// could not be written makes a success exit 1). Only for `dtrain run`.
+void enterRunEnd(int code) {
+  gEndExitCode = code;
+  if (gInRunEnd) return;
+  gInRunEnd = true;
+  const sigset_t stops = stopSignals();
+  ::sigprocmask(SIG_BLOCK, &stops, nullptr);
+  // (blocked first: what the held handlers took since the launch ended, or while a failing
+  // pre-flight step ended, is said; one that comes from now on stays pending)
+  if (gHeldSignals) {
+    gHeldSignals->takeUnasked(sayLateStop);
+    gHeldSignals->release();
+  }
+}
+
+// Whether a stop signal has come in the end of the run (taking those pending). Outside it (the
+// other commands: an agent, a trainer), whether one is pending, held blocked.
+bool lateStopCame() {
+  const sigset_t stops = stopSignals();
+  if (!gInRunEnd) {
     sigset_t pending;
     sigemptyset(&pending);
     ::sigpending(&pending);
     return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1 ||
            sigismember(&pending, SIGHUP) == 1;
+  }
+  const timespec now{0, 0};
+  int sig;
+  while ((sig = ::sigtimedwait(&stops, nullptr, &now)) > 0) sayLateStop(sig);
+  return gLateStop != 0;
+}
+
+// Waits until dtrain's console has written out what it holds (the end of a run's output, a
+// verdict), however long a stalled reader takes: dtrain's last lines, written as any program
+// writes them, after the workers are gone. True when done; false when a stop signal
+// (SIGINT, SIGTERM, SIGHUP: timeout(1), a second Ctrl-C) cut the wait short (see the end of
+// a run above): then dtrain gives the rest up and ends, with the job's exit code.
+bool flushConsole() {
+  return launch::console().flush([] {
+    if (!lateStopCame()) return false;
+    if (!gInRunEnd) return true;
+    return std::chrono::steady_clock::now() - *gLateStopAt >= std::chrono::milliseconds(200);
   });
 }
 
-// Writes the --summary-json of a run; false (said on stderr) when it cannot.
+void exitWithDecidedCode(int) { ::_exit(gEndExitCode); }
+
+// Writes `text` in place to a --summary-json that is a pipe, a FIFO or an inherited
+// descriptor, where the write may block for good: a stop signal before or during it ends
+// dtrain with the decided exit code (the end of a run, above). False when one came before.
+// Throws writeOutputFile's IoError.
+bool writeInPlaceUnlessStopped(const std::string& path, const std::string& text) {
+  if (!gInRunEnd) {  // (a summary is written in place only once the outcome is decided)
+    writeOutputFile(path, text);
+    return true;
+  }
+  if (lateStopCame()) return false;
+  struct sigaction ends {}, old[3];
+  ends.sa_handler = exitWithDecidedCode;
+  sigemptyset(&ends.sa_mask);
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; ++i) {
+    ::sigaction(sigs[i], nullptr, &old[i]);
+    if (old[i].sa_handler != SIG_IGN) ::sigaction(sigs[i], &ends, nullptr);  // (nohup's SIGHUP stays ignored)
+  }
+  const sigset_t stops = stopSignals();
+  ::sigprocmask(SIG_UNBLOCK, &stops, nullptr);
+  struct Reblock {
+    const sigset_t& stops;
+    const struct sigaction* old;
+    const int* sigs;
+    ~Reblock() {
+      ::sigprocmask(SIG_BLOCK, &stops, nullptr);
+      for (int i = 0; i < 3; ++i) ::sigaction(sigs[i], &old[i], nullptr);
+    }
+  } reblock{stops, old, sigs};
+  writeOutputFile(path, text);
+  return true;
+}
+
+// Writes the --summary-json of a run; false (said on stderr) when it cannot. A summary in
+// place that a stop signal cut short (the end of a run, above) is not a failure: true.
 bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
-  releaseSignalsFor(a.summary_json);
   try {
-    writeOutputFile(a.summary_json, spec::toJson(sum));
+    if (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0)
+      writeInPlaceUnlessStopped(a.summary_json, spec::toJson(sum));
+    else
+      writeOutputFile(a.summary_json, spec::toJson(sum));
     return true;
   } catch (const std::exception& e) {
     // (after a run, behind what its console still holds)
@@ -621,10 +727,19 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // of this run's own (makePrivateDirectory): their names in /tmp were the run id's, which any
   // user reads in ps, so another user could plant a link there (the outcome was written
   // through it) or a file of their own (the run failed, or wrote its env's secrets into it).
+  // Its name carries this process's pid (ownedFilePrefix), so that the next trainer run of this
+  // user removes it when this one died without its cleanup, its guard with it (a cgroup's
+  // kill, a pre-flight ended by a second Ctrl-C); meanwhile a guard of its own removes it if
+  // dtrain is killed, over the whole run: the launcher's guards live only while workers run,
+  // not in a restart's back-off, and a multi-node launch has none on this host.
   std::string resultFile;
   RemoveOnExit runDir;
+  std::optional<launch::OrphanGuard> runDirGuard;  // (released before runDir goes: declared after it)
   if (s.trainer) {
-    runDir.path = makePrivateDirectory(fmt::format("dtrain-run-{}-", runId));
+    removeStaleOwnedFiles(tempDirectory(), {kRunDirStem});
+    runDirGuard.emplace();
+    runDir.path = makePrivateDirectory(ownedFilePrefix(kRunDirStem, runId));
+    runDirGuard->removeIfKilled(runDir.path);
     if (!multiNode) {  // (each node's agent writes its own from what the launcher sends)
       spec::JobSpec shipped = s;
       shipped.command.clear();
@@ -637,6 +752,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // The last look before the launch; a signal from here on is the launch's (its handling
   // nests in the held signals' and reads what they hold), which stops the workers it started.
   stopIfSignalled();
+  if (gHeldSignals) gHeldSignals->endPreflight();
   launch::RunResult r;
   if (multiNode) {
     launch::MultiNodeOptions mo;
@@ -647,16 +763,10 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   } else {
     r = launch::runLocalJob(s, runId, {runDir.path});
   }
-  // The job is over. A signal from now on (a late second Ctrl-C; timeout(1) sends its SIGTERM
-  // to its process group as well as to dtrain) must not end dtrain with the default action
-  // before the verdict and the summary are written: held until dtrain exits.
-  sigset_t hold;
-  sigemptyset(&hold);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&hold, sig);
-  ::sigprocmask(SIG_BLOCK, &hold, nullptr);
-  // (blocked first: the handlers that caught them since the start go now, and one that came
-  // after the job ended stays pending, changing nothing)
-  if (gHeldSignals) gHeldSignals->release();
+  // The job is over, its outcome decided: a signal from now on (a late second Ctrl-C;
+  // timeout(1) sends its SIGTERM to its process group as well as to dtrain) changes nothing
+  // and cuts short only the waits that may block for good (enterRunEnd).
+  enterRunEnd(r.exit_code);
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);
@@ -692,12 +802,13 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     // A job that succeeded but could not leave its summary is a failure of dtrain's (exit 1);
     // a failed job keeps its own exit code.
     // A pipe or /dev/stdout may be the console's: the summary comes after what it holds.
-    // A FIFO nobody reads would block the write for good: there, Ctrl-C must still work.
-    if (summaryInPlace) {
-      if (!flushConsole()) return r.exit_code;  // a stop signal came while it waited: dtrain ends
-      ::sigprocmask(SIG_UNBLOCK, &hold, nullptr);
+    // A FIFO nobody reads would block the write for good: a stop signal cuts either wait
+    // short, and dtrain ends with the job's exit code (enterRunEnd).
+    if (summaryInPlace && !flushConsole()) return r.exit_code;
+    if (!writeSummary(a, sum) && r.exit_code == 0) {
+      enterRunEnd(kExitFailure);
+      return kExitFailure;
     }
-    if (!writeSummary(a, sum) && r.exit_code == 0) return kExitFailure;
   }
   return r.exit_code;
 }
@@ -722,9 +833,11 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
     sum.error += t;
   }
   sum.wall_s = wallS;
-  releaseSignalsFor(path);
   try {
-    writeOutputFile(path, spec::toJson(sum));
+    if (isSpecialOutput(path) || inheritedOutputFd(path) >= 0)
+      writeInPlaceUnlessStopped(path, spec::toJson(sum));
+    else
+      writeOutputFile(path, spec::toJson(sum));
   } catch (const std::exception&) {
   }
 }
@@ -743,20 +856,27 @@ int cmdRun(RunArgs& a) {
     writeFailedSummary(a.summary_json, jobName, runId, code, what,
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), stoppedBy);
   };
+  // Each way out decides the outcome first (enterRunEnd): a stop signal from then on changes
+  // nothing, and cuts short only the waits that may block for good.
   try {
-    return runJob(a, runId, started, jobName, summaryRefused);
+    const int rc = runJob(a, runId, started, jobName, summaryRefused);
+    enterRunEnd(rc);
+    return rc;
   } catch (const StoppedBeforeLaunch& stop) {
     // As a stop during the run ends (exit 128 + the signal, said on stderr), with nothing to
     // tear down.
     const int code = 128 + stop.sig;
+    enterRunEnd(code);
     const std::string what = fmt::format("stopped by {} before any worker started", signalName(stop.sig));
-    launch::writeAll(STDERR_FILENO, fmt::format("dtrain: {}; exit code {}\n", what, code));
+    launch::console().write(STDERR_FILENO, fmt::format("dtrain: {}; exit code {}\n", what, code));
     early(code, what, signalName(stop.sig));
     return code;
   } catch (const SpecError& e) {
+    enterRunEnd(kExitUsage);
     early(kExitUsage, e.what());
     throw;
   } catch (const std::exception& e) {
+    enterRunEnd(kExitFailure);
     early(kExitFailure, e.what());
     throw;
   }
@@ -918,9 +1038,9 @@ int dtrainMain(int argc, char** argv) {
     }
   }
 
-  // `dtrain run`'s stop signals are held from here until its launch has ended (gHeldSignals):
-  // one that comes before the launch ends the run with its own summary, not by the signal's
-  // default action, which left an earlier run's summary in place.
+  // `dtrain run`'s stop signals are held from here until its outcome is decided (gHeldSignals,
+  // enterRunEnd): one that comes before the launch ends the run with its own summary, not by
+  // the signal's default action, which left an earlier run's summary in place.
   std::optional<launch::HeldStopSignals> heldSignals;
   if (isRun) gHeldSignals = &heldSignals.emplace();
 
@@ -934,7 +1054,8 @@ int dtrainMain(int argc, char** argv) {
     if (args[i].rfind("--summary-json=", 0) == 0) cliSummary = args[i].substr(15);
   }
   auto usageError = [&](const std::string& what) {
-    std::cerr << "dtrain: error: " << what << "\n";
+    if (isRun) enterRunEnd(kExitUsage);
+    launch::console().write(STDERR_FILENO, "dtrain: error: " + what + "\n");  // (main() writes it out)
     if (isRun && !cliSummary.empty() && cliSummary[0] != '-') writeFailedSummary(cliSummary, "", "", kExitUsage, what, 0);
     return kExitUsage;
   };

@@ -1,12 +1,14 @@
 #include "dtrain/common/files.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "dtrain/common/errors.h"
@@ -92,6 +94,54 @@ TEST(TempDirectory, AbsoluteAndCheckedNamingTheVariable) {
   fs::current_path(cwd);
   if (old) ::setenv("TMPDIR", saved.c_str(), 1);
   else ::unsetenv("TMPDIR");
+}
+
+
+// A name ownedFilePrefix made reads back as its pid, only with its stem, a run id of 12 hex
+// digits, this process's place and mkdtemp's suffix (or .json).
+TEST(OwnedFiles, NameCarriesThePidOfThisPlace) {
+  const std::string prefix = ownedFilePrefix("dtrain-run-", "0123456789ab");
+  EXPECT_EQ(prefix, "dtrain-run-0123456789ab-" + pidPlace() + "-" + std::to_string(::getpid()) + "-");
+  EXPECT_EQ(ownedFilePid(prefix + "AbC123", "dtrain-run-"), ::getpid());
+  EXPECT_EQ(ownedFilePid(prefix.substr(0, prefix.size() - 1) + ".json", "dtrain-run-"), ::getpid());
+  EXPECT_EQ(ownedFilePid(prefix + "AbC123", "dtrain-"), -1);         // another stem
+  EXPECT_EQ(ownedFilePid(prefix + "AbC12", "dtrain-run-"), -1);      // not mkdtemp's
+  EXPECT_EQ(ownedFilePid(prefix + "AbC123/x", "dtrain-run-"), -1);
+  EXPECT_EQ(ownedFilePid("dtrain-run-0123456789ab-0.1-42-AbC123", "dtrain-run-"), -1);  // another place
+  EXPECT_EQ(ownedFilePid("dtrain-run-0123456789AB-" + pidPlace() + "-42-AbC123", "dtrain-run-"), -1);
+  EXPECT_EQ(ownedFilePid("dtrain-run-" + pidPlace() + "-42-AbC123", "dtrain-run-"), -1);  // no run id
+  EXPECT_NE(pidPlace().find('.'), std::string::npos);
+}
+
+// The sweep removes what a dead process of this place left, with what it holds, and nothing
+// else: a live pid's, another place's, another stem's, a symbolic link (nor its target).
+TEST(OwnedFiles, StaleOnesAreRemovedAndNothingElse) {
+  TempDir d;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // a pid no process has now
+  const std::string place = pidPlace();
+  auto name = [&](const std::string& stem, const std::string& where, long pid) {
+    return fmt::format("{}0123456789ab-{}-{}-AbC123", stem, where, pid);
+  };
+  const fs::path dead = d.path / name("dtrain-run-", place, child);
+  const fs::path live = d.path / name("dtrain-run-", place, ::getppid());
+  const fs::path elsewhere = d.path / name("dtrain-run-", "0.1", child);
+  const fs::path otherStem = d.path / name("dtrain-", place, child);
+  const fs::path link = d.path / name("dtrain-run-", place, child).replace(11, 12, "aaaaaaaaaaaa");
+  const fs::path target = d.path / "target";
+  for (const fs::path& p : {dead, live, elsewhere, otherStem, target}) fs::create_directory(p);
+  std::ofstream(dead / "spec.json") << "secret";
+  std::ofstream(target / "keep") << "x";
+  fs::create_directory_symlink(target, link);
+  removeStaleOwnedFiles(d.path, {"dtrain-run-"});
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(elsewhere));
+  EXPECT_TRUE(fs::exists(otherStem));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_TRUE(fs::exists(target / "keep"));
 }
 
 }  // namespace

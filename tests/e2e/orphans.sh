@@ -109,4 +109,55 @@ for _ in $(seq 50); do [ -e "$snap" ] || break; sleep 0.1; done
 [ -n "$snap" ] && [ ! -e "$(dirname "$snap")" ] && pass "agent SIGKILLed before its workers started: its snapshot's directory removed" || { fail "agent snapshot $snap left"; [ -n "$snap" ] && rm -rf "$(dirname "$snap")"; }
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 1 "the job fails: its node was lost (max_restarts 0)"
+# The run's private directory on the launcher's host ($TMPDIR/dtrain-run-<run id>-<place>-<pid>-
+# XXXXXX: the trainer's spec snapshot, the result file) has a guard of its own over the whole
+# run: the launcher's guards live only while workers run, so a SIGKILL in a restart's back-off
+# left it, and so did one of a multi-node launcher (which has none on its host).
+mkdir -p "$T/tmp"
+cat >"$T/slow.json" <<'JSON'
+{"nproc_per_node": 1, "max_restarts": 2, "restart_backoff_s": 30, "env": {"OMP_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [4, 8, 2]}, "data": {"type": "synthetic", "train_samples": 64, "eval_samples": 16},
+ "batch_size": 8, "epochs": 1000000, "log_every_steps": 1000000}}
+JSON
+TMPDIR="$T/tmp" "$DTRAIN" run "$T/slow.json" >"$T/bo.out" 2>"$T/bo.err" &
+DTRAIN_PID=$!
+w=""
+for _ in $(seq 100); do w=$(ps -o pid=,args= --ppid "$DTRAIN_PID" | awk '$3 == "train" {print $1; exit}'); [ -n "$w" ] && break; sleep 0.1; done
+rundir=$(ls -d "$T/tmp"/dtrain-run-* 2>/dev/null | head -1)
+[ -n "$rundir" ] && [ -e "$rundir/spec.json" ] && pass "back-off: the run's private directory exists ($rundir)" || fail "back-off: no private directory in $T/tmp: $(ls "$T/tmp")"
+kill -9 "$w"
+for _ in $(seq 100); do grep -q "event restart" "$T/bo.err" && break; sleep 0.1; done
+expect_grep "event restart \(round 1\)" "$T/bo.err" "back-off: the worker's death starts a restart"
+sleep 0.3
+kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+for _ in $(seq 50); do [ -e "$rundir" ] || break; sleep 0.1; done
+[ -n "$rundir" ] && [ ! -e "$rundir" ] && pass "SIGKILL in a restart's back-off: the private directory removed" || fail "SIGKILL in a restart's back-off: $rundir left"
+TMPDIR="$T/tmp" "$DTRAIN" run "$T/slow.json" --hosts localhost:1,127.0.0.1:1 >"$T/mn.out" 2>&1 &
+DTRAIN_PID=$!
+for _ in $(seq 200); do [ "$(pgrep -fc "dtrain train $T/tmp/")" = 2 ] && break; sleep 0.1; done
+rundir=$(ls -d "$T/tmp"/dtrain-run-* 2>/dev/null | head -1)
+[ -n "$rundir" ] && pass "multi-node: the launcher's private directory exists" || fail "multi-node: no launcher's private directory: $(ls "$T/tmp")"
+kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+for _ in $(seq 100); do [ -z "$(ls "$T/tmp")" ] && break; sleep 0.1; done
+expect_eq "$(ls "$T/tmp")" "" "multi-node launcher SIGKILLed: its private directory and the agents' removed"
+# Killed with its guard (a cgroup's kill, a host's reboot) or before it had one, a run leaves
+# its directory: the next trainer run of the user removes it when its pid is gone here, and
+# nothing else (a live pid's, another host's or pid namespace's, a symbolic link, another name).
+place=$(TMPDIR="$T/tmp" "$DTRAIN" run --dry-run "$T/slow.json" | sed -n 's|.*/dtrain-run-[0-9a-f]*-\([0-9a-f]*\.[0-9]*\)-[0-9]*-XXXXXX/spec.json$|\1|p')
+[ -n "$place" ] && pass "the plan shows the directory's name ($place)" || fail "no place in the plan's spec path"
+mkdir -p "$T/tmp/keep" && echo x >"$T/tmp/keep/x"
+for d in "dtrain-run-0123456789ab-$place-$dead-Ab3dEf" "dtrain-run-0123456789ab-$place-$$-Ab3dEf" \
+         "dtrain-run-0123456789ab-0.1-$dead-Ab3dEf" "dtrain-runs-0123456789ab-$place-$dead-Ab3dEf"; do
+  mkdir -p "$T/tmp/$d" && echo '{}' >"$T/tmp/$d/spec.json"
+done
+ln -s keep "$T/tmp/dtrain-run-aaaaaaaaaaaa-$place-$dead-Ab3dEf"
+TMPDIR="$T/tmp" "$DTRAIN" run "$T/tr.json" --nproc-per-node 1 >/dev/null 2>"$T/sweep.err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do [ -e "$T/tmp/dtrain-run-0123456789ab-$place-$dead-Ab3dEf" ] || break; sleep 0.1; done
+kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
+[ ! -e "$T/tmp/dtrain-run-0123456789ab-$place-$dead-Ab3dEf" ] && pass "a dead run's private directory removed by the next run" || fail "a dead run's private directory left"
+for d in "dtrain-run-0123456789ab-$place-$$-Ab3dEf" "dtrain-run-0123456789ab-0.1-$dead-Ab3dEf" \
+         "dtrain-runs-0123456789ab-$place-$dead-Ab3dEf" "dtrain-run-aaaaaaaaaaaa-$place-$dead-Ab3dEf" keep/x; do
+  [ -e "$T/tmp/$d" ] && pass "$d kept" || fail "$d removed"
+done
 finish

@@ -236,4 +236,104 @@ wait_for "$T/hpid.0" "$T/hpid.1" && kill -HUP "$DTRAIN_PID" && kill -HUP "$(cat 
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 0 "nohup: SIGHUP does not stop the job"
 expect_eq "$(grep -c survived "$T/hup.out")" 2 "nohup: both workers ran on"
+# A stop signal before the launch is held until the step in progress ends (tests/e2e/summary.sh),
+# but a step that never ends (here the spec is a FIFO no one writes: as a data file on a hung
+# NFS mount, or a write to a terminal stopped with Ctrl-S) left Ctrl-C without effect, and only
+# SIGKILL ended dtrain. A second stop signal ends dtrain at once by its default action; one
+# SIGTERM alone (timeout(1), a scheduler) ends it so 10 s later. Nothing that could block is
+# written: the summary still says "running", one line on stderr says why.
+cat > "$T/pre.py" <<'PY'
+import os, signal, subprocess, sys, time
+dtrain, t, sigs = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+for f in ("pf.json", "pfs.json"):
+    if os.path.exists(f"{t}/{f}"): os.unlink(f"{t}/{f}")
+os.mkfifo(f"{t}/pf.json")
+p = subprocess.Popen([dtrain, "run", f"{t}/pf.json", "--summary-json", f"{t}/pfs.json"],
+                     stdout=subprocess.DEVNULL, stderr=open(f"{t}/pf.err", "w"))
+for _ in range(200):  # (the summary says "running" before the spec is read)
+    if os.path.exists(f"{t}/pfs.json") and "running" in open(f"{t}/pfs.json").read(): break
+    time.sleep(0.05)
+time.sleep(0.2)
+t0 = time.time()
+for s in sigs:
+    p.send_signal(getattr(signal, "SIG" + s)); time.sleep(0.2)
+try: rc = p.wait(30)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); print("hung"); sys.exit()
+took = time.time() - t0
+when = "at once" if took < 2 else ("after the grace" if 9 <= took < 14 else f"after {took:.1f} s")
+print(f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}", when)
+PY
+for sigs in INT,INT TERM,INT HUP,TERM; do
+  second=SIG${sigs#*,}
+  expect_eq "$(python3 "$T/pre.py" "$DTRAIN" "$T" "$sigs")" "killed by $second at once" "pre-flight blocked, $sigs: the second signal ends dtrain by its default action"
+  expect_grep "^dtrain: $second again while the job was being checked \(the step in progress has not finished\): ending now by $second; no summary written$" "$T/pf.err" "pre-flight blocked, $sigs: said"
+  expect_eq "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['status'])" "$T/pfs.json")" running "pre-flight blocked, $sigs: the summary still says running"
+done
+expect_eq "$(python3 "$T/pre.py" "$DTRAIN" "$T" TERM)" "killed by SIGTERM after the grace" "pre-flight blocked, one SIGTERM: dtrain ends by it 10 s later"
+expect_grep "^dtrain: SIGTERM 10 s ago while the job was being checked, and the step in progress has not finished: ending now by SIGTERM; no summary written$" "$T/pf.err" "pre-flight blocked, one SIGTERM: said"
+# nohup's SIGHUP stays ignored: it is not a first signal, nor a second one.
+rm -f "$T/pf.json"; mkfifo "$T/pf.json"
+nohup "$DTRAIN" run "$T/pf.json" >/dev/null 2>"$T/pf.err" &
+DTRAIN_PID=$!
+sleep 0.5; kill -HUP "$DTRAIN_PID"; sleep 0.3; kill -HUP "$DTRAIN_PID"; sleep 0.5
+alive "$DTRAIN_PID" && pass "pre-flight blocked under nohup: SIGHUP ignored" || fail "pre-flight blocked under nohup: SIGHUP ended dtrain"
+kill -INT "$DTRAIN_PID"; sleep 0.3; kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "pre-flight blocked under nohup: Ctrl-C twice still ends it"
+
+# Late signals: once the outcome is decided (the launch returned or threw, or the run ended
+# before any worker started), a stop signal changes neither the exit code nor the summary; it
+# only cuts short what may block for good (a stalled console, a summary written in place to a
+# FIFO no one reads), and dtrain exits at once with the outcome's code. Before, the signal's
+# default action turned a success into 143, and an error into 143.
+cat > "$T/late.py" <<'PY'
+import os, signal, subprocess, sys, time
+# late.py T STALL WAITFILE DTRAIN ARGS...: dtrain's stdout and stderr a full pipe no one reads
+# (STALL=1) or a file; SIGTERM 0.5 s after WAITFILE exists (or after 2 s: "-").
+t, stall, wait = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+if stall:
+    if os.path.exists(f"{t}/late.fifo"): os.unlink(f"{t}/late.fifo")
+    os.mkfifo(f"{t}/late.fifo")
+    r = os.open(f"{t}/late.fifo", os.O_RDONLY | os.O_NONBLOCK)  # a reader that never reads
+    out = os.open(f"{t}/late.fifo", os.O_WRONLY)
+    os.set_blocking(out, False)
+    try:
+        while True: os.write(out, b"x" * 4096)  # full: dtrain's next write there blocks
+    except BlockingIOError: pass
+    os.set_blocking(out, True)
+else:
+    out = os.open(f"{t}/late.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+p = subprocess.Popen(sys.argv[4:], stdout=out, stderr=out)
+os.close(out)
+for _ in range(200):
+    if wait != "-" and os.path.exists(wait): break
+    time.sleep(0.01 if wait != "-" else 0.1)
+time.sleep(0.5)
+if p.poll() is not None: print("ended before the signal:", p.returncode); sys.exit()
+p.send_signal(signal.SIGTERM)
+t0 = time.time()
+try: rc = p.wait(10)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); print("hung"); sys.exit()
+print(f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}", "at once" if time.time() - t0 < 2 else "late")
+PY
+rm -f "$T/nobody.fifo" "$T/done"; mkfifo "$T/nobody.fifo"
+expect_eq "$(python3 "$T/late.py" "$T" 0 "$T/done" "$DTRAIN" run --summary-json "$T/nobody.fifo" -- sh -c "touch $T/done")" \
+  "exit 0 at once" "late SIGTERM while the summary waits on a FIFO no one reads: the success stands"
+printf '{"command": ["true"], "nproc_per_node": 0}' >"$T/bad.json"
+expect_eq "$(python3 "$T/late.py" "$T" 1 - "$DTRAIN" run "$T/bad.json")" "exit 2 at once" \
+  "late SIGTERM while a bad spec's error waits on a stalled console: exit 2 stands"
+expect_eq "$(python3 "$T/late.py" "$T" 1 - "$DTRAIN" run --summary-json "$T/cli.json" --bogus -- true)" "exit 2 at once" \
+  "late SIGTERM while a refused command line's error waits on a stalled console: exit 2 stands"
+# A run that throws after the launch (the temp dir removed by the first attempt: the restart,
+# after its 1 s back-off, cannot make its error files' directory), its error held by a
+# stalled console; the signal 2.5 s after the start.
+mkdir -p "$T/gone"
+expect_eq "$(TMPDIR="$T/gone" python3 "$T/late.py" "$T" 1 - "$DTRAIN" run --max-restarts 1 --summary-json "$T/gone.json" -- \
+  sh -c "rm -rf '$T/gone'; exit 1")" "exit 2 at once" "late SIGTERM after a run that threw after its launch: its exit 2 stands"
+expect_eq "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['exit_code'], d['stopped_by'], 'TMPDIR' in d['error'])" "$T/gone.json")" \
+  "2 None True" "late SIGTERM after a run that threw after its launch: the summary is the error's"
+# A failure's exit code stands the same way.
+rm -f "$T/done"
+expect_eq "$(python3 "$T/late.py" "$T" 0 "$T/done" "$DTRAIN" run --summary-json "$T/nobody.fifo" -- sh -c "touch $T/done; exit 3")" \
+  "exit 3 at once" "late SIGTERM while the summary waits on a FIFO no one reads: a failure's code stands"
 finish

@@ -63,7 +63,7 @@ expect_grep "^  data: +synthetic, 60000 train / 10000 eval samples, seed 1, pref
 expect_grep "^  device: +auto, seed 0, bucket_mb 25, overlap auto, log every 100 steps$" "$T/out" "validate: device and overlap"
 # dry run shows the trainer as each worker's command.
 "$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1
-expect_grep " train /.*/dtrain-run-[0-9a-f]+-XXXXXX/spec\.json$" "$T/out" "dry run: workers run dtrain train on the run's spec snapshot"
+expect_grep " train /.*/dtrain-run-[0-9a-f]+-[0-9a-f]+\.[0-9]+-[0-9]+-XXXXXX/spec\.json$" "$T/out" "dry run: workers run dtrain train on the run's spec snapshot"
 # A worker of the trainer run by hand trains alone.
 cat > "$T/tiny.json" <<JSON
 {"trainer": {"model": {"layers": [16, 8, 3]}, "data": {"train_samples": 512, "eval_samples": 64},

@@ -184,6 +184,27 @@ TEST(Console, BacklogsWithoutBlockingAndLosesNothingOnANonBlockingPipe) {
 }
 
 // A reader gone (EPIPE): the text is dropped, the process not killed by SIGPIPE.
+// giveUp may write to the console it is asked by (dtrain says why it stops waiting): it is
+// called without the console's lock, which it held before (a deadlock: dtrain hung for good
+// after a late Ctrl-C on a stalled console).
+TEST(Console, GiveUpMayWriteToTheConsole) {
+  auto [r, w] = makePipe();
+  ASSERT_EQ(::fcntl(w.get(), F_SETFL, ::fcntl(w.get(), F_GETFL) | O_NONBLOCK), 0);
+  Console c;
+  const std::string chunk(1 << 16, 'x');
+  for (int i = 0; i < 4; ++i) c.write(w.get(), chunk);  // more than the pipe holds: pending
+  int asked = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(c.flush([&] {
+    c.write(w.get(), "why\n");
+    return ++asked == 3;
+  }));
+  EXPECT_EQ(asked, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  r.reset();  // (the rest is dropped: the reader is gone)
+  EXPECT_TRUE(c.flush());
+}
+
 TEST(Console, DropsWhatAClosedReaderCannotTake) {
   auto [r, w] = makePipe();
   r.reset();

@@ -226,75 +226,14 @@ void reportDelayForTests(const std::string& node, int round) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-// Where this process's pids mean something, in an agent's file names: the machine (the first
-// 12 hex digits of its boot id: hosts may share a temp dir, TMPDIR on a shared filesystem)
-// and the pid namespace (the inode of /proc/self/ns/pid: containers may share /tmp but not
-// their pids). A sweep judges by pid only the files of its own place. "0" for a part that
-// cannot be read.
-std::string readPidPlace() {
-  std::string boot;
-  if (std::ifstream f("/proc/sys/kernel/random/boot_id"); f) {
-    std::string line;
-    std::getline(f, line);
-    for (char c : line)
-      if (std::isxdigit(static_cast<unsigned char>(c)) && boot.size() < 12) boot.push_back(static_cast<char>(std::tolower(c)));
-  }
-  char buf[64] = {0};
-  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);  // "pid:[4026531836]"
-  std::string ns;
-  for (ssize_t i = 0; i < n; ++i)
-    if (buf[i] >= '0' && buf[i] <= '9') ns.push_back(buf[i]);
-  return (boot.empty() ? "0" : boot) + "." + (ns.empty() ? "0" : ns);
-}
-
-const std::string& pidPlace() {
-  static const std::string place = readPidPlace();
-  return place;
-}
-
-// The agent pid in the name of an agent's private directory, "dtrain-<12 hex run id>-<pid
-// place>-<pid>-XXXXXX" (mkdtemp's suffix), or of its files before there was one,
-// "dtrain-[result-]<run id>-<pid place>-<pid>.json", when the place (pidPlace) is this
-// process's; else -1.
-long agentFilePid(std::string_view name) {
-  auto eat = [&](std::string_view p) {
-    if (name.substr(0, p.size()) != p) return false;
-    name.remove_prefix(p.size());
-    return true;
-  };
-  if (!eat("dtrain-")) return -1;
-  eat("result-");
-  for (int i = 0; i < 12; ++i) {  // the run id (newRunId)
-    if (name.empty() || !((name[0] >= '0' && name[0] <= '9') || (name[0] >= 'a' && name[0] <= 'f'))) return -1;
-    name.remove_prefix(1);
-  }
-  if (!eat("-") || !eat(pidPlace()) || !eat("-")) return -1;
-  long pid = 0;
-  size_t digits = 0;
-  while (digits < name.size() && digits < 10 && name[digits] >= '0' && name[digits] <= '9')
-    pid = pid * 10 + (name[digits++] - '0');
-  name.remove_prefix(digits);
-  const bool dir = name.size() == 7 && name[0] == '-';
-  return digits > 0 && digits < 10 && (name == ".json" || dir) ? pid : -1;
-}
-
 // Removes the private files (spec snapshot, result file) that agents of this user left in
 // `dir` when they died without their cleanup: a whole host killed (the guard with them), or
-// one killed before it had a guard. Only dtrain's exact names (agentFilePid), regular files
-// of ours, whose agent is gone (no process with that pid here); a pid in use, even by
-// another program, keeps its file.
+// one killed before it had a guard. Only dtrain's exact names: an agent's private directory
+// "dtrain-<12 hex run id>-<pid place>-<pid>-XXXXXX" (ownedFilePrefix), or its files before
+// there was one, "dtrain-[result-]<run id>-<pid place>-<pid>.json"; see
+// removeStaleOwnedFiles for which are taken as stale.
 void removeStaleAgentFiles(const std::filesystem::path& dir) {
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const long pid = agentFilePid(it->path().filename().string());
-    struct stat st {};
-    if (pid <= 1 || pid == ::getpid() || ::lstat(it->path().c_str(), &st) != 0 ||
-        !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) || st.st_uid != ::geteuid())
-      continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    std::error_code rmEc;
-    std::filesystem::remove_all(it->path(), rmEc);
-  }
+  removeStaleOwnedFiles(dir, {"dtrain-", "dtrain-result-"});
 }
 
 }  // namespace
@@ -405,7 +344,7 @@ int runAgent(const AgentOptions& opts) {
     if (spec.trainer) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
       fileGuard.emplace();
-      privateDir = makePrivateDirectory(fmt::format("dtrain-{}-{}-{}-", opts.run_id, pidPlace(), ::getpid()));
+      privateDir = makePrivateDirectory(ownedFilePrefix("dtrain-", opts.run_id));
       fileGuard->removeIfKilled(privateDir);
       specFile = (std::filesystem::path(privateDir) / "spec.json").string();
       resultFile = (std::filesystem::path(privateDir) / "result.json").string();

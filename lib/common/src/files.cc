@@ -2,15 +2,18 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include <fmt/format.h>
@@ -165,6 +168,73 @@ std::string makePrivateDirectory(const std::string& prefix) {
   std::string tmpl = (std::filesystem::path(tempDirectory()) / (prefix + "XXXXXX")).string();
   if (!::mkdtemp(tmpl.data())) throw IoError(fmt::format("cannot make a directory {}: {}", tmpl, std::strerror(errno)));
   return tmpl;
+}
+
+namespace {
+
+std::string readPidPlace() {
+  std::string boot;
+  if (std::ifstream f("/proc/sys/kernel/random/boot_id"); f) {
+    std::string line;
+    std::getline(f, line);
+    for (char c : line)
+      if (std::isxdigit(static_cast<unsigned char>(c)) && boot.size() < 12) boot.push_back(static_cast<char>(std::tolower(c)));
+  }
+  char buf[64] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);  // "pid:[4026531836]"
+  std::string ns;
+  for (ssize_t i = 0; i < n; ++i)
+    if (buf[i] >= '0' && buf[i] <= '9') ns.push_back(buf[i]);
+  return (boot.empty() ? "0" : boot) + "." + (ns.empty() ? "0" : ns);
+}
+
+}  // namespace
+
+const std::string& pidPlace() {
+  static const std::string place = readPidPlace();
+  return place;
+}
+
+std::string ownedFilePrefix(std::string_view stem, std::string_view runId) {
+  return fmt::format("{}{}-{}-{}-", stem, runId, pidPlace(), ::getpid());
+}
+
+long ownedFilePid(std::string_view name, std::string_view stem) {
+  auto eat = [&](std::string_view p) {
+    if (name.substr(0, p.size()) != p) return false;
+    name.remove_prefix(p.size());
+    return true;
+  };
+  if (!eat(stem)) return -1;
+  for (int i = 0; i < 12; ++i) {  // the run id (newRunId)
+    if (name.empty() || !((name[0] >= '0' && name[0] <= '9') || (name[0] >= 'a' && name[0] <= 'f'))) return -1;
+    name.remove_prefix(1);
+  }
+  if (!eat("-") || !eat(pidPlace()) || !eat("-")) return -1;
+  long pid = 0;
+  size_t digits = 0;
+  while (digits < name.size() && digits < 10 && name[digits] >= '0' && name[digits] <= '9')
+    pid = pid * 10 + (name[digits++] - '0');
+  name.remove_prefix(digits);
+  const bool dir = name.size() == 7 && name[0] == '-';
+  return digits > 0 && digits < 10 && (name == ".json" || dir) ? pid : -1;
+}
+
+void removeStaleOwnedFiles(const std::filesystem::path& dir, std::initializer_list<std::string_view> stems) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    long pid = -1;
+    for (std::string_view stem : stems)
+      if ((pid = ownedFilePid(name, stem)) > 0) break;
+    struct stat st {};
+    if (pid <= 1 || pid == ::getpid() || ::lstat(it->path().c_str(), &st) != 0 ||
+        !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) || st.st_uid != ::geteuid())
+      continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rmEc;
+    std::filesystem::remove_all(it->path(), rmEc);  // (a symbolic link inside is removed, not followed)
+  }
 }
 
 DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name) {

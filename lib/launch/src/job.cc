@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -97,21 +98,149 @@ int waitForSignal(detail::SignalScope& signals, std::chrono::steady_clock::durat
 
 }  // namespace
 
-HeldStopSignals::HeldStopSignals() : scope_(std::make_unique<detail::SignalScope>()) {}
-HeldStopSignals::~HeldStopSignals() = default;
+namespace {
 
-int HeldStopSignals::stopSignal() {
-  if (!scope_) return got_;
-  scope_->drain([&](int sig) { if (got_ == 0) got_ = sig; },
-                [&](int sig) {
-                  writeAll(STDERR_FILENO,
-                           fmt::format("dtrain: {}: no worker runs yet (the job is being checked); not passed on\n",
-                                       signalName(sig)));
-                });
-  return got_;
+// HeldStopSignals' two rules, kept by signal handlers: async-signal-safe calls only, state in
+// sig_atomic_t. One HeldStopSignals at a time (dtrain run's, on main()'s thread).
+volatile sig_atomic_t gEscalationArmed = 0;  // between HeldStopSignals() and endPreflight()/release()
+volatile sig_atomic_t gFirstHeldStop = 0;    // the first stop signal held, 0 before one came
+struct sigaction gOldAlarm {};
+bool gAlarmInstalled = false;  // (not touched by handlers)
+
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+const char* stopName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
 }
 
-void HeldStopSignals::release() { scope_.reset(); }
+// Appends C strings to a fixed buffer (no allocation: called in a signal handler).
+struct LineBuffer {
+  char text[256];
+  size_t n = 0;
+  LineBuffer& operator<<(const char* s) {
+    while (*s && n < sizeof(text)) text[n++] = *s++;
+    return *this;
+  }
+  LineBuffer& operator<<(unsigned v) {
+    char digits[12];
+    size_t k = 0;
+    do digits[k++] = static_cast<char>('0' + v % 10); while ((v /= 10) != 0 && k < sizeof(digits));
+    while (k > 0 && n < sizeof(text)) text[n++] = digits[--k];
+    return *this;
+  }
+};
+
+// Ends dtrain by `sig`'s default action, as if it had never been caught: a stop signal whose
+// handler is still HeldStopSignals' gets its default action back and is unblocked (so a
+// further one, or one pending, ends dtrain at once even if the line below blocked), the line
+// goes to stderr only when it can take it now, and `sig` is raised. SIGHUP ignored from the
+// start (nohup) stays ignored: its handler was never ours.
+void endByDefault(int sig, const LineBuffer& line, void (*ours)(int)) {
+  gEscalationArmed = 0;
+  ::alarm(0);
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (int s : kStopSignals) {
+    struct sigaction cur {};
+    if (::sigaction(s, nullptr, &cur) != 0 || cur.sa_handler != ours) continue;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(s, &dfl, nullptr);
+    sigaddset(&stops, s);
+  }
+  ::sigprocmask(SIG_UNBLOCK, &stops, nullptr);
+  pollfd p{STDERR_FILENO, POLLOUT, 0};
+  if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) (void)!::write(STDERR_FILENO, line.text, line.n);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);
+}
+
+void onHeldStop(int sig) {
+  detail::onSignal(sig);  // held, for the next step's stopSignal()
+  if (!gEscalationArmed) return;
+  if (gFirstHeldStop == 0) {
+    gFirstHeldStop = sig;
+    ::alarm(HeldStopSignals::kHeldStopGraceS);  // (the other stop signals and SIGALRM are masked here)
+    return;
+  }
+  LineBuffer line;
+  line << "dtrain: " << stopName(sig) << " again while the job was being checked (the step in progress has not "
+       << "finished): ending now by " << stopName(sig) << "; no summary written\n";
+  endByDefault(sig, line, onHeldStop);
+}
+
+void onHeldAlarm(int) {
+  const int sig = gFirstHeldStop;
+  if (!gEscalationArmed || sig == 0) return;
+  LineBuffer line;
+  line << "dtrain: " << stopName(sig) << " " << HeldStopSignals::kHeldStopGraceS
+       << " s ago while the job was being checked, and the step in progress has not finished: ending now by "
+       << stopName(sig) << "; no summary written\n";
+  endByDefault(sig, line, onHeldStop);
+}
+
+void disarm() {
+  gEscalationArmed = 0;
+  if (!gAlarmInstalled) return;
+  ::alarm(0);
+  ::sigaction(SIGALRM, &gOldAlarm, nullptr);
+  gAlarmInstalled = false;
+  gFirstHeldStop = 0;
+}
+
+}  // namespace
+
+HeldStopSignals::HeldStopSignals() : scope_(std::make_unique<detail::SignalScope>()) {
+  // Over the scope's handler: the same, plus the two rules. Each stop signal and SIGALRM
+  // masked while either handler runs, so that two signals at once cannot both be "the first".
+  struct sigaction sa {};
+  sigemptyset(&sa.sa_mask);
+  for (int s : kStopSignals) sigaddset(&sa.sa_mask, s);
+  sigaddset(&sa.sa_mask, SIGALRM);
+  sa.sa_flags = SA_RESTART;  // (a step goes on after a first signal: it is the step's to end)
+  sa.sa_handler = onHeldAlarm;
+  ::sigaction(SIGALRM, &sa, &gOldAlarm);
+  gAlarmInstalled = true;
+  gFirstHeldStop = 0;
+  gEscalationArmed = 1;
+  sa.sa_handler = onHeldStop;
+  for (int s : kStopSignals) {
+    struct sigaction cur {};
+    ::sigaction(s, nullptr, &cur);
+    if (cur.sa_handler == detail::onSignal) ::sigaction(s, &sa, nullptr);  // (not SIGHUP left ignored: nohup)
+  }
+}
+
+HeldStopSignals::~HeldStopSignals() { release(); }
+
+void HeldStopSignals::drain(bool sayPassedOn) {
+  if (!scope_) return;
+  scope_->drain([&](int sig) { held_.push_back(sig); },
+                [&](int sig) {
+                  if (sayPassedOn)
+                    writeAll(STDERR_FILENO,
+                             fmt::format("dtrain: {}: no worker runs yet (the job is being checked); not passed on\n",
+                                         signalName(sig)));
+                });
+}
+
+int HeldStopSignals::stopSignal() {
+  drain(true);
+  if (held_.empty()) return 0;
+  reported_ = std::max<size_t>(reported_, 1);
+  return held_.front();
+}
+
+void HeldStopSignals::endPreflight() { disarm(); }
+
+void HeldStopSignals::release() {
+  disarm();
+  scope_.reset();
+}
 
 RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed) {
   // Over the whole job (first, so that it ends last, after the store's shutdown): a signal

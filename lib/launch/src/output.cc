@@ -117,7 +117,13 @@ void Console::clearWake() {
 bool Console::flush(const std::function<bool()>& giveUp) {
   std::unique_lock<std::mutex> lk(mu_);
   while (pending_ > 0) {
-    if (giveUp && giveUp()) return false;
+    if (giveUp) {
+      lk.unlock();  // (giveUp may write to this console: a line saying why it gives up)
+      const bool stop = giveUp();
+      lk.lock();
+      if (stop) return false;
+      if (pending_ == 0) break;
+    }
     idle_.wait_for(lk, std::chrono::milliseconds(50));
   }
   return true;

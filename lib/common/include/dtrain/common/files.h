@@ -1,4 +1,6 @@
 #pragma once
+#include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -38,6 +40,32 @@ int inheritedOutputFd(const std::string& path);
 // snapshot with its env's secrets, the trainer's outcome): in a shared /tmp, a predictable
 // name could be taken first, or made a symbolic link, by another user. Throws tempDirectory()'s SpecError, or IoError.
 std::string makePrivateDirectory(const std::string& prefix);
+
+// Where this process's pids mean something: the machine (the first 12 hex digits of its boot
+// id: hosts may share a temp dir, TMPDIR on a shared filesystem) and the pid namespace (the
+// inode of /proc/self/ns/pid: containers may share /tmp but not their pids), as
+// "<boot>.<ns>"; "0" for a part that cannot be read. Read once.
+const std::string& pidPlace();
+
+// The prefix for makePrivateDirectory (or a file name's stem) of a process's own files that a
+// later process can tell are stale: "<stem><run id>-<pidPlace()>-<this pid>-". Why: a
+// process killed with its guard (SIGKILL to a whole cgroup, a host's reboot without a
+// tmpfs /tmp) leaves its private files behind; the next one removes them
+// (removeStaleOwnedFiles) by the pid in the name, as no other marker survives that kill.
+std::string ownedFilePrefix(std::string_view stem, std::string_view runId);
+
+// The pid in `name` when it is one ownedFilePrefix made for `stem` with a 12 hex digit run id
+// (newRunId's), followed by mkdtemp's "-XXXXXX" or by ".json", and its place is this
+// process's (pidPlace); else -1.
+long ownedFilePid(std::string_view name, std::string_view stem);
+
+// Removes what processes of this user left in `dir` under a name of one of `stems`
+// (ownedFilePid): regular files and directories (with what they hold; never through a
+// symbolic link) owned by this user, whose process is gone (no process with that pid in this
+// place). A pid in use, even by another program, keeps its files; so do names of another
+// place (another host, another pid namespace), whose pids this process cannot judge.
+// Best effort: nothing is thrown.
+void removeStaleOwnedFiles(const std::filesystem::path& dir, std::initializer_list<std::string_view> stems);
 
 // One job per directory: an exclusive flock on DIR/<name> (.dtrain.lock for a checkpoint
 // directory, .dtrain-logs.lock for a log directory: one directory may be both), a file anyone may open

@@ -1,6 +1,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtrain/launch/launcher.h"
 #include "dtrain/spec/job_spec.h"
@@ -23,22 +24,54 @@ class SignalScope;
 // comes just before the launch is the launch's to handle). SIGUSR1/SIGUSR2 are dropped, with
 // a notice: no worker runs yet to take them. SIGHUP ignored at the start stays ignored
 // (nohup), as in a launch.
+//
+// A step that blocks for good (a spec given as a FIFO no one writes, a data file on a hung
+// NFS mount, a terminal stopped with Ctrl-S) never reaches the next step, so the signal
+// would never be acted on. Until endPreflight() (or release()), therefore:
+// - a second stop signal (any of the three) ends dtrain at once by that signal's default
+//   action, as if it had not been caught (killed by it: a shell's 128 + the signal);
+// - a stop signal held kHeldStopGraceS without being asked for (stopSignal) ends dtrain the
+//   same way, by that first signal: one SIGTERM (timeout(1), a scheduler's) must end a run
+//   that blocked before its launch.
+// Either way nothing that can block is written: no summary (a --summary-json file still says
+// "running", as after a SIGKILL), only one line on stderr, and only if stderr can take it at
+// once. All of it happens in the signal handlers (async-signal-safe calls only): the thread
+// that would act on the signal is the one blocked.
 class HeldStopSignals {
  public:
+  // Longer than any step of a pre-flight that goes on (reading a large data set), shorter
+  // than the SIGKILL grace of the schedulers that send SIGTERM first (Kubernetes' 30 s,
+  // Slurm's KillWait 30 s, systemd's 90 s), so that dtrain ends by the SIGTERM.
+  static constexpr unsigned kHeldStopGraceS = 10;
+
   HeldStopSignals();
   ~HeldStopSignals();
   HeldStopSignals(const HeldStopSignals&) = delete;
   HeldStopSignals& operator=(const HeldStopSignals&) = delete;
-  // The first stop signal that came so far (asked again, the same), 0 when none did.
+  // The first stop signal that came so far (asked again, the same), 0 when none did. The
+  // caller that gets one ends the run; the rules above apply until it releases them.
   int stopSignal();
+  // The launch begins: a stop signal from now on is held for it (the launch's scopes read what
+  // this one holds), and neither rule above applies any more.
+  void endPreflight();
+  // Calls onStop for each stop signal held and not yet returned by stopSignal() (nor given
+  // to onStop before), SIGUSR1/SIGUSR2 dropped: for the end of a run, which says them.
+  template <typename F>
+  void takeUnasked(F&& onStop) {
+    drain(false);
+    for (; reported_ < held_.size(); ++reported_) onStop(held_[reported_]);
+  }
   // The handlers dtrain had before, back; a signal from now on takes its default action, and
-  // one held and not asked for is dropped. For a write that may block for good (a FIFO no one
-  // reads), which Ctrl-C must still end, and for the end of the run.
+  // one held and not asked for is dropped. For the end of the run (whose caller blocks the
+  // signals first).
   void release();
 
  private:
+  // Moves what the scope's pipe holds into held_; SIGUSR1/SIGUSR2 said (sayPassedOn) or not.
+  void drain(bool sayPassedOn);
   std::unique_ptr<detail::SignalScope> scope_;
-  int got_ = 0;
+  std::vector<int> held_;  // the stop signals that came, in order
+  size_t reported_ = 0;    // held_[0, reported_) were returned or given to onStop
 };
 
 // Starts the job's store on `bind` at spec.rendezvous.port (0 = a free one; the chosen port

@@ -122,7 +122,8 @@ class Console {
   int wakeFd() const { return wakeR_.get(); }
   void clearWake();
   // Waits until everything queued so far is written (or dropped): true. False when
-  // `giveUp`, asked every 50 ms while it waits, says to stop waiting.
+  // `giveUp`, asked every 50 ms while it waits (without the console's lock: it may write
+  // here), says to stop waiting.
   bool flush(const std::function<bool()>& giveUp = nullptr);
   // The errno of the first write to fd (STDOUT_FILENO, STDERR_FILENO) that failed (a full
   // disk, a reader gone), 0 when none has: what was lost is said by whoever needed it whole
