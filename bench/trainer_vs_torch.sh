@@ -20,7 +20,10 @@ spec() {  # nproc overlap threads
 JSON
   build/bin/dtrain run "$T/s.json" 2>/dev/null | sed -n 's/.* \([0-9]*\) samples\/s.*/\1/p' | tail -1
 }
-torch() { OMP_NUM_THREADS=$2 OPENBLAS_NUM_THREADS=$2 /usr/bin/python3 bench/torch_ddp_mlp.py "$1" "$STEPS" 10 2>/dev/null; }
+# torch's threads are OpenBLAS's (its GEMMs) with one OpenMP thread: OMP_NUM_THREADS=2 as
+# well would run two spinning pools on two cores (0.6k samples/s instead of ~6k); dtrain's
+# workers have only OpenBLAS's pool.
+torch() { OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=$2 /usr/bin/python3 bench/torch_ddp_mlp.py "$1" "$STEPS" 10 2>/dev/null; }
 echo "torch BLAS: $(/usr/bin/python3 -c 'import torch; print(torch.__config__.show())' 2>/dev/null | grep -io 'blas_info=[a-z]*' | head -1), libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
 declare -A R
 for i in $(seq "$REPEATS"); do
