@@ -271,6 +271,43 @@ for sigs in INT,INT TERM,INT HUP,TERM; do
 done
 expect_eq "$(python3 "$T/pre.py" "$DTRAIN" "$T" TERM)" "killed by SIGTERM after the grace" "pre-flight blocked, one SIGTERM: dtrain ends by it 10 s later"
 expect_grep "^dtrain: SIGTERM 10 s ago while the job was being checked, and the step in progress has not finished: ending now by SIGTERM; no summary written$" "$T/pf.err" "pre-flight blocked, one SIGTERM: said"
+# timeout(1) sends its SIGTERM twice, to dtrain and then to its own process group (dtrain
+# again): that echo is one request, not a second. The blocked step ends (the spec arrives)
+# and the run stops as for one SIGTERM: exit 143 and a summary, not killed without one.
+# Whether the two copies reach dtrain apart or merged into one depends on the scheduling, so
+# the test also sends them itself, 20 ms apart from one process ("twice"), which is the case
+# that used to end dtrain.
+cat > "$T/echo.py" <<'PY'
+import json, os, signal, subprocess, sys, time
+dtrain, t, how = sys.argv[1], sys.argv[2], sys.argv[3]
+for f in ("ef.json", "efs.json"):
+    if os.path.exists(f"{t}/{f}"): os.unlink(f"{t}/{f}")
+os.mkfifo(f"{t}/ef.json")
+cmd = [dtrain, "run", f"{t}/ef.json", "--summary-json", f"{t}/efs.json"]
+if how == "timeout": cmd = ["timeout", "--preserve-status", "-s", "TERM", "0.5"] + cmd
+p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(f"{t}/ef.err", "w"))
+if how == "twice":
+    for _ in range(200):  # (the summary says "running" before the spec is read)
+        if os.path.exists(f"{t}/efs.json") and "running" in open(f"{t}/efs.json").read(): break
+        time.sleep(0.05)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGTERM); time.sleep(0.02); p.send_signal(signal.SIGTERM)
+time.sleep(1.5)
+try:
+    fd = os.open(f"{t}/ef.json", os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: dtrain is gone
+    os.write(fd, b'{"command": ["true"], "nproc_per_node": 1}')
+    os.close(fd)
+except OSError as e:
+    print("dtrain gone before the step ended:", e.strerror)
+try: rc = p.wait(20)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); print("hung"); sys.exit()
+s = json.load(open(f"{t}/efs.json"))
+print(rc, s["status"], s["stopped_by"])
+PY
+for how in timeout twice; do
+  expect_eq "$(python3 "$T/echo.py" "$DTRAIN" "$T" $how)" "143 failed SIGTERM" "pre-flight blocked, SIGTERM sent twice at once ($how): one stop, with its summary"
+  expect_eq "$(grep -c again "$T/ef.err")" 0 "pre-flight blocked, SIGTERM sent twice at once ($how): the echo is not taken for a second signal"
+done
 # nohup's SIGHUP stays ignored: it is not a first signal, nor a second one.
 rm -f "$T/pf.json"; mkfifo "$T/pf.json"
 nohup "$DTRAIN" run "$T/pf.json" >/dev/null 2>"$T/pf.err" &

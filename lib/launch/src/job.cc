@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <ctime>
 #include <memory>
 #include <thread>
 
@@ -104,6 +105,14 @@ namespace {
 // sig_atomic_t. One HeldStopSignals at a time (dtrain run's, on main()'s thread).
 volatile sig_atomic_t gEscalationArmed = 0;  // between HeldStopSignals() and endPreflight()/release()
 volatile sig_atomic_t gFirstHeldStop = 0;    // the first stop signal held, 0 before one came
+// Who sent the first one and when (written by the handlers only, which mask each other).
+volatile sig_atomic_t gFirstCode = 0;
+volatile pid_t gFirstPid = 0;
+volatile long long gFirstAtMs = 0;
+// A copy of the first signal that arrives this soon after it is its echo, not a second
+// request: timeout(1) sends its SIGTERM to dtrain and then to its own process group (dtrain
+// again), and a closed terminal's SIGHUP comes from the kernel and then from the shell.
+constexpr long long kEchoMs = 100;
 struct sigaction gOldAlarm {};
 bool gAlarmInstalled = false;  // (not touched by handlers)
 
@@ -135,14 +144,14 @@ struct LineBuffer {
 // further one, or one pending, ends dtrain at once even if the line below blocked), the line
 // goes to stderr only when it can take it now, and `sig` is raised. SIGHUP ignored from the
 // start (nohup) stays ignored: its handler was never ours.
-void endByDefault(int sig, const LineBuffer& line, void (*ours)(int)) {
+void endByDefault(int sig, const LineBuffer& line, void (*ours)(int, siginfo_t*, void*)) {
   gEscalationArmed = 0;
   ::alarm(0);
   sigset_t stops;
   sigemptyset(&stops);
   for (int s : kStopSignals) {
     struct sigaction cur {};
-    if (::sigaction(s, nullptr, &cur) != 0 || cur.sa_handler != ours) continue;
+    if (::sigaction(s, nullptr, &cur) != 0 || !(cur.sa_flags & SA_SIGINFO) || cur.sa_sigaction != ours) continue;
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
@@ -159,14 +168,34 @@ void endByDefault(int sig, const LineBuffer& line, void (*ours)(int)) {
   ::raise(sig);
 }
 
-void onHeldStop(int sig) {
+long long monotonicMs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);  // (async-signal-safe)
+  return static_cast<long long>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
+
+// The same signal as the first, within kEchoMs, and either SIGHUP or sent by kill() from the
+// same process: one request delivered twice. A second Ctrl-C (the terminal's, SI_KERNEL) or a
+// signal from another process always counts.
+bool isEcho(int sig, const siginfo_t* info, long long nowMs) {
+  if (sig != gFirstHeldStop || nowMs - gFirstAtMs >= kEchoMs) return false;
+  if (sig == SIGHUP) return true;
+  return info && info->si_code == SI_USER && gFirstCode == SI_USER && info->si_pid == gFirstPid;
+}
+
+void onHeldStop(int sig, siginfo_t* info, void*) {
   detail::onSignal(sig);  // held, for the next step's stopSignal()
   if (!gEscalationArmed) return;
+  const long long now = monotonicMs();
   if (gFirstHeldStop == 0) {
     gFirstHeldStop = sig;
+    gFirstCode = info ? info->si_code : 0;
+    gFirstPid = info ? info->si_pid : 0;
+    gFirstAtMs = now;
     ::alarm(HeldStopSignals::kHeldStopGraceS);  // (the other stop signals and SIGALRM are masked here)
     return;
   }
+  if (isEcho(sig, info, now)) return;
   LineBuffer line;
   line << "dtrain: " << stopName(sig) << " again while the job was being checked (the step in progress has not "
        << "finished): ending now by " << stopName(sig) << "; no summary written\n";
@@ -207,7 +236,8 @@ HeldStopSignals::HeldStopSignals() : scope_(std::make_unique<detail::SignalScope
   gAlarmInstalled = true;
   gFirstHeldStop = 0;
   gEscalationArmed = 1;
-  sa.sa_handler = onHeldStop;
+  sa.sa_sigaction = onHeldStop;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;  // (the sender: an echo of the first is not a second)
   for (int s : kStopSignals) {
     struct sigaction cur {};
     ::sigaction(s, nullptr, &cur);

@@ -3,6 +3,8 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -379,6 +381,16 @@ struct Pending {
 
 std::shared_ptr<Pending> startLookup(const std::string& host) {
   auto p = std::make_shared<Pending>();
+  // The thread starts with every signal blocked (it inherits the mask set here): it may
+  // outlive its deadline in a hung getaddrinfo, and a process-directed signal delivered to it
+  // would bypass the mask dtrain's own thread keeps at the end of a run.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  struct RestoreMask {
+    sigset_t mask;
+    ~RestoreMask() { ::pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{old};
   try {
     std::thread([p, host] {
       auto addrs = lookup(host, false);

@@ -5,6 +5,8 @@
 #include <boost/asio.hpp>
 
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <deque>
@@ -581,7 +583,19 @@ size_t TcpStoreServer::connectionCount() const { return impl_->connections.load(
 
 void TcpStoreServer::start() {
   DTRAIN_CHECK(!impl_->thread.joinable());
-  impl_->thread = std::thread([this] { impl_->io.run(); });
+  // The serving thread takes no signal (it inherits the mask set here): a process that keeps
+  // its stop signals blocked on its own thread, as dtrain run does at its end, would
+  // otherwise have them delivered here.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  try {
+    impl_->thread = std::thread([this] { impl_->io.run(); });
+  } catch (...) {
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 void TcpStoreServer::run() { impl_->io.run(); }

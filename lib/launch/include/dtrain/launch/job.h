@@ -29,7 +29,9 @@ class SignalScope;
 // NFS mount, a terminal stopped with Ctrl-S) never reaches the next step, so the signal
 // would never be acted on. Until endPreflight() (or release()), therefore:
 // - a second stop signal (any of the three) ends dtrain at once by that signal's default
-//   action, as if it had not been caught (killed by it: a shell's 128 + the signal);
+//   action, as if it had not been caught (killed by it: a shell's 128 + the signal); an echo
+//   of the first is not a second (the same signal within 0.1 s, SIGHUP or from the same
+//   sending process: timeout(1) signals dtrain and then its own process group);
 // - a stop signal held kHeldStopGraceS without being asked for (stopSignal) ends dtrain the
 //   same way, by that first signal: one SIGTERM (timeout(1), a scheduler's) must end a run
 //   that blocked before its launch.
@@ -39,9 +41,11 @@ class SignalScope;
 // that would act on the signal is the one blocked.
 class HeldStopSignals {
  public:
-  // Longer than any step of a pre-flight that goes on (reading a large data set), shorter
-  // than the SIGKILL grace of the schedulers that send SIGTERM first (Kubernetes' 30 s,
-  // Slurm's KillWait 30 s, systemd's 90 s), so that dtrain ends by the SIGTERM.
+  // Longer than a pre-flight step takes on ordinary inputs, shorter than the SIGKILL grace of
+  // the schedulers that send SIGTERM first (Kubernetes' 30 s, Slurm's KillWait 30 s,
+  // systemd's 90 s), so that dtrain ends by the SIGTERM. A step that does go on longer (the
+  // launcher parsing a CSV of several GB, ~1.5 s per 300 MB here) is cut short as well: to a
+  // scheduler's stop the difference is only the summary.
   static constexpr unsigned kHeldStopGraceS = 10;
 
   HeldStopSignals();
