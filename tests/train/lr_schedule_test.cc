@@ -23,6 +23,8 @@
 #include "dtrain/train/lr_schedule.h"
 #include "dtrain/train/trainer.h"
 
+#include "checkpoint_file.h"
+
 namespace dtrain::train {
 namespace {
 
@@ -197,13 +199,7 @@ TEST(LrSchedule, CheckpointsKeepTheState) {
   put(uint64_t{40});
   for (uint64_t v : {uint64_t{2688}, uint64_t{64}, uint64_t{64}, uint64_t{0}}) put(v);
   put(0.0);
-  std::string file = "DTRCKPT1";
-  const uint64_t len = payload.size();
-  file.append(reinterpret_cast<const char*>(&len), sizeof(len));
-  file += payload;
-  const std::string hex = sha256Hex(payload.data(), payload.size());
-  for (size_t i = 0; i < hex.size(); i += 2) file.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  std::ofstream(dir + "/ckpt-0000000042.bin", std::ios::binary) << file;
+  std::ofstream(dir + "/ckpt-0000000042.bin", std::ios::binary) << testing::checkpointFileBytes(payload);
   back = loadLatestCheckpoint(dir, [](const std::string& w) { ADD_FAILURE() << w; });
   ASSERT_TRUE(back && back->schedule);
   EXPECT_EQ(back->step, 42);

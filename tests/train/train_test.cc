@@ -28,6 +28,8 @@
 #include "dtrain/train/mlp.h"
 #include "dtrain/train/trainer.h"
 
+#include "checkpoint_file.h"
+
 namespace dtrain::train {
 namespace {
 
@@ -444,13 +446,7 @@ TEST(Checkpoint, FilesWithoutTheConfigDescriptionLoad) {
     put(1.5f);
     put(2.5f);
   }
-  std::string file = "DTRCKPT1";
-  const uint64_t len = payload.size();
-  file.append(reinterpret_cast<const char*>(&len), sizeof(len));
-  file += payload;
-  const std::string hex = sha256Hex(payload.data(), payload.size());
-  for (size_t i = 0; i < hex.size(); i += 2) file.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  std::ofstream(dir + "/ckpt-0000000005.bin", std::ios::binary) << file;
+  std::ofstream(dir + "/ckpt-0000000005.bin", std::ios::binary) << testing::checkpointFileBytes(payload);
   auto s = loadLatestCheckpoint(dir, [](const std::string& w) { ADD_FAILURE() << w; });
   ASSERT_TRUE(s);
   EXPECT_EQ(s->step, 5);
@@ -602,12 +598,7 @@ TEST(Checkpoint, WriteReadsBackAndAFailedWriteLeavesNoPartialFile) {
   const uint64_t huge = 1ull << 40;
   payload.append(reinterpret_cast<const char*>(&huge), 8);
   payload += std::string(16, 'x');
-  std::string file = "DTRCKPT1";
-  const uint64_t len = payload.size();
-  file.append(reinterpret_cast<const char*>(&len), 8);
-  file += payload;
-  const std::string hex = sha256Hex(payload.data(), payload.size());
-  for (size_t i = 0; i < 64; i += 2) file.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  std::string file = testing::checkpointFileBytes(payload);
   std::ofstream(dir + "/ckpt-0000000099.bin", std::ios::binary) << file;
   std::vector<std::string> warnings;
   auto kept = loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
