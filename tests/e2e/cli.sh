@@ -51,6 +51,18 @@ expect_grep "^env: +A=B$" "$T/out" "--env shown"
 expect_grep "^env: +HF_TOKEN=\(hidden: 13 characters\)$" "$T/out" "validate hides a token's value"
 expect_grep "^env: +WANDB_API_KEY=\(hidden: 4 characters\)$" "$T/out" "validate hides an API key's value"
 grep -q "hf_secret_abc\|k123" "$T/out" "$T/err" && fail "validate printed a secret" || pass "no secret value printed"
+# ... nor a value in a credential's format under an innocuous name, nor a URL's password
+# (the rest of the URL is shown).
+"$DTRAIN" validate "$SRC/configs/env_dump.json" --env HUB=hf_abcdefghijklmnopqrstuvwx --env GH=ghp_0123456789abcdefghij0123 \
+  --env AWS_ID=AKIAIOSFODNN7EXAMPLE --env TRACKING=https://alice:s3cr3t-pw@mlflow.example.com:5000/api \
+  --env DATA=/data/imagenet --env SHA=0123456789abcdef0123456789abcdef >"$T/out" 2>"$T/err"
+expect_grep "^env: +HUB=\(hidden: 27 characters, a credential's format\)$" "$T/out" "validate hides a Hugging Face token under any name"
+expect_grep "^env: +GH=\(hidden: 28 characters, a credential's format\)$" "$T/out" "validate hides a GitHub token under any name"
+expect_grep "^env: +AWS_ID=\(hidden: 20 characters, a credential's format\)$" "$T/out" "validate hides an AWS access key id"
+expect_grep "^env: +TRACKING=https://alice:\(hidden\)@mlflow.example.com:5000/api$" "$T/out" "validate hides a URL's password, shows the rest"
+expect_grep "^env: +DATA=/data/imagenet$" "$T/out" "a path is shown"
+expect_grep "^env: +SHA=0123456789abcdef0123456789abcdef$" "$T/out" "a hash is shown (nothing hidden by entropy alone)"
+grep -q "s3cr3t\|hf_abc\|ghp_0123\|AKIAIOSF" "$T/out" "$T/err" && fail "validate printed a secret value" || pass "no credential-format value printed"
 "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
 expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
 # auto without GPUs = usable CPU cores (CUDA_VISIBLE_DEVICES hides any).

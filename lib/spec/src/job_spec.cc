@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -1517,6 +1518,42 @@ static bool looksSecret(const std::string& name) {
   return false;
 }
 
+// A value that is a credential whatever its variable is called (HUB=hf_..., GH=ghp_...,
+// a URL with a password): the formats of the issuers users' training jobs talk to, whose
+// prefixes exist so that scanners can find them. Nothing guessed from entropy alone: a path
+// or a hash is not hidden.
+static bool looksSecretValue(const std::string& v) {
+  auto starts = [&](const char* p) { return v.rfind(p, 0) == 0; };
+  for (const char* prefix : {"ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_", "glpat-", "xoxb-", "xoxp-",
+                             "xoxa-", "xapp-", "hf_", "sk-", "sk_live_", "rk_live_", "npm_", "pypi-", "AIza"})
+    if (starts(prefix) && v.size() >= std::strlen(prefix) + 16) return true;
+  if ((starts("AKIA") || starts("ASIA")) && v.size() == 20) return true;  // an AWS access key id
+  if (starts("-----BEGIN ") && v.find("PRIVATE KEY") != std::string::npos) return true;
+  // A JWT (an OIDC or service token): three base64url parts, a JSON header ('{"' -> "eyJ").
+  return starts("eyJ") && std::count(v.begin(), v.end(), '.') == 2 && v.size() >= 32;
+}
+
+// "scheme://user:password@host..." with the password hidden; the rest shown (where the job
+// connects is worth seeing). Empty when `v` has no such password.
+static std::string withoutUrlPassword(const std::string& v) {
+  const size_t scheme = v.find("://");
+  if (scheme == std::string::npos) return "";
+  const size_t start = scheme + 3;
+  const size_t end = v.find_first_of("/?#", start);
+  const size_t at = v.rfind('@', end == std::string::npos ? std::string::npos : end);
+  if (at == std::string::npos || at < start) return "";
+  const size_t colon = v.find(':', start);
+  if (colon == std::string::npos || colon > at || colon + 1 == at) return "";
+  return v.substr(0, colon + 1) + "(hidden)" + v.substr(at);
+}
+
+static std::string shownEnvValue(const std::string& name, const std::string& v) {
+  if (looksSecret(name)) return fmt::format("(hidden: {} characters)", v.size());
+  if (looksSecretValue(v)) return fmt::format("(hidden: {} characters, a credential's format)", v.size());
+  if (std::string url = withoutUrlPassword(v); !url.empty()) return url;
+  return v;
+}
+
 std::string describe(const JobSpec& spec) {
   std::ostringstream os;
   std::vector<std::string> argv;
@@ -1536,8 +1573,7 @@ std::string describe(const JobSpec& spec) {
   os << fmt::format("prefix_output:      {}\n", spec.prefix_output);
   if (!spec.console_ranks.empty()) os << fmt::format("console_ranks:      {}\n", fmt::join(spec.console_ranks, ","));
   for (const auto& [k, v] : spec.env)
-    os << fmt::format("env:                {}={}\n", k,
-                      looksSecret(k) ? fmt::format("(hidden: {} characters)", v.size()) : v);
+    os << fmt::format("env:                {}={}\n", k, shownEnvValue(k, v));
   if (!spec.env_file.empty()) os << fmt::format("env_file:           {} (under env)\n", spec.env_file);
   if (spec.trainer) os << describeTrainer(*spec.trainer);
   if (spec.nodes.empty()) return os.str();
