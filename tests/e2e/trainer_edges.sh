@@ -47,9 +47,11 @@ expect_grep "^\[rank 0\] epoch 1/1 step 1/31 loss [0-9.]+ - samples/s eta \?$" "
 cat >"$T/div.json" <<JSON
 {"nproc_per_node": 2, "max_restarts": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 16, 3]},
  "data": {"type": "synthetic", "train_samples": 20000, "eval_samples": 100}, "batch_size": 32, "epochs": 1,
- "optimizer": {"lr": 100000}, "checkpoint": {"dir": "$T/ck", "every_steps": 1}}}
+ "optimizer": {"lr": 100000}, "log_every_steps": 1, "checkpoint": {"dir": "$T/ck", "every_steps": 1}}}
 JSON
-"$DTRAIN" run "$T/div.json" --summary-json "$T/s3.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "diverged: exit 2"
+"$DTRAIN" run "$T/div.json" --summary-json "$T/s3.json" --log-dir "$T/div-logs" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "diverged: exit 2"
+# The curve up to the divergence is drawn for a run that failed too.
+[ -s "$T/div-logs/metrics.svg" ] && grep -qE '<polyline [^>]*points="[0-9]' "$T/div-logs/metrics.svg" && pass "diverged: metrics.svg drawn" || fail "diverged: no metrics.svg with a curve: $(ls "$T/div-logs" 2>&1)"
 expect_grep "training diverged at step [0-9]+: the (loss is not finite \(NaN or infinite gradients\)|weights are not finite); lower /trainer/optimizer/lr \(now 100000\) or set /trainer/grad_clip_norm" "$T/err" "diverged: the reason and the fix"
 expect_eq "$(jq_ "$T/s3.json" "d['restarts']")" 0 "diverged: not restarted (it would diverge again)"
 grep -q "lost rank" "$T/err" && fail "diverged: a rank failed on a lost peer: $(grep 'lost rank' "$T/err")" || pass "diverged: every rank stops by itself at the same step (none on a lost peer)"

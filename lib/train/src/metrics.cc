@@ -58,6 +58,12 @@ MetricsLog::MetricsLog(const std::string& dir, const MetricsRun& run) : dir_(dir
 }
 
 MetricsLog::~MetricsLog() {
+  if (f_ && !finished_) {
+    try {
+      finish();
+    } catch (...) {  // (a record, not the job; and a destructor, maybe in an exception's unwinding)
+    }
+  }
   if (f_) std::fclose(f_);
 }
 
@@ -77,6 +83,7 @@ void MetricsLog::recordEval(long long step, double loss, double accuracy) {
 
 void MetricsLog::finish() {
   if (!f_) return;
+  finished_ = true;
   std::ifstream in(std::filesystem::path(dir_) / "metrics.jsonl");
   const spec::MetricsCurve curve = spec::readMetricsRun(in, run_);
   // A fresh file renamed over metrics.svg: a symbolic link there is replaced, not followed.

@@ -25,7 +25,9 @@ class MetricsLog {
   void record(const MetricsPoint& p);
   void recordEval(long long step, double loss, double accuracy);
   // Writes the SVG of the whole training (every attempt's and resumed run's rows, redone
-  // steps replaced: readMetricsRun). Safe to call once at the end.
+  // steps replaced: readMetricsRun). Called at the end and at a stop; the destructor calls it
+  // when nothing did (training that failed: a diverged loss, a lost peer), so every run that
+  // logged a row leaves its curve.
   void finish();
 
  private:
@@ -34,6 +36,7 @@ class MetricsLog {
   std::string dir_;
   MetricsRun run_;
   std::FILE* f_ = nullptr;
+  bool finished_ = false;
 };
 
 // Standalone SVG of the loss (left axis) and accuracy (right axis, 0..1) per step.
