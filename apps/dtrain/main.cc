@@ -531,13 +531,18 @@ sigset_t stopSignals() {
   return set;
 }
 
-// Says a late stop signal, once: it changes nothing.
-void sayLateStop(int sig) {
+// Says a late stop signal, once: it changes nothing. `launched`: false for one that came
+// while a pre-flight step ran that then failed (the failure ended the run first).
+void sayLateStop(int sig, bool launched = true) {
   if (gLateStop) return;
   gLateStop = sig;
   gLateStopAt = std::chrono::steady_clock::now();
-  launch::console().write(STDERR_FILENO,
-                          fmt::format("dtrain: {} after the job had ended; the outcome stands\n", signalName(sig)));
+  launch::console().write(
+      STDERR_FILENO,
+      launched ? fmt::format("dtrain: {} after the job had ended; the outcome stands\n", signalName(sig))
+               : fmt::format("dtrain: {} while the job was being checked, and the check failed first; the outcome "
+                             "stands\n",
+                             signalName(sig)));
 }
 
 // The outcome is decided: exit code `code` (entered again, the code is updated: a summary that
@@ -551,7 +556,8 @@ void enterRunEnd(int code) {
   // (blocked first: what the held handlers took since the launch ended, or while a failing
   // pre-flight step ended, is said; one that comes from now on stays pending)
   if (gHeldSignals) {
-    gHeldSignals->takeUnasked(sayLateStop);
+    const bool launched = gHeldSignals->launched();
+    gHeldSignals->takeUnasked([launched](int sig) { sayLateStop(sig, launched); });
     gHeldSignals->release();
   }
 }

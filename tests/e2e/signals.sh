@@ -308,6 +308,17 @@ for how in timeout twice; do
   expect_eq "$(python3 "$T/echo.py" "$DTRAIN" "$T" $how)" "143 failed SIGTERM" "pre-flight blocked, SIGTERM sent twice at once ($how): one stop, with its summary"
   expect_eq "$(grep -c again "$T/ef.err")" 0 "pre-flight blocked, SIGTERM sent twice at once ($how): the echo is not taken for a second signal"
 done
+# A SIGTERM held while the spec is read, and the spec then refused: the refusal is the outcome
+# (exit 2), and the signal is said as what it was, not as one "after the job had ended".
+rm -f "$T/badfifo.json"; mkfifo "$T/badfifo.json"
+"$DTRAIN" run "$T/badfifo.json" --summary-json "$T/bads.json" >/dev/null 2>"$T/bad.err" &
+DTRAIN_PID=$!
+sleep 0.5; kill -TERM "$DTRAIN_PID"; sleep 0.3
+timeout 5 sh -c 'echo "{\"command\": [" >"$1"' _ "$T/badfifo.json" || fail "SIGTERM, then a bad spec: dtrain no longer reads the spec"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 2 "SIGTERM, then a bad spec: the spec's exit 2 stands"
+expect_grep "^dtrain: SIGTERM while the job was being checked, and the check failed first; the outcome stands$" "$T/bad.err" "SIGTERM, then a bad spec: said as such"
+expect_grep "badfifo.json:2:1: invalid JSON" "$T/bad.err" "SIGTERM, then a bad spec: the spec's error"
 # nohup's SIGHUP stays ignored: it is not a first signal, nor a second one.
 rm -f "$T/pf.json"; mkfifo "$T/pf.json"
 nohup "$DTRAIN" run "$T/pf.json" >/dev/null 2>"$T/pf.err" &

@@ -265,7 +265,10 @@ int HeldStopSignals::stopSignal() {
   return held_.front();
 }
 
-void HeldStopSignals::endPreflight() { disarm(); }
+void HeldStopSignals::endPreflight() {
+  disarm();
+  launched_ = true;
+}
 
 void HeldStopSignals::release() {
   disarm();

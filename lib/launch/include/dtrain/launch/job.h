@@ -58,6 +58,8 @@ class HeldStopSignals {
   // The launch begins: a stop signal from now on is held for it (the launch's scopes read what
   // this one holds), and neither rule above applies any more.
   void endPreflight();
+  // Whether endPreflight() was called: the job was launched.
+  bool launched() const { return launched_; }
   // Calls onStop for each stop signal held and not yet returned by stopSignal() (nor given
   // to onStop before), SIGUSR1/SIGUSR2 dropped: for the end of a run, which says them.
   template <typename F>
@@ -76,6 +78,7 @@ class HeldStopSignals {
   std::unique_ptr<detail::SignalScope> scope_;
   std::vector<int> held_;  // the stop signals that came, in order
   size_t reported_ = 0;    // held_[0, reported_) were returned or given to onStop
+  bool launched_ = false;
 };
 
 // Starts the job's store on `bind` at spec.rendezvous.port (0 = a free one; the chosen port
