@@ -594,12 +594,13 @@ bool flushConsole() {
 
 void exitWithDecidedCode(int) { ::_exit(gEndExitCode); }
 
-// Writes `text` in place to a --summary-json that is a pipe, a FIFO or an inherited
-// descriptor, where the write may block for good: a stop signal before or during it ends
-// dtrain with the decided exit code (the end of a run, above). False when one came before.
-// Throws writeOutputFile's IoError.
-bool writeInPlaceUnlessStopped(const std::string& path, const std::string& text) {
-  if (!gInRunEnd) {  // (a summary is written in place only once the outcome is decided)
+// Writes a --summary-json's `text`. A regular file is replaced whole, signals held. A pipe,
+// a FIFO or an inherited descriptor is written in place, where the write may block for good:
+// there a stop signal before or during it ends dtrain with the decided exit code (the end of a
+// run, above). False when one came before. Throws writeOutputFile's IoError.
+bool writeSummaryText(const std::string& path, const std::string& text) {
+  // (a summary is written in place only once the outcome is decided)
+  if (!gInRunEnd || !(isSpecialOutput(path) || inheritedOutputFd(path) >= 0)) {
     writeOutputFile(path, text);
     return true;
   }
@@ -631,10 +632,7 @@ bool writeInPlaceUnlessStopped(const std::string& path, const std::string& text)
 // place that a stop signal cut short (the end of a run, above) is not a failure: true.
 bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
   try {
-    if (isSpecialOutput(a.summary_json) || inheritedOutputFd(a.summary_json) >= 0)
-      writeInPlaceUnlessStopped(a.summary_json, spec::toJson(sum));
-    else
-      writeOutputFile(a.summary_json, spec::toJson(sum));
+    writeSummaryText(a.summary_json, spec::toJson(sum));
     return true;
   } catch (const std::exception& e) {
     // (after a run, behind what its console still holds)
@@ -840,10 +838,7 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
   }
   sum.wall_s = wallS;
   try {
-    if (isSpecialOutput(path) || inheritedOutputFd(path) >= 0)
-      writeInPlaceUnlessStopped(path, spec::toJson(sum));
-    else
-      writeOutputFile(path, spec::toJson(sum));
+    writeSummaryText(path, spec::toJson(sum));
   } catch (const std::exception&) {
   }
 }

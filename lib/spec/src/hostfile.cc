@@ -3,8 +3,6 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/signal_mask.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
 #include "input_file.h"
@@ -384,13 +383,7 @@ std::shared_ptr<Pending> startLookup(const std::string& host) {
   // The thread starts with every signal blocked (it inherits the mask set here): it may
   // outlive its deadline in a hung getaddrinfo, and a process-directed signal delivered to it
   // would bypass the mask dtrain's own thread keeps at the end of a run.
-  sigset_t all, old;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &old);
-  struct RestoreMask {
-    sigset_t mask;
-    ~RestoreMask() { ::pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
-  } restore{old};
+  const AllSignalsBlocked blocked;
   try {
     std::thread([p, host] {
       auto addrs = lookup(host, false);

@@ -5,8 +5,6 @@
 #include <boost/asio.hpp>
 
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <deque>
@@ -18,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/signal_mask.h"
 #include "dtrain/store/auth.h"
 #include "dtrain/store/tcp_store.h"
 
@@ -586,16 +585,8 @@ void TcpStoreServer::start() {
   // The serving thread takes no signal (it inherits the mask set here): a process that keeps
   // its stop signals blocked on its own thread, as dtrain run does at its end, would
   // otherwise have them delivered here.
-  sigset_t all, old;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &old);
-  try {
-    impl_->thread = std::thread([this] { impl_->io.run(); });
-  } catch (...) {
-    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    throw;
-  }
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  const AllSignalsBlocked blocked;
+  impl_->thread = std::thread([this] { impl_->io.run(); });
 }
 
 void TcpStoreServer::run() { impl_->io.run(); }

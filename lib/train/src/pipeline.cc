@@ -1029,7 +1029,6 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
                                    : fmt::format("{}: stopping at step {} of {}; final checkpoint written to {} and {}",
                                                  sig, step, totalSteps, files, manifestPath));
           // (the manifest is what a resume reads: the summary's checkpoint, as at the end)
-          metrics.finish();  // the curve so far, for a run that may never be resumed
           throw TrainingStopped(request.signal, step, files.empty() ? std::string() : manifestPath);
         }
         if (rank == 0 && opts.log)

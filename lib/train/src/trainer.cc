@@ -356,7 +356,6 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
                                                 "/trainer/checkpoint/dir)", sig, step, totalSteps)
                                   : fmt::format("{}: stopping at step {} of {}; final checkpoint written to {}", sig,
                                                 step, totalSteps, path));
-          metrics.finish();  // the curve so far, for a run that may never be resumed
           throw TrainingStopped(request.signal, step, path);
         }
         if (rank == 0 && opts.log)

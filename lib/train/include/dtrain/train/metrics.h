@@ -25,9 +25,9 @@ class MetricsLog {
   void record(const MetricsPoint& p);
   void recordEval(long long step, double loss, double accuracy);
   // Writes the SVG of the whole training (every attempt's and resumed run's rows, redone
-  // steps replaced: readMetricsRun). Called at the end and at a stop; the destructor calls it
-  // when nothing did (training that failed: a diverged loss, a lost peer), so every run that
-  // logged a row leaves its curve.
+  // steps replaced: readMetricsRun). Called at the end; the destructor calls it when nothing
+  // did (training stopped by a signal, or failed: a diverged loss, a lost peer), so every run
+  // that logged a row leaves its curve.
   void finish();
 
  private:
