@@ -52,9 +52,13 @@ echo "== GPU"
 (nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed") 2>&1 | tee "$OUT/gpu.txt"
 
 echo "== build ($BUILD)"
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x "$BUILD/bin/dtrain" ] && [ -x "$BUILD/bin/dtrain_gpu_tests" ]; then
+  echo "prebuilt (SKIP_BUILD=1): $BUILD/bin"
+else
 step configure 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 || { echo "configure failed"; exit 99; }
 step build 360 cmake --build "$BUILD" -j"$JOBS" --target dtrain dtrain_gpu_tests || { echo "build failed"; exit 99; }
+fi
 D="$BUILD/bin/dtrain"
 "$D" --version | tee "$OUT/version.txt"
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs scripts/gpu_check.sh on a GPU machine that has CUDA but none of dtrain's build
+# dependencies (no CLI11, Boost, fmt, OpenBLAS, GoogleTest; nothing can be installed), such as
+# the device machines lent to this project: build here, carry the binaries and the Debian
+# libraries they load, run there.
+#   here:  bash scripts/gpu_bundle.sh pack [build-dir]   -> .devcarry/bundle.tar.xz (git-ignored
+#          through .git/info/exclude; carry .devcarry)
+#   there: bash scripts/gpu_bundle.sh run                -> unpacks, finds the machine's cuBLAS
+#          and NCCL, runs gpu_check.sh on the prebuilt binaries, then bench/trainer_gpu.sh;
+#          the logs end up in $OUT/gpu_check_logs.tar.gz
+set -u
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+pack)
+  B=${2:-build/gpu}
+  rm -rf .devcarry && mkdir -p .devcarry/stage/build/bin .devcarry/stage/lib
+  cp -a "$B/bin/dtrain" "$B/bin/dtrain_gpu_tests" "$B"/bin/*.so .devcarry/stage/build/bin/
+  # The shared libraries our binaries and plugins load that are not libc/libstdc++ or CUDA's
+  # big ones (cuBLAS, NCCL: the GPU machine has its own of the same major version).
+  for l in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libfmt.so.9 libcrypto.so.3 libcudart.so.13; do
+    p=$( (ldconfig -p | sed -n "s/.*[[:space:]]$l .*=> //p"; ls /usr/local/cuda/lib64/$l 2>/dev/null) | head -1)
+    [ -n "$p" ] || { echo "not found: $l" >&2; exit 1; }
+    cp -L "$p" .devcarry/stage/lib/$l
+  done
+  tar -C .devcarry/stage -cJf .devcarry/bundle.tar.xz . && rm -rf .devcarry/stage
+  grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo /.devcarry/ >>.git/info/exclude
+  ls -la .devcarry/bundle.tar.xz
+  ;;
+run)
+  R=/tmp/dtrain_bundle
+  rm -rf "$R" && mkdir -p "$R" && tar -C "$R" -xJf .devcarry/bundle.tar.xz || exit 98
+  LIBS="$R/lib"
+  for l in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    p=$(find /usr/local/cuda/ /usr/lib /opt /usr/local/lib -name "$l" 2>/dev/null | head -1)
+    echo "$l: ${p:-NOT FOUND}"
+    [ -n "$p" ] && LIBS="$LIBS:$(dirname "$p")"
+  done
+  export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  # The checkout's build/gpu is what gpu_check.sh looks in: point it at the unpacked binaries.
+  mkdir -p build && rm -rf build/gpu && ln -s "$R/build" build/gpu
+  ldd build/gpu/bin/dtrain build/gpu/bin/*.so | grep -E "not found|^build" || true
+  L=/tmp/dtrain_gpu_check
+  OUT="$L" SKIP_BUILD=1 timeout "${CHECK_LIMIT:-420}" bash scripts/gpu_check.sh build/gpu
+  rc=$?
+  echo "gpu_check exit $rc"
+  echo "== bench/trainer_gpu.sh"
+  timeout "${BENCH_LIMIT:-120}" bash bench/trainer_gpu.sh "${BENCH_STEPS:-1000}" 3 build/gpu/bin/dtrain 2>&1 | tee "$L/trainer_gpu_bench.log"
+  [ -n "${OUT:-}" ] && tar -C "$L" -czf "$OUT/gpu_check_logs.tar.gz" --exclude=ckpt --exclude='*.bin' . 2>/dev/null
+  exit "$rc"
+  ;;
+*) echo "usage: $0 pack [build-dir] | run" >&2; exit 2 ;;
+esac
