@@ -56,10 +56,20 @@ cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 auto=$([ "$cores" -gt 2 ] && echo "prefetched, gradients reduced during" || echo "loaded inline, gradients reduced after")
 expect_grep "$line $auto backward$" "$T/pf.\"auto\".out" "prefetch and overlap auto: $auto with $cores cores"
 expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.true.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.false.out")" "prefetch and overlap do not change the weights"
+# Each batch computed by 3 threads (data.loader_threads), inline and one step ahead: said, and
+# the same weights.
+for v in true false; do
+  sed "s/\"eval_samples\": 64}/\"eval_samples\": 64, \"prefetch\": $v, \"loader_threads\": 3}, \"overlap\": $v/" "$T/tiny2.json" >"$T/lt.json"
+  "$DTRAIN" run "$T/lt.json" --env OMP_NUM_THREADS=1 --env OPENBLAS_NUM_THREADS=1 >"$T/lt.$v.out" 2>&1
+  expect_eq "$?" 0 "loader threads 3, prefetch $v: exits 0"
+  expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/lt.$v.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.false.out")" "loader threads 3, prefetch $v: the same weights"
+done
+expect_grep "$line prefetched by 3 threads, gradients reduced during backward$" "$T/lt.true.out" "loader threads 3: said (prefetched)"
+expect_grep "$line loaded inline by 3 threads, gradients reduced after backward$" "$T/lt.false.out" "loader threads 3: said (inline)"
 # validate prints the trainer's settings as the workers will use them.
 "$DTRAIN" validate configs/quickstart.json >"$T/out" 2>&1
 expect_grep "^trainer: +mlp 784-256-256-10, relu, cross_entropy$" "$T/out" "validate: the model"
-expect_grep "^  data: +synthetic, 60000 train / 10000 eval samples, seed 1, prefetch auto$" "$T/out" "validate: the data"
+expect_grep "^  data: +synthetic, 60000 train / 10000 eval samples, seed 1, prefetch auto, loader threads auto$" "$T/out" "validate: the data"
 expect_grep "^  device: +auto, seed 0, bucket_mb 25, overlap auto, log every 100 steps$" "$T/out" "validate: device and overlap"
 # dry run shows the trainer as each worker's command.
 "$DTRAIN" run --dry-run configs/quickstart.json >"$T/out" 2>&1

@@ -902,6 +902,7 @@ void expectRoundTrip(const JobSpec& s) {
   EXPECT_EQ(a.data.label_column, b.data.label_column);
   EXPECT_EQ(a.data.header, b.data.header);
   EXPECT_EQ(a.data.prefetch, b.data.prefetch);
+  EXPECT_EQ(a.data.loader_threads, b.data.loader_threads);
   EXPECT_EQ(a.batch_size, b.batch_size);
   EXPECT_EQ(a.epochs, b.epochs);
   EXPECT_EQ(a.max_steps, b.max_steps);
@@ -1014,7 +1015,8 @@ TEST(SerializeForNode, CsvDataRoundTrips) {
   TempFile eval("a,b,label\n1,2,0\n");
   JobSpec s = parseJobSpec(R"({"trainer": {"model": {"layers": [2, 2]},
       "data": {"type": "csv", "path": ")" + train.path() + R"(", "eval_path": ")" + eval.path() + R"(",
-               "label_column": 2, "header": false, "seed": 3, "prefetch": false}}})",
+               "label_column": 2, "header": false, "seed": 3, "prefetch": false,
+               "loader_threads": 4}}})",
                            "job.json");
   expectRoundTrip(s);
   EXPECT_EQ(s.trainer->data.prefetch, std::optional<bool>(false));

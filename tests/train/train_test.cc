@@ -279,6 +279,23 @@ TEST(Trainer, PrefetchedBatchesAreTheInlineOnes) {
   EXPECT_EQ(weights[1][1], weights[0][0]);
 }
 
+// Several loader threads (trainer.data.loader_threads) compute the same batches: bit-identical
+// weights, inline and prefetched.
+TEST(Trainer, LoaderThreadsTrainTheSameWeights) {
+  auto t = small(32);
+  t.data.train_samples = 1000;
+  t.max_steps = 20;
+  t.data.prefetch = false;
+  const auto reference = runWith(2, t);
+  for (bool prefetch : {false, true}) {
+    t.data.prefetch = prefetch;
+    t.data.loader_threads = 3;
+    const auto w = runWith(2, t);
+    EXPECT_EQ(w[0], reference[0]) << "prefetch " << prefetch;
+    EXPECT_EQ(w[1], reference[0]) << "prefetch " << prefetch;
+  }
+}
+
 // "auto": a loader thread for GPU math, and for CPU math only when the node has a core beyond
 // its workers' BLAS threads.
 // trainer.data.prefetch and trainer.overlap: as set, else ("auto") on for GPU math, and on

@@ -48,7 +48,8 @@ const std::vector<std::string> kTrainerKeys = {"model", "data", "batch_size", "e
 const std::vector<std::string> kParallelKeys = {"pipeline_stages", "micro_batches", "schedule", "stage_layers"};
 const std::vector<std::string> kModelKeys = {"type", "layers", "activation", "loss"};
 const std::vector<std::string> kDataKeys = {"type", "train_samples", "eval_samples", "seed", "path", "labels_path",
-                                            "eval_path", "eval_labels_path", "label_column", "header", "prefetch"};
+                                            "eval_path", "eval_labels_path", "label_column", "header", "prefetch",
+                                            "loader_threads"};
 const std::vector<std::string> kOptimizerKeys = {"type", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"};
 const std::vector<std::string> kScheduleKeys = {"type", "step_size", "gamma", "warmup_steps", "min_lr"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every_steps", "async"};
@@ -505,6 +506,9 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
         c.fail(P + "/data/prefetch", fmt::format("expected true, false or \"auto\", got {}", typeName(d["prefetch"])));
       ts.data.prefetch = d["prefetch"].get<bool>();
     }
+    if (d.contains("loader_threads") && !(d["loader_threads"].is_string() && d["loader_threads"] == "auto"))
+      ts.data.loader_threads = static_cast<int>(
+          c.integer(d["loader_threads"], P + "/data/loader_threads", 1, 256, "a thread count", " or \"auto\""));
     if (d.contains("train_samples"))
       ts.data.train_samples = c.integer(d["train_samples"], P + "/data/train_samples", 1, 1ll << 40, "a sample count");
     if (d.contains("eval_samples"))
@@ -1410,6 +1414,7 @@ std::string serializeForNode(const JobSpec& spec) {
       d["header"] = t.data.header;
     }
     d["prefetch"] = t.data.prefetch ? json(*t.data.prefetch) : json("auto");
+    d["loader_threads"] = t.data.loader_threads ? json(*t.data.loader_threads) : json("auto");
     tj["data"] = d;
     tj["batch_size"] = t.batch_size;
     tj["epochs"] = t.epochs;
@@ -1474,7 +1479,8 @@ std::string describeTrainer(const TrainerSpec& t) {
     data += d.eval_path.empty() ? ", last 10% held out"
                                 : fmt::format(", eval {}{}", d.eval_path, d.eval_labels_path.empty() ? "" : " + " + d.eval_labels_path);
   }
-  os << fmt::format("  data:             {}, prefetch {}\n", data, autoOr(d.prefetch));
+  os << fmt::format("  data:             {}, prefetch {}, loader threads {}\n", data, autoOr(d.prefetch),
+                    d.loader_threads ? std::to_string(*d.loader_threads) : std::string("auto"));
   os << fmt::format("  batch_size:       {} per worker, {} epoch{}{}\n", t.batch_size, t.epochs, t.epochs == 1 ? "" : "s",
                     t.max_steps > 0 ? fmt::format(", at most {} steps", t.max_steps) : "");
   const auto& o = t.optimizer;

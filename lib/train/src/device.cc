@@ -134,6 +134,15 @@ bool onGpuOrSpareCore(const std::optional<bool>& setting, bool gpu) { return set
 }  // namespace
 
 bool prefetchBatches(const std::optional<bool>& setting, bool gpu) { return onGpuOrSpareCore(setting, gpu); }
+
+int loaderThreads(const std::optional<int>& setting, bool gpu) {
+  if (setting) return *setting;
+  if (!gpu) return 1;
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  const int share = CPU_COUNT(&set) / std::max(1, localWorldSizeFromEnv(1));
+  return std::clamp(share - 1, 1, 16);
+}
 bool overlapGradients(const std::optional<bool>& setting, bool gpu) { return onGpuOrSpareCore(setting, gpu); }
 
 DeviceChoice resolveDevice(const std::string& device, int localRank, int localWorldSize) {

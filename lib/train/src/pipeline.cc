@@ -536,6 +536,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   const int prevStage = p - 1, nextStage = p + 1;
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
+  const int loaders = loaderThreads(ts.data.loader_threads, dev.cuda);
   bool overlapGrads = D > 1 && overlapGradients(ts.overlap, dev.cuda);
   if (D > 1 && !ts.overlap.has_value()) {
     // "auto" is decided per node (its cores): every stage group overlaps only if all would.
@@ -550,9 +551,10 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       parts += fmt::format("{}{}-{} ({} params)", s ? ", " : "", first[static_cast<size_t>(s)],
                            first[static_cast<size_t>(s) + 1] - 1, stageSize[static_cast<size_t>(s)]);
     opts.log(fmt::format("trainer: {} workers = {} replica{} x {} pipeline stages (layers {}), {} micro-batches of {}, "
-                         "schedule {}, math on {}, {} communicator, batches {}{}",
+                         "schedule {}, math on {}, {} communicator, batches {}{}{}",
                          world, D, D == 1 ? "" : "s", P, parts, M, mb, ts.parallel.schedule, model.describe(),
                          comm.backend(), prefetch ? "prefetched" : "loaded inline",
+                         loaders > 1 ? fmt::format(" by {} threads", loaders) : "",
                          D == 1 ? "" : overlapGrads ? ", gradients reduced during backward" : ", gradients reduced after backward"));
   }
 
@@ -750,7 +752,8 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   // before the schedule (one step ahead, with trainer.data.prefetch) so that data loading
   // never counts as pipeline time. bx/by: this step's batch; x/y: the evaluation's.
   // (A middle stage loads nothing: no thread for it.)
-  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, firstStage, lastStage, prefetch && (firstStage || lastStage)});
+  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, firstStage, lastStage, prefetch && (firstStage || lastStage),
+                              firstStage || lastStage ? loaders : 1});
   const float* bx = nullptr;
   const float* by = nullptr;
   std::vector<float> x(firstStage ? static_cast<size_t>(B) * in : 0);

@@ -101,6 +101,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   site.at(detail::AllocationSite::kSetup);
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
+  const int loaders = loaderThreads(ts.data.loader_threads, dev.cuda);
   bool overlap = overlapGradients(ts.overlap, dev.cuda);
   if (world > 1 && !ts.overlap.has_value()) {
     // "auto" is decided per node (its cores): every rank overlaps only if all would, so that
@@ -110,8 +111,9 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     overlap = all == 1;
   }
   if (rank == 0 && opts.log)
-    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator, batches {}{}", world, world == 1 ? "" : "s",
+    opts.log(fmt::format("trainer: {} worker{}, math on {}, {} communicator, batches {}{}{}", world, world == 1 ? "" : "s",
                          be->describe(), comm.backend(), prefetch ? "prefetched" : "loaded inline",
+                         loaders > 1 ? fmt::format(" by {} threads", loaders) : "",
                          world == 1 ? "" : overlap ? ", gradients reduced during backward" : ", gradients reduced after backward"));
   // A whole backend buffer broadcast from rank 0, staged through the host when needed.
   auto broadcastBuffer = [&](float* buf, std::vector<float>& host, void (detail::MathBackend::*store)(float*),
@@ -238,7 +240,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     for (int i = 0; i < B; ++i) idx[static_cast<size_t>(i)] = order[base + static_cast<uint64_t>(i)];
     return idx;
   };
-  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, true, true, prefetch});
+  detail::BatchLoader loader({trainSet.get(), B, in, out, mse, true, true, prefetch, loaders});
 
   TrainResult result;
   const long long firstStep = step;

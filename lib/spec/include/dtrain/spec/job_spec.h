@@ -73,6 +73,10 @@ struct TrainerSpec {
     // Load the next batch on a thread of its own while a step computes; unset = "auto" (on for
     // GPU math, and for CPU math when the node has a core beyond the workers' BLAS threads).
     std::optional<bool> prefetch;
+    // Threads that compute a batch's samples (the loading thread and helpers); unset = "auto"
+    // (GPU math: this worker's share of the node's CPUs less one, at most 16; CPU math: 1).
+    // Samples are a pure function of their index, so the count changes when, never what.
+    std::optional<int> loader_threads;
     bool operator==(const Data&) const = default;
   } data;
   int batch_size = 128;  // per worker

@@ -15,6 +15,8 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual uint64_t size() const = 0;
   // x: inputs floats; classification: *label; regression (targets != nullptr): outputs floats.
+  // A pure function of the index, safe to call from several threads at once (the batch loader
+  // computes a batch's samples on several).
   virtual void sample(uint64_t index, float* x, int* label, float* targets) const = 0;
 };
 

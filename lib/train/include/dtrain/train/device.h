@@ -34,6 +34,11 @@ int localRankFromEnv(int fallback);
 // threads (LOCAL_WORLD_SIZE x OPENBLAS_NUM_THREADS or OMP_NUM_THREADS; unset: the BLAS takes
 // every core), so that the loader thread has a core no worker computes on.
 bool prefetchBatches(const std::optional<bool>& setting, bool gpu);
+// How many threads compute a batch's samples (trainer.data.loader_threads): as set, else
+// ("auto") for GPU math this worker's share of the node's CPUs (affinity / LOCAL_WORLD_SIZE)
+// less one for the worker's own thread, between 1 and 16; for CPU math 1 (the BLAS threads
+// have the cores).
+int loaderThreads(const std::optional<int>& setting, bool gpu);
 // Whether gradient buckets are all-reduced during backward (trainer.overlap): as set, else
 // ("auto") for GPU math (NCCL runs on its own stream), or on CPUs under the same spare-core
 // rule as prefetchBatches. Without a spare core the all-reduce thread only takes turns with
