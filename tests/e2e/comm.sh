@@ -12,6 +12,10 @@ expect_grep "^# +size +count +type +redop +time +algbw +busbw +#wrong$" "$T/out"
 expect_grep "^ +1048576 +262144 +float +sum +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$" "$T/out" "1 MiB row verified"
 expect_grep "^# Out of bounds values : 0 OK$" "$T/out" "footer"
 expect_grep "^# transport: shm$" "$T/out" "same host: shared-memory transport"
+grep -q "^# 1 rank" "$T/out" && fail "3 ranks: no 1-rank note" || pass "3 ranks: no 1-rank note"
+"$DTRAIN" bench allreduce --nproc-per-node 1 -b 1K -e 4K -n 1 -w 0 >"$T/out1" 2>"$T/err"
+expect_eq "$?" 0 "bench allreduce 1 rank exits 0"
+expect_grep "^# 1 rank: nothing moves between ranks; busbw is 0 by definition" "$T/out1" "1 rank: said that it measures no bandwidth"
 python3 - "$T/ar.json" >"$T/check" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

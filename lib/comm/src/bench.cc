@@ -172,7 +172,12 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
 std::string formatBenchHeader(const BenchOptions& o, int worldSize, const char* backend, const std::string& transport) {
   std::string out = fmt::format("# dtrain bench {}: {} ranks, backend {}, {} iterations after {} warm-up\n",
                                 name(o.collective), worldSize, backend, o.iters, o.warmup);
-  out += fmt::format("# transport: {}\n#\n", transport.empty() ? backend : transport);
+  out += fmt::format("# transport: {}\n", transport.empty() ? backend : transport);
+  // (nccl-tests prints one rank's numbers without a word, and its tens of TB/s get quoted)
+  if (worldSize == 1)
+    out += "# 1 rank: nothing moves between ranks; busbw is 0 by definition and algbw is only the call's "
+           "overhead over the size (run 2 or more ranks to measure bandwidth)\n";
+  out += "#\n";
   out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "size", "count", "type", "redop", "time",
                      "algbw", "busbw", "#wrong");
   out += fmt::format("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "(B)", "(elements)", "", "", "(us)",
