@@ -170,8 +170,9 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
 }
 
 std::string formatBenchHeader(const BenchOptions& o, int worldSize, const char* backend, const std::string& transport) {
-  std::string out = fmt::format("# dtrain bench {}: {} ranks, backend {}, {} iterations after {} warm-up\n",
-                                name(o.collective), worldSize, backend, o.iters, o.warmup);
+  std::string out = fmt::format("# dtrain bench {}: {} rank{}, backend {}, {} iteration{} after {} warm-up\n",
+                                name(o.collective), worldSize, worldSize == 1 ? "" : "s", backend, o.iters,
+                                o.iters == 1 ? "" : "s", o.warmup);
   out += fmt::format("# transport: {}\n", transport.empty() ? backend : transport);
   // (nccl-tests prints one rank's numbers without a word, and its tens of TB/s get quoted)
   if (worldSize == 1)
