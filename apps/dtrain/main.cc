@@ -61,8 +61,6 @@ struct RunArgs {
   std::string verb = "run";               // "validate": messages name it
 };
 
-
-
 void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Workers on this node: 1..4096 or \"auto\"");
   cmd->add_option("--max-restarts,--max_restarts", a.max_restarts, "Restarts allowed before the job fails");
@@ -349,6 +347,25 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, fix));
 }
 
+// `dtrain run`'s stop signals, held from main()'s start until the run's outcome is decided
+// (enterRunEnd; null for other commands): a SIGINT, SIGTERM or SIGHUP before any worker starts
+// ends the run at the next step with its own summary (stopIfSignalled), not by the signal's
+// default action, which left an earlier run's summary in place; a step that never ends is cut
+// short by a second one (HeldStopSignals, until endPreflight() before the launch).
+launch::HeldStopSignals* gHeldSignals = nullptr;
+
+// A stop signal that came before the launch: the run ends with it (exit 128 + the signal).
+struct StoppedBeforeLaunch {
+  int sig;
+};
+
+// Ends the run, before anything starts, when a stop signal has come (between pre-flight steps:
+// reading the spec and its data can take a while).
+void stopIfSignalled() {
+  if (!gHeldSignals) return;
+  if (const int sig = gHeldSignals->stopSignal()) throw StoppedBeforeLaunch{sig};
+}
+
 // Whether a local job's workers will train on GPUs (resolveDevice's rule for rank 0, which
 // every worker of the node shares): their model and activations are then device memory.
 // nullopt when the device cannot be resolved ("cuda" without a usable GPU, GPUs shared): that
@@ -431,7 +448,8 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     // starts, and must not count against the workers' memory)
     const MemoryAvailability availability = memoryAvailability();
     const uint64_t available = availability.bytes;
-    const auto [trainSet, evalSet] = train::openDatasets(*s.trainer);  // (the held-out set checked too)
+    // (the held-out set checked too; a stop signal ends a long parse at once)
+    const auto [trainSet, evalSet] = train::openDatasets(*s.trainer, stopIfSignalled);
     // One global batch must fit in the training set: said here, not by every worker after
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
     const auto& t = *s.trainer;
@@ -481,25 +499,6 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     }
   }
   return s;
-}
-
-// `dtrain run`'s stop signals, held from main()'s start until the run's outcome is decided
-// (enterRunEnd; null for other commands): a SIGINT, SIGTERM or SIGHUP before any worker starts
-// ends the run at the next step with its own summary (stopIfSignalled), not by the signal's
-// default action, which left an earlier run's summary in place; a step that never ends is cut
-// short by a second one (HeldStopSignals, until endPreflight() before the launch).
-launch::HeldStopSignals* gHeldSignals = nullptr;
-
-// A stop signal that came before the launch: the run ends with it (exit 128 + the signal).
-struct StoppedBeforeLaunch {
-  int sig;
-};
-
-// Ends the run, before anything starts, when a stop signal has come (between pre-flight steps:
-// reading the spec and its data can take a while).
-void stopIfSignalled() {
-  if (!gHeldSignals) return;
-  if (const int sig = gHeldSignals->stopSignal()) throw StoppedBeforeLaunch{sig};
 }
 
 // The end of a run, from when its outcome is decided (the launch returned or threw, or the

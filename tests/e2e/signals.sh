@@ -319,6 +319,44 @@ wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 2 "SIGTERM, then a bad spec: the spec's exit 2 stands"
 expect_grep "^dtrain: SIGTERM while the job was being checked, and the check failed first; the outcome stands$" "$T/bad.err" "SIGTERM, then a bad spec: said as such"
 expect_grep "badfifo.json:2:1: invalid JSON" "$T/bad.err" "SIGTERM, then a bad spec: the spec's error"
+# A stop signal while the launcher parses a long csv (here one with no end: a FIFO fed rows
+# without pause) ends the parse at once: exit 143 with its summary. Before, the parse went
+# on until the 10 s grace ended dtrain by SIGTERM with no summary.
+cat > "$T/csvstop.py" <<'PY'
+import json, os, signal, subprocess, sys, threading, time
+dtrain, t = sys.argv[1], sys.argv[2]
+for f in ("rows.csv", "cs.json"):
+    if os.path.exists(f"{t}/{f}"): os.unlink(f"{t}/{f}")
+os.mkfifo(f"{t}/rows.csv")
+json.dump({"nproc_per_node": 1, "trainer": {"model": {"layers": [2, 4, 3]},
+           "data": {"type": "csv", "path": f"{t}/rows.csv"}, "batch_size": 4}}, open(f"{t}/csvstop.json", "w"))
+p = subprocess.Popen([dtrain, "run", f"{t}/csvstop.json", "--summary-json", f"{t}/cs.json"],
+                     stdout=subprocess.DEVNULL, stderr=open(f"{t}/cs.err", "w"))
+sent = [0]
+def feed():
+    try:
+        with open(f"{t}/rows.csv", "w") as f:
+            f.write("a,b,label\n")
+            chunk = "0.5,1.5,1\n" * 20000
+            while p.poll() is None:
+                f.write(chunk); f.flush(); sent[0] += 20000
+                time.sleep(0.002)
+    except (BrokenPipeError, OSError):
+        pass
+threading.Thread(target=feed, daemon=True).start()
+deadline = time.time() + 20
+while sent[0] < 400000 and time.time() < deadline: time.sleep(0.01)
+t0 = time.time()
+p.send_signal(signal.SIGTERM)
+try: rc = p.wait(30)
+except subprocess.TimeoutExpired: p.kill(); p.wait(); print("hung"); sys.exit()
+took = time.time() - t0
+s = json.load(open(f"{t}/cs.json"))
+print(rc, s["status"], s["stopped_by"], "at once" if took < 3 else f"after {took:.1f} s")
+PY
+expect_eq "$(python3 "$T/csvstop.py" "$DTRAIN" "$T")" "143 failed SIGTERM at once" "SIGTERM while the launcher parses a csv with no end: the parse stops, exit 143 with its summary"
+expect_grep "^dtrain: stopped by SIGTERM before any worker started; exit code 143$" "$T/cs.err" "SIGTERM during the csv parse: said"
+rm -f "$T/rows.csv"
 # nohup's SIGHUP stays ignored: it is not a first signal, nor a second one.
 rm -f "$T/pf.json"; mkfifo "$T/pf.json"
 nohup "$DTRAIN" run "$T/pf.json" >/dev/null 2>"$T/pf.err" &

@@ -668,6 +668,33 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
   std::filesystem::remove(path);
 }
 
+// openDatasets' poll (the launcher's stop-signal check) is called as a csv is parsed, every
+// 65536 rows, and what it throws ends the parse.
+TEST(Data, ParsingPollsAndStopsWhenThePollThrows) {
+  const std::string path = ::testing::TempDir() + "/dtrain_poll_" + std::to_string(::getpid()) + ".csv";
+  {
+    std::ofstream f(path);
+    f << "a,b,label\n";
+    for (int i = 0; i < 200000; ++i) f << "0.5,1.5," << i % 3 << "\n";
+  }
+  spec::TrainerSpec t = small(4);
+  t.model.layers = {2, 8, 3};
+  t.data.type = "csv";
+  t.data.path = path;
+  int calls = 0;
+  auto all = openDatasets(t, [&] { ++calls; });
+  EXPECT_EQ(calls, 3) << "200001 lines: at lines 65536, 131072 and 196608";
+  EXPECT_EQ(all.train->size() + all.eval->size(), 200000u);
+  struct Stop {};
+  calls = 0;
+  EXPECT_THROW(openDatasets(t, [&] {
+                 if (++calls == 2) throw Stop{};
+               }),
+               Stop);
+  EXPECT_EQ(calls, 2);
+  std::filesystem::remove(path);
+}
+
 TEST(Checkpoint, PreparingTheDirectoryPeeksAtTheNewestWithoutReadingTheWeights) {
   // The pre-check reads the header and counts only: a file of an older dtrain (no config
   // description) whose parameter count differs is still refused, by its counts; a file

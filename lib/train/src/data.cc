@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <sstream>
 
@@ -188,7 +189,7 @@ std::string shownCell(std::string_view cell) {
   return cell.size() > 40 ? oneLine(cell.substr(0, utf8PrefixLength(cell, 40))) + "..." : oneLine(cell);
 }
 
-std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& path) {
+std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& path, const std::function<void()>& poll) {
   std::ifstream in(path);
   if (!in) throw SpecError(fmt::format("{}: cannot open csv file", path));
   const int inputs = t.model.layers.front();
@@ -234,6 +235,7 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
   auto isBlank = [](char c) { return c == ' ' || c == '\t'; };
   while (std::getline(in, line)) {
     ++lineNo;
+    if (poll && (lineNo & 0xffff) == 0) poll();
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     const int cellsHere = static_cast<int>(std::count(line.begin(), line.end(), ',')) + 1;
@@ -310,10 +312,11 @@ uint32_t be32(std::istream& in) {
 }
 
 // Up to `bytes` from `in`, in chunks: memory follows what the stream holds, not `bytes`.
-std::vector<unsigned char> readUpTo(std::istream& in, uint64_t bytes) {
+std::vector<unsigned char> readUpTo(std::istream& in, uint64_t bytes, const std::function<void()>& poll) {
   std::vector<unsigned char> out;
   constexpr uint64_t kChunk = 4u << 20;
   while (out.size() < bytes && in) {
+    if (poll) poll();
     const size_t at = out.size();
     out.resize(at + static_cast<size_t>(std::min(kChunk, bytes - at)));
     in.read(reinterpret_cast<char*>(out.data() + at), static_cast<std::streamsize>(out.size() - at));
@@ -322,7 +325,8 @@ std::vector<unsigned char> readUpTo(std::istream& in, uint64_t bytes) {
   return out;
 }
 
-std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& images, const std::string& labels) {
+std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& images, const std::string& labels,
+                                 const std::function<void()>& poll) {
   std::ifstream fi(images, std::ios::binary), fl(labels, std::ios::binary);
   if (!fi) throw SpecError(fmt::format("{}: cannot open idx images file", images));
   if (!fl) throw SpecError(fmt::format("{}: cannot open idx labels file", labels));
@@ -363,8 +367,8 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
   // The header's count is not trusted with memory: what is read grows with what the file
   // holds, so a corrupt count (4 billion images) is a "truncated" error, not an allocation
   // of terabytes.
-  std::vector<unsigned char> px = readUpTo(fi, static_cast<uint64_t>(n) * rows * cols);
-  std::vector<unsigned char> lb = readUpTo(fl, n);
+  std::vector<unsigned char> px = readUpTo(fi, static_cast<uint64_t>(n) * rows * cols, poll);
+  std::vector<unsigned char> lb = readUpTo(fl, n, poll);
   if (px.size() < static_cast<uint64_t>(n) * rows * cols)
     throw SpecError(fmt::format("{}: truncated: the header says {} images, the file holds {}", images, n,
                                 px.size() / (static_cast<uint64_t>(rows) * cols)));
@@ -383,22 +387,23 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
 
 namespace {
 
-std::shared_ptr<Dataset> loadFile(const spec::TrainerSpec& t, const std::string& path, const std::string& labels) {
+std::shared_ptr<Dataset> loadFile(const spec::TrainerSpec& t, const std::string& path, const std::string& labels,
+                                  const std::function<void()>& poll) {
   if (t.model.loss == "mse" && t.model.layers.back() != 1)
     throw SpecError("trainer: /trainer/model/layers: file data sets have one target column: mse needs an output width of "
                     "1; make the last layer 1");  // (refused by the spec's checks first; kept for callers without them)
-  return t.data.type == "csv" ? loadCsv(t, path) : loadIdx(t, path, labels);
+  return t.data.type == "csv" ? loadCsv(t, path, poll) : loadIdx(t, path, labels, poll);
 }
 
 }  // namespace
 
-Datasets openDatasets(const spec::TrainerSpec& t) {
+Datasets openDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll) {
   const auto& d = t.data;
   if (d.type == "synthetic") return {std::make_unique<SyntheticSet>(t, false), std::make_unique<SyntheticSet>(t, true)};
-  std::shared_ptr<Dataset> all = loadFile(t, d.path, d.labels_path);
+  std::shared_ptr<Dataset> all = loadFile(t, d.path, d.labels_path, poll);
   const uint64_t n = all->size();
   if (!d.eval_path.empty()) {
-    std::shared_ptr<Dataset> ev = loadFile(t, d.eval_path, d.eval_labels_path);
+    std::shared_ptr<Dataset> ev = loadFile(t, d.eval_path, d.eval_labels_path, poll);
     const uint64_t en = ev->size();
     return {std::make_unique<Slice>(all, 0, n), std::make_unique<Slice>(ev, 0, en)};
   }

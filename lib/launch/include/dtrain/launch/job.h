@@ -43,9 +43,9 @@ class HeldStopSignals {
  public:
   // Longer than a pre-flight step takes on ordinary inputs, shorter than the SIGKILL grace of
   // the schedulers that send SIGTERM first (Kubernetes' 30 s, Slurm's KillWait 30 s,
-  // systemd's 90 s), so that dtrain ends by the SIGTERM. A step that does go on longer (the
-  // launcher parsing a CSV of several GB, ~1.5 s per 300 MB here) is cut short as well: to a
-  // scheduler's stop the difference is only the summary.
+  // systemd's 90 s), so that dtrain ends by the SIGTERM. A step that can go on longer polls
+  // stopSignal() as it goes (the launcher's parse of a data file of several GB, ~1.5 s per
+  // 300 MB here, every 65536 rows) and ends with the summary; one that cannot is cut short.
   static constexpr unsigned kHeldStopGraceS = 10;
 
   HeldStopSignals();

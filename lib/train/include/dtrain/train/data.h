@@ -1,6 +1,7 @@
 #pragma once
 // Data sets and DistributedSampler-style sharding.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +27,10 @@ class Dataset {
 struct Datasets {
   std::unique_ptr<Dataset> train, eval;
 };
-Datasets openDatasets(const spec::TrainerSpec& t);
+// `poll`, when given, is called every 65536 rows of a csv file and every 4 MiB of an idx file,
+// and what it throws passes through: the launcher's pre-flight gives one that throws once a
+// stop signal came, so that parsing a file of several GB ends at once rather than after it.
+Datasets openDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll = {});
 
 // Seeded Gaussian latents z (kLatent dims) are mapped by a fixed random linear generator
 // into the input space (plus a little noise), and labelled by a fixed random teacher network
