@@ -12,9 +12,10 @@ for r in 0 1 2; do
   for _ in $(seq 100); do alive "$p" || break; sleep 0.1; done
   alive "$p" && { fail "rank $r (pid $p) outlived dtrain"; kill -9 "$p"; } || pass "rank $r gone"
 done
-# The error files' temp dir (<tmp>/dtrain-XXXXXX/attempt_0/<rank>/error.json) goes with them.
+# The error files' temp dir (<tmp>/dtrain-err-<run id>-<place>-<pid>-XXXXXX/attempt_0/<rank>/error.json)
+# goes with them.
 errroot=$(dirname "$(dirname "$(dirname "$(cat "$T/ef.0")")")")
-case $errroot in */dtrain-??????) pass "error-file dir is dtrain's own ($errroot)" ;; *) fail "unexpected error-file dir '$errroot'" ;; esac
+case $errroot in */dtrain-err-[0-9a-f]*-*.*-[0-9]*-??????) pass "error-file dir is dtrain's own ($errroot)" ;; *) fail "unexpected error-file dir '$errroot'" ;; esac
 for _ in $(seq 100); do [ -e "$errroot" ] || break; sleep 0.1; done
 [ ! -e "$errroot" ] && pass "error-file temp dir removed after SIGKILL" || fail "error-file temp dir $errroot left behind"
 
@@ -147,16 +148,18 @@ place=$(TMPDIR="$T/tmp" "$DTRAIN" run --dry-run "$T/slow.json" | sed -n 's|.*/dt
 [ -n "$place" ] && pass "the plan shows the directory's name ($place)" || fail "no place in the plan's spec path"
 mkdir -p "$T/tmp/keep" && echo x >"$T/tmp/keep/x"
 for d in "dtrain-run-0123456789ab-$place-$dead-Ab3dEf" "dtrain-run-0123456789ab-$place-$$-Ab3dEf" \
-         "dtrain-run-0123456789ab-0.1-$dead-Ab3dEf" "dtrain-runs-0123456789ab-$place-$dead-Ab3dEf"; do
+         "dtrain-run-0123456789ab-0.1-$dead-Ab3dEf" "dtrain-runs-0123456789ab-$place-$dead-Ab3dEf" \
+         "dtrain-err-0123456789ab-$place-$dead-Ab3dEf" "dtrain-err-0123456789ab-$place-$$-Ab3dEf"; do
   mkdir -p "$T/tmp/$d" && echo '{}' >"$T/tmp/$d/spec.json"
 done
 ln -s keep "$T/tmp/dtrain-run-aaaaaaaaaaaa-$place-$dead-Ab3dEf"
 TMPDIR="$T/tmp" "$DTRAIN" run "$T/tr.json" --nproc-per-node 1 >/dev/null 2>"$T/sweep.err" &
 DTRAIN_PID=$!
-for _ in $(seq 100); do [ -e "$T/tmp/dtrain-run-0123456789ab-$place-$dead-Ab3dEf" ] || break; sleep 0.1; done
+for _ in $(seq 100); do [ -e "$T/tmp/dtrain-run-0123456789ab-$place-$dead-Ab3dEf" ] || [ -e "$T/tmp/dtrain-err-0123456789ab-$place-$dead-Ab3dEf" ] || break; sleep 0.1; done
 kill -9 "$DTRAIN_PID"; wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
 [ ! -e "$T/tmp/dtrain-run-0123456789ab-$place-$dead-Ab3dEf" ] && pass "a dead run's private directory removed by the next run" || fail "a dead run's private directory left"
-for d in "dtrain-run-0123456789ab-$place-$$-Ab3dEf" "dtrain-run-0123456789ab-0.1-$dead-Ab3dEf" \
+[ ! -e "$T/tmp/dtrain-err-0123456789ab-$place-$dead-Ab3dEf" ] && pass "a dead launch's error-file directory removed by the next launch" || fail "a dead launch's error-file directory left"
+for d in "dtrain-run-0123456789ab-$place-$$-Ab3dEf" "dtrain-err-0123456789ab-$place-$$-Ab3dEf" "dtrain-run-0123456789ab-0.1-$dead-Ab3dEf" \
          "dtrain-runs-0123456789ab-$place-$dead-Ab3dEf" "dtrain-run-aaaaaaaaaaaa-$place-$dead-Ab3dEf" keep/x; do
   [ -e "$T/tmp/$d" ] && pass "$d kept" || fail "$d removed"
 done

@@ -36,6 +36,9 @@
 namespace dtrain::launch {
 namespace {
 
+// A launch's error files when there is no log_dir: $TMPDIR/kErrDirStem<run id>-<place>-<pid>-XXXXXX.
+constexpr const char* kErrDirStem = "dtrain-err-";
+
 using detail::SignalScope;
 using detail::utcNow;
 
@@ -621,9 +624,12 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     errRoot = std::filesystem::path(spec.log_dir) / plan.run_id;
   } else {
     // (absolute: a relative TMPDIR would hand workers that start in the spec's cwd error
-    // file paths that lead nowhere)
+    // file paths that lead nowhere) Named with this process's pid (ownedFilePrefix): the
+    // guard below removes it if the launcher is killed, and the next launch sweeps one that
+    // was left when the guard died too (a cgroup's kill).
     const std::string tmp = tempDirectory();
-    std::string tmpl = (std::filesystem::path(tmp) / "dtrain-XXXXXX").string();
+    removeStaleOwnedFiles(tmp, {kErrDirStem});
+    std::string tmpl = (std::filesystem::path(tmp) / (ownedFilePrefix(kErrDirStem, plan.run_id) + "XXXXXX")).string();
     if (!::mkdtemp(tmpl.data())) throwErrno(fmt::format("cannot create a directory in {} (the temp directory, TMPDIR)", tmp));
     errRoot = tmpl;
   }
