@@ -19,9 +19,17 @@ dtrain() {  # batch loader_threads
   "batch_size": $1, "max_steps": $STEPS, "optimizer": {"lr": 0.005, "momentum": 0.9}, "device": "cuda",
   "log_every_steps": 1000000}}
 JSON
-  "$D" run "$T/s.json" 2>/dev/null | sed -n 's/.* \([0-9]*\) samples\/s.*/\1/p' | tail -1 || true
+  local r
+  r=$("$D" run "$T/s.json" 2>/dev/null | sed -n 's/.* \([0-9]*\) samples\/s.*/\1/p' | tail -1 || true)
+  echo "  dtrain batch $1 loader_threads $2: ${r:-failed}" >&2  # (as it goes: a run cut short keeps what it measured)
+  echo "$r"
 }
-torch() { "$PY" bench/torch_gpu_mlp.py "$1" "$STEPS" 50 2>/dev/null || true; }
+torch() {
+  local r
+  r=$("$PY" bench/torch_gpu_mlp.py "$1" "$STEPS" 50 2>/dev/null || true)
+  echo "  torch batch $1: ${r:-failed}" >&2
+  echo "$r"
+}
 echo "torch $("$PY" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))' 2>&1 | tail -1)"
 declare -A R
 for i in $(seq "$REPEATS"); do

@@ -12,21 +12,30 @@ set -u
 cd "$(dirname "$0")/.."
 case "${1:-}" in
 pack)
+  set -e -o pipefail
   B=${2:-build/gpu}
+  for f in dtrain dtrain_gpu_tests libdtrain_comm_nccl.so libdtrain_train_cuda.so; do
+    [ -f "$B/bin/$f" ] || { echo "no $B/bin/$f: make a CUDA build there first (cmake -S . -B $B -DDTRAIN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90, then build dtrain and dtrain_gpu_tests)" >&2; exit 1; }
+  done
   rm -rf .devcarry && mkdir -p .devcarry/stage/build/bin .devcarry/stage/lib
   cp -a "$B/bin/dtrain" "$B/bin/dtrain_gpu_tests" "$B"/bin/*.so .devcarry/stage/build/bin/
   # The shared libraries our binaries and plugins load that are not libc/libstdc++ or CUDA's
   # big ones (cuBLAS, NCCL: the GPU machine has its own of the same major version).
   for l in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libfmt.so.9 libcrypto.so.3 libcudart.so.13; do
-    p=$( (ldconfig -p | sed -n "s/.*[[:space:]]$l .*=> //p"; ls /usr/local/cuda/lib64/$l 2>/dev/null) | head -1)
+    p=$( (ldconfig -p | sed -n "s/.*[[:space:]]$l .*=> //p"; ls /usr/local/cuda/lib64/$l 2>/dev/null || true) | sed -n 1p)
     [ -n "$p" ] || { echo "not found: $l" >&2; exit 1; }
     cp -L "$p" .devcarry/stage/lib/$l
   done
   tar -C .devcarry/stage -cJf .devcarry/bundle.tar.xz . && rm -rf .devcarry/stage
-  grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo /.devcarry/ >>.git/info/exclude
+  X=$(git rev-parse --git-path info/exclude)  # (a worktree's .git is a file)
+  mkdir -p "$(dirname "$X")"
+  grep -qx '/.devcarry/' "$X" 2>/dev/null || echo /.devcarry/ >>"$X"
   ls -la .devcarry/bundle.tar.xz
   ;;
 run)
+  if [ -e build/gpu ] && [ ! -L build/gpu ]; then
+    echo "build/gpu is a real build here: 'run' is for the GPU machine the bundle was carried to" >&2; exit 2
+  fi
   R=/tmp/dtrain_bundle
   rm -rf "$R" && mkdir -p "$R" && tar -C "$R" -xJf .devcarry/bundle.tar.xz || exit 98
   LIBS="$R/lib"
@@ -38,14 +47,14 @@ run)
   export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   # The checkout's build/gpu is what gpu_check.sh looks in: point it at the unpacked binaries.
-  mkdir -p build && rm -rf build/gpu && ln -s "$R/build" build/gpu
+  mkdir -p build && rm -f build/gpu && ln -s "$R/build" build/gpu
   ldd build/gpu/bin/dtrain build/gpu/bin/*.so | grep -E "not found|^build" || true
   L=/tmp/dtrain_gpu_check
   OUT="$L" SKIP_BUILD=1 timeout "${CHECK_LIMIT:-420}" bash scripts/gpu_check.sh build/gpu
   rc=$?
   echo "gpu_check exit $rc"
   echo "== bench/trainer_gpu.sh"
-  timeout "${BENCH_LIMIT:-120}" bash bench/trainer_gpu.sh "${BENCH_STEPS:-1000}" 3 build/gpu/bin/dtrain 2>&1 | tee "$L/trainer_gpu_bench.log"
+  timeout "${BENCH_LIMIT:-200}" bash bench/trainer_gpu.sh "${BENCH_STEPS:-300}" 3 build/gpu/bin/dtrain 2>&1 | tee "$L/trainer_gpu_bench.log"
   [ -n "${OUT:-}" ] && tar -C "$L" -czf "$OUT/gpu_check_logs.tar.gz" --exclude=ckpt --exclude='*.bin' . 2>/dev/null
   exit "$rc"
   ;;

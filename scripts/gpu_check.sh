@@ -52,7 +52,9 @@ echo "== GPU"
 (nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed") 2>&1 | tee "$OUT/gpu.txt"
 
 echo "== build ($BUILD)"
-if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x "$BUILD/bin/dtrain" ] && [ -x "$BUILD/bin/dtrain_gpu_tests" ]; then
+if [ "${SKIP_BUILD:-0}" = 1 ]; then
+  # (no build there: a machine without the build dependencies would spend its minutes failing)
+  [ -x "$BUILD/bin/dtrain" ] && [ -x "$BUILD/bin/dtrain_gpu_tests" ] || { echo "SKIP_BUILD=1 but no prebuilt binaries in $BUILD/bin"; exit 99; }
   echo "prebuilt (SKIP_BUILD=1): $BUILD/bin"
 else
 step configure 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_WITH_CUDA=ON \

@@ -16,16 +16,16 @@ class BatchLoader::Helpers {
  public:
   explicit Helpers(int n) {
     AllSignalsBlocked blocked;  // signals are the worker's main thread's business
-    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
-  }
-  ~Helpers() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
+    try {
+      for (int i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+    } catch (...) {
+      // (a thread refused, EAGAIN under a pids limit: the ones started must be joined before
+      // the members they wait on go, or destroying wake_ waits for them for good)
+      stopAll();
+      throw;
     }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
   }
+  ~Helpers() { stopAll(); }
   Helpers(const Helpers&) = delete;
   Helpers& operator=(const Helpers&) = delete;
 
@@ -52,6 +52,14 @@ class BatchLoader::Helpers {
   }
 
  private:
+  void stopAll() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
   void work() {
     while (true) {
       const size_t b = next_.fetch_add(chunk_);

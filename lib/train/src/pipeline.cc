@@ -536,7 +536,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   const int prevStage = p - 1, nextStage = p + 1;
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
-  const int loaders = loaderThreads(ts.data.loader_threads, dev.cuda);
+  const int loaders = std::min(loaderThreads(ts.data.loader_threads, dev.cuda), ts.batch_size);  // (no more than rows)
   bool overlapGrads = D > 1 && overlapGradients(ts.overlap, dev.cuda);
   if (D > 1 && !ts.overlap.has_value()) {
     // "auto" is decided per node (its cores): every stage group overlaps only if all would.

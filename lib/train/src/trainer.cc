@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -101,7 +102,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   site.at(detail::AllocationSite::kSetup);
   const uint64_t hash = configHash(ts);
   const bool prefetch = prefetchBatches(ts.data.prefetch, dev.cuda);
-  const int loaders = loaderThreads(ts.data.loader_threads, dev.cuda);
+  const int loaders = std::min(loaderThreads(ts.data.loader_threads, dev.cuda), ts.batch_size);  // (no more than rows)
   bool overlap = overlapGradients(ts.overlap, dev.cuda);
   if (world > 1 && !ts.overlap.has_value()) {
     // "auto" is decided per node (its cores): every rank overlaps only if all would, so that
