@@ -26,7 +26,8 @@ pack)
     [ -n "$p" ] || { echo "not found: $l" >&2; exit 1; }
     cp -L "$p" .devcarry/stage/lib/$l
   done
-  tar -C .devcarry/stage -cJf .devcarry/bundle.tar.xz . && rm -rf .devcarry/stage
+  tar -C .devcarry/stage -cJf .devcarry/bundle.tar.xz .  # (alone: set -e ignores a failure before &&)
+  rm -rf .devcarry/stage
   X=$(git rev-parse --git-path info/exclude)  # (a worktree's .git is a file)
   mkdir -p "$(dirname "$X")"
   grep -qx '/.devcarry/' "$X" 2>/dev/null || echo /.devcarry/ >>"$X"

@@ -16,6 +16,8 @@ grep -q "^# 1 rank" "$T/out" && fail "3 ranks: no 1-rank note" || pass "3 ranks:
 "$DTRAIN" bench allreduce --nproc-per-node 1 -b 1K -e 4K -n 1 -w 0 >"$T/out1" 2>"$T/err"
 expect_eq "$?" 0 "bench allreduce 1 rank exits 0"
 expect_grep "^# 1 rank: nothing moves between ranks; busbw is 0 by definition" "$T/out1" "1 rank: said that it measures no bandwidth"
+"$DTRAIN" bench broadcast --nproc-per-node 1 -b 1K -e 4K -n 1 -w 0 >"$T/out1" 2>"$T/err"
+expect_eq "$(awk '!/^#/ && NF >= 8 {print $7}' "$T/out1" | sort -u | tr '\n' ' ')" "0.000 " "1 rank, broadcast too: busbw 0 in every row"
 python3 - "$T/ar.json" >"$T/check" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

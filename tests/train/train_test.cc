@@ -669,7 +669,7 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
 }
 
 // openDatasets' poll (the launcher's stop-signal check) is called as a csv is parsed, every
-// 65536 rows, and what it throws ends the parse.
+// 65536 rows or 4 MiB, and what it throws ends the parse.
 TEST(Data, ParsingPollsAndStopsWhenThePollThrows) {
   const std::string path = ::testing::TempDir() + "/dtrain_poll_" + std::to_string(::getpid()) + ".csv";
   {
@@ -691,6 +691,18 @@ TEST(Data, ParsingPollsAndStopsWhenThePollThrows) {
                  if (++calls == 2) throw Stop{};
                }),
                Stop);
+  EXPECT_EQ(calls, 2);
+  // Wide rows: every 4 MiB as well (1000 rows of 9 KB: 2 polls).
+  {
+    std::ofstream f(path);
+    for (int c = 0; c < 1000; ++c) f << "c" << c << (c < 999 ? "," : "\n");
+    for (int r = 0; r < 1000; ++r)
+      for (int c = 0; c < 1000; ++c) f << (c < 999 ? "0.123456," : "1\n");
+  }
+  t.model.layers = {999, 8, 3};
+  t.data.label_column = "c999";
+  calls = 0;
+  openDatasets(t, [&] { ++calls; });
   EXPECT_EQ(calls, 2);
   std::filesystem::remove(path);
 }

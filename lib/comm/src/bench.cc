@@ -156,7 +156,10 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
     r.count = count;
     r.time_us = us;
     r.algbw = static_cast<double>(r.bytes) / us / 1e3;
-    double factor = o.collective == Collective::kAllreduce   ? 2.0 * (n - 1) / n
+    // (one rank: nothing moves between ranks, whatever the collective, so no bus bandwidth;
+    // broadcast's factor 1 would otherwise print its call overhead as one)
+    double factor = n == 1                                   ? 0.0
+                    : o.collective == Collective::kAllreduce ? 2.0 * (n - 1) / n
                     : o.collective == Collective::kAllgather ? static_cast<double>(n - 1) / n
                                                              : 1.0;
     r.busbw = r.algbw * factor;

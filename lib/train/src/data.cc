@@ -233,9 +233,14 @@ std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& 
   // which the launcher's pre-check and every worker each parse.
   std::vector<float> x, y;
   auto isBlank = [](char c) { return c == ' ' || c == '\t'; };
+  uint64_t bytesSincePoll = 0;  // (wide rows: 65536 of 30 KB would take longer than the 10 s grace)
   while (std::getline(in, line)) {
     ++lineNo;
-    if (poll && (lineNo & 0xffff) == 0) poll();
+    bytesSincePoll += line.size() + 1;
+    if (poll && ((lineNo & 0xffff) == 0 || bytesSincePoll >= (4u << 20))) {
+      bytesSincePoll = 0;
+      poll();
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     const int cellsHere = static_cast<int>(std::count(line.begin(), line.end(), ',')) + 1;
@@ -375,9 +380,14 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
   if (lb.size() < n)
     throw SpecError(fmt::format("{}: truncated: the header says {} labels, the file holds {}", labels, n, lb.size()));
   std::vector<float> x(px.size()), y(n);
-  for (size_t i = 0; i < px.size(); ++i) x[i] = static_cast<float>(px[i]) / 255.0f;
+  constexpr size_t kPollEvery = 4u << 20;  // (a file of several GB takes seconds here too)
+  for (size_t i = 0; i < px.size(); ++i) {
+    if (poll && i % kPollEvery == 0) poll();
+    x[i] = static_cast<float>(px[i]) / 255.0f;
+  }
   for (uint32_t i = 0; i < n; ++i) {
-    checkLabel(t, lb[i], fmt::format("{}: label #{}", labels, i));
+    if (poll && i % kPollEvery == 0) poll();
+    if (!isLabel(t, lb[i])) checkLabel(t, lb[i], fmt::format("{}: label #{}", labels, i));  // (the where only when bad)
     y[i] = lb[i];
   }
   return std::make_shared<TableSet>(inputs, std::move(x), std::move(y));

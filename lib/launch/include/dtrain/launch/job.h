@@ -45,7 +45,7 @@ class HeldStopSignals {
   // the schedulers that send SIGTERM first (Kubernetes' 30 s, Slurm's KillWait 30 s,
   // systemd's 90 s), so that dtrain ends by the SIGTERM. A step that can go on longer polls
   // stopSignal() as it goes (the launcher's parse of a data file of several GB, ~1.5 s per
-  // 300 MB here, every 65536 rows) and ends with the summary; one that cannot is cut short.
+  // 300 MB here, every 65536 rows or 4 MiB) and ends with the summary; one that cannot is cut short.
   static constexpr unsigned kHeldStopGraceS = 10;
 
   HeldStopSignals();

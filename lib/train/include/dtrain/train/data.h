@@ -27,7 +27,7 @@ class Dataset {
 struct Datasets {
   std::unique_ptr<Dataset> train, eval;
 };
-// `poll`, when given, is called every 65536 rows of a csv file and every 4 MiB of an idx file,
+// `poll`, when given, is called every 65536 rows or 4 MiB of a csv file and every 4 MiB of an idx file,
 // and what it throws passes through: the launcher's pre-flight gives one that throws once a
 // stop signal came, so that parsing a file of several GB ends at once rather than after it.
 Datasets openDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll = {});
