@@ -49,9 +49,10 @@ const std::string& pidPlace();
 
 // The prefix for makePrivateDirectory (or a file name's stem) of a process's own files that a
 // later process can tell are stale: "<stem><run id>-<pidPlace()>-<this pid>-". Why: a
-// process killed with its guard (SIGKILL to a whole cgroup, a host's reboot without a
-// tmpfs /tmp) leaves its private files behind; the next one removes them
-// (removeStaleOwnedFiles) by the pid in the name, as no other marker survives that kill.
+// process killed with its guard (SIGKILL to a whole cgroup) leaves its private files behind;
+// the next one removes them (removeStaleOwnedFiles) by the pid in the name, as no other
+// marker survives that kill. (Not those left by a reboot on a persistent /tmp: the new boot
+// id makes them another place's, which a temp dir shared between hosts cannot tell apart.)
 std::string ownedFilePrefix(std::string_view stem, std::string_view runId);
 
 // The pid in `name` when it is one ownedFilePrefix made for `stem` with a 12 hex digit run id
