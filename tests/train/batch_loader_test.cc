@@ -44,6 +44,11 @@ std::vector<uint64_t> indices(int batch, uint64_t first) {
   return v;
 }
 
+detail::BatchLoader::Options options(const Dataset* set, int batch, int inputs, int outputs, bool background,
+                                    int threads) {
+  return {set, batch, inputs, outputs, /*mse=*/false, /*wantX=*/true, /*wantY=*/true, background, threads};
+}
+
 struct Loaded {
   std::vector<float> x, y;
 };
@@ -102,14 +107,7 @@ TEST(BatchLoader, ASampleThatThrowsFailsItsBatchOnly) {
   for (bool background : {false, true}) {
     for (int threads : {1, 4}) {
       SCOPED_TRACE(::testing::Message() << "background " << background << " threads " << threads);
-      detail::BatchLoader::Options o;
-      o.set = &set;
-      o.batch = 40;
-      o.inputs = 9;
-      o.outputs = 3;
-      o.background = background;
-      o.threads = threads;
-      detail::BatchLoader loader(o);
+      detail::BatchLoader loader(options(&set, 40, 9, 3, background, threads));
       loader.request(indices(40, 0));
       loader.request(indices(40, 1000));
       EXPECT_EQ(loader.take().x.size(), 40u * 9);
@@ -146,14 +144,7 @@ TEST(BatchLoader, HelpersShareTheRows) {
     mutable std::mutex mu_;
     mutable std::set<std::thread::id> ids_;
   } set;
-  detail::BatchLoader::Options o;
-  o.set = &set;
-  o.batch = 64;
-  o.inputs = 1;
-  o.outputs = 2;
-  o.background = false;
-  o.threads = 4;
-  detail::BatchLoader loader(o);
+  detail::BatchLoader loader(options(&set, 64, 1, 2, false, 4));
   loader.request(indices(64, 0));
   loader.take();
   EXPECT_GT(set.threads(), 1u);
