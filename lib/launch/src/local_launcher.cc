@@ -628,7 +628,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     // guard below removes it if the launcher is killed, and the next launch sweeps one that
     // was left when the guard died too (a cgroup's kill).
     const std::string tmp = tempDirectory();
-    removeStaleOwnedFiles(tmp, {kErrDirStem});
+    if (opts_.restart_count == 0) removeStaleOwnedFiles(tmp, {kErrDirStem});  // (once a job: a restart has nothing new to sweep)
     std::string tmpl = (std::filesystem::path(tmp) / (ownedFilePrefix(kErrDirStem, plan.run_id) + "XXXXXX")).string();
     if (!::mkdtemp(tmpl.data())) throwErrno(fmt::format("cannot create a directory in {} (the temp directory, TMPDIR)", tmp));
     errRoot = tmpl;

@@ -380,15 +380,18 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
   if (lb.size() < n)
     throw SpecError(fmt::format("{}: truncated: the header says {} labels, the file holds {}", labels, n, lb.size()));
   std::vector<float> x(px.size()), y(n);
-  constexpr size_t kPollEvery = 4u << 20;  // (a file of several GB takes seconds here too)
-  for (size_t i = 0; i < px.size(); ++i) {
-    if (poll && i % kPollEvery == 0) poll();
-    x[i] = static_cast<float>(px[i]) / 255.0f;
+  // In chunks, polled between them: a file of several GB takes seconds here too.
+  constexpr size_t kPollEvery = 4u << 20;
+  for (size_t b = 0; b < px.size(); b += kPollEvery) {
+    if (poll) poll();
+    for (size_t i = b, e = std::min(px.size(), b + kPollEvery); i < e; ++i) x[i] = static_cast<float>(px[i]) / 255.0f;
   }
-  for (uint32_t i = 0; i < n; ++i) {
-    if (poll && i % kPollEvery == 0) poll();
-    if (!isLabel(t, lb[i])) checkLabel(t, lb[i], fmt::format("{}: label #{}", labels, i));  // (the where only when bad)
-    y[i] = lb[i];
+  for (size_t b = 0; b < n; b += kPollEvery) {
+    if (poll) poll();
+    for (size_t i = b, e = std::min<size_t>(n, b + kPollEvery); i < e; ++i) {
+      if (!isLabel(t, lb[i])) checkLabel(t, lb[i], fmt::format("{}: label #{}", labels, i));  // (the where only when bad)
+      y[i] = lb[i];
+    }
   }
   return std::make_shared<TableSet>(inputs, std::move(x), std::move(y));
 }

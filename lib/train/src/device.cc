@@ -117,12 +117,16 @@ int localWorldSizeFromEnv(int fallback) { return envInt("LOCAL_WORLD_SIZE", fall
 
 namespace {
 
+// The CPUs of this process's affinity mask; 0 when it cannot be read.
+int affinityCpus() {
+  cpu_set_t set;
+  return ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
 // A CPU (of this worker's affinity) that none of this node's workers' BLAS threads computes
 // on: LOCAL_WORLD_SIZE x (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS; unset: every core).
 bool spareCore() {
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return false;
-  const int cores = CPU_COUNT(&set);
+  const int cores = affinityCpus();
   const int threads = envInt("OPENBLAS_NUM_THREADS", envInt("OMP_NUM_THREADS", 0));
   return threads > 0 && cores > localWorldSizeFromEnv(1) * threads;
 }
@@ -138,11 +142,9 @@ bool prefetchBatches(const std::optional<bool>& setting, bool gpu) { return onGp
 int loaderThreads(const std::optional<int>& setting, bool gpu) {
   if (setting) return *setting;
   if (!gpu) return 1;
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  const int share = CPU_COUNT(&set) / std::max(1, localWorldSizeFromEnv(1));
-  return std::clamp(share - 1, 1, 16);
+  return std::clamp(affinityCpus() / std::max(1, localWorldSizeFromEnv(1)) - 1, 1, 16);
 }
+
 bool overlapGradients(const std::optional<bool>& setting, bool gpu) { return onGpuOrSpareCore(setting, gpu); }
 
 DeviceChoice resolveDevice(const std::string& device, int localRank, int localWorldSize) {
