@@ -3,45 +3,15 @@
 #include "dtrain/common/system_memory.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
+#include "fake_system.h"
 
 namespace dtrain {
 namespace {
 
-namespace fs = std::filesystem;
-
-constexpr uint64_t kGiB = 1ull << 30;
-constexpr uint64_t kMiB = 1ull << 20;
-
-class FakeSystem {
- public:
-  FakeSystem() {
-    root_ = fs::temp_directory_path() / ("dtrain-sysmem-" + std::to_string(::getpid()) + "-" + std::to_string(next_++));
-    fs::remove_all(root_);
-    fs::create_directories(root_ / "proc/self");
-    meminfo(16 * kGiB, 10 * kGiB);
-    write("proc/vmstat", "pgfault 1\noom_kill 0\n");
-  }
-  ~FakeSystem() { fs::remove_all(root_); }
-
-  void write(const std::string& rel, const std::string& text) {
-    fs::create_directories((root_ / rel).parent_path());
-    std::ofstream(root_ / rel) << text;
-  }
-  void meminfo(uint64_t total, uint64_t available) {
-    write("proc/meminfo", "MemTotal:       " + std::to_string(total / 1024) + " kB\nMemFree: 1 kB\nMemAvailable:   " +
-                              std::to_string(available / 1024) + " kB\n");
-  }
-  SystemMemoryPaths paths() const { return {(root_ / "proc").string(), root_.string()}; }
-  std::string path(const std::string& rel) const { return (root_ / rel).string(); }
-
- private:
-  static inline int next_ = 0;
-  fs::path root_;
-};
+using testutil::FakeSystem;
+using testutil::kGiB;
+using testutil::kMiB;
 
 TEST(SystemMemory, CgroupV2LimitBindsWithItsUseLessDroppableCache) {
   FakeSystem s;

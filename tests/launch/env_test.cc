@@ -60,6 +60,29 @@ TEST(WorkerEnv, OmpOnlyWhenSeveralWorkersAndUnset) {
   EXPECT_EQ(workerEnv({}, s, p1, p1.workers[0], {}).count("OMP_NUM_THREADS"), 0u);
 }
 
+TEST(WorkerEnv, OneWorkerUnderACpuQuotaGetsTheQuotasThreads) {
+  spec::JobSpec s = twoWorkers();
+  s.nproc_per_node = 1;
+  Plan p = makeLocalPlan(s, "r", 1);
+  EnvOptions o;
+  o.cpus.affinity = 64;
+  o.cpus.quota = 4.5;
+  o.cpus.usable = 4;
+  EXPECT_EQ(workerEnv({}, s, p, p.workers[0], o).at("OMP_NUM_THREADS"), "4");
+  EXPECT_EQ(defaultOmpThreads({}, s, o.cpus), "4");
+  // Set by the user: theirs.
+  EXPECT_EQ(workerEnv({{"OMP_NUM_THREADS", "8"}}, s, p, p.workers[0], o).at("OMP_NUM_THREADS"), "8");
+  EXPECT_EQ(defaultOmpThreads({{"OMP_NUM_THREADS", "8"}}, s, o.cpus), "");
+  // A quota that does not bind (at least the affinity's CPUs): unset, as without one.
+  o.cpus.affinity = 4;
+  EXPECT_EQ(workerEnv({}, s, p, p.workers[0], o).count("OMP_NUM_THREADS"), 0u);
+  // Several workers: torchrun's 1, quota or not.
+  o.cpus.affinity = 64;
+  spec::JobSpec two = twoWorkers();
+  Plan p2 = makeLocalPlan(two, "r", 1);
+  EXPECT_EQ(workerEnv({}, two, p2, p2.workers[0], o).at("OMP_NUM_THREADS"), "1");
+}
+
 TEST(WorkerEnv, SpecEnvWins) {
   spec::JobSpec s = twoWorkers();
   s.env = {{"MASTER_ADDR", "10.0.0.1"}, {"OMP_NUM_THREADS", "4"}};

@@ -9,148 +9,17 @@
 
 #include <fmt/format.h>
 
+#include "cgroup_files.h"
 #include "dtrain/common/strings.h"
 
 namespace dtrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A cgroup v1 "no limit" is LONG_MAX rounded down to a page; anything this large is none.
-constexpr uint64_t kNoLimit = 1ull << 62;
-
-std::optional<std::string> readFirstLine(const fs::path& p) {
-  std::ifstream f(p);
-  std::string line;
-  if (!f || !std::getline(f, line)) return std::nullopt;
-  return trim(line);
-}
-
-// A number, or kNoLimit for "max" (v2's no limit); nullopt when unreadable.
-std::optional<uint64_t> readNumber(const fs::path& p) {
-  auto line = readFirstLine(p);
-  if (!line || line->empty()) return std::nullopt;
-  if (*line == "max") return kNoLimit;
-  try {
-    size_t used = 0;
-    const unsigned long long v = std::stoull(*line, &used);
-    if (used != line->size()) return std::nullopt;
-    return static_cast<uint64_t>(v);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-// The value of `key` in a file of "key value" lines (meminfo, vmstat, memory.stat,
-// memory.events, memory.oom_control); meminfo's "kB" is applied by the caller.
-std::optional<uint64_t> readKeyed(const fs::path& p, const std::string& key) {
-  std::ifstream f(p);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream in(line);
-    std::string k;
-    uint64_t v = 0;
-    if (!(in >> k)) continue;
-    if (!k.empty() && k.back() == ':') k.pop_back();
-    if (k != key) continue;
-    if (in >> v) return v;
-    return std::nullopt;
-  }
-  return std::nullopt;
-}
-
-struct MemoryCgroup {
-  fs::path dir;    // this process's cgroup
-  fs::path mount;  // the hierarchy's mount point: the walk up stops there
-  bool v2 = false;
-};
-
-// Mount points, per /proc/self/mountinfo: "36 25 0:31 /root /mount opts... - cgroup cgroup rw,memory".
-struct Mount {
-  std::string root, point, type, super;
-};
-
-std::vector<Mount> readMounts(const SystemMemoryPaths& p) {
-  std::vector<Mount> out;
-  std::ifstream f(fs::path(p.proc) / "self/mountinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
-    std::string id, parent, dev;
-    Mount m;
-    if (!(pre >> id >> parent >> dev >> m.root >> m.point)) continue;
-    std::string source;
-    if (!(post >> m.type >> source >> m.super)) continue;
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
-bool hasOption(const std::string& options, const std::string& name) {
-  for (const auto& o : split(options, ','))
-    if (o == name) return true;
-  return false;
-}
-
-// This process's memory cgroup: its path from /proc/self/cgroup ("0::/path" for v2,
-// "4:memory:/path" for v1) under the mount of that hierarchy. A path outside the mount's root
-// (a container without its own cgroup namespace sees the host's path) is the mount itself,
-// as is a path that does not exist there.
-std::optional<MemoryCgroup> findMemoryCgroup(const SystemMemoryPaths& p) {
-  std::ifstream f(fs::path(p.proc) / "self/cgroup");
-  std::string line, v1Path, v2Path;
-  bool haveV1 = false, haveV2 = false;
-  while (std::getline(f, line)) {
-    const auto a = line.find(':');
-    const auto b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    if (line.substr(0, a) == "0" && controllers.empty()) {
-      haveV2 = true;
-      v2Path = path;
-    } else if (hasOption(controllers, "memory")) {
-      haveV1 = true;
-      v1Path = path;
-    }
-  }
-  const auto mounts = readMounts(p);
-  auto place = [&](const Mount& m, const std::string& path, bool v2) -> std::optional<MemoryCgroup> {
-    MemoryCgroup c;
-    c.v2 = v2;
-    c.mount = fs::path(p.root + m.point);
-    c.dir = c.mount;
-    std::string rel;
-    if (m.root == "/") rel = path;
-    else if (path.rfind(m.root, 0) == 0 && (path.size() == m.root.size() || path[m.root.size()] == '/'))
-      rel = path.substr(m.root.size());
-    while (!rel.empty() && rel.front() == '/') rel.erase(0, 1);
-    if (!rel.empty() && fs::is_directory(c.mount / rel)) c.dir = c.mount / rel;
-    return c;
-  };
-  // v1's memory controller where it is mounted (a hybrid host has both: v1 holds memory then).
-  if (haveV1)
-    for (const auto& m : mounts)
-      if (m.type == "cgroup" && hasOption(m.super, "memory")) return place(m, v1Path, false);
-  if (haveV2)
-    for (const auto& m : mounts)
-      if (m.type == "cgroup2") return place(m, v2Path, true);  // (no memory controller: no memory.* files)
-  return std::nullopt;
-}
-
-// Each cgroup from c.dir up to its mount point, the innermost first.
-std::vector<fs::path> lineage(const MemoryCgroup& c) {
-  std::vector<fs::path> out;
-  fs::path d = c.dir;
-  const std::string mount = c.mount.lexically_normal().string();
-  for (int i = 0; i < 64; ++i) {
-    out.push_back(d);
-    if (d.lexically_normal().string() == mount || !d.has_parent_path() || d.parent_path() == d) break;
-    d = d.parent_path();
-  }
-  return out;
-}
+using detail::kNoLimit;
+using detail::lineage;
+using detail::readKeyed;
+using detail::readNumber;
 
 // A cgroup's memory limit (memory.max, memory.limit_in_bytes), 0 when none is set below
 // `total`, the host's memory (v1's "no limit" is a huge number).
@@ -163,7 +32,7 @@ uint64_t limitAt(const fs::path& d, bool v2, uint64_t total) {
 struct MemInfo {
   uint64_t total = 0, available = 0;
 };
-MemInfo readMemInfo(const SystemMemoryPaths& p) {
+MemInfo readMemInfo(const SystemPaths& p) {
   MemInfo m;
   std::ifstream f(fs::path(p.proc) / "meminfo");
   std::string key;
@@ -187,12 +56,12 @@ std::string MemoryAvailability::describe() const {
   return "available (MemAvailable)";
 }
 
-MemoryAvailability memoryAvailability(const SystemMemoryPaths& p) {
+MemoryAvailability memoryAvailability(const SystemPaths& p) {
   MemoryAvailability out;
   const MemInfo mem = readMemInfo(p);
   out.host_available = mem.available;
   out.bytes = out.host_available;
-  const auto cg = findMemoryCgroup(p);
+  const auto cg = detail::findCgroup(p, "memory");
   if (!cg) return out;
   for (const auto& d : lineage(*cg)) {
     const uint64_t limit = limitAt(d, cg->v2, mem.total ? mem.total : kNoLimit);
@@ -217,11 +86,11 @@ MemoryAvailability memoryAvailability(const SystemMemoryPaths& p) {
   return out;
 }
 
-OomKillCounts oomKillCounts(const SystemMemoryPaths& p) {
+OomKillCounts oomKillCounts(const SystemPaths& p) {
   OomKillCounts out;
   if (auto v = readKeyed(fs::path(p.proc) / "vmstat", "oom_kill")) out.host = static_cast<int64_t>(*v);
   out.host_total = readMemInfo(p).total;
-  const auto cg = findMemoryCgroup(p);
+  const auto cg = detail::findCgroup(p, "memory");
   if (!cg) return out;
   // v2's memory.events counts this cgroup and those under it; v1's oom_control this one.
   if (auto v = readKeyed(cg->dir / (cg->v2 ? "memory.events" : "memory.oom_control"), "oom_kill"))

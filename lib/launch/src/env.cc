@@ -8,8 +8,10 @@ extern char** environ;
 
 namespace dtrain::launch {
 
-bool setsOmpThreads(const EnvMap& base, const spec::JobSpec& spec) {
-  return spec.nproc_per_node > 1 && !base.count("OMP_NUM_THREADS") && !spec.env.count("OMP_NUM_THREADS");
+std::string defaultOmpThreads(const EnvMap& base, const spec::JobSpec& spec, const CpuAvailability& cpus) {
+  if (base.count("OMP_NUM_THREADS") || spec.env.count("OMP_NUM_THREADS")) return "";
+  if (spec.nproc_per_node > 1) return "1";
+  return cpus.quotaBinds() ? std::to_string(cpus.usable) : "";
 }
 
 EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan, const WorkerSlot& slot,
@@ -55,7 +57,7 @@ EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan
     num("DTRAIN_STORE_PORT", plan.store_port);
     set("DTRAIN_STORE_TOKEN", plan.store_token);
   }
-  if (setsOmpThreads(base, spec)) set("OMP_NUM_THREADS", "1");
+  if (auto omp = defaultOmpThreads(base, spec, opts.cpus); !omp.empty()) set("OMP_NUM_THREADS", omp);
   // What torchrun gives every worker, unless the user chose otherwise: Python output that
   // is not held in a block buffer (workers write to pipes: lines would arrive late, and the
   // last ones before a crash be lost; torchrun runs `python -u`), and NCCL errors that

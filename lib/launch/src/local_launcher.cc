@@ -227,12 +227,15 @@ class LocalLauncher final : public Launcher {
   // The OOM killer's counts when this attempt started: a worker SIGKILLed by no one dtrain
   // knows of, after they rose, is said to have run out of memory (fillExit).
   OomKillCounts oomBefore_;
+  // This node's CPUs, read once an attempt (the OMP_NUM_THREADS default).
+  CpuAvailability cpus_;
 };
 
 void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base) {
   EnvOptions eo;
   eo.error_file = w.error_file;
   eo.restart_count = opts_.restart_count;
+  eo.cpus = cpus_;
   EnvMap env = workerEnv(base, spec, plan, w.slot, eo);
   if (!w.watchdog_file.empty()) env["DTRAIN_WATCHDOG_FILE"] = w.watchdog_file;
   SpawnOptions so;
@@ -653,11 +656,20 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       w.log_path = logPath.string();
     }
   }
-  if (setsOmpThreads(base, spec) && !opts_.line_sink && opts_.restart_count == 0)  // an agent's launcher says it once for all nodes
-    console().write(STDERR_FILENO,
-                    fmt::format("dtrain: setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
-                                "machine; set it in the spec's env or with --env to tune\n",
-                                spec.nproc_per_node));
+  cpus_ = cpuAvailability();
+  const std::string omp = defaultOmpThreads(base, spec, cpus_);
+  if (!omp.empty() && !opts_.line_sink && opts_.restart_count == 0) {  // an agent's launcher says it once for all nodes
+    if (spec.nproc_per_node > 1)
+      console().write(STDERR_FILENO,
+                      fmt::format("dtrain: setting OMP_NUM_THREADS=1 for each of the {} workers to avoid overloading the "
+                                  "machine; set it in the spec's env or with --env to tune\n",
+                                  spec.nproc_per_node));
+    else
+      console().write(STDERR_FILENO,
+                      fmt::format("dtrain: setting OMP_NUM_THREADS={} for the worker: this process may use {}; set it in "
+                                  "the spec's env or with --env to tune\n",
+                                  omp, cpus_.describe()));
+  }
 
   SubreaperScope subreaper;
   OrphanGuard guard;

@@ -1,7 +1,6 @@
 #include "dtrain/spec/job_spec.h"
 
 #include <dirent.h>
-#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,13 +16,13 @@
 #include <functional>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
+#include "dtrain/common/system_cpus.h"
 #include "input_file.h"
 #include "node_checks.h"
 
@@ -1163,17 +1162,18 @@ int visibleGpuCount() {
   return std::min(visible, driverGpus);
 }
 
-int autoProcsPerNode() {
+// One worker per visible GPU, else per usable CPU: under a cgroup CPU quota (a container's
+// --cpus, a Kubernetes limit) the quota's CPUs, not the affinity mask's.
+int autoProcsPerNode(std::string* note) {
   int gpus = visibleGpuCount();
   if (gpus > 0) return gpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  const CpuAvailability cpus = cpuAvailability();
+  if (cpus.quotaBinds()) *note = cpus.describe();
+  return cpus.usable;
 }
 
 void resolve(JobSpec& spec, const Overrides& given) {
-  if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode();
+  if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode(&spec.nproc_auto_note);
   const std::string source = spec.source.empty() ? "command line" : spec.source;
   // Each message names where the value came from: the flag, else the spec's field.
   const std::string nodesFrom = given.nnodes ? "--nnodes" : "";
@@ -1567,7 +1567,8 @@ std::string describe(const JobSpec& spec) {
   os << fmt::format("name:               {}\n", spec.name);
   os << fmt::format("command:            {}\n", fmt::join(argv, " "));
   os << fmt::format("cwd:                {}\n", spec.cwd.empty() ? "(current directory)" : spec.cwd);
-  os << fmt::format("nproc_per_node:     {}{}\n", spec.nproc_per_node, spec.nproc_auto ? " (auto)" : "");
+  os << fmt::format("nproc_per_node:     {}{}\n", spec.nproc_per_node,
+                    !spec.nproc_auto ? "" : spec.nproc_auto_note.empty() ? " (auto)" : " (auto: " + spec.nproc_auto_note + ")");
   os << fmt::format("log_dir:            {}\n", spec.log_dir.empty() ? "(none)" : spec.log_dir);
   os << fmt::format("max_restarts:       {}\n", spec.max_restarts);
   if (!spec.nodes.empty()) os << fmt::format("nodes range:        {}..{} (min_nodes..max_nodes)\n", spec.min_nodes, spec.max_nodes);

@@ -1,6 +1,5 @@
 #include "dtrain/train/device.h"
 
-#include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #endif
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/system_cpus.h"
 
 namespace dtrain::train {
 
@@ -117,16 +117,10 @@ int localWorldSizeFromEnv(int fallback) { return envInt("LOCAL_WORLD_SIZE", fall
 
 namespace {
 
-// The CPUs of this process's affinity mask; 0 when it cannot be read.
-int affinityCpus() {
-  cpu_set_t set;
-  return ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-}
-
-// A CPU (of this worker's affinity) that none of this node's workers' BLAS threads computes
+// A CPU (of this worker's usable ones: affinity, cgroup CPU quota) that none of this node's workers' BLAS threads computes
 // on: LOCAL_WORLD_SIZE x (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS; unset: every core).
 bool spareCore() {
-  const int cores = affinityCpus();
+  const int cores = usableCpus();
   const int threads = envInt("OPENBLAS_NUM_THREADS", envInt("OMP_NUM_THREADS", 0));
   return threads > 0 && cores > localWorldSizeFromEnv(1) * threads;
 }
@@ -142,7 +136,7 @@ bool prefetchBatches(const std::optional<bool>& setting, bool gpu) { return onGp
 int loaderThreads(const std::optional<int>& setting, bool gpu) {
   if (setting) return *setting;
   if (!gpu) return 1;
-  return std::clamp(affinityCpus() / std::max(1, localWorldSizeFromEnv(1)) - 1, 1, 16);
+  return std::clamp(usableCpus() / std::max(1, localWorldSizeFromEnv(1)) - 1, 1, 16);
 }
 
 bool overlapGradients(const std::optional<bool>& setting, bool gpu) { return onGpuOrSpareCore(setting, gpu); }

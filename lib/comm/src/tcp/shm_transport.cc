@@ -112,6 +112,10 @@ std::string sanitize(const std::string& s) {
   return out;
 }
 
+// The affinity mask's CPUs, not a cgroup CPU quota's (system_cpus.h): the spin is what this
+// guards, and it is short (~20 us); under a quota the peer still runs on a CPU of its own, so
+// spinning steals it nothing. Measured under a 1-CPU quota on 2 CPUs, 2 ranks: 8 B - 512 B
+// all-reduces take 1-2 us spinning, 5 us without.
 int cpuCount() {
   cpu_set_t set;
   if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);

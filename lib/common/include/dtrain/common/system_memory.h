@@ -8,14 +8,9 @@
 #include <cstdint>
 #include <string>
 
-namespace dtrain {
+#include "dtrain/common/system_paths.h"
 
-// Where the files are read: "/proc" and mount points as /proc/self/mountinfo names them
-// (under `root`, "" for the real ones). Tests give a directory laid out like the real ones.
-struct SystemMemoryPaths {
-  std::string proc = "/proc";
-  std::string root;
-};
+namespace dtrain {
 
 struct MemoryAvailability {
   // What a new process could take now without swapping or being killed: the least of the
@@ -36,7 +31,7 @@ struct MemoryAvailability {
   std::string describe() const;
 };
 
-MemoryAvailability memoryAvailability(const SystemMemoryPaths& paths = {});
+MemoryAvailability memoryAvailability(const SystemPaths& paths = {});
 
 // How many processes the kernel's OOM killer has killed: on the host (/proc/vmstat oom_kill,
 // Linux 4.13+) and in this process's memory cgroup and its descendants (v2 memory.events,
@@ -49,7 +44,7 @@ struct OomKillCounts {
   uint64_t host_total = 0;    // MemTotal
 };
 
-OomKillCounts oomKillCounts(const SystemMemoryPaths& paths = {});
+OomKillCounts oomKillCounts(const SystemPaths& paths = {});
 
 // "" when `after` shows no OOM kill since `before`; else why a process of this cgroup that
 // died of SIGKILL in between did: "the kernel's OOM killer: dtrain's cgroup reached its

@@ -139,6 +139,7 @@ struct JobSpec {
   std::string cwd;                            // "" = dtrain's cwd
   bool nproc_auto = false;                    // "auto" before resolution
   int nproc_per_node = 1;                     // resolved count
+  std::string nproc_auto_note;                // why "auto" came to less than the CPUs seen, for validate
   std::string log_dir;                        // "" = no per-rank files
   int max_restarts = 0;
   // Elastic range (multi-node): the job goes on while at least min_nodes are left, and
