@@ -85,6 +85,10 @@ if [ -n "$step" ] && [ "$step" -ge 24 ] && [ "$step" = "$newest" ] && [ "$step" 
 expect_eq "$(ls "$T/ck-t" | grep -c '\.tmp$')" 0 "SIGTERM: no temporary file left (checkpoint.async waited for)"
 # The curve so far is drawn at the stop too: a stopped run may never be resumed.
 [ -s "$T/logs-t/metrics.svg" ] && grep -qE '<polyline [^>]*points="[0-9]' "$T/logs-t/metrics.svg" && pass "SIGTERM: metrics.svg written at the stop" || fail "SIGTERM: no metrics.svg with a curve in $T/logs-t: $(ls "$T/logs-t" 2>&1)"
+# metrics.jsonl has the row of the step it stopped at (not only the last multiple of
+# log_every_steps before it).
+expect_eq "$(python3 -c "import json,sys; print([json.loads(l)['step'] for l in open(sys.argv[1]) if '\"train\"' in l][-1])" "$T/logs-t/metrics.jsonl")" \
+  "$step" "SIGTERM: metrics.jsonl's last train row is the stop step's"
 # The summary says where it stopped and what the next run resumes from.
 expect_eq "$(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['trainer']; print(t['stopped'], t['steps'], t['checkpoint'], t['weights_sha256'], t['final_loss'])" "$T/t.sum")" \
   "True $step $(printf '%s/ckpt-%010d.bin' "$T/ck-t" "$step") None None" "SIGTERM: the summary's trainer: stopped, the step, the checkpoint"

@@ -1013,6 +1013,37 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
           step, step == totalSteps,
           [&](int32_t* r) { return comm.allreduceAsync(r, 1, comm::DataType::kInt32, comm::ReduceOp::kMax); },
           [&](int32_t* r) { worldComm.allreduceHost(r, 1, comm::DataType::kInt32, comm::ReduceOp::kMax); });
+      windowLoss += stepLoss;
+      windowCorrect += stepCorrect;
+      windowSamples += lastStage ? B : 0;
+      // Logged before a checkpoint or a stop, so a run stopped by a signal has its last step's
+      // row in metrics.jsonl too (every rank agreed on the stop: all take part in the sum).
+      if (step % ts.log_every_steps == 0 || step == totalSteps || request.kind == detail::kStopRequest) {
+        std::fill(stats.begin(), stats.end(), 0.0);
+        stats[0] = windowLoss;
+        stats[1] = windowCorrect;
+        stats[2] = windowSamples;
+        if (d == 0) stats[3 + static_cast<size_t>(p)] = windowCompute / static_cast<double>(windowSteps);
+        stats[3 + static_cast<size_t>(P)] = windowCompute;
+        stats[4 + static_cast<size_t>(P)] = p == 0 ? windowSchedule : 0;
+        worldComm.allreduceHost(stats.data(), stats.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        result.final_loss = stats[0] / stats[2];
+        const double bubble = detail::pipelineBubble(stats[3 + static_cast<size_t>(P)], stats[4 + static_cast<size_t>(P)], P);
+        bubbleText = fmt::format("{:.1f}%", 100 * bubble);
+        std::string stageText;
+        for (int s = 0; s < P; ++s) stageText += fmt::format("{}{}", s ? "/" : "", detail::msText(1e3 * stats[3 + static_cast<size_t>(s)]));
+        const double sps = progress.samplesPerSecond(step);
+        const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
+        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""), learningRate(ts, schedule, samplesTrained - globalBatch),
+                        std::chrono::duration<double>(Clock::now() - runStart).count()});
+        if (rank == 0 && opts.log)
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} stage ms {} bubble {} eta {}",
+                               epoch + 1, ts.epochs, step, totalSteps, result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc),
+                               detail::rateText(sps), stageText, bubbleText, progress.eta(step)));
+        windowLoss = windowCorrect = windowSamples = 0;
+        windowCompute = windowSchedule = 0;
+        windowSteps = 0;
+      }
       const bool periodic =
           (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) || step == totalSteps;
       const bool requested = request.kind != detail::kNoRequest;
@@ -1043,35 +1074,6 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
                        : fmt::format("{}: checkpoint at step {} written to {} and {}", sig, step, files, manifestPath));
       }
       control.phase(TrainControl::kTraining);
-      windowLoss += stepLoss;
-      windowCorrect += stepCorrect;
-      windowSamples += lastStage ? B : 0;
-      if (step % ts.log_every_steps == 0 || step == totalSteps) {
-        std::fill(stats.begin(), stats.end(), 0.0);
-        stats[0] = windowLoss;
-        stats[1] = windowCorrect;
-        stats[2] = windowSamples;
-        if (d == 0) stats[3 + static_cast<size_t>(p)] = windowCompute / static_cast<double>(windowSteps);
-        stats[3 + static_cast<size_t>(P)] = windowCompute;
-        stats[4 + static_cast<size_t>(P)] = p == 0 ? windowSchedule : 0;
-        worldComm.allreduceHost(stats.data(), stats.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
-        result.final_loss = stats[0] / stats[2];
-        const double bubble = detail::pipelineBubble(stats[3 + static_cast<size_t>(P)], stats[4 + static_cast<size_t>(P)], P);
-        bubbleText = fmt::format("{:.1f}%", 100 * bubble);
-        std::string stageText;
-        for (int s = 0; s < P; ++s) stageText += fmt::format("{}{}", s ? "/" : "", detail::msText(1e3 * stats[3 + static_cast<size_t>(s)]));
-        const double sps = progress.samplesPerSecond(step);
-        const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
-        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""), learningRate(ts, schedule, samplesTrained - globalBatch),
-                        std::chrono::duration<double>(Clock::now() - runStart).count()});
-        if (rank == 0 && opts.log)
-          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} stage ms {} bubble {} eta {}",
-                               epoch + 1, ts.epochs, step, totalSteps, result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc),
-                               detail::rateText(sps), stageText, bubbleText, progress.eta(step)));
-        windowLoss = windowCorrect = windowSamples = 0;
-        windowCompute = windowSchedule = 0;
-        windowSteps = 0;
-      }
     }
   }
   trace.setOn(false);

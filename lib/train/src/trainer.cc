@@ -345,6 +345,26 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
           [&](int32_t* r) {
             if (world > 1) hostComm.allreduce(r, 1, comm::DataType::kInt32, comm::ReduceOp::kMax);
           });
+      windowLoss += loss * B;
+      windowCorrect += correct;
+      windowSamples += B;
+      // Logged before a checkpoint or a stop, so a run stopped by a signal has its last step's
+      // row in metrics.jsonl too (every rank agreed on the stop: all take part in the sum).
+      if (step % ts.log_every_steps == 0 || step == totalSteps || request.kind == detail::kStopRequest) {
+        double stats[3] = {windowLoss, windowCorrect, windowSamples};
+        hostComm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        result.final_loss = stats[0] / stats[2];
+        const double sps = progress.samplesPerSecond(step);
+        const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
+        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""),  // (null: not timed yet)
+                        learningRate(ts, schedule, samplesTrained - globalBatch),  // (the last step's)
+                        std::chrono::duration<double>(Clock::now() - runStart).count()});
+        if (rank == 0 && opts.log)
+          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} eta {}", epoch + 1, ts.epochs, step, totalSteps,
+                               result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc), detail::rateText(sps),
+                               progress.eta(step)));
+        windowLoss = windowCorrect = windowSamples = 0;
+      }
       const bool periodic =
           (ts.checkpoint.every_steps > 0 && step % ts.checkpoint.every_steps == 0) || step == totalSteps;
       const bool requested = request.kind != detail::kNoRequest;
@@ -369,24 +389,6 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
                                  writer.async() ? " (checkpoint.async)" : ""));
       }
       control.phase(TrainControl::kTraining);
-      windowLoss += loss * B;
-      windowCorrect += correct;
-      windowSamples += B;
-      if (step % ts.log_every_steps == 0 || step == totalSteps) {
-        double stats[3] = {windowLoss, windowCorrect, windowSamples};
-        hostComm.allreduce(stats, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
-        result.final_loss = stats[0] / stats[2];
-        const double sps = progress.samplesPerSecond(step);
-        const double acc = mse ? std::nan("") : stats[1] / stats[2];  // regression has no accuracy
-        metrics.record({step, epoch + 1, result.final_loss, acc, sps > 0 ? sps : std::nan(""),  // (null: not timed yet)
-                        learningRate(ts, schedule, samplesTrained - globalBatch),  // (the last step's)
-                        std::chrono::duration<double>(Clock::now() - runStart).count()});
-        if (rank == 0 && opts.log)
-          opts.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} {} eta {}", epoch + 1, ts.epochs, step, totalSteps,
-                               result.final_loss, mse ? "" : fmt::format(" acc {:.1f}%", 100 * acc), detail::rateText(sps),
-                               progress.eta(step)));
-        windowLoss = windowCorrect = windowSamples = 0;
-      }
     }
   }
   // The last checkpoint is durable before the run reports its result (and `params` is free).
