@@ -260,6 +260,8 @@ void stopAndResume(spec::TrainerSpec t, const std::string& name,
   EXPECT_EQ(files(t.checkpoint.dir), expectFiles(11));
   EXPECT_TRUE(logged(o, "SIGTERM: stopping at step 11 of 30; final checkpoint written to"))
       << fmt::format("{}", fmt::join(o.log, "\n"));
+  // The stop step's progress line and metrics row (log_every_steps is 50: not a step it logs).
+  EXPECT_TRUE(logged(o, "epoch 1/1 step 11/30 loss ")) << fmt::format("{}", fmt::join(o.log, "\n"));
   auto resumed = runControlled(2, t);
   ASSERT_FALSE(resumed.errors[0] || resumed.errors[1]);
   EXPECT_EQ(resumed.hashes[0], straight);

@@ -270,23 +270,26 @@ void checkResumedSchedule(spec::TrainerSpec t, int worldBefore, int worldAfter, 
   }
   ASSERT_GT(stop, 60);
   ASSERT_LT(stop, 80);
-  // (the stopped run logs no row of the step it stopped at: the stop comes first)
+  // Every step up to the stop once, the stop step's row the stopped run's own.
   size_t i = 0;
-  for (; i < resumed.size() && resumed[i].step < stop; ++i) {
+  for (; i < resumed.size() && resumed[i].step <= stop; ++i) {
     ASSERT_LT(i, straight.size());
     EXPECT_EQ(resumed[i].step, straight[i].step);
     EXPECT_EQ(resumed[i].lr, straight[i].lr) << "step " << resumed[i].step;
   }
-  ASSERT_EQ(static_cast<long long>(i), stop - 1) << "every step before the stop, once";
+  ASSERT_EQ(static_cast<long long>(i), stop) << "every step up to the stop, once";
+  ASSERT_EQ(resumed[i - 1].step, stop);
   if (worldBefore == worldAfter) {
-    ASSERT_EQ(resumed.size(), straight.size() - 1);
+    ASSERT_EQ(resumed.size(), straight.size());
     for (size_t k = i; k < resumed.size(); ++k) {
-      EXPECT_EQ(resumed[k].step, straight[k + 1].step);
-      EXPECT_EQ(resumed[k].lr, straight[k + 1].lr) << "step " << resumed[k].step;
+      EXPECT_EQ(resumed[k].step, straight[k].step);
+      EXPECT_EQ(resumed[k].lr, straight[k].lr) << "step " << resumed[k].step;
     }
     return;
   }
+  // (before: the stop step's rate; after: the resumed run's first step, the next one)
   ASSERT_GT(resumed.size(), i + 3);
+  ASSERT_EQ(resumed[i].step, stop + 1);
   const double before = resumed[i - 1].lr, after = resumed[i].lr, next = resumed[i + 1].lr;
   EXPECT_LT(after, before);
   EXPECT_LE(before - after, 1.01 * (after - next))

@@ -966,8 +966,10 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     }
     firstRoundNodes_ += n.member;
   }
-  bool crowded = std::any_of(spec_.nodes.begin(), spec_.nodes.end(),
-                             [&](const spec::NodeSpec& n) { return (n.slots ? n.slots : spec_.nproc_per_node) > 1; });
+  // ("auto" is counted by each host's agent: possibly several, whatever this host's count)
+  bool crowded = std::any_of(spec_.nodes.begin(), spec_.nodes.end(), [&](const spec::NodeSpec& n) {
+    return n.slots ? n.slots > 1 : spec_.nproc_auto || spec_.nproc_per_node > 1;
+  });
   if (crowded && !env_.count("OMP_NUM_THREADS") && !spec_.env.count("OMP_NUM_THREADS"))
     console().write(STDERR_FILENO,
                     "dtrain: setting OMP_NUM_THREADS=1 for the workers of nodes that run several, to avoid "

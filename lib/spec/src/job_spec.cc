@@ -1174,6 +1174,8 @@ int autoProcsPerNode(std::string* note) {
 
 void resolve(JobSpec& spec, const Overrides& given) {
   if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode(&spec.nproc_auto_note);
+  // (hosts: each agent counts its own; this host's quota says nothing about them)
+  if (!spec.nodes.empty()) spec.nproc_auto_note.clear();
   const std::string source = spec.source.empty() ? "command line" : spec.source;
   // Each message names where the value came from: the flag, else the spec's field.
   const std::string nodesFrom = given.nnodes ? "--nnodes" : "";
@@ -1567,8 +1569,11 @@ std::string describe(const JobSpec& spec) {
   os << fmt::format("name:               {}\n", spec.name);
   os << fmt::format("command:            {}\n", fmt::join(argv, " "));
   os << fmt::format("cwd:                {}\n", spec.cwd.empty() ? "(current directory)" : spec.cwd);
-  os << fmt::format("nproc_per_node:     {}{}\n", spec.nproc_per_node,
-                    !spec.nproc_auto ? "" : spec.nproc_auto_note.empty() ? " (auto)" : " (auto: " + spec.nproc_auto_note + ")");
+  if (spec.nproc_auto && !spec.nodes.empty())  // (this host's count says nothing about the others)
+    os << "nproc_per_node:     auto (counted on each host: its GPUs, else its usable CPUs)\n";
+  else
+    os << fmt::format("nproc_per_node:     {}{}\n", spec.nproc_per_node,
+                      !spec.nproc_auto ? "" : spec.nproc_auto_note.empty() ? " (auto)" : " (auto: " + spec.nproc_auto_note + ")");
   os << fmt::format("log_dir:            {}\n", spec.log_dir.empty() ? "(none)" : spec.log_dir);
   os << fmt::format("max_restarts:       {}\n", spec.max_restarts);
   if (!spec.nodes.empty()) os << fmt::format("nodes range:        {}..{} (min_nodes..max_nodes)\n", spec.min_nodes, spec.max_nodes);

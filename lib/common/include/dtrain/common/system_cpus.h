@@ -2,11 +2,11 @@
 // The CPUs this process may compute on: its affinity mask, and the CPU quota of the cgroup
 // it is in (v1 cpu.cfs_quota_us / cpu.cfs_period_us, v2 cpu.max), as Linux tells them.
 //
-// Why the quota: `docker run --cpus 4`, a Kubernetes CPU limit or a Slurm job's cgroup leave
-// the affinity mask at every CPU of the host, while the kernel lets the container run only
-// 4 CPUs' worth of time per period and stops (throttles) all its threads for the rest of it.
-// Sixty-four busy threads under a quota of four are throttled most of the time, and a thread
-// that spins while it waits (a shared-memory collective) burns the quota its peers need.
+// Why the quota: `docker run --cpus 4` or a Kubernetes CPU limit leave the affinity mask at
+// every CPU of the host, while the kernel lets the container run only 4 CPUs' worth of time
+// per period and stops (throttles) all its threads for the rest of it. Sixty-four busy
+// threads under a quota of four are throttled most of the time. (A Slurm job's CPUs are a
+// cpuset: the affinity mask already.)
 #include <string>
 
 #include "dtrain/common/system_paths.h"
