@@ -105,4 +105,18 @@ if [ "$OUTSIDE" = 1 ]; then
 fi
 in_cgroup "$DTRAIN" run "$T/train.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "trainer in the cgroup: exit 0"
 expect_grep "batches loaded inline" "$T/out" "trainer in the cgroup: no spare core under the quota, batches loaded inline"
+# The BLAS threads the start line shows: one worker's OpenBLAS under the quota computes on its
+# 1 CPU, through dtrain run (OMP_NUM_THREADS) and by hand (`dtrain train` caps it itself).
+cat >"$T/blas.json" <<'JSON'
+{"nproc_per_node": 1, "trainer": {"model": {"layers": [8, 16, 2]},
+ "data": {"type": "synthetic", "train_samples": 256}, "batch_size": 16, "max_steps": 3, "device": "cpu"}}
+JSON
+in_cgroup "$DTRAIN" run "$T/blas.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "one CPU worker in the cgroup: exit 0"
+expect_grep "math on cpu \(OpenBLAS, 1 thread\)," "$T/out" "one CPU worker in the cgroup: OpenBLAS on 1 thread"
+in_cgroup "$DTRAIN" train "$T/blas.json" >"$T/out" 2>&1; expect_eq "$?" 0 "dtrain train by hand in the cgroup: exit 0"
+expect_grep "math on cpu \(OpenBLAS, 1 thread\)," "$T/out" "dtrain train by hand in the cgroup: OpenBLAS capped at the quota's 1 CPU"
+if [ "$OUTSIDE" = 1 ]; then
+  "$DTRAIN" train "$T/blas.json" >"$T/out" 2>&1
+  expect_grep "math on cpu \(OpenBLAS, ([2-9]|[1-9][0-9]+) threads\)," "$T/out" "dtrain train by hand outside: OpenBLAS on every CPU"
+fi
 finish

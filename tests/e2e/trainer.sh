@@ -48,7 +48,7 @@ for v in true false '"auto"'; do
   "$DTRAIN" run "$T/pf.json" --env OMP_NUM_THREADS=1 --env OPENBLAS_NUM_THREADS=1 >"$T/pf.$v.out" 2>&1
   expect_eq "$?" 0 "prefetch and overlap $v: exits 0"
 done
-line="^\[rank 0\] trainer: 2 workers, math on cpu, tcp communicator, batches"
+line="^\[rank 0\] trainer: 2 workers, math on cpu \(OpenBLAS, 1 thread\), tcp communicator, batches"
 expect_grep "$line prefetched, gradients reduced during backward$" "$T/pf.true.out" "prefetch and overlap true: said"
 expect_grep "$line loaded inline, gradients reduced after backward$" "$T/pf.false.out" "prefetch and overlap false: said"
 # (nproc counts the CPUs this process may use, unless OMP_NUM_THREADS/OMP_THREAD_LIMIT say otherwise)

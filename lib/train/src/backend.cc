@@ -11,6 +11,7 @@
 #include "dtrain/common/dynlib.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/memory.h"
+#include "blas.h"
 #include "dtrain/train/backend.h"
 #include "stage_math.h"
 
@@ -25,7 +26,7 @@ class CpuBackend final : public MathBackend {
     assignFresh(state_, model_.params().size() * (adam ? 2 : 1), 0.0f);
   }
 
-  std::string describe() const override { return "cpu"; }
+  std::string describe() const override { return cpuMathDescription(); }
   bool onDevice() const override { return false; }
   const MlpConfig& config() const override { return model_.config(); }
   size_t numParams() const override { return n_; }

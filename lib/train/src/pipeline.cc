@@ -70,7 +70,7 @@ class CpuStage final : public StageMath {
     state_.assign(stateSize(), 0.0f);
   }
 
-  std::string describe() const override { return "cpu"; }
+  std::string describe() const override { return cpuMathDescription(); }
   bool onDevice() const override { return false; }
 
   float* params() override { return params_.data(); }
