@@ -36,10 +36,12 @@ TEST(NcclComm, AllreduceAcrossDtypesAndSizes) {
   auto store = std::make_shared<store::HashStore>();
   std::vector<std::thread> ts;
   std::vector<std::string> errors(static_cast<size_t>(n));
+  // Rank r on GPU r: without LOCAL_RANK the communicator takes its rank's device (LOCAL_RANK=0
+  // put every rank on GPU 0, which NCCL refuses with two or more: "duplicate GPU").
+  ::unsetenv("LOCAL_RANK");
   for (int r = 0; r < n; ++r)
     ts.emplace_back([&, r] {
       try {
-        ::setenv("LOCAL_RANK", "0", 0);
         cudaSetDevice(r);
         auto c = createNcclCommunicator(store, r, n, {});
         for (size_t count : {size_t{1}, size_t{1000}, size_t{1} << 22}) {

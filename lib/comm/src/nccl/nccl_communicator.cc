@@ -122,7 +122,9 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size, const CommOptions& opts)
+  // device: the GPU to use; -1 picks LOCAL_RANK's (else the rank's) among the visible ones. A
+  // group passes its parent's: its group rank says nothing about the GPU its buffers are on.
+  NcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size, const CommOptions& opts, int device = -1)
       : store_(store), rank_(rank), size_(size), opts_(opts), st_(std::make_shared<NcclState>()) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -130,7 +132,7 @@ class NcclCommunicator final : public Communicator {
       throw SpecError(fmt::format("backend \"nccl\": no CUDA device is visible ({}); use backend \"tcp\" on this machine",
                                   e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
     const char* lr = std::getenv("LOCAL_RANK");
-    st_->device = (lr ? std::atoi(lr) : rank) % count;
+    st_->device = device >= 0 ? device : (lr ? std::atoi(lr) : rank) % count;
     cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
     cudaCheck(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaCheck(cudaMalloc(&st_->barrierBuf, sizeof(int)), "cudaMalloc");
@@ -191,7 +193,7 @@ class NcclCommunicator final : public Communicator {
     const int r = groupRank(ranks, rank_, size_, name);
     CommOptions o = opts_;
     o.name = opts_.name + "/" + name;
-    return std::make_unique<NcclCommunicator>(store_, r, static_cast<int>(ranks.size()), o);
+    return std::make_unique<NcclCommunicator>(store_, r, static_cast<int>(ranks.size()), o, st_->device);
   }
 
  private:
