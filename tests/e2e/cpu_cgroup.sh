@@ -37,15 +37,7 @@ if [ -z "$CG" ]; then
   echo "SKIP: no cpu cgroup with a quota can be made here"
   exit 77
 fi
-remove_cgroup() {
-  for _ in 1 2 3; do
-    while read -r p; do echo "$p" >"$base/cgroup.procs" 2>/dev/null; done <"$CG/cgroup.procs"
-    rmdir "$CG" 2>/dev/null && return
-    sleep 0.2
-  done
-}
-trap 'remove_cgroup; cleanup' EXIT
-in_cgroup() { sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"; }
+use_cgroup
 # No GPU counted: "auto" would be one per GPU.
 export CUDA_VISIBLE_DEVICES=
 

@@ -27,3 +27,15 @@ finish() {
   if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
   echo "all checks passed"
 }
+# A cgroup the test made ($CG, under $base): use_cgroup removes it at exit (whatever is left
+# in it, nothing normally, goes back to $base); in_cgroup CMD... runs CMD in it (a shell moves
+# itself in, then becomes CMD).
+remove_cgroup() {
+  for _ in 1 2 3; do
+    while read -r p; do echo "$p" >"$base/cgroup.procs" 2>/dev/null; done <"$CG/cgroup.procs"
+    rmdir "$CG" 2>/dev/null && return
+    sleep 0.2
+  done
+}
+use_cgroup() { trap 'remove_cgroup; cleanup' EXIT; }
+in_cgroup() { sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"; }

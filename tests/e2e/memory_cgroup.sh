@@ -34,17 +34,7 @@ if [ -z "$CG" ]; then
   echo "SKIP: no memory cgroup can be made here"
   exit 77
 fi
-remove_cgroup() {
-  # Whatever is left in it (nothing, normally) goes back to where this test runs.
-  for _ in 1 2 3; do
-    while read -r p; do echo "$p" >"$base/cgroup.procs" 2>/dev/null; done <"$CG/cgroup.procs"
-    rmdir "$CG" 2>/dev/null && return
-    sleep 0.2
-  done
-}
-trap 'remove_cgroup; cleanup' EXIT
-# in_cgroup CMD...: CMD in the cgroup (a shell moves itself in, then becomes CMD).
-in_cgroup() { sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"; }
+use_cgroup
 
 # A job that fits the host (GiBs free) but not the cgroup's 256 MiB: refused before the launch,
 # naming the limit that binds.
