@@ -72,6 +72,14 @@ double avgTolerance(DataType t) {
   return 0;
 }
 
+// All-reduces one 8-byte value through a buffer of the backend (NCCL reads device memory).
+void reduceScalar(Communicator& comm, void* value, DataType t, ReduceOp op) {
+  const std::unique_ptr<Buffer> b = comm.allocate(8);
+  b->upload(value, 8);
+  comm.allreduce(b->data(), 1, t, op);
+  b->download(value, 8);
+}
+
 const char* redopName(const BenchOptions& o) { return o.collective == Collective::kAllreduce ? name(o.op) : "none"; }
 
 }  // namespace
@@ -97,26 +105,31 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
     size_t count = bytes / es;
     size_t sendCount = o.collective == Collective::kAllgather ? std::max<size_t>(1, count / static_cast<size_t>(n)) : count;
     if (o.collective == Collective::kAllgather) count = sendCount * static_cast<size_t>(n);
+    // The operations' buffers are the backend's (device memory for nccl); host copies fill
+    // and check them.
     std::vector<char> buf(count * es), send(sendCount * es);
+    const std::unique_ptr<Buffer> dbuf = comm.allocate(buf.size()), dsend = comm.allocate(send.size());
     auto once = [&] {
       switch (o.collective) {
-        case Collective::kAllreduce: comm.allreduce(buf.data(), count, o.dtype, o.op); break;
-        case Collective::kBroadcast: comm.broadcast(buf.data(), count, o.dtype, 0); break;
-        case Collective::kAllgather: comm.allgather(send.data(), buf.data(), sendCount, o.dtype); break;
+        case Collective::kAllreduce: comm.allreduce(dbuf->data(), count, o.dtype, o.op); break;
+        case Collective::kBroadcast: comm.broadcast(dbuf->data(), count, o.dtype, 0); break;
+        case Collective::kAllgather: comm.allgather(dsend->data(), dbuf->data(), sendCount, o.dtype); break;
         // Ping-pong: rank 0 sends its pattern and receives rank 1's; rank 1 the other way round.
         case Collective::kSendRecv:
           if (rank == 0) {
-            comm.send(send.data(), send.size(), 1);
-            comm.recv(buf.data(), buf.size(), 1);
+            comm.send(dsend->data(), send.size(), 1);
+            comm.recv(dbuf->data(), buf.size(), 1);
           } else {
-            comm.recv(buf.data(), buf.size(), 0);
-            comm.send(send.data(), send.size(), 0);
+            comm.recv(dbuf->data(), buf.size(), 0);
+            comm.send(dsend->data(), send.size(), 0);
           }
           break;
       }
     };
     fill(buf, count, o.dtype, rank);
     fill(send, sendCount, o.dtype, rank);
+    dbuf->upload(buf.data(), buf.size());
+    dsend->upload(send.data(), send.size());
     for (int i = 0; i < o.warmup; ++i) once();
     comm.barrier();
     auto start = Clock::now();
@@ -124,12 +137,13 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
     double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / std::max(1, o.iters);
     // Point to point: rank 0's loop times whole round trips; one way is half of one.
     if (p2p) us = rank == 0 ? us / 2 : 0;
-    comm.allreduce(&us, 1, DataType::kFloat64, ReduceOp::kMax);
+    reduceScalar(comm, &us, DataType::kFloat64, ReduceOp::kMax);
 
     // Verify one fresh run. (For sendrecv buf starts with this rank's pattern, which differs
     // from the peer's in every element, so a receive that leaves it alone counts as wrong.)
-    fill(buf, count, o.dtype, rank);
+    dbuf->upload(buf.data(), buf.size());
     once();
+    dbuf->download(buf.data(), buf.size());
     if (rank == o.corrupt_rank) buf[0] = static_cast<char>(~buf[0]);
     long long wrong = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -149,7 +163,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
         ++wrong;
       }
     }
-    comm.allreduce(&wrong, 1, DataType::kInt64, ReduceOp::kSum);
+    reduceScalar(comm, &wrong, DataType::kInt64, ReduceOp::kSum);
 
     BenchRow r;
     r.bytes = count * es;

@@ -1,5 +1,10 @@
-// groupRank: its own file because the NCCL plugin (libdtrain_comm_nccl.so) compiles it in
-// too, so the plugin needs nothing from dtrain_comm and loads into any executable.
+// groupRank and the default Communicator::allocate: their own file because the NCCL plugin
+// (libdtrain_comm_nccl.so) compiles it in too, so the plugin needs nothing from dtrain_comm
+// and loads into any executable.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -7,6 +12,23 @@
 #include "dtrain/common/errors.h"
 
 namespace dtrain::comm {
+namespace {
+
+class HostBuffer final : public Buffer {
+ public:
+  explicit HostBuffer(size_t bytes) : data_(bytes) {}
+  void* data() override { return data_.data(); }
+  size_t bytes() const override { return data_.size(); }
+  void upload(const void* host, size_t n) override { std::memcpy(data_.data(), host, std::min(n, data_.size())); }
+  void download(void* host, size_t n) const override { std::memcpy(host, data_.data(), std::min(n, data_.size())); }
+
+ private:
+  std::vector<char> data_;
+};
+
+}  // namespace
+
+std::unique_ptr<Buffer> Communicator::allocate(size_t bytes) { return std::make_unique<HostBuffer>(bytes); }
 
 int groupRank(const std::vector<int>& ranks, int rank, int size, const std::string& name) {
   if (name.empty()) throw SpecError("communicator group: the name is empty; give every group its own name");

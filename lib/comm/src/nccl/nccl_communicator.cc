@@ -1,12 +1,21 @@
-// NCCL backend (CUDA builds only; a plugin loaded on first use, see the end of this file). Buffers are device pointers. Collectives run on one
-// dedicated stream; each returns a Work whose wait() polls its CUDA event together with
-// ncclCommGetAsyncError, and aborts the communicator when the operation outlives the
-// timeout, so a lost peer becomes a PeerLostError instead of a hang.
+// NCCL backend (CUDA builds only; a plugin loaded on first use, see the end of this file).
+// Buffers are device pointers. Collectives run on one dedicated stream; each returns a Work
+// whose wait()/test() poll its CUDA event together with ncclCommGetAsyncError, and abort the
+// communicator when the operation outlives the timeout, so a lost peer becomes a
+// PeerLostError instead of a hang.
+//
+// Nothing here may block without a deadline, or abort could not run: the communicator is
+// created non-blocking (ncclConfig_t.blocking = 0, NCCL >= 2.14), so ncclCommInitRank, an
+// enqueue that connects lazily to its peers, and finalisation return ncclInProgress at once
+// and are polled against the operation's deadline. (Built against an older NCCL, creation and
+// enqueueing block as NCCL does; waiting for completion is still bounded.)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -14,6 +23,12 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
+
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+#define DTRAIN_NCCL_NONBLOCKING 1
+#else
+#define DTRAIN_NCCL_NONBLOCKING 0
+#endif
 
 namespace dtrain::comm {
 namespace {
@@ -24,8 +39,25 @@ void cudaCheck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw IoError(fmt::format("{}: CUDA error: {}", what, cudaGetErrorString(e)));
 }
 
-void ncclCheck(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) throw PeerLostError(fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(r)));
+std::string secondsText(Duration d) { return fmt::format("{:.3g} s", static_cast<double>(d.count()) / 1000.0); }
+
+// An NCCL error as the exception a caller can act on: a peer or the network gone
+// (PeerLostError), the CUDA runtime or NCCL itself failing (IoError), or dtrain's caller
+// passing something NCCL refuses (SpecError: a host pointer, a size mismatch NCCL noticed).
+[[noreturn]] void throwNccl(ncclResult_t r, const std::string& msg) {
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage: throw SpecError(msg);
+    case ncclUnhandledCudaError:
+    case ncclInternalError: throw IoError(msg);
+    default: throw PeerLostError(msg);
+  }
+}
+
+std::string versionText(int v) {
+  // NCCL_VERSION(X,Y,Z): X*1000+Y*100+Z before 2.9, X*10000+Y*100+Z since.
+  return v >= 10000 ? fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+                    : fmt::format("{}.{}.{}", v / 1000, v / 100 % 10, v % 100);
 }
 
 ncclDataType_t ncclType(DataType t) {
@@ -50,17 +82,108 @@ ncclRedOp_t ncclOp(ReduceOp op) {
   return ncclSum;
 }
 
-// Owns the communicator, stream and a scratch device int for barriers. Not copyable.
+// "0-3, 6"
+std::string rankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ", ",
+                       i == j ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+// Who this rank is, for messages: its rank in the job, and for a group its place in it.
+struct Identity {
+  std::string name;        // the communicator's name ("default", "default/stage0")
+  int rank = 0;            // in this communicator
+  std::vector<int> world;  // world[r]: the job rank of this communicator's rank r
+  bool group = false;      // made by group(): its ranks are not the job's
+  std::string self() const {
+    return group ? fmt::format("rank {} (rank {} of communicator \"{}\")", world[static_cast<size_t>(rank)], rank, name)
+                 : fmt::format("rank {}", rank);
+  }
+  std::string peers() const { return rankList(world); }
+};
+
+// Owns the communicator, stream and a scratch device int for barriers; shared by the
+// communicator and its outstanding Works, so the last of them releases it. Not copyable.
+//
+// Thread-safety: mu guards `comm` and the abort state. ncclCommAbort frees the communicator,
+// so every NCCL call on it happens under mu after checking `aborted`; a call made under mu
+// returns promptly (the communicator is non-blocking, polls are bounded by deadlines), so
+// abort never waits long for it. Holding mu from enqueue to event record also fixes the
+// issue order across threads.
 struct NcclState {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   int* barrierBuf = nullptr;
   int device = 0;
-  std::mutex mu;          // serialises enqueueing, so every rank's order is the issue order
-  bool aborted = false;
-  std::string failure;
+  int version = 0;
+  Duration timeout{};
+  std::shared_ptr<store::Store> store;
+  std::string failureKey;  // the job's first failure, for peers' messages (as the tcp backend)
+  std::mutex mu;
+  bool aborted = false;  // under mu
+  std::string failure;   // under mu: why it was aborted
+
+  NcclState() = default;
+  NcclState(const NcclState&) = delete;
+  NcclState& operator=(const NcclState&) = delete;
+
+  // Aborts the communicator (once) with `why`; mu must be held. Returns true when this call
+  // did it (the caller then publishes the failure, outside mu).
+  bool abortLocked(const std::string& why) {
+    if (aborted) return false;
+    if (comm) ncclCommAbort(comm);
+    aborted = true;
+    failure = why;
+    return true;
+  }
+
+  // First failure wins; best effort (the store may be gone too).
+  void publish(const std::string& why) {
+    try {
+      store->compareSet(failureKey, "", why);
+    } catch (const std::exception&) {
+    }
+  }
+
+  // " [first failure in this job: ...]" when another rank left one that is not ours.
+  std::string firstFailure(const std::string& ours) {
+    try {
+      if (store->check({failureKey})) {
+        std::string f = store->get(failureKey);
+        if (f != ours) return fmt::format(" [first failure in this job: {}]", f);
+      }
+    } catch (const std::exception&) {
+    }
+    return "";
+  }
+
   ~NcclState() {
-    if (comm) aborted ? (void)0 : (void)ncclCommDestroy(comm);
+    if (comm && !aborted) {
+      // Destroying waits for outstanding operations, which never end when a peer is gone (or
+      // when this runs because an operation failed): abort instead, as NCCL advises.
+      cudaSetDevice(device);
+      const bool idle = stream == nullptr || cudaStreamQuery(stream) == cudaSuccess;
+      bool clean = idle && std::uncaught_exceptions() == 0;
+#if DTRAIN_NCCL_NONBLOCKING
+      if (clean) {
+        // Finalising flushes NCCL's proxy work and may wait for peers: bounded.
+        ncclResult_t r = ncclCommFinalize(comm);
+        const auto deadline = Clock::now() + std::min<Duration>(timeout, std::chrono::seconds(30));
+        while (r == ncclInProgress && Clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
+        }
+        clean = r == ncclSuccess;
+      }
+#endif
+      clean ? (void)ncclCommDestroy(comm) : (void)ncclCommAbort(comm);
+    }
     if (barrierBuf) cudaFree(barrierBuf);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -68,85 +191,146 @@ struct NcclState {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> st, cudaEvent_t ev, std::string op, Duration timeout, int rank, int size)
-      : st_(std::move(st)), ev_(ev), op_(std::move(op)), deadline_(Clock::now() + timeout), timeout_(timeout),
-        rank_(rank), size_(size) {}
+  NcclWork(std::shared_ptr<NcclState> st, cudaEvent_t ev, std::string op, Clock::time_point deadline,
+           std::shared_ptr<const Identity> id)
+      : st_(std::move(st)), ev_(ev), op_(std::move(op)), deadline_(deadline), id_(std::move(id)) {}
   ~NcclWork() override { cudaEventDestroy(ev_); }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
 
-  bool test() override {
-    if (done_) return true;
-    cudaError_t e = cudaEventQuery(ev_);
-    if (e == cudaSuccess) done_ = true;
-    return done_ || e != cudaErrorNotReady;
-  }
+  // Done or failed; polls the same way wait() does, so a lost peer ends a test() loop too.
+  bool test() override { return poll(); }
 
   void wait() override {
-    while (!done_) {
-      cudaError_t e = cudaEventQuery(ev_);
-      if (e == cudaSuccess) {
-        done_ = true;
-        break;
-      }
-      if (e != cudaErrorNotReady) cudaCheck(e, op_.c_str());
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(st_->comm, &async);
-      if (async != ncclSuccess) abort(fmt::format("NCCL reported: {}", ncclGetErrorString(async)));
-      if (Clock::now() > deadline_)
-        abort(fmt::format("did not finish within {:.3g} s; a peer among ranks 0..{} is lost or stopped",
-                          timeout_.count() / 1000.0, size_ - 1));
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    while (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (error_) std::rethrow_exception(error_);
   }
 
  private:
-  [[noreturn]] void abort(const std::string& why) {
-    std::lock_guard<std::mutex> l(st_->mu);
-    if (!st_->aborted) {
-      ncclCommAbort(st_->comm);
-      st_->aborted = true;
-      st_->failure = why;
+  // One look at the operation: true once it finished or failed (error_ set).
+  bool poll() {
+    if (done_) return true;
+    cudaError_t e = cudaEventQuery(ev_);
+    if (e == cudaSuccess) return done_ = true;
+    std::string why, published;
+    {
+      std::lock_guard<std::mutex> l(st_->mu);
+      if (st_->aborted) {
+        why = fmt::format("the NCCL communicator was aborted: {}", st_->failure);
+      } else if (e != cudaErrorNotReady) {
+        why = fmt::format("CUDA error: {}", cudaGetErrorString(e));
+        if (st_->abortLocked(message(why))) published = message(why);
+      } else {
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(st_->comm, &async) != ncclSuccess) async = ncclInternalError;
+        if (async != ncclSuccess && async != ncclInProgress) {
+          why = fmt::format("NCCL reported: {}; the NCCL communicator was aborted", ncclGetErrorString(async));
+        } else if (Clock::now() > deadline_) {
+          why = fmt::format("did not finish within {}; a peer among ranks {} is lost or stopped; the NCCL "
+                            "communicator was aborted",
+                            secondsText(st_->timeout), id_->peers());
+        }
+        if (!why.empty() && st_->abortLocked(message(why))) published = message(why);
+      }
     }
-    throw PeerLostError(fmt::format("{} on rank {}: {}; the NCCL communicator was aborted", op_, rank_, why));
+    if (why.empty()) return false;
+    if (!published.empty()) st_->publish(published);
+    const std::string msg = message(why) + st_->firstFailure(published.empty() ? message(why) : published);
+    error_ = e != cudaErrorNotReady && e != cudaSuccess ? std::make_exception_ptr(IoError(msg))
+                                                        : std::make_exception_ptr(PeerLostError(msg));
+    return done_ = true;
   }
+
+  std::string message(const std::string& why) const { return fmt::format("{} on {}: {}", op_, id_->self(), why); }
 
   std::shared_ptr<NcclState> st_;
   cudaEvent_t ev_;
   std::string op_;
   Clock::time_point deadline_;
-  Duration timeout_;
-  int rank_, size_;
+  std::shared_ptr<const Identity> id_;
   bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class DeviceBuffer final : public Buffer {
+ public:
+  DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
+    cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
+    cudaError_t e = cudaMalloc(&data_, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess)
+      throw AllocationError(fmt::format("cudaMalloc of {} bytes on cuda:{}: {}", bytes, device_, cudaGetErrorString(e)),
+                            true);
+  }
+  ~DeviceBuffer() override { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+  void upload(const void* host, size_t n) override {
+    cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
+    cudaCheck(cudaMemcpy(data_, host, std::min(n, bytes_), cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+  }
+  void download(void* host, size_t n) const override {
+    cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
+    cudaCheck(cudaMemcpy(host, data_, std::min(n, bytes_), cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_;
+  int device_;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
   // device: the GPU to use; -1 picks LOCAL_RANK's (else the rank's) among the visible ones. A
   // group passes its parent's: its group rank says nothing about the GPU its buffers are on.
-  NcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size, const CommOptions& opts, int device = -1)
+  // world: the job rank of each rank (empty: the ranks are the job's).
+  NcclCommunicator(std::shared_ptr<store::Store> store, int rank, int size, const CommOptions& opts, int device = -1,
+                   std::vector<int> world = {})
       : store_(store), rank_(rank), size_(size), opts_(opts), st_(std::make_shared<NcclState>()) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw SpecError(fmt::format("communicator: rank {} is not within world size {}", rank, size));
+    auto id = std::make_shared<Identity>();
+    id->name = opts.name;
+    id->rank = rank;
+    id->group = !world.empty();
+    id->world = std::move(world);
+    if (id->world.empty())
+      for (int r = 0; r < size; ++r) id->world.push_back(r);
+    if (id->world.size() != static_cast<size_t>(size)) throw InternalError("nccl: group rank map of the wrong size");
+    id_ = id;
+    st_->timeout = opts.timeout;
+    st_->store = store;
+    st_->failureKey = "comm/" + opts.name + "/failure";
+
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0)
       throw SpecError(fmt::format("backend \"nccl\": no CUDA device is visible ({}); use backend \"tcp\" on this machine",
                                   e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
+    ncclGetVersion(&st_->version);
     const char* lr = std::getenv("LOCAL_RANK");
-    st_->device = device >= 0 ? device : (lr ? std::atoi(lr) : rank) % count;
+    st_->device = device >= 0 ? device : (lr ? std::atoi(lr) : id_->world[static_cast<size_t>(rank)]) % count;
     cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
     cudaCheck(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaCheck(cudaMalloc(&st_->barrierBuf, sizeof(int)), "cudaMalloc");
-    ncclUniqueId id;
+
+    ncclUniqueId uid;
     std::string key = "comm/" + opts.name + "/nccl_id";
     if (rank == 0) {
-      ncclCheck(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      store->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+      ncclResult_t r = ncclGetUniqueId(&uid);
+      if (r != ncclSuccess) throwNccl(r, fmt::format("ncclGetUniqueId: NCCL error: {}", ncclGetErrorString(r)));
+      store->set(key, std::string(reinterpret_cast<const char*>(&uid), sizeof(uid)));
     } else {
       std::string v = store->get(key);
-      if (v.size() != sizeof(id)) throw PeerLostError("nccl: rank 0 published a malformed ncclUniqueId");
-      std::memcpy(&id, v.data(), sizeof(id));
+      if (v.size() != sizeof(uid))
+        throw PeerLostError(fmt::format("nccl: rank 0 of communicator \"{}\" published a malformed ncclUniqueId ({} "
+                                        "bytes, expected {})",
+                                        opts.name, v.size(), sizeof(uid)));
+      std::memcpy(&uid, v.data(), sizeof(uid));
     }
-    ncclCheck(ncclCommInitRank(&st_->comm, size, id, rank), "ncclCommInitRank");
+    init(uid);
   }
 
   int rank() const override { return rank_; }
@@ -154,29 +338,40 @@ class NcclCommunicator final : public Communicator {
   const char* backend() const override { return "nccl"; }
 
   WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) override {
+    checkFeatures(t, op);
     return launch("allreduce", [&] { return ncclAllReduce(data, data, count, ncclType(t), ncclOp(op), st_->comm, st_->stream); });
   }
   WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
+    checkFeatures(t, ReduceOp::kSum);
+    checkPeer(root, "broadcast root", true);
     return launch("broadcast", [&] { return ncclBroadcast(data, data, count, ncclType(t), root, st_->comm, st_->stream); });
   }
   WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
+    checkFeatures(t, ReduceOp::kSum);
     return launch("allgather", [&] { return ncclAllGather(send, recv, count, ncclType(t), st_->comm, st_->stream); });
   }
   WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
+    checkFeatures(t, op);
     return launch("reduce_scatter",
                   [&] { return ncclReduceScatter(send, recv, recvCount, ncclType(t), ncclOp(op), st_->comm, st_->stream); });
   }
   WorkPtr barrierAsync() override {
     return launch("barrier", [&] { return ncclAllReduce(st_->barrierBuf, st_->barrierBuf, 1, ncclInt32, ncclSum, st_->comm, st_->stream); });
   }
+  // NCCL does not tell a receiver what size was sent (the tcp backend's length header): the
+  // sizes must match, see docs/collectives.md.
   WorkPtr sendAsync(const void* data, size_t bytes, int peer) override {
+    checkPeer(peer, "send peer", false);
     return launch("send", [&] { return ncclSend(data, bytes, ncclInt8, peer, st_->comm, st_->stream); });
   }
   WorkPtr recvAsync(void* data, size_t bytes, int peer) override {
+    checkPeer(peer, "recv peer", false);
     return launch("recv", [&] { return ncclRecv(data, bytes, ncclInt8, peer, st_->comm, st_->stream); });
   }
   WorkPtr sendRecvAsync(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
                         int recvPeer) override {
+    checkPeer(sendPeer, "sendRecv send peer", false);
+    checkPeer(recvPeer, "sendRecv recv peer", false);
     return launch("sendrecv", [&] {
       // Grouped so NCCL runs both at once (no ordering deadlock between neighbours).
       ncclResult_t r = ncclGroupStart();
@@ -193,26 +388,121 @@ class NcclCommunicator final : public Communicator {
     const int r = groupRank(ranks, rank_, size_, name);
     CommOptions o = opts_;
     o.name = opts_.name + "/" + name;
-    return std::make_unique<NcclCommunicator>(store_, r, static_cast<int>(ranks.size()), o, st_->device);
+    std::vector<int> world;
+    for (int x : ranks) world.push_back(id_->world[static_cast<size_t>(x)]);
+    return std::make_unique<NcclCommunicator>(store_, r, static_cast<int>(ranks.size()), o, st_->device,
+                                              std::move(world));
   }
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<DeviceBuffer>(bytes, st_->device); }
 
  private:
+  // ncclCommInitRank, bounded by the timeout: a rank that never joins (dead before it got
+  // here, or stuck) fails this one with PeerLostError instead of hanging it.
+  void init(const ncclUniqueId& uid) {
+    const auto start = Clock::now();
+    const auto deadline = start + opts_.timeout;
+#if DTRAIN_NCCL_NONBLOCKING
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&st_->comm, size_, uid, rank_, &config);
+    while (r == ncclInProgress && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+      if (ncclCommGetAsyncError(st_->comm, &r) != ncclSuccess) r = ncclInternalError;
+    }
+    if (r == ncclInProgress) {
+      std::lock_guard<std::mutex> l(st_->mu);
+      st_->abortLocked("ncclCommInitRank timed out");
+      throw PeerLostError(fmt::format("ncclCommInitRank on {}: not every rank among {} joined within {}; one is lost, "
+                                      "stopped, or never created its communicator \"{}\"{}",
+                                      id_->self(), id_->peers(), secondsText(opts_.timeout), opts_.name,
+                                      st_->firstFailure("")));
+    }
+#else
+    ncclResult_t r = ncclCommInitRank(&st_->comm, size_, uid, rank_);
+#endif
+    if (r != ncclSuccess) {
+      if (st_->comm) {
+        std::lock_guard<std::mutex> l(st_->mu);
+        st_->abortLocked("ncclCommInitRank failed");
+      }
+      throwNccl(r, fmt::format("ncclCommInitRank on {} (NCCL {}): NCCL error: {}", id_->self(),
+                               versionText(st_->version), ncclGetErrorString(r)));
+    }
+  }
+
+  // What the loaded NCCL cannot do, refused before anything is enqueued (peers would wait for
+  // an operation this rank never issues; SpecError does not break the communicator).
+  void checkFeatures(DataType t, ReduceOp op) const {
+    constexpr int k210 = 21000;  // NCCL_VERSION(2, 10, 0)
+    if (st_->version >= k210) return;
+    if (op == ReduceOp::kAvg)
+      throw SpecError(fmt::format("reduce op avg needs NCCL 2.10 or newer, and this process loaded NCCL {}; use sum "
+                                  "and divide, or upgrade NCCL",
+                                  versionText(st_->version)));
+    if (t == DataType::kBFloat16)
+      throw SpecError(fmt::format("bfloat16 needs NCCL 2.10 or newer, and this process loaded NCCL {}",
+                                  versionText(st_->version)));
+  }
+
+  void checkPeer(int peer, const char* what, bool allowSelf) const {
+    if (peer < 0 || peer >= size_ || (peer == rank_ && !allowSelf))
+      throw SpecError(fmt::format("{} {} is not another rank of this communicator (size {})", what, peer, size_));
+  }
+
+  // Enqueues one operation on the stream and returns its Work. Any failure here breaks the
+  // communicator (it is aborted; the failure is published for the peers, which would
+  // otherwise wait for this rank until their timeout), and every later operation fails at
+  // once naming it.
   template <typename F>
   WorkPtr launch(const char* op, F&& enqueue) {
-    std::lock_guard<std::mutex> l(st_->mu);
-    if (st_->aborted) throw PeerLostError(fmt::format("{}: the NCCL communicator was aborted earlier: {}", op, st_->failure));
-    cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
-    ncclCheck(enqueue(), op);
-    cudaEvent_t ev;
-    cudaCheck(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    cudaCheck(cudaEventRecord(ev, st_->stream), "cudaEventRecord");
-    return std::make_shared<NcclWork>(st_, ev, op, opts_.timeout, rank_, size_);
+    const auto deadline = Clock::now() + opts_.timeout;
+    std::string failed;
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> l(st_->mu);
+      if (st_->aborted)
+        throw PeerLostError(fmt::format("{} on {}: the NCCL communicator was aborted earlier: {}", op, id_->self(),
+                                        st_->failure));
+      try {
+        cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
+        ncclResult_t r = enqueue();
+        // Non-blocking: an enqueue that must first connect to its peers returns
+        // ncclInProgress; nothing else may be issued until it completes.
+        while (r == ncclInProgress) {
+          if (Clock::now() > deadline) {
+            throw PeerLostError(fmt::format("{} on {}: could not reach its peers among ranks {} within {}; one is lost "
+                                            "or stopped; the NCCL communicator was aborted",
+                                            op, id_->self(), id_->peers(), secondsText(opts_.timeout)));
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+          if (ncclCommGetAsyncError(st_->comm, &r) != ncclSuccess) r = ncclInternalError;
+        }
+        if (r != ncclSuccess)
+          throwNccl(r, fmt::format("{} on {}: NCCL error: {}; the NCCL communicator was aborted", op, id_->self(),
+                                   ncclGetErrorString(r)));
+        cudaEvent_t ev;
+        cudaCheck(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+        cudaError_t e = cudaEventRecord(ev, st_->stream);
+        if (e != cudaSuccess) {
+          cudaEventDestroy(ev);
+          cudaCheck(e, "cudaEventRecord");
+        }
+        return std::make_shared<NcclWork>(st_, ev, op, deadline, id_);
+      } catch (const std::exception& ex) {
+        error = std::current_exception();
+        failed = ex.what();
+        st_->abortLocked(failed);
+      }
+    }
+    st_->publish(failed);
+    std::rethrow_exception(error);
   }
 
   std::shared_ptr<store::Store> store_;
   int rank_, size_;
   CommOptions opts_;
   std::shared_ptr<NcclState> st_;
+  std::shared_ptr<const Identity> id_;
 };
 
 }  // namespace

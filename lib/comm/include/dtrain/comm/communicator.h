@@ -33,6 +33,20 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
+// Memory for a communicator's buffers: host memory for tcp, device memory on the
+// communicator's GPU for nccl. For code that stages data without knowing the backend (dtrain
+// bench). Owns the memory; not copyable; must not outlive its communicator.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() = 0;
+  virtual size_t bytes() const = 0;
+  // Copies `n` bytes (at most bytes()) from host memory into the buffer, or back out.
+  // Synchronous: the copy has finished when they return.
+  virtual void upload(const void* host, size_t n) = 0;
+  virtual void download(void* host, size_t n) const = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -75,6 +89,10 @@ class Communicator {
   // overlap with them). Same backend and options as this one. Throws SpecError when this
   // rank is not in `ranks` or the list is malformed.
   virtual std::unique_ptr<Communicator> group(const std::vector<int>& ranks, const std::string& name) = 0;
+
+  // A buffer of `bytes` where this backend's operations can use it (see Buffer). The
+  // default is host memory.
+  virtual std::unique_ptr<Buffer> allocate(size_t bytes);
 
   // Blocking: same as XxxAsync(...)->wait() (see the thread-safety note above).
   void allreduce(void* data, size_t count, DataType t, ReduceOp op) { allreduceBlocking(data, count, t, op); }
