@@ -40,7 +40,9 @@ class NcclEmu : public ::testing::Test {
     emu_nccl::reset();
     ::unsetenv("LOCAL_RANK");
   }
-  void TearDown() override { EXPECT_EQ(emu_nccl::counters().useAfterAbort, 0) << "an NCCL call on an aborted communicator"; }
+  void TearDown() override {
+    EXPECT_EQ(emu_nccl::counters().useAfterAbort, 0) << "an NCCL call on an aborted communicator";
+  }
 
   // Runs fn(rank) on n threads; returns each rank's error ("" when none).
   static std::vector<std::string> ranks(int n, const std::function<void(int)>& fn) {
@@ -76,24 +78,30 @@ TEST_F(NcclEmu, CollectivesThroughDeviceBuffers) {
   auto errors = ranks(n, [&](int r) {
     auto c = make(store_, r, n);
     std::vector<float> f(1000, static_cast<float>(r + 1));
-    auto sum = run<float>(*c, f, [&](void* d) { c->allreduce(d, 1000, DataType::kFloat32, ReduceOp::kSum); }, 1000);
+    auto sum = run<float>(
+        *c, f, [&](void* d) { c->allreduce(d, 1000, DataType::kFloat32, ReduceOp::kSum); }, 1000);
     for (float v : sum) ASSERT_EQ(v, 10.0f);
-    auto mx = run<int64_t>(*c, {r, -r}, [&](void* d) { c->allreduce(d, 2, DataType::kInt64, ReduceOp::kMax); }, 2);
+    auto mx = run<int64_t>(
+        *c, {r, -r}, [&](void* d) { c->allreduce(d, 2, DataType::kInt64, ReduceOp::kMax); }, 2);
     ASSERT_EQ(mx, (std::vector<int64_t>{3, 0}));
-    auto avg = run<double>(*c, {double(r)}, [&](void* d) { c->allreduce(d, 1, DataType::kFloat64, ReduceOp::kAvg); }, 1);
+    auto avg = run<double>(
+        *c, {double(r)}, [&](void* d) { c->allreduce(d, 1, DataType::kFloat64, ReduceOp::kAvg); }, 1);
     ASSERT_EQ(avg[0], 1.5);
-    auto bc = run<int32_t>(*c, {r * 7}, [&](void* d) { c->broadcast(d, 1, DataType::kInt32, 2); }, 1);
+    auto bc = run<int32_t>(
+        *c, {r * 7}, [&](void* d) { c->broadcast(d, 1, DataType::kInt32, 2); }, 1);
     ASSERT_EQ(bc[0], 14);
     // allgather: send block then room for n blocks, in one buffer (send at the end)
     auto sendb = c->allocate(sizeof(int32_t));
     const int32_t mine = 100 + r;
     sendb->upload(&mine, sizeof(mine));
-    auto ag = run<int32_t>(*c, {}, [&](void* d) { c->allgather(sendb->data(), d, 1, DataType::kInt32); }, n);
+    auto ag = run<int32_t>(
+        *c, {}, [&](void* d) { c->allgather(sendb->data(), d, 1, DataType::kInt32); }, n);
     ASSERT_EQ(ag, (std::vector<int32_t>{100, 101, 102, 103}));
     auto rsIn = c->allocate(n * sizeof(int32_t));
     const std::vector<int32_t> blocks{r, 10 * r, 100 * r, 1000 * r};
     rsIn->upload(blocks.data(), blocks.size() * sizeof(int32_t));
-    auto rs = run<int32_t>(*c, {}, [&](void* d) { c->reduceScatter(rsIn->data(), d, 1, DataType::kInt32, ReduceOp::kSum); }, 1);
+    auto rs = run<int32_t>(
+        *c, {}, [&](void* d) { c->reduceScatter(rsIn->data(), d, 1, DataType::kInt32, ReduceOp::kSum); }, 1);
     ASSERT_EQ(rs[0], std::vector<int32_t>({6, 60, 600, 6000})[static_cast<size_t>(r)]);
     c->barrier();
     // A ring exchange with sendRecv (grouped send and recv).
@@ -113,7 +121,8 @@ TEST_F(NcclEmu, CollectivesThroughDeviceBuffers) {
 // dtrain bench's buffers are the backend's: NCCL refuses host memory (the bench used to pass
 // std::vector buffers and host scalars).
 TEST_F(NcclEmu, BenchRunsOnDeviceBuffers) {
-  for (Collective col : {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather, Collective::kSendRecv}) {
+  for (Collective col :
+       {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather, Collective::kSendRecv}) {
     emu_nccl::reset();
     store_ = std::make_shared<store::HashStore>();
     std::vector<std::vector<BenchRow>> rows(2);
@@ -184,8 +193,9 @@ TEST_F(NcclEmu, LostPeerFailsTheOperationNamingItAndThePeersSeeTheFirstFailure) 
     cs[0]->allreduce(buf->data(), 1, DataType::kFloat32, ReduceOp::kSum);  // rank 1 never issues it
     FAIL();
   } catch (const PeerLostError& e) {
-    EXPECT_HAS(e.what(), "allreduce on rank 0: did not finish within 0.3 s; a peer among ranks 0-1 is lost or "
-                                    "stopped; the NCCL communicator was aborted");
+    EXPECT_HAS(e.what(),
+               "allreduce on rank 0: did not finish within 0.3 s; a peer among ranks 0-1 is lost or "
+               "stopped; the NCCL communicator was aborted");
   }
   const auto took = Clock::now() - start;
   EXPECT_GE(took, std::chrono::milliseconds(300));
@@ -327,7 +337,8 @@ TEST_F(NcclEmu, GroupsUseTheParentsDeviceAndNameJobRanks) {
     auto c = make(store_, r, 4, o);  // rank r on GPU r (no LOCAL_RANK)
     const std::vector<int> members = r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
     auto g = c->group(members, r % 2 == 0 ? "even" : "odd");
-    auto out = run<float>(*g, {float(r)}, [&](void* d) { g->allreduce(d, 1, DataType::kFloat32, ReduceOp::kSum); }, 1);
+    auto out = run<float>(
+        *g, {float(r)}, [&](void* d) { g->allreduce(d, 1, DataType::kFloat32, ReduceOp::kSum); }, 1);
     ASSERT_EQ(out[0], r % 2 == 0 ? 2.0f : 4.0f);
     if (r == 2) {
       auto b = g->allocate(4);
@@ -335,8 +346,9 @@ TEST_F(NcclEmu, GroupsUseTheParentsDeviceAndNameJobRanks) {
         g->allreduce(b->data(), 1, DataType::kFloat32, ReduceOp::kSum);  // rank 0 does not join
         FAIL();
       } catch (const PeerLostError& e) {
-        EXPECT_HAS(e.what(), "allreduce on rank 2 (rank 1 of communicator \"default/even\"): did not finish "
-                                        "within 0.3 s; a peer among ranks 0, 2 is lost or stopped");
+        EXPECT_HAS(e.what(),
+                   "allreduce on rank 2 (rank 1 of communicator \"default/even\"): did not finish "
+                   "within 0.3 s; a peer among ranks 0, 2 is lost or stopped");
       }
     }
   });

@@ -7,10 +7,10 @@
 namespace emu_nccl {
 
 struct Counters {
-  int destroys = 0;         // ncclCommDestroy with nothing outstanding
-  int hungDestroys = 0;     // ncclCommDestroy with operations outstanding: hangs with real NCCL
-  int aborts = 0;           // ncclCommAbort
-  int useAfterAbort = 0;    // any call on a communicator after ncclCommAbort/Destroy freed it
+  int destroys = 0;       // ncclCommDestroy with nothing outstanding
+  int hungDestroys = 0;   // ncclCommDestroy with operations outstanding: hangs with real NCCL
+  int aborts = 0;         // ncclCommAbort
+  int useAfterAbort = 0;  // any call on a communicator after ncclCommAbort/Destroy freed it
 };
 Counters counters();
 // Forgets every communicator, control and counter (between tests).

@@ -68,12 +68,18 @@ struct EmuEvent {
 
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorNotReady: return "device not ready";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorNotReady:
+      return "device not ready";
   }
   return "unknown error";
 }
@@ -109,8 +115,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   {
     std::lock_guard<std::mutex> l(g_mu);
     const bool dDev = deviceOf(dst, bytes) >= 0, sDev = deviceOf(src, bytes) >= 0;
-    const bool ok = kind == cudaMemcpyHostToDevice   ? dDev && !sDev
-                    : kind == cudaMemcpyDeviceToHost ? sDev && !dDev
+    const bool ok = kind == cudaMemcpyHostToDevice     ? dDev && !sDev
+                    : kind == cudaMemcpyDeviceToHost   ? sDev && !dDev
                     : kind == cudaMemcpyDeviceToDevice ? sDev && dDev
                                                        : !sDev && !dDev;
     if (!ok) return cudaErrorInvalidValue;
@@ -225,13 +231,17 @@ thread_local std::vector<GroupedPart> t_groupParts;
 size_t typeSize(ncclDataType_t t) {
   switch (t) {
     case ncclInt8:
-    case ncclUint8: return 1;
+    case ncclUint8:
+      return 1;
     case ncclFloat16:
-    case ncclBfloat16: return 2;
+    case ncclBfloat16:
+      return 2;
     case ncclInt32:
     case ncclUint32:
-    case ncclFloat32: return 4;
-    default: return 8;
+    case ncclFloat32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -251,11 +261,20 @@ void reduceTyped(const std::vector<const void*>& in, void* out, size_t count, nc
 
 bool reduce(const std::vector<const void*>& in, void* out, size_t count, ncclDataType_t t, ncclRedOp_t op) {
   switch (t) {
-    case ncclFloat32: reduceTyped<float>(in, out, count, op); return true;
-    case ncclFloat64: reduceTyped<double>(in, out, count, op); return true;
-    case ncclInt32: reduceTyped<int32_t>(in, out, count, op); return true;
-    case ncclInt64: reduceTyped<int64_t>(in, out, count, op); return true;
-    default: return false;  // (16-bit floats: not emulated)
+    case ncclFloat32:
+      reduceTyped<float>(in, out, count, op);
+      return true;
+    case ncclFloat64:
+      reduceTyped<double>(in, out, count, op);
+      return true;
+    case ncclInt32:
+      reduceTyped<int32_t>(in, out, count, op);
+      return true;
+    case ncclInt64:
+      reduceTyped<int64_t>(in, out, count, op);
+      return true;
+    default:
+      return false;  // (16-bit floats: not emulated)
   }
 }
 
@@ -313,7 +332,8 @@ void runCollective(World& w, std::vector<Part>& parts) {
       for (size_t r = 0; r < n; ++r) std::memcpy(parts[r].recv, outs[r].data(), outs[r].size());
       break;
     }
-    default: break;
+    default:
+      break;
   }
   for (const Part& p : parts) completePart(p);
 }
@@ -384,10 +404,11 @@ ncclResult_t submit(ncclComm* c, cudaStream_t s, std::vector<Part> parts) {
   }
   for (const Part& p : parts) {
     const size_t es = typeSize(p.type);
-    const size_t sendBytes = p.kind == Kind::kAllGather ? p.count * es
+    const size_t sendBytes = p.kind == Kind::kAllGather       ? p.count * es
                              : p.kind == Kind::kReduceScatter ? p.count * es * static_cast<size_t>(c->world->size)
                                                               : p.count * es;
-    const size_t recvBytes = p.kind == Kind::kAllGather ? p.count * es * static_cast<size_t>(c->world->size) : p.count * es;
+    const size_t recvBytes =
+        p.kind == Kind::kAllGather ? p.count * es * static_cast<size_t>(c->world->size) : p.count * es;
     if (p.kind != Kind::kRecv && checkBuffer(c, p.send, sendBytes)) return ncclInvalidArgument;
     if (p.kind != Kind::kSend && checkBuffer(c, p.recv, recvBytes)) return ncclInvalidArgument;
     if ((p.kind == Kind::kSend || p.kind == Kind::kRecv || p.kind == Kind::kBroadcast) &&
@@ -467,14 +488,22 @@ ncclResult_t ncclGetVersion(int* version) {
 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+      return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+      return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+      return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+      return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
   }
   return "unknown result code";
 }
@@ -583,7 +612,8 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
                            cudaStream_t s) {
   return enqueue(c, s, Part{Kind::kBroadcast, send, recv, count, t, ncclSum, root, nullptr});
 }
-ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendCount, ncclDataType_t t, ncclComm_t c, cudaStream_t s) {
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendCount, ncclDataType_t t, ncclComm_t c,
+                           cudaStream_t s) {
   return enqueue(c, s, Part{Kind::kAllGather, send, recv, sendCount, t, ncclSum, 0, nullptr});
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvCount, ncclDataType_t t, ncclRedOp_t op,

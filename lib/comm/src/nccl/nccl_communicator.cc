@@ -10,6 +10,7 @@
 // and are polled against the operation's deadline. (Built against an older NCCL, creation and
 // enqueueing block as NCCL does; waiting for completion is still bounded.)
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <atomic>
@@ -18,8 +19,6 @@
 #include <exception>
 #include <mutex>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
@@ -47,10 +46,13 @@ std::string secondsText(Duration d) { return fmt::format("{:.3g} s", static_cast
 [[noreturn]] void throwNccl(ncclResult_t r, const std::string& msg) {
   switch (r) {
     case ncclInvalidArgument:
-    case ncclInvalidUsage: throw SpecError(msg);
+    case ncclInvalidUsage:
+      throw SpecError(msg);
     case ncclUnhandledCudaError:
-    case ncclInternalError: throw IoError(msg);
-    default: throw PeerLostError(msg);
+    case ncclInternalError:
+      throw IoError(msg);
+    default:
+      throw PeerLostError(msg);
   }
 }
 
@@ -62,22 +64,32 @@ std::string versionText(int v) {
 
 ncclDataType_t ncclType(DataType t) {
   switch (t) {
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kFloat64: return ncclFloat64;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kInt64: return ncclInt64;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t ncclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -226,9 +238,10 @@ class NcclWork final : public Work {
         if (async != ncclSuccess && async != ncclInProgress) {
           why = fmt::format("NCCL reported: {}; the NCCL communicator was aborted", ncclGetErrorString(async));
         } else if (Clock::now() > deadline_) {
-          why = fmt::format("did not finish within {}; a peer among ranks {} is lost or stopped; the NCCL "
-                            "communicator was aborted",
-                            secondsText(st_->timeout), id_->peers());
+          why = fmt::format(
+              "did not finish within {}; a peer among ranks {} is lost or stopped; the NCCL "
+              "communicator was aborted",
+              secondsText(st_->timeout), id_->peers());
         }
         if (!why.empty() && st_->abortLocked(message(why))) published = message(why);
       }
@@ -307,8 +320,9 @@ class NcclCommunicator final : public Communicator {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0)
-      throw SpecError(fmt::format("backend \"nccl\": no CUDA device is visible ({}); use backend \"tcp\" on this machine",
-                                  e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
+      throw SpecError(
+          fmt::format("backend \"nccl\": no CUDA device is visible ({}); use backend \"tcp\" on this machine",
+                      e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
     ncclGetVersion(&st_->version);
     const char* lr = std::getenv("LOCAL_RANK");
     st_->device = device >= 0 ? device : (lr ? std::atoi(lr) : id_->world[static_cast<size_t>(rank)]) % count;
@@ -325,9 +339,10 @@ class NcclCommunicator final : public Communicator {
     } else {
       std::string v = store->get(key);
       if (v.size() != sizeof(uid))
-        throw PeerLostError(fmt::format("nccl: rank 0 of communicator \"{}\" published a malformed ncclUniqueId ({} "
-                                        "bytes, expected {})",
-                                        opts.name, v.size(), sizeof(uid)));
+        throw PeerLostError(
+            fmt::format("nccl: rank 0 of communicator \"{}\" published a malformed ncclUniqueId ({} "
+                        "bytes, expected {})",
+                        opts.name, v.size(), sizeof(uid)));
       std::memcpy(&uid, v.data(), sizeof(uid));
     }
     init(uid);
@@ -339,12 +354,14 @@ class NcclCommunicator final : public Communicator {
 
   WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) override {
     checkFeatures(t, op);
-    return launch("allreduce", [&] { return ncclAllReduce(data, data, count, ncclType(t), ncclOp(op), st_->comm, st_->stream); });
+    return launch("allreduce",
+                  [&] { return ncclAllReduce(data, data, count, ncclType(t), ncclOp(op), st_->comm, st_->stream); });
   }
   WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
     checkFeatures(t, ReduceOp::kSum);
     checkPeer(root, "broadcast root", true);
-    return launch("broadcast", [&] { return ncclBroadcast(data, data, count, ncclType(t), root, st_->comm, st_->stream); });
+    return launch("broadcast",
+                  [&] { return ncclBroadcast(data, data, count, ncclType(t), root, st_->comm, st_->stream); });
   }
   WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
     checkFeatures(t, ReduceOp::kSum);
@@ -352,11 +369,14 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
     checkFeatures(t, op);
-    return launch("reduce_scatter",
-                  [&] { return ncclReduceScatter(send, recv, recvCount, ncclType(t), ncclOp(op), st_->comm, st_->stream); });
+    return launch("reduce_scatter", [&] {
+      return ncclReduceScatter(send, recv, recvCount, ncclType(t), ncclOp(op), st_->comm, st_->stream);
+    });
   }
   WorkPtr barrierAsync() override {
-    return launch("barrier", [&] { return ncclAllReduce(st_->barrierBuf, st_->barrierBuf, 1, ncclInt32, ncclSum, st_->comm, st_->stream); });
+    return launch("barrier", [&] {
+      return ncclAllReduce(st_->barrierBuf, st_->barrierBuf, 1, ncclInt32, ncclSum, st_->comm, st_->stream);
+    });
   }
   // NCCL does not tell a receiver what size was sent (the tcp backend's length header): the
   // sizes must match, see docs/collectives.md.
@@ -412,10 +432,10 @@ class NcclCommunicator final : public Communicator {
     if (r == ncclInProgress) {
       std::lock_guard<std::mutex> l(st_->mu);
       st_->abortLocked("ncclCommInitRank timed out");
-      throw PeerLostError(fmt::format("ncclCommInitRank on {}: not every rank among {} joined within {}; one is lost, "
-                                      "stopped, or never created its communicator \"{}\"{}",
-                                      id_->self(), id_->peers(), secondsText(opts_.timeout), opts_.name,
-                                      st_->firstFailure("")));
+      throw PeerLostError(
+          fmt::format("ncclCommInitRank on {}: not every rank among {} joined within {}; one is lost, "
+                      "stopped, or never created its communicator \"{}\"{}",
+                      id_->self(), id_->peers(), secondsText(opts_.timeout), opts_.name, st_->firstFailure("")));
     }
 #else
     ncclResult_t r = ncclCommInitRank(&st_->comm, size_, uid, rank_);
@@ -436,12 +456,13 @@ class NcclCommunicator final : public Communicator {
     constexpr int k210 = 21000;  // NCCL_VERSION(2, 10, 0)
     if (st_->version >= k210) return;
     if (op == ReduceOp::kAvg)
-      throw SpecError(fmt::format("reduce op avg needs NCCL 2.10 or newer, and this process loaded NCCL {}; use sum "
-                                  "and divide, or upgrade NCCL",
-                                  versionText(st_->version)));
+      throw SpecError(
+          fmt::format("reduce op avg needs NCCL 2.10 or newer, and this process loaded NCCL {}; use sum "
+                      "and divide, or upgrade NCCL",
+                      versionText(st_->version)));
     if (t == DataType::kBFloat16)
-      throw SpecError(fmt::format("bfloat16 needs NCCL 2.10 or newer, and this process loaded NCCL {}",
-                                  versionText(st_->version)));
+      throw SpecError(
+          fmt::format("bfloat16 needs NCCL 2.10 or newer, and this process loaded NCCL {}", versionText(st_->version)));
   }
 
   void checkPeer(int peer, const char* what, bool allowSelf) const {
@@ -461,8 +482,8 @@ class NcclCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> l(st_->mu);
       if (st_->aborted)
-        throw PeerLostError(fmt::format("{} on {}: the NCCL communicator was aborted earlier: {}", op, id_->self(),
-                                        st_->failure));
+        throw PeerLostError(
+            fmt::format("{} on {}: the NCCL communicator was aborted earlier: {}", op, id_->self(), st_->failure));
       try {
         cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
         ncclResult_t r = enqueue();
@@ -470,9 +491,10 @@ class NcclCommunicator final : public Communicator {
         // ncclInProgress; nothing else may be issued until it completes.
         while (r == ncclInProgress) {
           if (Clock::now() > deadline) {
-            throw PeerLostError(fmt::format("{} on {}: could not reach its peers among ranks {} within {}; one is lost "
-                                            "or stopped; the NCCL communicator was aborted",
-                                            op, id_->self(), id_->peers(), secondsText(opts_.timeout)));
+            throw PeerLostError(
+                fmt::format("{} on {}: could not reach its peers among ranks {} within {}; one is lost "
+                            "or stopped; the NCCL communicator was aborted",
+                            op, id_->self(), id_->peers(), secondsText(opts_.timeout)));
           }
           std::this_thread::sleep_for(std::chrono::microseconds(50));
           if (ncclCommGetAsyncError(st_->comm, &r) != ncclSuccess) r = ncclInternalError;

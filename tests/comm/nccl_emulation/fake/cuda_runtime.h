@@ -16,7 +16,12 @@ enum cudaError_t {
   cudaErrorInvalidDevice = 101,
   cudaErrorNotReady = 600,
 };
-enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3
+};
 struct EmuStream;
 struct EmuEvent;
 typedef EmuStream* cudaStream_t;
