@@ -382,8 +382,10 @@ std::optional<bool> workersUseGpus(const spec::TrainerSpec& t, int workers) {
 // gets a trainer job's estimated memory (validate prints it).
 // `jobName`, when given, gets the job's name as soon as the spec is read, for the summary of
 // a run refused after that (a program that cannot run, a data file).
+// `dataImage`, when given (run, not --dry-run), gets a local trainer job's data image for its
+// workers (train::openSharedDatasets), when it makes one.
 spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr,
-                        std::string* jobName = nullptr) {
+                        std::string* jobName = nullptr, train::DataImage* dataImage = nullptr) {
   spec::JobSpec s;
   if (!a.spec_path.empty() && !a.command.empty())
     throw SpecError("give either a job spec file or a command after --, not both");
@@ -449,7 +451,15 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     const MemoryAvailability availability = memoryAvailability();
     const uint64_t available = availability.bytes;
     // (the held-out set checked too; a stop signal ends a long parse at once)
-    const auto [trainSet, evalSet] = train::openDatasets(*s.trainer, stopIfSignalled);
+    // A local job's workers map this parse (the data image) rather than each parsing the
+    // files again; validate and --dry-run estimate what run would do.
+    const bool share = s.nodes.empty() && train::dataShareEnabled();
+    train::SharedDatasets parsed = train::openSharedDatasets(*s.trainer, stopIfSignalled, share && dataImage);
+    const std::unique_ptr<train::Dataset>&trainSet = parsed.sets.train, &evalSet = parsed.sets.eval;
+    if (dataImage) *dataImage = std::move(parsed.image);
+    if (dataImage && !dataImage->problem.empty())
+      std::cerr << "dtrain: warning: each worker parses the data files itself: the launcher could not share its "
+                   "parse (" << dataImage->problem << ")\n";
     // One global batch must fit in the training set: said here, not by every worker after
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
     const auto& t = *s.trainer;
@@ -465,6 +475,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       const std::optional<bool> gpu = workersUseGpus(t, layout.workers);
       layout.gpu = gpu.value_or(false);
       if (t.data.type != "synthetic") layout.data_rows = trainSet->size() + evalSet->size();
+      layout.data_shared = t.data.type != "synthetic" && share && (!dataImage || dataImage->fd);
       layout.eval_rows = static_cast<long long>(evalSet->size());
       layout.checkpoint_to_read = !t.checkpoint.dir.empty() && train::holdsCheckpointFiles(t.checkpoint.dir);
       // (no device: that error is the job's, said by its own check)
@@ -669,7 +680,8 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     writeRunning("");
   }
   stopIfSignalled();
-  spec::JobSpec s = buildSpec(a, runId, nullptr, &jobName);
+  train::DataImage dataImage;  // (held until the job ends: every attempt's workers map it)
+  spec::JobSpec s = buildSpec(a, runId, nullptr, &jobName, a.dry_run ? nullptr : &dataImage);
   stopIfSignalled();
   bool multiNode = !s.nodes.empty();
   checkOutputs(s, a);
@@ -764,7 +776,10 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     s.env.erase("DTRAIN_RESULT_FILE");  // each node's agent picks its own; rank 0's comes back
     r = launch::runMultiNodeJob(s, runId, mo);
   } else {
-    r = launch::runLocalJob(s, runId, {runDir.path});
+    launch::LocalJobOptions lo;
+    lo.remove_if_killed = {runDir.path};
+    if (dataImage.fd) lo.inherit_fds.emplace_back(train::kDataImageEnv, dataImage.fd.get());
+    r = launch::runLocalJob(s, runId, lo);
   }
   // The job is over, its outcome decided: a signal from now on (a late second Ctrl-C;
   // timeout(1) sends its SIGTERM to its process group as well as to dtrain) changes nothing

@@ -56,6 +56,17 @@ expect_eq "$?" 0 "idx job"
 acc=$(sed -n 's/.*eval accuracy \([0-9.]*\)%.*/\1/p' "$T/out")
 python3 -c "import sys; sys.exit(0 if float('${acc:-0}') >= 95 else 1)" && pass "idx held-out accuracy ${acc}%" || fail "idx accuracy ${acc}: $(cat "$T/out" "$T/err")"
 expect_grep "trained: 120 steps" "$T/out" "idx: 2000 / 50 x 3 epochs"
+# The workers map the launcher's parse (the data image) instead of parsing the files again;
+# the same training without it (DTRAIN_DATA_SHARE=0) ends with the same weights.
+expect_grep "^\[rank 0\] trainer: data mapped from the launcher's data image \([0-9]+ KiB\), shared by this host's workers$" "$T/out" "idx: workers map the data image"
+sha=$(sed -n 's/.*weights sha256 \([0-9a-f]*\).*/\1/p' "$T/out")
+DTRAIN_DATA_SHARE=0 "$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "idx job, DTRAIN_DATA_SHARE=0"
+expect_no_grep "data image" "$T/out" "DTRAIN_DATA_SHARE=0: no image"
+expect_grep "weights sha256 ${sha:-none}" "$T/out" "the image and the files train the same weights"
+DTRAIN_DATA_SHARE=maybe "$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "DTRAIN_DATA_SHARE=maybe exits 2"
+expect_grep 'DTRAIN_DATA_SHARE="maybe": expected 0 or 1' "$T/err" "DTRAIN_DATA_SHARE=maybe: said"
 # Bad data: refused with file:line and column, exit 2, nothing started.
 sed "s|train.csv|bad.csv|" "$T/csv.json" > "$T/bad.json"
 "$DTRAIN" run "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bad csv exits 2"

@@ -11,6 +11,7 @@ fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
 pass() { echo "ok: $*"; }
 expect_eq() { if [ "$1" == "$2" ]; then pass "$3"; else fail "$3: expected '$2', got '$1'"; fi; }
 expect_grep() { if grep -qE -- "$1" "$2"; then pass "$3"; else fail "$3: /$1/ not in $2:"; sed 's/^/    /' "$2" >&2; fi; }
+expect_no_grep() { if grep -qE -- "$1" "$2"; then fail "$3: /$1/ in $2:"; sed 's/^/    /' "$2" >&2; else pass "$3"; fi; }
 # wait_for FILE... : up to 20 s for files to exist.
 wait_for() {
   for _ in $(seq 200); do

@@ -59,6 +59,25 @@ TEST(SpawnProcess, PipesEnvironmentAndExitCode) {
   EXPECT_EQ(waitExit(c.pid), 3);
 }
 
+// keep_fds: the child inherits those (at the same numbers), and nothing else of ours.
+TEST(SpawnProcess, KeepsOnlyTheDescriptorsAskedFor) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  Fd r(p[0]), w(p[1]);
+  const std::string probe = "for f in " + std::to_string(r.get()) + " " + std::to_string(w.get()) +
+                            "; do if [ -e /proc/self/fd/$f ]; then echo yes; else echo no; fi; done";
+  SpawnOptions so = shell(probe);
+  so.keep_fds = {r.get()};
+  Spawned c = spawnProcess(so);
+  EXPECT_EQ(readAll(c.out), "yes\nno\n");
+  EXPECT_EQ(waitExit(c.pid), 0);
+  // (ours stays close-on-exec)
+  EXPECT_EQ(::fcntl(r.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  Spawned d = spawnProcess(shell(probe));
+  EXPECT_EQ(readAll(d.out), "no\nno\n");
+  EXPECT_EQ(waitExit(d.pid), 0);
+}
+
 TEST(SpawnProcess, StdinIsDevNullOrAPipe) {
   Spawned a = spawnProcess(shell("cat; echo done"));
   EXPECT_EQ(readAll(a.out), "done\n");

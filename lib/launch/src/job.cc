@@ -275,7 +275,7 @@ void HeldStopSignals::release() {
   scope_.reset();
 }
 
-RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed) {
+RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const LocalJobOptions& options) {
   // Over the whole job (first, so that it ends last, after the store's shutdown): a signal
   // between one attempt's end and the next scope (the check for a stop of the whole job, the
   // back-off, the next attempt) is kept for that scope, instead of ending dtrain by its
@@ -290,7 +290,8 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std:
   for (int attempt = 0;; ++attempt) {
     LocalRunOptions lo;
     lo.restart_count = attempt;
-    lo.remove_if_killed = remove_if_killed;
+    lo.remove_if_killed = options.remove_if_killed;
+    lo.inherit_fds = options.inherit_fds;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
     // A worker that died of a stop signal from outside, with dtrain's own signal within

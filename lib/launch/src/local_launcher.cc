@@ -239,6 +239,10 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   EnvMap env = workerEnv(base, spec, plan, w.slot, eo);
   if (!w.watchdog_file.empty()) env["DTRAIN_WATCHDOG_FILE"] = w.watchdog_file;
   SpawnOptions so;
+  for (const auto& [name, fd] : opts_.inherit_fds) {
+    env[name] = std::to_string(fd);
+    so.keep_fds.push_back(fd);
+  }
   so.argv = spec.command;
   for (const auto& [k, v] : env) so.env.push_back(k + "=" + v);
   so.cwd = spec.cwd;

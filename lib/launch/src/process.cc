@@ -77,6 +77,8 @@ struct ChildArgs {
   const std::string* execError;
   const std::string* shebangError;  // the whole line for a failed exec, when the #! line is why
   const ErrnoTexts* texts;
+  const int* keepFds;  // SpawnOptions::keep_fds
+  size_t keepCount;
 };
 
 [[noreturn]] void childFail(const ChildArgs& a, const char* what, int e, int code) {
@@ -124,6 +126,9 @@ int childMain(void* p) {
   int in = a.inFd >= 0 ? a.inFd : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (in < 0 || ::dup2(in, STDIN_FILENO) < 0) childFail(a, "dtrain: error: cannot start a worker: stdin: ", errno, 126);
   if (a.cwd && ::chdir(a.cwd) != 0) childFail(a, "dtrain: error: cannot chdir to cwd: ", errno, 126);
+  // (our descriptor table is the child's own copy: no CLONE_FILES)
+  for (size_t i = 0; i < a.keepCount; ++i)
+    if (::fcntl(a.keepFds[i], F_SETFD, 0) != 0) childFail(a, "dtrain: error: cannot start a worker: fcntl: ", errno, 126);
   struct timespec zero {};
   while (::sigtimedwait(&drop, nullptr, &zero) > 0) {
   }
@@ -239,6 +244,9 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   ca.execError = &execError;
   ca.shebangError = &shebangError;
   ca.texts = &errnoTexts();
+  for (int fd : opts.keep_fds) DTRAIN_CHECK(fd > STDERR_FILENO);
+  ca.keepFds = opts.keep_fds.data();
+  ca.keepCount = opts.keep_fds.size();
 
   ChildStack stack(argv.size());
   // clone(CLONE_VM | CLONE_VFORK) as posix_spawn does, not fork: the child borrows our

@@ -1,5 +1,11 @@
 #include "dtrain/train/data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -9,7 +15,9 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -134,19 +142,33 @@ class SyntheticSet final : public Dataset {
 };
 
 // Rows in memory: features and a label (or a regression target) per row.
+// Rows of floats: `inputs` per sample and one target. Either owns its vectors (parsed here)
+// or views a mapping of the launcher's data image, kept alive by `owner`.
 class TableSet final : public Dataset {
  public:
-  TableSet(int inputs, std::vector<float> x, std::vector<float> y) : inputs_(inputs), x_(std::move(x)), y_(std::move(y)) {}
-  uint64_t size() const override { return y_.size(); }
+  TableSet(int inputs, std::vector<float> x, std::vector<float> y)
+      : inputs_(inputs), rows_(y.size()), xs_(std::move(x)), ys_(std::move(y)), x_(xs_.data()), y_(ys_.data()) {}
+  TableSet(int inputs, uint64_t rows, const float* x, const float* y, std::shared_ptr<const void> owner)
+      : inputs_(inputs), rows_(rows), x_(x), y_(y), owner_(std::move(owner)) {}
+  TableSet(const TableSet&) = delete;
+  TableSet& operator=(const TableSet&) = delete;
+  uint64_t size() const override { return rows_; }
   void sample(uint64_t i, float* x, int* label, float* targets) const override {
-    std::memcpy(x, x_.data() + i * static_cast<uint64_t>(inputs_), static_cast<size_t>(inputs_) * sizeof(float));
+    std::memcpy(x, x_ + i * static_cast<uint64_t>(inputs_), static_cast<size_t>(inputs_) * sizeof(float));
     if (label) *label = static_cast<int>(y_[i]);
     if (targets) targets[0] = y_[i];
   }
+  int inputs() const { return inputs_; }
+  const float* x() const { return x_; }
+  const float* y() const { return y_; }
 
  private:
   int inputs_;
-  std::vector<float> x_, y_;
+  uint64_t rows_;
+  std::vector<float> xs_, ys_;
+  const float* x_;
+  const float* y_;
+  std::shared_ptr<const void> owner_;
 };
 
 // A contiguous slice of another set (the held-out 10%).
@@ -189,7 +211,7 @@ std::string shownCell(std::string_view cell) {
   return cell.size() > 40 ? oneLine(cell.substr(0, utf8PrefixLength(cell, 40))) + "..." : oneLine(cell);
 }
 
-std::shared_ptr<Dataset> loadCsv(const spec::TrainerSpec& t, const std::string& path, const std::function<void()>& poll) {
+std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string& path, const std::function<void()>& poll) {
   std::ifstream in(path);
   if (!in) throw SpecError(fmt::format("{}: cannot open csv file", path));
   const int inputs = t.model.layers.front();
@@ -330,7 +352,7 @@ std::vector<unsigned char> readUpTo(std::istream& in, uint64_t bytes, const std:
   return out;
 }
 
-std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& images, const std::string& labels,
+std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string& images, const std::string& labels,
                                  const std::function<void()>& poll) {
   std::ifstream fi(images, std::ios::binary), fl(labels, std::ios::binary);
   if (!fi) throw SpecError(fmt::format("{}: cannot open idx images file", images));
@@ -400,7 +422,7 @@ std::shared_ptr<Dataset> loadIdx(const spec::TrainerSpec& t, const std::string& 
 
 namespace {
 
-std::shared_ptr<Dataset> loadFile(const spec::TrainerSpec& t, const std::string& path, const std::string& labels,
+std::shared_ptr<TableSet> loadFile(const spec::TrainerSpec& t, const std::string& path, const std::string& labels,
                                   const std::function<void()>& poll) {
   if (t.model.loss == "mse" && t.model.layers.back() != 1)
     throw SpecError("trainer: /trainer/model/layers: file data sets have one target column: mse needs an output width of "
@@ -410,18 +432,250 @@ std::shared_ptr<Dataset> loadFile(const spec::TrainerSpec& t, const std::string&
 
 }  // namespace
 
+namespace {
+
+// The training file's table, and the held-out file's (null without eval_path).
+struct Tables {
+  std::shared_ptr<TableSet> all, eval;
+};
+
+Tables parseFiles(const spec::TrainerSpec& t, const std::function<void()>& poll) {
+  const auto& d = t.data;
+  Tables out;
+  out.all = loadFile(t, d.path, d.labels_path, poll);
+  if (!d.eval_path.empty()) out.eval = loadFile(t, d.eval_path, d.eval_labels_path, poll);
+  return out;
+}
+
+Datasets slices(const Tables& tb) {
+  const uint64_t n = tb.all->size();
+  if (tb.eval) return {std::make_unique<Slice>(tb.all, 0, n), std::make_unique<Slice>(tb.eval, 0, tb.eval->size())};
+  const uint64_t cut = n - n / 10;  // the last 10% are held out
+  return {std::make_unique<Slice>(tb.all, 0, cut), std::make_unique<Slice>(tb.all, cut, n)};
+}
+
+// ---- The data image (data.h): a sealed memfd. Layout: ImageHeader, ImageTable[tables], the
+// fingerprint, then each table's x and y floats at 64-byte aligned offsets. Native byte order:
+// it never leaves the host.
+constexpr char kImageMagic[8] = {'D', 'T', 'R', 'D', 'A', 'T', 'A', '1'};
+constexpr uint64_t kImageAlign = 64;
+constexpr int kImageSeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+
+struct ImageHeader {
+  char magic[8];
+  uint64_t total;        // the file's size
+  uint64_t fingerprint;  // its length
+  uint64_t tables;       // 1, or 2 with an eval file
+};
+struct ImageTable {
+  uint64_t inputs, rows, x, y;  // x, y: offsets
+};
+
+uint64_t alignUp(uint64_t v) { return (v + kImageAlign - 1) / kImageAlign * kImageAlign; }
+
+// What the image was made from: the data fields that change a parse, and each file's identity
+// and modification time (a file rewritten since the launcher read it does not match). "" when
+// a file cannot be looked at (no image: the parse says what is wrong).
+std::string fingerprint(const spec::TrainerSpec& t) {
+  const auto& d = t.data;
+  std::string f = fmt::format("type={};inputs={};outputs={};loss={};label_column={};header={}", d.type,
+                              t.model.layers.front(), t.model.layers.back(), t.model.loss, d.label_column, d.header);
+  for (const std::string* path : {&d.path, &d.labels_path, &d.eval_path, &d.eval_labels_path}) {
+    if (path->empty()) {
+      f += ";-";
+      continue;
+    }
+    struct stat st {};
+    if (::stat(path->c_str(), &st) != 0) return "";
+    f += fmt::format(";{}:{}:{}:{}.{:09}", static_cast<unsigned long long>(st.st_dev),
+                     static_cast<unsigned long long>(st.st_ino), static_cast<long long>(st.st_size),
+                     static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec));
+  }
+  return f;
+}
+
+// A read-only mapping of a whole image; the views' owner.
+struct Mapping {
+  void* p = MAP_FAILED;
+  size_t bytes = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (p != MAP_FAILED) ::munmap(p, bytes);
+  }
+};
+
+// Writes `tb` into a new sealed memfd; throws IoError naming the call that failed.
+Fd writeImage(const Tables& tb, const std::string& fp, uint64_t* bytes) {
+  std::vector<const TableSet*> sets{tb.all.get()};
+  if (tb.eval) sets.push_back(tb.eval.get());
+  std::vector<ImageTable> tables;
+  uint64_t at = alignUp(sizeof(ImageHeader) + sets.size() * sizeof(ImageTable) + fp.size());
+  for (const TableSet* t : sets) {
+    ImageTable it{static_cast<uint64_t>(t->inputs()), t->size(), 0, 0};
+    it.x = at;
+    at = alignUp(at + it.rows * it.inputs * sizeof(float));
+    it.y = at;
+    at = alignUp(at + it.rows * sizeof(float));
+    tables.push_back(it);
+  }
+  const uint64_t total = at;
+  Fd fd(static_cast<int>(::syscall(SYS_memfd_create, "dtrain-data", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
+  if (!fd) throwErrno("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(total)) != 0) throwErrno(fmt::format("ftruncate to {}", formatBytes(total)));
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) throwErrno("mmap");
+  char* base = static_cast<char*>(p);
+  ImageHeader h{};
+  std::memcpy(h.magic, kImageMagic, sizeof(h.magic));
+  h.total = total;
+  h.fingerprint = fp.size();
+  h.tables = sets.size();
+  std::memcpy(base, &h, sizeof(h));
+  std::memcpy(base + sizeof(h), tables.data(), tables.size() * sizeof(ImageTable));
+  std::memcpy(base + sizeof(h) + tables.size() * sizeof(ImageTable), fp.data(), fp.size());
+  for (size_t i = 0; i < sets.size(); ++i) {
+    std::memcpy(base + tables[i].x, sets[i]->x(), tables[i].rows * tables[i].inputs * sizeof(float));
+    std::memcpy(base + tables[i].y, sets[i]->y(), tables[i].rows * sizeof(float));
+  }
+  ::munmap(p, total);  // (a writable mapping would make F_SEAL_WRITE fail with EBUSY)
+  if (::fcntl(fd.get(), F_ADD_SEALS, kImageSeals) != 0) throwErrno("fcntl(F_ADD_SEALS)");
+  *bytes = total;
+  return fd;
+}
+
+// The data sets viewed in the image `fd`, checked against `t` and the fingerprint `fp` (its
+// size, offsets and seals too: nothing in it is trusted). nullopt with *why when it cannot be
+// used.
+std::optional<Datasets> mapImage(int fd, const spec::TrainerSpec& t, const std::string& fp, uint64_t* bytes,
+                                 std::string* why) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    *why = fmt::format("descriptor {}: {}", fd, std::strerror(errno));
+    return std::nullopt;
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kImageSeals) != kImageSeals) {
+    *why = fmt::format("descriptor {} is not a sealed data image", fd);
+    return std::nullopt;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < sizeof(ImageHeader)) {
+    *why = fmt::format("descriptor {}: {} bytes, shorter than a data image's header", fd, size);
+    return std::nullopt;
+  }
+  auto m = std::make_shared<Mapping>();
+  m->p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (m->p == MAP_FAILED) {
+    *why = fmt::format("mmap of {}: {}", formatBytes(size), std::strerror(errno));
+    return std::nullopt;
+  }
+  m->bytes = size;
+  const char* base = static_cast<const char*>(m->p);
+  ImageHeader h;
+  std::memcpy(&h, base, sizeof(h));
+  const uint64_t wantTables = t.data.eval_path.empty() ? 1 : 2;
+  if (std::memcmp(h.magic, kImageMagic, sizeof(h.magic)) != 0 || h.total != size || h.tables != wantTables ||
+      h.fingerprint > size || sizeof(h) + h.tables * sizeof(ImageTable) + h.fingerprint > size) {
+    *why = fmt::format("descriptor {} does not hold a data image of this dtrain's format", fd);
+    return std::nullopt;
+  }
+  const char* fpAt = base + sizeof(h) + h.tables * sizeof(ImageTable);
+  if (fp.empty() || std::string_view(fpAt, h.fingerprint) != fp) {
+    *why = "it was made from other data (a data file or the spec's data fields changed since the launch)";
+    return std::nullopt;
+  }
+  std::shared_ptr<TableSet> sets[2];
+  for (uint64_t i = 0; i < h.tables; ++i) {
+    ImageTable it;
+    std::memcpy(&it, base + sizeof(h) + i * sizeof(ImageTable), sizeof(it));
+    uint64_t xBytes = 0, cells = 0;
+    const bool bad = it.inputs != static_cast<uint64_t>(t.model.layers.front()) || it.rows == 0 ||
+                     __builtin_mul_overflow(it.rows, it.inputs, &cells) ||
+                     __builtin_mul_overflow(cells, sizeof(float), &xBytes) || it.x % alignof(float) ||
+                     it.y % alignof(float) || it.x > size || xBytes > size - it.x || it.y > size ||
+                     it.rows > (size - it.y) / sizeof(float);
+    if (bad) {
+      *why = fmt::format("descriptor {}: table {} of the data image is malformed", fd, i);
+      return std::nullopt;
+    }
+    sets[i] = std::make_shared<TableSet>(static_cast<int>(it.inputs), it.rows,
+                                         reinterpret_cast<const float*>(base + it.x),
+                                         reinterpret_cast<const float*>(base + it.y), m);
+  }
+  *bytes = size;
+  return slices({sets[0], sets[1]});
+}
+
+}  // namespace
+
+bool dataShareEnabled() {
+  const char* v = std::getenv("DTRAIN_DATA_SHARE");
+  if (!v || !*v) return true;
+  const std::string s = v;
+  if (s == "0" || s == "off" || s == "false" || s == "no") return false;
+  if (s == "1" || s == "on" || s == "true" || s == "yes") return true;
+  throw SpecError(fmt::format("DTRAIN_DATA_SHARE=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", s));
+}
+
+SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll, bool makeImage) {
+  SharedDatasets out;
+  if (t.data.type == "synthetic") {
+    out.sets = {std::make_unique<SyntheticSet>(t, false), std::make_unique<SyntheticSet>(t, true)};
+    return out;
+  }
+  Tables tb = parseFiles(t, poll);
+  if (!makeImage) {
+    out.sets = slices(tb);
+    return out;
+  }
+  const std::string fp = fingerprint(t);
+  std::string why = fp.empty() ? "a data file cannot be looked at" : "";
+  if (why.empty()) {
+    try {
+      uint64_t bytes = 0;
+      Fd fd = writeImage(tb, fp, &bytes);
+      if (auto sets = mapImage(fd.get(), t, fp, &bytes, &why)) {
+        out.sets = std::move(*sets);  // (the parse's own copy goes with tb)
+        out.sets.shared = true;
+        out.image.fd = std::move(fd);
+        out.image.bytes = bytes;
+        return out;
+      }
+    } catch (const IoError& e) {
+      why = e.what();
+    }
+  }
+  out.sets = slices(tb);
+  out.image.problem = why;
+  return out;
+}
+
 Datasets openDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll) {
   const auto& d = t.data;
   if (d.type == "synthetic") return {std::make_unique<SyntheticSet>(t, false), std::make_unique<SyntheticSet>(t, true)};
-  std::shared_ptr<Dataset> all = loadFile(t, d.path, d.labels_path, poll);
-  const uint64_t n = all->size();
-  if (!d.eval_path.empty()) {
-    std::shared_ptr<Dataset> ev = loadFile(t, d.eval_path, d.eval_labels_path, poll);
-    const uint64_t en = ev->size();
-    return {std::make_unique<Slice>(all, 0, n), std::make_unique<Slice>(ev, 0, en)};
+  const char* env = std::getenv(kDataImageEnv);
+  if (!env || !*env) return slices(parseFiles(t, poll));
+  std::string why;
+  int fd = -1;
+  const std::string_view v(env);
+  if (std::from_chars(v.data(), v.data() + v.size(), fd).ptr != v.data() + v.size() || fd < 0) {
+    why = fmt::format("{}=\"{}\" is not a descriptor", kDataImageEnv, env);
+  } else {
+    uint64_t bytes = 0;
+    if (auto sets = mapImage(fd, t, fingerprint(t), &bytes, &why)) {
+      // (the mapping holds the memory: no process this one starts needs the descriptor)
+      ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      sets->shared = true;
+      sets->note = fmt::format("mapped from the launcher's data image ({}), shared by this host's workers",
+                               bytes < (1u << 20) ? fmt::format("{} KiB", (bytes + 1023) / 1024) : formatBytes(bytes));
+      return std::move(*sets);
+    }
   }
-  const uint64_t cut = n - n / 10;  // the last 10% are held out
-  return {std::make_unique<Slice>(all, 0, cut), std::make_unique<Slice>(all, cut, n)};
+  Datasets out = slices(parseFiles(t, poll));
+  out.note = fmt::format("parsed from the files: the launcher's data image could not be used ({})", why);
+  return out;
 }
 
 }  // namespace dtrain::train

@@ -70,6 +70,10 @@ void dataSets(const spec::TrainerSpec& t, const MemoryLayout& l, WorkerMemory& m
     return;
   }
   m.data = l.data_rows * (in + 1) * kFloat;
+  if (l.data_shared) {
+    m.data_shared = m.data;  // (the image's header and alignment: under a page)
+    return;
+  }
   // (a bound: the training and held-out files are read one after the other)
   if (t.data.type == "idx") m.loading = l.data_rows * in;
 }
@@ -224,10 +228,10 @@ MemoryEstimate estimateMemory(const spec::TrainerSpec& t, const MemoryLayout& l)
   for (int r = l.first_rank; r < l.first_rank + l.workers; ++r) {
     e.workers.push_back(estimateWorkerMemory(t, l, r));
     const WorkerMemory& w = e.workers.back();
-    e.host += w.peak() - w.shared;  // (the segments: once, below)
+    e.host += w.privatePeak();  // (the segments and the data image: once, below)
     sum.model += w.model;
     sum.batch += w.batch;
-    sum.data += w.data;
+    sum.data += w.data - w.data_shared;
     sum.loading += w.loading;
     sum.resume += w.resume;
     sum.gather += w.gather;
@@ -240,6 +244,10 @@ MemoryEstimate estimateMemory(const spec::TrainerSpec& t, const MemoryLayout& l)
     if (P > 1 && D > 1)
       e.host += static_cast<uint64_t>(D) * shmSegment(static_cast<uint64_t>(P)) +
                 static_cast<uint64_t>(P) * shmSegment(static_cast<uint64_t>(D));
+  }
+  if (!e.workers.empty()) {
+    e.host += e.workers.front().data_shared;
+    sum.data += e.workers.front().data_shared;
   }
   e.field = dominantField(sum);
   return e;

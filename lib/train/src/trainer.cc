@@ -172,8 +172,11 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   const int in = cfg.layers.front(), out = cfg.layers.back();
   const bool mse = cfg.loss == Loss::kMse;
   site.at(detail::AllocationSite::kData);
-  auto [trainSet, evalSet] = openDatasets(ts);
+  Datasets data = openDatasets(ts);
+  const std::unique_ptr<Dataset>&trainSet = data.train, &evalSet = data.eval;
   if (ts.data.type != "synthetic") site.layout.data_rows = trainSet->size() + evalSet->size();
+  site.layout.data_shared = data.shared;
+  if (rank == 0 && opts.log && !data.note.empty()) opts.log("trainer: data " + data.note);
   site.layout.eval_rows = static_cast<long long>(evalSet->size());
   site.at(detail::AllocationSite::kBatch);
   const uint64_t N = trainSet->size();

@@ -98,8 +98,12 @@ JobStore startJobStore(spec::JobSpec& spec, const std::string& bind);
 // Runs a resolved single-node job: hosts its store on loopback (port spec.rendezvous.port,
 // 0 = a free one; the chosen port is written back), launches the workers with the store's
 // endpoint and a fresh token in their environment, and waits for them.
-// remove_if_killed: files of the run's own that the caller removes at its end (see
-// LocalRunOptions).
-RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const std::vector<std::string>& remove_if_killed = {});
+struct LocalJobOptions {
+  // Files of the run's own that the caller removes at its end (see LocalRunOptions).
+  std::vector<std::string> remove_if_killed;
+  // Descriptors every worker of every attempt inherits (see LocalRunOptions).
+  std::vector<std::pair<std::string, int>> inherit_fds;
+};
+RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const LocalJobOptions& options = {});
 
 }  // namespace dtrain::launch

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dtrain/launch/plan.h"
@@ -118,6 +119,9 @@ struct LocalRunOptions {
   // that holds the culprit (stopped: killed at worker_timeout_s) time to act first and the
   // job's teardown time to stop the others.
   bool other_nodes = false;
+  // Descriptors every worker inherits, each named to it by an environment variable (name,
+  // fd): the trainer's data image, DTRAIN_DATA_FD (docs/trainer.md, "Data").
+  std::vector<std::pair<std::string, int>> inherit_fds;
 };
 
 // The extra silence an agent in a round of several nodes allows a worker that is not

@@ -19,6 +19,9 @@ struct SpawnOptions {
   // One pipe for stdout and stderr (Spawned::err stays empty), so that what the child
   // writes to both arrives in the order it was written.
   bool merge_stderr = false;
+  // Descriptors of ours the child inherits, at the same numbers (each > 2; the others are
+  // close-on-exec): shared memory handed to workers (the trainer's data image).
+  std::vector<int> keep_fds;
 };
 
 struct Spawned {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/common/fd.h"
 #include "dtrain/spec/job_spec.h"
 
 namespace dtrain::train {
@@ -26,11 +27,45 @@ class Dataset {
 // file hold out their last 10%. Throws SpecError naming the file, line and column of bad data.
 struct Datasets {
   std::unique_ptr<Dataset> train, eval;
+  // The rows are views of a data image (below), held once by the host, not by this process.
+  bool shared = false;
+  // For the trainer's log: how a worker got its file data when it was given an image ("" when
+  // it was not): "mapped from the launcher's data image (...)", or why it parsed the files.
+  std::string note;
 };
 // `poll`, when given, is called every 65536 rows or 4 MiB of a csv file and every 4 MiB of an idx file,
 // and what it throws passes through: the launcher's pre-flight gives one that throws once a
 // stop signal came, so that parsing a file of several GB ends at once rather than after it.
+//
+// With DTRAIN_DATA_FD set (a worker of `dtrain run`), file data comes from that data image
+// when it matches this spec and its files (their identity and modification time), and from
+// the files otherwise (`note` says why).
 Datasets openDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll = {});
+
+// A data image: the parsed tables of a spec's data files (floats, as the trainer holds them)
+// in one sealed, read-only memory file (memfd). The launcher parses the files anyway, to
+// check them before any worker starts; its workers inherit the descriptor, named by
+// DTRAIN_DATA_FD, and map it instead of each parsing the files again and holding its own copy:
+// a host holds the data once, and workers start without the parse. Freed by the kernel when
+// the launcher and its workers are gone.
+inline constexpr const char* kDataImageEnv = "DTRAIN_DATA_FD";
+struct DataImage {
+  Fd fd;                 // invalid: no image (synthetic data, or `problem`)
+  uint64_t bytes = 0;    // its size
+  std::string problem;   // why a file data set got no image ("" otherwise)
+};
+struct SharedDatasets {
+  Datasets sets;  // views of the image when there is one (the parse's own copy is freed)
+  DataImage image;
+};
+// As openDatasets (the same errors for bad data) but never from DTRAIN_DATA_FD, and with
+// makeImage, for file data, an image of it. An image that cannot be made (memfd_create
+// refused, no memory) is no error: image.problem says why, and the workers parse the files.
+SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll = {},
+                                  bool makeImage = true);
+// Whether `dtrain run` makes a data image for its local workers: yes unless DTRAIN_DATA_SHARE
+// is 0 (also off, false, no); throws SpecError for another value.
+bool dataShareEnabled();
 
 // Seeded Gaussian latents z (kLatent dims) are mapped by a fixed random linear generator
 // into the input space (plus a little noise), and labelled by a fixed random teacher network

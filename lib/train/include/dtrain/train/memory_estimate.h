@@ -24,6 +24,9 @@ struct MemoryLayout {
   int workers = 1;
   bool gpu = false;        // math on GPUs: the model and the activations live in device memory
   uint64_t data_rows = 0;  // file data (csv, idx): rows every worker holds, training and held-out; 0 for synthetic
+  // The file data is the launcher's data image (data.h), mapped by every worker of the host:
+  // held once, and no worker reads the files.
+  bool data_shared = false;
   // The held-out set's size: the evaluation's batches are min(batch_size, this) rows.
   // -1: unknown; synthetic data's is its spec's eval_samples, a file's taken as a batch.
   long long eval_rows = -1;
@@ -49,7 +52,14 @@ struct WorkerMemory {
   // The shared-memory segments of its communicators, part of runtime: mapped by every worker
   // of the host, held once (estimateMemory counts them once).
   uint64_t shared = 0;
+  // The data image, part of data: mapped by every worker of the host, held once (estimateMemory
+  // counts it once).
+  uint64_t data_shared = 0;
   uint64_t peak() const { return runtime + model + std::max(resume, data + std::max(loading, batch + gather)); }
+  // peak() without what the host's workers hold together (shared and data_shared).
+  uint64_t privatePeak() const {
+    return runtime - shared + model + std::max(resume, data - data_shared + std::max(loading, batch + gather));
+  }
 };
 
 struct MemoryEstimate {
