@@ -72,12 +72,11 @@ double avgTolerance(DataType t) {
   return 0;
 }
 
-// All-reduces one 8-byte value through a buffer of the backend (NCCL reads device memory).
-void reduceScalar(Communicator& comm, void* value, DataType t, ReduceOp op) {
-  const std::unique_ptr<Buffer> b = comm.allocate(8);
-  b->upload(value, 8);
-  comm.allreduce(b->data(), 1, t, op);
-  b->download(value, 8);
+// All-reduces one 8-byte value through `b`, a buffer of the backend (NCCL reads device memory).
+void reduceScalar(Communicator& comm, Buffer& b, void* value, DataType t, ReduceOp op) {
+  b.upload(value, 8);
+  comm.allreduce(b.data(), 1, t, op);
+  b.download(value, 8);
 }
 
 const char* redopName(const BenchOptions& o) { return o.collective == Collective::kAllreduce ? name(o.op) : "none"; }
@@ -100,6 +99,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
   const bool p2p = o.collective == Collective::kSendRecv;
   if (p2p && n != 2) throw SpecError(fmt::format("bench sendrecv: needs exactly 2 ranks, got {}", n));
   std::vector<BenchRow> rows;
+  const std::unique_ptr<Buffer> scalar = comm.allocate(8);
   for (size_t bytes = std::max(o.min_bytes, es); bytes <= o.max_bytes; bytes *= std::max<size_t>(o.factor, 2)) {
     // Allgather's size is the whole output, as in nccl-tests; each rank contributes 1/n.
     size_t count = bytes / es;
@@ -107,7 +107,9 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
     if (o.collective == Collective::kAllgather) count = sendCount * static_cast<size_t>(n);
     // The operations' buffers are the backend's (device memory for nccl); host copies fill
     // and check them.
-    std::vector<char> buf(count * es), send(sendCount * es);
+    // (allreduce and broadcast work in place: no send buffer)
+    const bool sends = o.collective == Collective::kAllgather || p2p;
+    std::vector<char> buf(count * es), send(sends ? sendCount * es : 0);
     const std::unique_ptr<Buffer> dbuf = comm.allocate(buf.size()), dsend = comm.allocate(send.size());
     auto once = [&] {
       switch (o.collective) {
@@ -127,7 +129,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
       }
     };
     fill(buf, count, o.dtype, rank);
-    fill(send, sendCount, o.dtype, rank);
+    if (sends) fill(send, sendCount, o.dtype, rank);
     dbuf->upload(buf.data(), buf.size());
     dsend->upload(send.data(), send.size());
     for (int i = 0; i < o.warmup; ++i) once();
@@ -137,7 +139,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
     double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / std::max(1, o.iters);
     // Point to point: rank 0's loop times whole round trips; one way is half of one.
     if (p2p) us = rank == 0 ? us / 2 : 0;
-    reduceScalar(comm, &us, DataType::kFloat64, ReduceOp::kMax);
+    reduceScalar(comm, *scalar, &us, DataType::kFloat64, ReduceOp::kMax);
 
     // Verify one fresh run. (For sendrecv buf starts with this rank's pattern, which differs
     // from the peer's in every element, so a receive that leaves it alone counts as wrong.)
@@ -163,7 +165,7 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
         ++wrong;
       }
     }
-    reduceScalar(comm, &wrong, DataType::kInt64, ReduceOp::kSum);
+    reduceScalar(comm, *scalar, &wrong, DataType::kInt64, ReduceOp::kSum);
 
     BenchRow r;
     r.bytes = count * es;

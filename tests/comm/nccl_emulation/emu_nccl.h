@@ -22,6 +22,8 @@ void setAsyncError(int rank, ncclResult_t r);
 // Non-blocking communicators of `rank` never finish connecting: their first enqueue stays
 // ncclInProgress.
 void hangConnect(int rank);
+// ncclCommFinalize of `rank`'s non-blocking communicators never finishes.
+void hangFinalize(int rank);
 // What ncclGetVersion reports (default NCCL_VERSION_CODE).
 void setVersion(int version);
 

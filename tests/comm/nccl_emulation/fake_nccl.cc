@@ -53,6 +53,7 @@ struct StreamState {
   void complete(uint64_t op) {
     doneOutOfOrder.insert(op);
     while (doneOutOfOrder.count(completed + 1)) doneOutOfOrder.erase(++completed);
+    g_cv.notify_all();
   }
 };
 
@@ -124,6 +125,24 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (cudaStreamQuery(s) != cudaSuccess) return cudaSuccess;  // (kept: the stream may still use it)
+  return cudaFree(p);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  std::lock_guard<std::mutex> l(g_mu);
+  const int d = deviceOf(p, 1);
+  a->type = d >= 0 ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+  a->device = d >= 0 ? d : -2;
+  a->devicePointer = d >= 0 ? const_cast<void*>(p) : nullptr;
+  a->hostPointer = d >= 0 ? nullptr : const_cast<void*>(p);
+  return cudaSuccess;
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   *s = new EmuStream{std::make_shared<StreamState>()};
   (*s)->s->device = t_device;
@@ -131,6 +150,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
+  return cudaSuccess;
+}
+// Waits for every operation enqueued on `s` (NCCL operations complete when the peers arrive:
+// for ever when one never does, as on a GPU).
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  std::unique_lock<std::mutex> l(g_mu);
+  g_cv.wait(l, [&] { return s->s->completed == s->s->enqueued; });
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
@@ -168,6 +194,7 @@ struct StreamOp {
   std::shared_ptr<StreamState> stream;
   uint64_t index = 0;
   int pending = 0;
+  bool finished = false;
   ncclComm* comm = nullptr;
 };
 
@@ -199,6 +226,11 @@ struct ncclComm {
   ncclResult_t async = ncclSuccess;
   uint64_t collSeq = 0;
   int outstanding = 0;  // stream operations not yet complete
+  std::vector<std::shared_ptr<StreamOp>> live;  // this communicator's operations on streams
+  // The first enqueue of a non-blocking communicator, posted only once its connect finished
+  // (until then nothing is on the stream, as with NCCL).
+  std::vector<Part> connectParts;
+  cudaStream_t connectStream = nullptr;
 };
 
 namespace {
@@ -217,7 +249,7 @@ std::map<std::string, std::shared_ptr<World>> g_worlds;
 std::vector<ncclComm*> g_comms;  // every communicator ever made (never deleted: use-after-abort detection)
 emu_nccl::Counters g_counters;
 std::map<int, ncclResult_t> g_failNext, g_asyncError;
-std::set<int> g_hangConnect;
+std::set<int> g_hangConnect, g_hangFinalize;
 int g_version = NCCL_VERSION_CODE;
 uint64_t g_idCounter = 0;
 thread_local int t_groupDepth = 0;
@@ -278,11 +310,15 @@ bool reduce(const std::vector<const void*>& in, void* out, size_t count, ncclDat
   }
 }
 
+void finish(StreamOp& op) {
+  if (op.finished) return;
+  op.finished = true;
+  op.stream->complete(op.index);
+  --op.comm->outstanding;
+}
+
 void completePart(const Part& p) {
-  if (--p.sop->pending == 0) {
-    p.sop->stream->complete(p.sop->index);
-    --p.sop->comm->outstanding;
-  }
+  if (--p.sop->pending == 0) finish(*p.sop);
 }
 
 // Every rank's part of collective `seq` arrived: computes it (reading every input before
@@ -387,9 +423,28 @@ ncclResult_t usable(ncclComm* c) {
   return ncclSuccess;
 }
 
+// As NCCL: pointers are checked only with NCCL_CHECK_POINTERS=1 (otherwise a host pointer's
+// kernel would fault; here it would simply work, so the backend must check them itself).
 ncclResult_t checkBuffer(ncclComm* c, const void* p, size_t bytes) {
+  const char* check = std::getenv("NCCL_CHECK_POINTERS");
+  if (!check || std::string(check) != "1") return ncclSuccess;
   const int d = deviceOf(p, bytes);
   return d == c->device ? ncclSuccess : ncclInvalidArgument;  // host memory, or another GPU's
+}
+
+// Puts `parts` on stream `s` as one operation and posts them to the peers. g_mu held.
+void enqueueOnStream(ncclComm* c, cudaStream_t s, std::vector<Part> parts) {
+  auto sop = std::make_shared<StreamOp>();
+  sop->stream = s->s;
+  sop->index = ++s->s->enqueued;
+  sop->pending = static_cast<int>(parts.size());
+  sop->comm = c;
+  ++c->outstanding;
+  c->live.push_back(sop);
+  for (Part& p : parts) {
+    p.sop = sop;
+    post(c, p);
+  }
 }
 
 // Enqueues `parts` of `c` as one stream operation on `s` (a call outside a group, or one
@@ -415,21 +470,14 @@ ncclResult_t submit(ncclComm* c, cudaStream_t s, std::vector<Part> parts) {
         (p.root < 0 || p.root >= c->world->size))
       return ncclInvalidArgument;
   }
-  auto sop = std::make_shared<StreamOp>();
-  sop->stream = s->s;
-  sop->index = ++s->s->enqueued;
-  sop->pending = static_cast<int>(parts.size());
-  sop->comm = c;
-  ++c->outstanding;
-  for (Part& p : parts) {
-    p.sop = sop;
-    post(c, p);
-  }
   if (!c->blocking && !c->connected) {
     c->connected = true;
     c->connecting = true;
+    c->connectParts = std::move(parts);
+    c->connectStream = s;
     return ncclInProgress;
   }
+  enqueueOnStream(c, s, std::move(parts));
   return ncclSuccess;
 }
 
@@ -459,6 +507,7 @@ void reset() {
   g_failNext.clear();
   g_asyncError.clear();
   g_hangConnect.clear();
+  g_hangFinalize.clear();
   g_version = NCCL_VERSION_CODE;
 }
 void failNextEnqueue(int rank, ncclResult_t r) {
@@ -472,6 +521,10 @@ void setAsyncError(int rank, ncclResult_t r) {
 void hangConnect(int rank) {
   std::lock_guard<std::mutex> l(g_mu);
   g_hangConnect.insert(rank);
+}
+void hangFinalize(int rank) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_hangFinalize.insert(rank);
 }
 void setVersion(int version) {
   std::lock_guard<std::mutex> l(g_mu);
@@ -560,11 +613,14 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* state) {
   if (!c->initDone) {
     *state = ncclInProgress;
   } else if (c->connecting) {
-    if (!g_hangConnect.count(c->rank)) c->connecting = false;
+    if (!g_hangConnect.count(c->rank)) {
+      c->connecting = false;
+      enqueueOnStream(c, c->connectStream, std::move(c->connectParts));
+    }
     *state = c->connecting ? ncclInProgress : c->async;
   } else if (e != g_asyncError.end()) {
     *state = e->second;
-  } else if (c->finalizing && c->outstanding > 0) {
+  } else if (c->finalizing && (c->outstanding > 0 || g_hangFinalize.count(c->rank))) {
     *state = ncclInProgress;
   } else {
     *state = c->async;
@@ -576,7 +632,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t c) {
   std::lock_guard<std::mutex> l(g_mu);
   if (ncclResult_t r = usable(c)) return r;
   c->finalizing = true;
-  return c->blocking || c->outstanding == 0 ? ncclSuccess : ncclInProgress;
+  return c->blocking || (c->outstanding == 0 && !g_hangFinalize.count(c->rank)) ? ncclSuccess : ncclInProgress;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
@@ -601,6 +657,9 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
   ++g_counters.aborts;
   c->freed = true;
   c->world->broken = true;
+  // Its kernels see the abort and exit: the stream drains, the events complete (over data
+  // that is not the result).
+  for (auto& op : c->live) finish(*op);
   return ncclSuccess;
 }
 

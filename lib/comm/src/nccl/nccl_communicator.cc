@@ -120,23 +120,31 @@ struct Identity {
   std::string peers() const { return rankList(world); }
 };
 
-// Owns the communicator, stream and a scratch device int for barriers; shared by the
-// communicator and its outstanding Works, so the last of them releases it. Not copyable.
+// Owns the communicator, its streams and a scratch device int for barriers; shared by the
+// communicator, its outstanding Works and its Buffers, so the last of them releases it. Not
+// copyable.
 //
 // Thread-safety: mu guards `comm` and the abort state. ncclCommAbort frees the communicator,
 // so every NCCL call on it happens under mu after checking `aborted`; a call made under mu
 // returns promptly (the communicator is non-blocking, polls are bounded by deadlines), so
 // abort never waits long for it. Holding mu from enqueue to event record also fixes the
 // issue order across threads.
+//
+// Nothing here synchronises the device (cudaFree, cudaMemcpy do): with a kernel stuck on a
+// lost peer that would block the thread that should abort it. Memory is stream-ordered
+// (cudaMallocAsync on the copy stream, cudaFreeAsync on the collectives' stream), copies go
+// through the copy stream.
 struct NcclState {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;      // the collectives'
+  cudaStream_t copyStream = nullptr;  // Buffer uploads and downloads, allocations
   int* barrierBuf = nullptr;
   int device = 0;
   int version = 0;
+  int rank = 0, size = 1;
   Duration timeout{};
   std::shared_ptr<store::Store> store;
-  std::string failureKey;  // the job's first failure, for peers' messages (as the tcp backend)
+  std::string keyPrefix;  // "comm/<name>/"
   std::mutex mu;
   bool aborted = false;  // under mu
   std::string failure;   // under mu: why it was aborted
@@ -155,10 +163,11 @@ struct NcclState {
     return true;
   }
 
-  // First failure wins; best effort (the store may be gone too).
+  // The job's first failure, for peers' messages (as the tcp backend): first wins; best effort
+  // (the store may be gone too).
   void publish(const std::string& why) {
     try {
-      store->compareSet(failureKey, "", why);
+      store->compareSet(keyPrefix + "failure", "", why);
     } catch (const std::exception&) {
     }
   }
@@ -166,8 +175,8 @@ struct NcclState {
   // " [first failure in this job: ...]" when another rank left one that is not ours.
   std::string firstFailure(const std::string& ours) {
     try {
-      if (store->check({failureKey})) {
-        std::string f = store->get(failureKey);
+      if (store->check({keyPrefix + "failure"})) {
+        std::string f = store->get(keyPrefix + "failure");
         if (f != ours) return fmt::format(" [first failure in this job: {}]", f);
       }
     } catch (const std::exception&) {
@@ -175,18 +184,42 @@ struct NcclState {
     return "";
   }
 
+  // This rank releases its communicator (destroyed or aborted).
+  void markClosing() {
+    try {
+      store->set(keyPrefix + "closing/" + std::to_string(rank), "1");
+    } catch (const std::exception&) {
+    }
+  }
+  // Whether every rank releases its communicator too, within `limit`: ncclCommDestroy waits
+  // for the host's other ranks (NCCL's proxy thread ends once every local peer closed its
+  // connections), for ever when one is gone or releases its communicators in another order;
+  // so a destroy is only tried once all have come here, else it is an abort.
+  bool allClosing(Duration limit) {
+    try {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) keys.push_back(keyPrefix + "closing/" + std::to_string(r));
+      store->wait(keys, limit);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
   ~NcclState() {
+    cudaSetDevice(device);
+    if (comm) markClosing();
     if (comm && !aborted) {
       // Destroying waits for outstanding operations, which never end when a peer is gone (or
       // when this runs because an operation failed): abort instead, as NCCL advises.
-      cudaSetDevice(device);
       const bool idle = stream == nullptr || cudaStreamQuery(stream) == cudaSuccess;
-      bool clean = idle && std::uncaught_exceptions() == 0;
+      const Duration limit = std::min<Duration>(timeout, std::chrono::seconds(30));
+      bool clean = idle && std::uncaught_exceptions() == 0 && allClosing(limit);
 #if DTRAIN_NCCL_NONBLOCKING
       if (clean) {
-        // Finalising flushes NCCL's proxy work and may wait for peers: bounded.
+        // Finalising flushes NCCL's proxy work: bounded too.
         ncclResult_t r = ncclCommFinalize(comm);
-        const auto deadline = Clock::now() + std::min<Duration>(timeout, std::chrono::seconds(30));
+        const auto deadline = Clock::now() + limit;
         while (r == ncclInProgress && Clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::microseconds(200));
           if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
@@ -196,8 +229,9 @@ struct NcclState {
 #endif
       clean ? (void)ncclCommDestroy(comm) : (void)ncclCommAbort(comm);
     }
-    if (barrierBuf) cudaFree(barrierBuf);
-    if (stream) cudaStreamDestroy(stream);
+    if (barrierBuf) cudaFreeAsync(barrierBuf, stream);
+    if (stream) cudaStreamDestroy(stream);  // (returns at once; released once its work is done)
+    if (copyStream) cudaStreamDestroy(copyStream);
   }
 };
 
@@ -210,28 +244,41 @@ class NcclWork final : public Work {
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
 
-  // Done or failed; polls the same way wait() does, so a lost peer ends a test() loop too.
-  bool test() override { return poll(); }
+  // Done or failed; polls as wait() does (so a lost peer ends a test() loop too), but never
+  // waits for the communicator's lock: while another thread holds it (an enqueue connecting to
+  // its peers), the answer is "not yet".
+  bool test() override {
+    if (done_) return true;
+    std::unique_lock<std::mutex> l(st_->mu, std::try_to_lock);
+    return l.owns_lock() && poll(l);
+  }
 
   void wait() override {
-    while (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    while (!done_) {
+      std::unique_lock<std::mutex> l(st_->mu);
+      if (poll(l)) break;
+      l.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
     if (error_) std::rethrow_exception(error_);
   }
 
  private:
-  // One look at the operation: true once it finished or failed (error_ set).
-  bool poll() {
+  // One look at the operation, under the communicator's lock `l` (released here before any
+  // store I/O): true once it finished or failed (error_ set).
+  bool poll(std::unique_lock<std::mutex>& l) {
     if (done_) return true;
-    cudaError_t e = cudaEventQuery(ev_);
-    if (e == cudaSuccess) return done_ = true;
     std::string why, published;
-    {
-      std::lock_guard<std::mutex> l(st_->mu);
-      if (st_->aborted) {
-        why = fmt::format("the NCCL communicator was aborted: {}", st_->failure);
-      } else if (e != cudaErrorNotReady) {
+    cudaError_t e = cudaSuccess;
+    if (st_->aborted) {
+      // (its kernels left at the abort and the event completed, over data that is not the
+      // result: nothing enqueued before an abort is trusted)
+      why = fmt::format("the NCCL communicator was aborted: {}", st_->failure);
+    } else {
+      e = cudaEventQuery(ev_);
+      if (e == cudaSuccess) return done_ = true;
+      if (e != cudaErrorNotReady) {
         why = fmt::format("CUDA error: {}", cudaGetErrorString(e));
-        if (st_->abortLocked(message(why))) published = message(why);
       } else {
         ncclResult_t async = ncclSuccess;
         if (ncclCommGetAsyncError(st_->comm, &async) != ncclSuccess) async = ncclInternalError;
@@ -243,10 +290,11 @@ class NcclWork final : public Work {
               "communicator was aborted",
               secondsText(st_->timeout), id_->peers());
         }
-        if (!why.empty() && st_->abortLocked(message(why))) published = message(why);
       }
+      if (!why.empty() && st_->abortLocked(message(why))) published = message(why);
     }
     if (why.empty()) return false;
+    l.unlock();
     if (!published.empty()) st_->publish(published);
     const std::string msg = message(why) + st_->firstFailure(published.empty() ? message(why) : published);
     error_ = e != cudaErrorNotReady && e != cudaSuccess ? std::make_exception_ptr(IoError(msg))
@@ -265,33 +313,42 @@ class NcclWork final : public Work {
   std::exception_ptr error_;
 };
 
+// Device memory of the communicator's GPU, stream-ordered (see NcclState): neither making nor
+// freeing one waits for the collectives in flight.
 class DeviceBuffer final : public Buffer {
  public:
-  DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
-    cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
-    cudaError_t e = cudaMalloc(&data_, std::max<size_t>(bytes, 1));
+  DeviceBuffer(std::shared_ptr<NcclState> st, size_t bytes) : st_(std::move(st)), bytes_(bytes) {
+    cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
+    cudaError_t e = cudaMallocAsync(&data_, std::max<size_t>(bytes, 1), st_->copyStream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st_->copyStream);
     if (e != cudaSuccess)
-      throw AllocationError(fmt::format("cudaMalloc of {} bytes on cuda:{}: {}", bytes, device_, cudaGetErrorString(e)),
-                            true);
+      throw AllocationError(
+          fmt::format("cudaMallocAsync of {} bytes on cuda:{}: {}", bytes, st_->device, cudaGetErrorString(e)), true);
   }
-  ~DeviceBuffer() override { cudaFree(data_); }
+  // (after the collectives issued before it on the stream; a stuck one keeps the memory)
+  ~DeviceBuffer() override { cudaFreeAsync(data_, st_->stream); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
-  void upload(const void* host, size_t n) override {
-    cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
-    cudaCheck(cudaMemcpy(data_, host, std::min(n, bytes_), cudaMemcpyHostToDevice), "cudaMemcpy to the device");
-  }
-  void download(void* host, size_t n) const override {
-    cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
-    cudaCheck(cudaMemcpy(host, data_, std::min(n, bytes_), cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
-  }
+  void upload(const void* host, size_t n) override { copy(data_, host, n, cudaMemcpyHostToDevice, "upload"); }
+  void download(void* host, size_t n) const override { copy(host, data_, n, cudaMemcpyDeviceToHost, "download"); }
 
  private:
+  // On the copy stream, waited for: done when this returns, before any collective issued
+  // after it (a plain cudaMemcpy may return before a pageable upload reached the device, and
+  // the legacy stream it uses is not ordered with the collectives' non-blocking one).
+  void copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, const char* what) const {
+    if (n > bytes_)
+      throw SpecError(fmt::format("Buffer::{}: {} bytes into a buffer of {}", what, n, bytes_));
+    cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
+    cudaCheck(cudaMemcpyAsync(dst, src, n, kind, st_->copyStream), "cudaMemcpyAsync");
+    cudaCheck(cudaStreamSynchronize(st_->copyStream), "cudaStreamSynchronize");
+  }
+
+  std::shared_ptr<NcclState> st_;
   void* data_ = nullptr;
   size_t bytes_;
-  int device_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -315,7 +372,16 @@ class NcclCommunicator final : public Communicator {
     id_ = id;
     st_->timeout = opts.timeout;
     st_->store = store;
-    st_->failureKey = "comm/" + opts.name + "/failure";
+    st_->keyPrefix = "comm/" + opts.name + "/";
+    st_->rank = rank;
+    st_->size = size;
+#if DTRAIN_NCCL_NONBLOCKING
+    // NCCL's own override of ncclConfig_t.blocking: everything would block with no deadline.
+    if (const char* b = std::getenv("NCCL_COMM_BLOCKING"); b && std::string(b) == "1")
+      throw SpecError(
+          "NCCL_COMM_BLOCKING=1 makes NCCL block without a deadline, which the nccl backend's timeouts (a lost "
+          "peer becoming an error, not a hang) need; unset it");
+#endif
 
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -328,7 +394,9 @@ class NcclCommunicator final : public Communicator {
     st_->device = device >= 0 ? device : (lr ? std::atoi(lr) : id_->world[static_cast<size_t>(rank)]) % count;
     cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
     cudaCheck(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cudaCheck(cudaMalloc(&st_->barrierBuf, sizeof(int)), "cudaMalloc");
+    cudaCheck(cudaStreamCreateWithFlags(&st_->copyStream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaCheck(cudaMallocAsync(&st_->barrierBuf, sizeof(int), st_->copyStream), "cudaMallocAsync");
+    cudaCheck(cudaStreamSynchronize(st_->copyStream), "cudaStreamSynchronize");
 
     ncclUniqueId uid;
     std::string key = "comm/" + opts.name + "/nccl_id";
@@ -354,21 +422,27 @@ class NcclCommunicator final : public Communicator {
 
   WorkPtr allreduceAsync(void* data, size_t count, DataType t, ReduceOp op) override {
     checkFeatures(t, op);
+    checkBuffer("allreduce", data, count * elementSize(t));
     return launch("allreduce",
                   [&] { return ncclAllReduce(data, data, count, ncclType(t), ncclOp(op), st_->comm, st_->stream); });
   }
   WorkPtr broadcastAsync(void* data, size_t count, DataType t, int root) override {
     checkFeatures(t, ReduceOp::kSum);
     checkPeer(root, "broadcast root", true);
+    checkBuffer("broadcast", data, count * elementSize(t));
     return launch("broadcast",
                   [&] { return ncclBroadcast(data, data, count, ncclType(t), root, st_->comm, st_->stream); });
   }
   WorkPtr allgatherAsync(const void* send, void* recv, size_t count, DataType t) override {
     checkFeatures(t, ReduceOp::kSum);
+    checkBuffer("allgather", send, count * elementSize(t));
+    checkBuffer("allgather", recv, count * elementSize(t) * static_cast<size_t>(size_));
     return launch("allgather", [&] { return ncclAllGather(send, recv, count, ncclType(t), st_->comm, st_->stream); });
   }
   WorkPtr reduceScatterAsync(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) override {
     checkFeatures(t, op);
+    checkBuffer("reduce_scatter", send, recvCount * elementSize(t) * static_cast<size_t>(size_));
+    checkBuffer("reduce_scatter", recv, recvCount * elementSize(t));
     return launch("reduce_scatter", [&] {
       return ncclReduceScatter(send, recv, recvCount, ncclType(t), ncclOp(op), st_->comm, st_->stream);
     });
@@ -382,16 +456,20 @@ class NcclCommunicator final : public Communicator {
   // sizes must match, see docs/collectives.md.
   WorkPtr sendAsync(const void* data, size_t bytes, int peer) override {
     checkPeer(peer, "send peer", false);
+    checkBuffer("send", data, bytes);
     return launch("send", [&] { return ncclSend(data, bytes, ncclInt8, peer, st_->comm, st_->stream); });
   }
   WorkPtr recvAsync(void* data, size_t bytes, int peer) override {
     checkPeer(peer, "recv peer", false);
+    checkBuffer("recv", data, bytes);
     return launch("recv", [&] { return ncclRecv(data, bytes, ncclInt8, peer, st_->comm, st_->stream); });
   }
   WorkPtr sendRecvAsync(const void* sendData, size_t sendBytes, int sendPeer, void* recvData, size_t recvBytes,
                         int recvPeer) override {
     checkPeer(sendPeer, "sendRecv send peer", false);
     checkPeer(recvPeer, "sendRecv recv peer", false);
+    checkBuffer("sendrecv", sendData, sendBytes);
+    checkBuffer("sendrecv", recvData, recvBytes);
     return launch("sendrecv", [&] {
       // Grouped so NCCL runs both at once (no ordering deadlock between neighbours).
       ncclResult_t r = ncclGroupStart();
@@ -413,7 +491,7 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclCommunicator>(store_, r, static_cast<int>(ranks.size()), o, st_->device,
                                               std::move(world));
   }
-  std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<DeviceBuffer>(bytes, st_->device); }
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<DeviceBuffer>(st_, bytes); }
 
  private:
   // ncclCommInitRank, bounded by the timeout: a rank that never joins (dead before it got
@@ -465,6 +543,24 @@ class NcclCommunicator final : public Communicator {
           fmt::format("bfloat16 needs NCCL 2.10 or newer, and this process loaded NCCL {}", versionText(st_->version)));
   }
 
+  // A buffer NCCL can use: device (or managed) memory of this communicator's GPU. NCCL checks
+  // nothing (unless NCCL_CHECK_POINTERS=1): a host pointer's kernel faults and takes the CUDA
+  // context with it, or a buffer of another GPU is read across the bus. Refused here instead,
+  // before anything is enqueued (SpecError: the communicator stays usable).
+  void checkBuffer(const char* op, const void* p, size_t bytes) const {
+    if (bytes == 0) return;
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) cudaGetLastError();  // (not sticky; cleared so later calls do not report it)
+    const bool device = e == cudaSuccess && (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged);
+    if (device && (a.type == cudaMemoryTypeManaged || a.device == st_->device)) return;
+    throw SpecError(fmt::format("{} on {}: the buffer at {} is {}; the nccl backend needs device memory of cuda:{} "
+                                "(its communicator's GPU)",
+                                op, id_->self(), p,
+                                device ? fmt::format("memory of cuda:{}", a.device) : std::string("host memory"),
+                                st_->device));
+  }
+
   void checkPeer(int peer, const char* what, bool allowSelf) const {
     if (peer < 0 || peer >= size_ || (peer == rank_ && !allowSelf))
       throw SpecError(fmt::format("{} {} is not another rank of this communicator (size {})", what, peer, size_));
@@ -476,11 +572,12 @@ class NcclCommunicator final : public Communicator {
   // once naming it.
   template <typename F>
   WorkPtr launch(const char* op, F&& enqueue) {
-    const auto deadline = Clock::now() + opts_.timeout;
     std::string failed;
     std::exception_ptr error;
     {
       std::lock_guard<std::mutex> l(st_->mu);
+      // (from here: a launch queued behind another's slow connect gets its whole timeout)
+      const auto deadline = Clock::now() + opts_.timeout;
       if (st_->aborted)
         throw PeerLostError(
             fmt::format("{} on {}: the NCCL communicator was aborted earlier: {}", op, id_->self(), st_->failure));
