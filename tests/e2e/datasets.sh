@@ -58,7 +58,7 @@ python3 -c "import sys; sys.exit(0 if float('${acc:-0}') >= 95 else 1)" && pass 
 expect_grep "trained: 120 steps" "$T/out" "idx: 2000 / 50 x 3 epochs"
 # The workers map the launcher's parse (the data image) instead of parsing the files again;
 # the same training without it (DTRAIN_DATA_SHARE=0) ends with the same weights.
-expect_grep "^\[rank 0\] trainer: data mapped from the launcher's data image \([0-9]+ KiB\), shared by this host's workers$" "$T/out" "idx: workers map the data image"
+expect_grep "^\[rank 0\] trainer: data mapped from this host's data image \([0-9]+ KiB\), shared by this host's workers$" "$T/out" "idx: workers map the data image"
 sha=$(sed -n 's/.*weights sha256 \([0-9a-f]*\).*/\1/p' "$T/out")
 DTRAIN_DATA_SHARE=0 "$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "idx job, DTRAIN_DATA_SHARE=0"

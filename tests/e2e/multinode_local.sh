@@ -305,6 +305,27 @@ expect_eq "$?" 0 "trainer on 1 node"
 h1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mn.json"); h2=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/sn.json")
 [ -n "$h1" ] && expect_eq "$h1" "$h2" "2 nodes x 1 == 1 node x 2 (weights hash)" || fail "no trainer outcome in the multi-node summary: $(cat "$T/mn.json")"
 expect_grep '"host": "127.0.0.1"' "$T/mn.json" "summary ranks name their host"
+# File data across nodes: each host's agent parses its files once for its workers (the data
+# image); the same weights as one node with every worker parsing for itself.
+python3 -c "
+import random
+r = random.Random(5)
+with open('$T/mn.csv', 'w') as f:
+    f.write('a,b,label\n')
+    for _ in range(600):
+        c = r.randrange(3); f.write(f'{c + r.gauss(0, .4):.4f},{-c + r.gauss(0, .4):.4f},{c}\n')
+"
+cat > "$T/csvtrain.json" <<JSON
+{"trainer": {"model": {"layers": [2, 16, 3]}, "data": {"type": "csv", "path": "$T/mn.csv"},
+  "batch_size": 16, "epochs": 2, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000}}
+JSON
+"$DTRAIN" run "$T/csvtrain.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "csv trainer on 2 nodes"
+expect_grep "^\[localhost rank 0\] trainer: data mapped from this host's data image \([0-9]+ KiB\), shared by this host's workers$" "$T/out" "csv on 2 nodes: the agent's data image"
+h1=$(sed -n 's/.*weights sha256 \([0-9a-f]*\).*/\1/p' "$T/out")
+DTRAIN_DATA_SHARE=0 "$DTRAIN" run "$T/csvtrain.json" --nproc-per-node 2 >"$T/out1" 2>"$T/err1"
+expect_eq "$?" 0 "csv trainer on 1 node, no image"
+expect_grep "weights sha256 ${h1:-none}" "$T/out1" "csv: 2 nodes with images == 1 node parsing in each worker"
 # A program missing on a node is the job's error, said once (exit 2), not exit 127 from
 # every rank there and a restart budget spent on it.
 "$DTRAIN" run --hosts "$HOSTS" --max-restarts 3 -- dtrain-no-such-prog x >"$T/out" 2>"$T/err"

@@ -80,7 +80,7 @@ TEST_F(DataImage, TheLaunchersViewsAndTheWorkersMapHoldTheParse) {
     setFd(s.image.fd.get());
     Datasets w = openDatasets(t_);
     EXPECT_TRUE(w.shared);
-    EXPECT_HAS(w.note, "mapped from the launcher's data image");
+    EXPECT_HAS(w.note, "mapped from this host's data image");
     EXPECT_EQ(all(w), parsed);
     // (a worker keeps it out of the processes it starts)
     EXPECT_EQ(::fcntl(s.image.fd.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
@@ -94,7 +94,7 @@ TEST_F(DataImage, AFileChangedSinceTheLaunchIsParsedAgain) {
   setFd(s.image.fd.get());
   Datasets w = openDatasets(t_);
   EXPECT_FALSE(w.shared);
-  EXPECT_HAS(w.note, "parsed from the files: the launcher's data image could not be used (it was made from other data");
+  EXPECT_HAS(w.note, "parsed from the files: this host's data image could not be used (it was made from other data");
   EXPECT_EQ(w.train->size() + w.eval->size(), 60u);
   // So is a spec whose data fields differ (another label column).
   writeCsv(dir_ + "/train.csv", 50, 0);

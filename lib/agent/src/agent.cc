@@ -38,6 +38,7 @@
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/store/tcp_store.h"
 #include "dtrain/train/checkpoint.h"
+#include "dtrain/train/data.h"
 
 namespace dtrain::agent {
 namespace {
@@ -323,6 +324,7 @@ int runAgent(const AgentOptions& opts) {
   // left here.
   std::optional<launch::OrphanGuard> fileGuard;
   Fd checkpointLock;  // node 0: the checkpoint directory's lock, held for the job
+  train::DataImage dataImage;  // this host's workers map it, every round (train/data.h)
   // This node's copies (the spec may carry secrets) go however the agent ends: a refusal at
   // startup (a checkpoint dir it cannot use) returned with them left in /tmp.
   struct RemoveAtEnd {
@@ -358,6 +360,13 @@ int runAgent(const AgentOptions& opts) {
       // tearing down with the lock: waited for over that teardown's grace)
       if (opts.order == 0)
         checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source, spec.shutdown_timeout_s + 5);
+      // This host's data files, parsed once here for its workers (the data image), as the
+      // launcher does for a local job: bad or missing data on this host is said now, as this
+      // node's error, before the rendezvous, rather than by every worker after it.
+      if (spec.trainer->data.type != "synthetic") {
+        train::SharedDatasets parsed = train::openSharedDatasets(*spec.trainer, {}, train::dataShareEnabled());
+        dataImage = std::move(parsed.image);
+      }
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
       // rather than as exit 127 from every rank here and a restart budget spent on it.
@@ -558,6 +567,7 @@ int runAgent(const AgentOptions& opts) {
     lo.merge_output = opts.merge_output;
     lo.remove_if_killed = {privateDir};
     lo.other_nodes = plan.nnodes > 1;
+    if (dataImage.fd) lo.inherit_fds.emplace_back(train::kDataImageEnv, dataImage.fd.get());
     try {
       launch::RunResult result = launch::makeLocalLauncher(lo)->run(plan, spec);
       rc = result.exit_code;

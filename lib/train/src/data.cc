@@ -506,8 +506,26 @@ struct Mapping {
   }
 };
 
-// Writes `tb` into a new sealed memfd; throws IoError naming the call that failed.
-Fd writeImage(const Tables& tb, const std::string& fp, uint64_t* bytes) {
+// Copies `bytes` of the parse's memory at `src` into the image in 64 MiB pieces, giving each
+// piece's whole pages back to the system once copied (MADV_DONTNEED; the parse is discarded
+// right after, its contents no longer read): the launcher holds about one copy of the data
+// while it writes the image, not two.
+void moveInto(char* dst, const void* src, size_t bytes) {
+  char* from = const_cast<char*>(static_cast<const char*>(src));  // (the parse's own, see above)
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  constexpr size_t kPiece = size_t{64} << 20;
+  for (size_t at = 0; at < bytes; at += kPiece) {
+    const size_t n = std::min(kPiece, bytes - at);
+    std::memcpy(dst + at, from + at, n);
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(from + at) + page - 1) / page * page;
+    const uintptr_t hi = reinterpret_cast<uintptr_t>(from + at + n) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  }
+}
+
+// Writes `tb` into a new sealed memfd; throws IoError naming the call that failed. Once
+// *consumed is set, tb's rows are gone (moved into the image: moveInto).
+Fd writeImage(const Tables& tb, const std::string& fp, uint64_t* bytes, bool* consumed) {
   std::vector<const TableSet*> sets{tb.all.get()};
   if (tb.eval) sets.push_back(tb.eval.get());
   std::vector<ImageTable> tables;
@@ -535,9 +553,10 @@ Fd writeImage(const Tables& tb, const std::string& fp, uint64_t* bytes) {
   std::memcpy(base, &h, sizeof(h));
   std::memcpy(base + sizeof(h), tables.data(), tables.size() * sizeof(ImageTable));
   std::memcpy(base + sizeof(h) + tables.size() * sizeof(ImageTable), fp.data(), fp.size());
+  *consumed = true;
   for (size_t i = 0; i < sets.size(); ++i) {
-    std::memcpy(base + tables[i].x, sets[i]->x(), tables[i].rows * tables[i].inputs * sizeof(float));
-    std::memcpy(base + tables[i].y, sets[i]->y(), tables[i].rows * sizeof(float));
+    moveInto(base + tables[i].x, sets[i]->x(), tables[i].rows * tables[i].inputs * sizeof(float));
+    moveInto(base + tables[i].y, sets[i]->y(), tables[i].rows * sizeof(float));
   }
   ::munmap(p, total);  // (a writable mapping would make F_SEAL_WRITE fail with EBUSY)
   if (::fcntl(fd.get(), F_ADD_SEALS, kImageSeals) != 0) throwErrno("fcntl(F_ADD_SEALS)");
@@ -632,10 +651,11 @@ SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::functio
   }
   const std::string fp = fingerprint(t);
   std::string why = fp.empty() ? "a data file cannot be looked at" : "";
+  bool consumed = false;
   if (why.empty()) {
     try {
       uint64_t bytes = 0;
-      Fd fd = writeImage(tb, fp, &bytes);
+      Fd fd = writeImage(tb, fp, &bytes, &consumed);
       if (auto sets = mapImage(fd.get(), t, fp, &bytes, &why)) {
         out.sets = std::move(*sets);  // (the parse's own copy goes with tb)
         out.sets.shared = true;
@@ -647,6 +667,7 @@ SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::functio
       why = e.what();
     }
   }
+  if (consumed) tb = parseFiles(t, poll);  // (its rows went into the image that failed)
   out.sets = slices(tb);
   out.image.problem = why;
   return out;
@@ -668,13 +689,13 @@ Datasets openDatasets(const spec::TrainerSpec& t, const std::function<void()>& p
       // (the mapping holds the memory: no process this one starts needs the descriptor)
       ::fcntl(fd, F_SETFD, FD_CLOEXEC);
       sets->shared = true;
-      sets->note = fmt::format("mapped from the launcher's data image ({}), shared by this host's workers",
+      sets->note = fmt::format("mapped from this host's data image ({}), shared by this host's workers",
                                bytes < (1u << 20) ? fmt::format("{} KiB", (bytes + 1023) / 1024) : formatBytes(bytes));
       return std::move(*sets);
     }
   }
   Datasets out = slices(parseFiles(t, poll));
-  out.note = fmt::format("parsed from the files: the launcher's data image could not be used ({})", why);
+  out.note = fmt::format("parsed from the files: this host's data image could not be used ({})", why);
   return out;
 }
 

@@ -30,7 +30,7 @@ struct Datasets {
   // The rows are views of a data image (below), held once by the host, not by this process.
   bool shared = false;
   // For the trainer's log: how a worker got its file data when it was given an image ("" when
-  // it was not): "mapped from the launcher's data image (...)", or why it parsed the files.
+  // it was not): "mapped from this host's data image (...)", or why it parsed the files.
   std::string note;
 };
 // `poll`, when given, is called every 65536 rows or 4 MiB of a csv file and every 4 MiB of an idx file,
