@@ -85,6 +85,24 @@ in_cgroup "$DTRAIN" run "$T/one.json" --env OMP_NUM_THREADS=3 >"$T/out" 2>"$T/er
 expect_grep "omp=3$" "$T/out" "in the cgroup with --env OMP_NUM_THREADS=3: the user's value"
 grep -q "setting OMP_NUM_THREADS" "$T/err" && fail "user's value: a notice anyway" || pass "user's value: no notice"
 
+# A quota that changes between attempts (the worker of attempt 0 raises it to 2 CPUs, then
+# fails): the restart's default is said again, not changed silently.
+if [ -e "$CG/cpu.cfs_quota_us" ]; then raise="echo 200000 >$CG/cpu.cfs_quota_us"; else raise="echo '200000 100000' >$CG/cpu.max"; fi
+cat >"$T/requota.json" <<JSON
+{"nproc_per_node": 1, "max_restarts": 1, "command": ["sh", "-c",
+  "echo attempt=\$TORCHELASTIC_RESTART_COUNT omp=\${OMP_NUM_THREADS:-unset}; [ \$TORCHELASTIC_RESTART_COUNT = 0 ] && { $raise; exit 1; }; exit 0"]}
+JSON
+in_cgroup "$DTRAIN" run "$T/requota.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "quota raised between attempts: exit 0"
+expect_grep "attempt=0 omp=1$" "$T/out" "quota raised: attempt 0 under 1 CPU"
+if [ "$CPUS" -gt 2 ]; then
+  expect_grep "attempt=1 omp=2$" "$T/out" "quota raised: attempt 1 under 2 CPUs"
+  expect_grep "^dtrain: restart 1: setting OMP_NUM_THREADS=2 for the worker \(it was 1\): this process may use 2 CPUs" "$T/err" "quota raised: said"
+else
+  expect_grep "attempt=1 omp=unset$" "$T/out" "quota raised to all $CPUS CPUs: attempt 1 unset"
+  expect_grep "^dtrain: restart 1: OMP_NUM_THREADS is no longer set for the worker \(it was 1\): this process may use $CPUS CPUs" "$T/err" "quota raised: said"
+fi
+if [ -e "$CG/cpu.cfs_quota_us" ]; then echo 100000 >"$CG/cpu.cfs_quota_us"; else echo "100000 100000" >"$CG/cpu.max"; fi
+
 # The trainer's "auto" prefetch: one worker with one BLAS thread has a spare core among the
 # affinity's CPUs, none under a quota of 1 CPU.
 cat >"$T/train.json" <<'JSON'

@@ -287,8 +287,10 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const Loca
   plan.store_port = spec.rendezvous.port;
   plan.store_token = js.token;
   std::vector<spec::JobEvent> events;
+  std::string ompSaid;  // (said again by an attempt whose default changed)
   for (int attempt = 0;; ++attempt) {
     LocalRunOptions lo;
+    lo.omp_said = &ompSaid;
     lo.restart_count = attempt;
     lo.remove_if_killed = options.remove_if_killed;
     lo.inherit_fds = options.inherit_fds;

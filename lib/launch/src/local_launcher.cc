@@ -662,6 +662,19 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   }
   cpus_ = cpuAvailability();
   const std::string omp = defaultOmpThreads(base, spec, cpus_);
+  // (a later attempt says it again when it changed: a CPU quota changed in between)
+  const bool changed = opts_.restart_count > 0 && opts_.omp_said && *opts_.omp_said != omp;
+  if (changed && !opts_.line_sink) {
+    console().write(STDERR_FILENO,
+                    omp.empty() ? fmt::format("dtrain: restart {}: OMP_NUM_THREADS is no longer set for the worker (it "
+                                              "was {}): this process may use {}\n",
+                                              opts_.restart_count, *opts_.omp_said, cpus_.describe())
+                                : fmt::format("dtrain: restart {}: setting OMP_NUM_THREADS={} for the worker (it was {}): "
+                                              "this process may use {}\n",
+                                              opts_.restart_count, omp, opts_.omp_said->empty() ? "unset" : *opts_.omp_said,
+                                              cpus_.describe()));
+  }
+  if (opts_.omp_said) *opts_.omp_said = omp;
   if (!omp.empty() && !opts_.line_sink && opts_.restart_count == 0) {  // an agent's launcher says it once for all nodes
     if (spec.nproc_per_node > 1)
       console().write(STDERR_FILENO,

@@ -122,6 +122,10 @@ struct LocalRunOptions {
   // Descriptors every worker inherits, each named to it by an environment variable (name,
   // fd): the trainer's data image, DTRAIN_DATA_FD (docs/trainer.md, "Data").
   std::vector<std::pair<std::string, int>> inherit_fds;
+  // The OMP_NUM_THREADS default said so far ("" = none), kept by the caller across attempts:
+  // the first attempt says it, a later one only when it changed (a CPU quota changed between
+  // attempts), and updates it. Null: said by the first attempt only.
+  std::string* omp_said = nullptr;
 };
 
 // The extra silence an agent in a round of several nodes allows a worker that is not
