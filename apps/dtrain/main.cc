@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -860,7 +861,20 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
 // `dtrain run`. A run that ends before its workers start (a bad spec, a program that cannot
 // run, a port in use) still writes its --summary-json, status failed with the error, so that
 // a script never reads an earlier run's file as this one's.
+// A dtrain run started by a worker of another (a script worker running a job of its own)
+// inherited that job's data image and DTRAIN_DATA_FD: neither is this job's. Its workers get
+// this job's image, or none (they parse the files), never the outer one by accident.
+void dropInheritedDataImage() {
+  const char* v = std::getenv(train::kDataImageEnv);
+  if (!v) return;
+  char* end = nullptr;
+  const long fd = std::strtol(v, &end, 10);
+  if (end != v && *end == '\0' && fd > STDERR_FILENO && fd < INT_MAX) ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  ::unsetenv(train::kDataImageEnv);
+}
+
 int cmdRun(RunArgs& a) {
+  dropInheritedDataImage();
   const std::string runId = launch::newRunId();
   const auto started = std::chrono::steady_clock::now();
   std::string jobName;

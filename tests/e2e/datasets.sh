@@ -64,6 +64,14 @@ DTRAIN_DATA_SHARE=0 "$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "idx job, DTRAIN_DATA_SHARE=0"
 expect_no_grep "data image" "$T/out" "DTRAIN_DATA_SHARE=0: no image"
 expect_grep "weights sha256 ${sha:-none}" "$T/out" "the image and the files train the same weights"
+# dtrain started with stdin closed (main() puts /dev/null there first): the image still goes
+# to the workers above their 0-2.
+"$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err" <&-
+expect_eq "$?" 0 "idx job with stdin closed"
+expect_grep "trainer: data mapped from this host's data image" "$T/out" "stdin closed: the workers map the image"
+# A DTRAIN_DATA_FD in dtrain's own environment is not this job's: its workers never see it.
+DTRAIN_DATA_FD=5 "$DTRAIN" run -- sh -c 'echo "fd=${DTRAIN_DATA_FD:-unset}"' >"$T/out" 2>"$T/err" 5<"$T/idx.json"
+expect_grep "fd=unset$" "$T/out" "an outer DTRAIN_DATA_FD is not passed on"
 DTRAIN_DATA_SHARE=maybe "$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "DTRAIN_DATA_SHARE=maybe exits 2"
 expect_grep 'DTRAIN_DATA_SHARE="maybe": expected 0 or 1' "$T/err" "DTRAIN_DATA_SHARE=maybe: said"
