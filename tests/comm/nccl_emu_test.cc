@@ -60,6 +60,12 @@ class NcclEmu : public ::testing::Test {
     return errors;
   }
 
+  // Every rank's communicator of an n-rank world, made at once.
+  std::vector<std::unique_ptr<Communicator>> makeAll(int n, const CommOptions& o = {}) {
+    std::vector<std::unique_ptr<Communicator>> cs(static_cast<size_t>(n));
+    ranks(n, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, n, o); });
+    return cs;
+  }
   // Releases every rank's communicator at once, as the ranks of a job do (one after the other,
   // the first would wait for the others to release theirs, up to min(timeout, 30 s)).
   static void release(std::vector<std::unique_ptr<Communicator>>& cs) {
@@ -162,7 +168,8 @@ TEST_F(NcclEmu, HostOrOtherDeviceMemoryIsRefusedBeforeEnqueueing) {
         ADD_FAILURE() << "a host pointer was accepted";
       } catch (const SpecError& e) {
         EXPECT_HAS(e.what(), "allreduce on rank 0: the buffer at 0x");
-        EXPECT_HAS(e.what(), " is host memory; the nccl backend needs device memory of cuda:0 (its communicator's GPU)");
+        EXPECT_HAS(e.what(),
+                   " is host memory; the nccl backend needs device memory of cuda:0 (its communicator's GPU)");
       }
       void* other = nullptr;  // rank 1's GPU
       ::cudaSetDevice(1);
@@ -184,8 +191,7 @@ TEST_F(NcclEmu, HostOrOtherDeviceMemoryIsRefusedBeforeEnqueueing) {
 }
 
 TEST_F(NcclEmu, BufferCopiesAreBounded) {
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2); });
+  auto cs = makeAll(2);
   auto b = cs[0]->allocate(8);
   char host[16] = {};
   EXPECT_THROW(b->upload(host, 16), SpecError);
@@ -223,9 +229,7 @@ TEST_F(NcclEmu, PeerThatNeverJoinsFailsCreationWithinTheTimeout) {
 TEST_F(NcclEmu, LostPeerFailsTheOperationNamingItAndThePeersSeeTheFirstFailure) {
   CommOptions o;
   o.timeout = std::chrono::milliseconds(300);
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  auto errors = ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2, o); });
-  ASSERT_EQ(errors, (std::vector<std::string>{"", ""}));
+  auto cs = makeAll(2, o);
   auto buf = cs[0]->allocate(4);
   const auto start = Clock::now();
   try {
@@ -267,8 +271,7 @@ TEST_F(NcclEmu, LostPeerFailsTheOperationNamingItAndThePeersSeeTheFirstFailure) 
 TEST_F(NcclEmu, TestReportsATimedOutOperationAsDone) {
   CommOptions o;
   o.timeout = std::chrono::milliseconds(200);
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2, o); });
+  auto cs = makeAll(2, o);
   auto buf = cs[0]->allocate(4);
   auto w = cs[0]->allreduceAsync(buf->data(), 1, DataType::kFloat32, ReduceOp::kSum);
   const auto start = Clock::now();
@@ -284,8 +287,7 @@ TEST_F(NcclEmu, TestReportsATimedOutOperationAsDone) {
 // threads fail too instead of polling the freed communicator (the emulation counts any call
 // on it; TearDown checks none happened).
 TEST_F(NcclEmu, AsyncErrorFailsEveryWaiterWithoutTouchingTheAbortedCommunicator) {
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2); });
+  auto cs = makeAll(2);
   auto b1 = cs[0]->allocate(4), b2 = cs[0]->allocate(4);
   auto w1 = cs[0]->allreduceAsync(b1->data(), 1, DataType::kFloat32, ReduceOp::kSum);
   auto w2 = cs[0]->allreduceAsync(b2->data(), 1, DataType::kFloat32, ReduceOp::kSum);
@@ -313,8 +315,7 @@ TEST_F(NcclEmu, AsyncErrorFailsEveryWaiterWithoutTouchingTheAbortedCommunicator)
 }
 
 TEST_F(NcclEmu, FailedEnqueueBreaksTheCommunicatorAndLeavesTheFailureForPeers) {
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2); });
+  auto cs = makeAll(2);
   auto b = cs[1]->allocate(8);
   emu_nccl::failNextEnqueue(1, ncclSystemError);
   try {
@@ -336,8 +337,7 @@ TEST_F(NcclEmu, FailedEnqueueBreaksTheCommunicatorAndLeavesTheFailureForPeers) {
 TEST_F(NcclEmu, ConnectThatNeverFinishesFailsAtTheDeadline) {
   CommOptions o;
   o.timeout = std::chrono::milliseconds(300);
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2, o); });
+  auto cs = makeAll(2, o);
   emu_nccl::hangConnect(0);
   auto b = cs[0]->allocate(4);
   const auto start = Clock::now();
@@ -354,8 +354,7 @@ TEST_F(NcclEmu, ConnectThatNeverFinishesFailsAtTheDeadline) {
 // Destroying a communicator with operations outstanding waits for them, for ever when the
 // peer is gone (or when the destructor runs because an operation failed): it is aborted.
 TEST_F(NcclEmu, CommunicatorWithWorkOutstandingIsAbortedNotDestroyed) {
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2); });
+  auto cs = makeAll(2);
   {
     auto b = cs[0]->allocate(4);
     auto w = cs[0]->allreduceAsync(b->data(), 1, DataType::kFloat32, ReduceOp::kSum);
@@ -390,8 +389,7 @@ TEST_F(NcclEmu, FinalizeThatNeverEndsIsAborted) {
 TEST_F(NcclEmu, ReleasingBeforeAPeerAbortsAfterABoundedWait) {
   CommOptions o;
   o.timeout = std::chrono::milliseconds(300);
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2, o); });
+  auto cs = makeAll(2, o);
   const auto start = Clock::now();
   cs[0].reset();
   const auto took = Clock::now() - start;
@@ -431,8 +429,7 @@ TEST_F(NcclEmu, GroupsUseTheParentsDeviceAndNameJobRanks) {
 
 TEST_F(NcclEmu, OldNcclRefusesAvgAndBfloat16BeforeEnqueueing) {
   emu_nccl::setVersion(20903);  // NCCL 2.9.3
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2); });
+  auto cs = makeAll(2);
   auto b = cs[0]->allocate(8);
   try {
     cs[0]->allreduce(b->data(), 1, DataType::kFloat32, ReduceOp::kAvg);
@@ -450,8 +447,7 @@ TEST_F(NcclEmu, OldNcclRefusesAvgAndBfloat16BeforeEnqueueing) {
 }
 
 TEST_F(NcclEmu, BadPeerIsASpecErrorThatLeavesTheCommunicatorUsable) {
-  std::vector<std::unique_ptr<Communicator>> cs(2);
-  ranks(2, [&](int r) { cs[static_cast<size_t>(r)] = make(store_, r, 2); });
+  auto cs = makeAll(2);
   auto b = cs[0]->allocate(4);
   try {
     cs[0]->send(b->data(), 4, 0);

@@ -8,6 +8,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/dynlib.h"
+#include "detail/rank_list.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/tcp_store.h"
@@ -65,23 +66,6 @@ int envInt(const char* name, const char* hint) {
 
 }  // namespace
 
-namespace {
-
-// "0-3, 6, 9-10"
-std::string rankList(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += fmt::format("{}{}", out.empty() ? "" : ", ", i == j ? fmt::format("{}", ranks[i])
-                                                                : fmt::format("{}-{}", ranks[i], ranks[j]));
-    i = j + 1;
-  }
-  return out;
-}
-
-}  // namespace
-
 std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOptions& opts) {
   if (size <= 1) return opts.backend;
   const std::string prefix = "comm/" + opts.name + "/backend/";
@@ -108,7 +92,7 @@ std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOp
     } else {
       std::string who;
       for (const auto& [b, rs] : byBackend) who += fmt::format("{}{} {} \"{}\"", who.empty() ? "" : "; ",
-                                                             rs.size() == 1 ? "rank" : "ranks", rankList(rs), b);
+                                                             rs.size() == 1 ? "rank" : "ranks", detail::rankList(rs), b);
       decision = fmt::format("!communicator \"{}\": the ranks ask for different backends ({}), and NCCL ranks "
                              "cannot meet TCP ranks; give every rank a GPU, or use the CPU (trainer.device \"cpu\", "
                              "backend \"tcp\") on all",

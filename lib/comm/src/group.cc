@@ -1,13 +1,14 @@
-// groupRank and the default Communicator::allocate: their own file because the NCCL plugin
+// groupRank, the default Communicator::allocate and detail::rankList: their own file because the NCCL plugin
 // (libdtrain_comm_nccl.so) compiles it in too, so the plugin needs nothing from dtrain_comm
 // and loads into any executable.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
+#include "detail/rank_list.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 
@@ -28,6 +29,22 @@ class HostBuffer final : public Buffer {
 
 }  // namespace
 
+namespace detail {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ", ",
+                       i == j ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace detail
+
 std::unique_ptr<Buffer> Communicator::allocate(size_t bytes) { return std::make_unique<HostBuffer>(bytes); }
 
 int groupRank(const std::vector<int>& ranks, int rank, int size, const std::string& name) {
@@ -38,16 +55,17 @@ int groupRank(const std::vector<int>& ranks, int rank, int size, const std::stri
   for (size_t i = 0; i < ranks.size(); ++i) {
     const int r = ranks[i];
     if (r < 0 || r >= size)
-      throw SpecError(fmt::format("communicator group \"{}\": rank {} is not a rank of the parent communicator (size {})",
-                                  name, r, size));
+      throw SpecError(fmt::format(
+          "communicator group \"{}\": rank {} is not a rank of the parent communicator (size {})", name, r, size));
     if (seen[static_cast<size_t>(r)])
       throw SpecError(fmt::format("communicator group \"{}\": rank {} is listed twice", name, r));
     seen[static_cast<size_t>(r)] = true;
     if (r == rank) mine = static_cast<int>(i);
   }
   if (mine < 0)
-    throw SpecError(fmt::format("communicator group \"{}\": rank {} is not in it ({}); only the listed ranks may create it",
-                                name, rank, fmt::join(ranks, ", ")));
+    throw SpecError(
+        fmt::format("communicator group \"{}\": rank {} is not in it ({}); only the listed ranks may create it", name,
+                    rank, fmt::join(ranks, ", ")));
   return mine;
 }
 

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "dtrain/comm/communicator.h"
+#include "../detail/rank_list.h"
 #include "dtrain/common/errors.h"
 
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
@@ -94,19 +95,6 @@ ncclRedOp_t ncclOp(ReduceOp op) {
   return ncclSum;
 }
 
-// "0-3, 6"
-std::string rankList(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += fmt::format("{}{}", out.empty() ? "" : ", ",
-                       i == j ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
-    i = j + 1;
-  }
-  return out;
-}
-
 // Who this rank is, for messages: its rank in the job, and for a group its place in it.
 struct Identity {
   std::string name;        // the communicator's name ("default", "default/stage0")
@@ -117,7 +105,7 @@ struct Identity {
     return group ? fmt::format("rank {} (rank {} of communicator \"{}\")", world[static_cast<size_t>(rank)], rank, name)
                  : fmt::format("rank {}", rank);
   }
-  std::string peers() const { return rankList(world); }
+  std::string peers() const { return detail::rankList(world); }
 };
 
 // Owns the communicator, its streams and a scratch device int for barriers; shared by the
