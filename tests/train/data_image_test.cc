@@ -78,6 +78,7 @@ TEST_F(DataImage, TheLaunchersViewsAndTheWorkersMapHoldTheParse) {
     EXPECT_EQ(::ftruncate(s.image.fd.get(), 0), -1);
     EXPECT_EQ(::write(s.image.fd.get(), "x", 1), -1);
     setFd(s.image.fd.get());
+    ::fcntl(s.image.fd.get(), F_SETFD, 0);  // (as a worker inherits it)
     Datasets w = openDatasets(t_);
     EXPECT_TRUE(w.shared);
     EXPECT_HAS(w.note, "mapped from this host's data image");

@@ -644,13 +644,17 @@ SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::functio
     out.sets = {std::make_unique<SyntheticSet>(t, false), std::make_unique<SyntheticSet>(t, true)};
     return out;
   }
+  // (taken before and after the parse: a file replaced while it was read gets no image)
+  const std::string fpBefore = makeImage ? fingerprint(t) : "";
   Tables tb = parseFiles(t, poll);
   if (!makeImage) {
     out.sets = slices(tb);
     return out;
   }
   const std::string fp = fingerprint(t);
-  std::string why = fp.empty() ? "a data file cannot be looked at" : "";
+  std::string why = fp.empty()         ? "a data file cannot be looked at"
+                    : fp != fpBefore ? "a data file changed while it was read"
+                                     : "";
   bool consumed = false;
   if (why.empty()) {
     try {
