@@ -10,6 +10,7 @@
 #include "dtrain/common/dynlib.h"
 #include "detail/rank_list.h"
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/store/prefix_store.h"
 #include "dtrain/store/tcp_store.h"
 
@@ -116,12 +117,7 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
   so.timeout = opts.timeout;
   auto tcp = std::make_shared<store::TcpStore>(so);
   CommOptions o = opts;
-  if (const char* shm = std::getenv("DTRAIN_COMM_SHM")) {
-    std::string v = shm;
-    if (v == "0" || v == "false" || v == "off" || v == "no") o.shm = false;
-    else if (v == "1" || v == "true" || v == "on" || v == "yes" || v.empty()) o.shm = opts.shm;
-    else throw SpecError(fmt::format("DTRAIN_COMM_SHM=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", v));
-  }
+  if (envSwitch("DTRAIN_COMM_SHM") == false) o.shm = false;  // (1 leaves opts.shm as it is)
   if (o.advertise_addr.empty()) o.advertise_addr = tcp->localAddress();
   const char* run = std::getenv("DTRAIN_RUN_ID");
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");

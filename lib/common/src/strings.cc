@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -82,6 +83,15 @@ std::vector<std::string> split(std::string_view s, char sep) {
     out.emplace_back(s.substr(start, pos - start));
     start = pos + 1;
   }
+}
+
+std::optional<bool> envSwitch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  const std::string s = v;
+  if (s == "0" || s == "off" || s == "false" || s == "no") return false;
+  if (s == "1" || s == "on" || s == "true" || s == "yes") return true;
+  throw SpecError(fmt::format("{}=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", name, s));
 }
 
 std::string formatBytes(uint64_t bytes) {

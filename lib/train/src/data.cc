@@ -629,14 +629,7 @@ std::optional<Datasets> mapImage(int fd, const spec::TrainerSpec& t, const std::
 
 }  // namespace
 
-bool dataShareEnabled() {
-  const char* v = std::getenv("DTRAIN_DATA_SHARE");
-  if (!v || !*v) return true;
-  const std::string s = v;
-  if (s == "0" || s == "off" || s == "false" || s == "no") return false;
-  if (s == "1" || s == "on" || s == "true" || s == "yes") return true;
-  throw SpecError(fmt::format("DTRAIN_DATA_SHARE=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", s));
-}
+bool dataShareEnabled() { return envSwitch("DTRAIN_DATA_SHARE").value_or(true); }
 
 SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll, bool makeImage) {
   SharedDatasets out;

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,11 @@ std::string signalName(int sig);
 
 // "1.5 GiB", "300 MiB": a size for messages.
 std::string formatBytes(uint64_t bytes);
+
+// An on/off environment variable (DTRAIN_COMM_SHM, DTRAIN_DATA_SHARE): 0/off/false/no or
+// 1/on/true/yes; nullopt when unset or empty. Throws SpecError naming the variable and the
+// accepted values for anything else.
+std::optional<bool> envSwitch(const char* name);
 
 // Quotes an argv word for display in a shell-like way, only when needed.
 std::string shellQuote(std::string_view word);
