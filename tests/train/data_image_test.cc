@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -103,6 +104,51 @@ TEST_F(DataImage, AFileChangedSinceTheLaunchIsParsedAgain) {
   t_.data.label_column = "1";
   setFd(s.image.fd.get());
   EXPECT_FALSE(openDatasets(t_).shared);
+}
+
+// A rewrite of the same size whose modification time is put back (cp -p, rsync -t): only the
+// change time tells it.
+TEST_F(DataImage, ASameSizeRewriteWithItsOldModificationTimeIsParsedAgain) {
+  const std::string path = dir_ + "/train.csv";
+  struct stat before {};
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  SharedDatasets s = openSharedDatasets(t_);
+  ASSERT_TRUE(s.image.fd);
+  ::usleep(20000);  // (a later change time, on any file system's clock granularity)
+  {
+    Fd f(::open(path.c_str(), O_WRONLY));
+    ASSERT_TRUE(f);
+    ASSERT_EQ(::pwrite(f.get(), "9", 1, 12), 1);  // row 0's 'a': 0 -> 9, same size
+  }
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  struct stat after {};
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  ASSERT_EQ(after.st_size, before.st_size);
+  ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+  setFd(s.image.fd.get());
+  Datasets w = openDatasets(t_);
+  EXPECT_FALSE(w.shared);
+  EXPECT_HAS(w.note, "it was made from other data");
+  float x[3];
+  int label = -1;
+  w.train->sample(0, x, &label, nullptr);
+  EXPECT_EQ(x[0], 9.0f);  // what the file holds now
+}
+
+// A table over many pages, moved into the image piece by piece with the parse's pages given
+// back as it goes: every value arrives, the last page's too.
+TEST_F(DataImage, AManyPageTableArrivesWhole) {
+  writeCsv(dir_ + "/train.csv", 40000, 3);  // 40000 x 3 floats: about 120 pages of x
+  const std::vector<float> parsed = all(openSharedDatasets(t_, {}, false).sets);
+  SharedDatasets s = openSharedDatasets(t_);
+  ASSERT_TRUE(s.image.fd) << s.image.problem;
+  EXPECT_EQ(all(s.sets), parsed);
+  setFd(s.image.fd.get());
+  ::fcntl(s.image.fd.get(), F_SETFD, 0);
+  Datasets w = openDatasets(t_);
+  EXPECT_TRUE(w.shared);
+  EXPECT_EQ(all(w), parsed);
 }
 
 TEST_F(DataImage, WhatIsNotASealedImageIsNotTrusted) {

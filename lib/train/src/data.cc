@@ -473,9 +473,11 @@ struct ImageTable {
 
 uint64_t alignUp(uint64_t v) { return (v + kImageAlign - 1) / kImageAlign * kImageAlign; }
 
-// What the image was made from: the data fields that change a parse, and each file's identity
-// and modification time (a file rewritten since the launcher read it does not match). "" when
-// a file cannot be looked at (no image: the parse says what is wrong).
+// What the image was made from: the data fields that change a parse, and each file's identity,
+// size, and modification and change times (a file rewritten since the launcher read it does
+// not match; the change time also catches a rewrite of the same size whose modification time
+// was put back, as `cp -p` or `rsync -t` do). "" when a file cannot be looked at (no image:
+// the parse says what is wrong).
 std::string fingerprint(const spec::TrainerSpec& t) {
   const auto& d = t.data;
   std::string f = fmt::format("type={};inputs={};outputs={};loss={};label_column={};header={}", d.type,
@@ -487,9 +489,10 @@ std::string fingerprint(const spec::TrainerSpec& t) {
     }
     struct stat st {};
     if (::stat(path->c_str(), &st) != 0) return "";
-    f += fmt::format(";{}:{}:{}:{}.{:09}", static_cast<unsigned long long>(st.st_dev),
+    f += fmt::format(";{}:{}:{}:{}.{:09}:{}.{:09}", static_cast<unsigned long long>(st.st_dev),
                      static_cast<unsigned long long>(st.st_ino), static_cast<long long>(st.st_size),
-                     static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec));
+                     static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec),
+                     static_cast<long long>(st.st_ctim.tv_sec), static_cast<long>(st.st_ctim.tv_nsec));
   }
   return f;
 }
