@@ -12,6 +12,7 @@ namespace {
 CLI::App* gAgent = nullptr;
 agent::AgentOptions gOpts;
 std::string gGpus;
+bool gNoDataShare = false;
 
 }  // namespace
 
@@ -27,6 +28,7 @@ void addAgentCommand(CLI::App& app) {
   gAgent->add_option("--gpus", gGpus, "CUDA_VISIBLE_DEVICES for this node's workers, e.g. 0,1");
   gAgent->add_option("--address", gOpts.address, "How other nodes reach this one (default: learned)");
   gAgent->add_flag("--merge-output", gOpts.merge_output, "One pipe for each worker's stdout and stderr (the launcher's console is one file)");
+  gAgent->add_flag("--no-data-share", gNoDataShare, "Workers parse the data files themselves (the launcher's DTRAIN_DATA_SHARE=0)");
   gAgent->add_flag("--wait", gOpts.wait, "Wait for the launcher's word before joining (a host coming back)");
   gAgent->group("");  // internal: hidden from dtrain --help
 }
@@ -42,6 +44,7 @@ int runAgentCommand() {
       }
     }
   }
+  gOpts.data_share = !gNoDataShare;
   return agent::runAgent(gOpts);
 }
 

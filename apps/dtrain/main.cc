@@ -454,7 +454,10 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     // (the held-out set checked too; a stop signal ends a long parse at once)
     // A local job's workers map this parse (the data image) rather than each parsing the
     // files again; validate and --dry-run estimate what run would do.
-    const bool share = s.nodes.empty() && train::dataShareEnabled();
+    // (the switch is read for a multi-node job too: a bad value is said here, and the
+    // launcher passes it on to every node's agent, whose environment is not this one)
+    const bool shareSwitch = train::dataShareEnabled();
+    const bool share = s.nodes.empty() && shareSwitch;
     train::SharedDatasets parsed = train::openSharedDatasets(*s.trainer, stopIfSignalled, share && dataImage);
     const std::unique_ptr<train::Dataset>&trainSet = parsed.sets.train, &evalSet = parsed.sets.eval;
     if (dataImage) *dataImage = std::move(parsed.image);
@@ -774,6 +777,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     launch::MultiNodeOptions mo;
     mo.version = app::versionString();
     mo.result_file = resultFile;
+    mo.data_share = !s.trainer || train::dataShareEnabled();  // (checked in buildSpec)
     s.env.erase("DTRAIN_RESULT_FILE");  // each node's agent picks its own; rank 0's comes back
     r = launch::runMultiNodeJob(s, runId, mo);
   } else {

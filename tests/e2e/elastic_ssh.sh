@@ -92,4 +92,42 @@ expect_eq "$?" 0 "unreachable host, min_nodes 2: the job runs on the others"
 expect_grep "pre-flight: 1 host\(s\) unreachable; starting with 2 \(min_nodes 2\)" "$T/down.err" "the start without it is said"
 expect_grep "event host_excluded \(round 0\) host $TESTBED_DOWN_HOST" "$T/down.err" "host_excluded event"
 expect_grep "^\[h2 rank 1\] world 2$" "$T/down.out" "world of 2"
+
+# 5. A host coming back that cannot run the job's workers (its data files are not there: a
+#    fresh replacement host) did not come back, like a host that does not answer: the job
+#    goes on without it, and tries it again later. It does not end a job that runs well on
+#    the others. (h3's sshd gets an empty tmpfs over the data directory once the job runs:
+#    its first agent read the files, the one coming back finds none.)
+mkdir -p "$T/rj/data"
+python3 -c "
+import random
+r = random.Random(5)
+with open('$T/rj/data/rj.csv', 'w') as f:
+    f.write('a,b,label\n')
+    for _ in range(300):
+        c = r.randrange(3); f.write(f'{c + r.gauss(0, .4):.4f},{-c + r.gauss(0, .4):.4f},{c}\n')
+"
+printf 'h1 slots=1\nh2 slots=1\nh3 slots=1\n' > "$T/rj/hosts"
+cat > "$T/rj/job.json" <<JSON
+{"name": "rejoin", "hostfile": "$T/rj/hosts", "min_nodes": 2, "max_restarts": 3, "restart_backoff_s": 1,
+ "shutdown_timeout_s": 2, "rendezvous": {"heartbeat_timeout_s": 3},
+ "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"], "connect_timeout_s": 3},
+ "trainer": {"model": {"layers": [2, 16, 3]}, "data": {"type": "csv", "path": "$T/rj/data/rj.csv"},
+  "batch_size": 16, "epochs": 1000000, "optimizer": {"lr": 0.05}, "log_every_steps": 1000000}}
+JSON
+"$DTRAIN" run "$T/rj/job.json" >"$T/rj/out" 2>"$T/rj/err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do grep -q "trainer: data mapped" "$T/rj/out" && break; sleep 0.1; done
+expect_grep "^\[h1 rank 0\] trainer: data mapped" "$T/rj/out" "rejoin: the job runs on 3 hosts"
+h3sshd=$(cat "$TESTBED_DIR/h3/sshd.pid")
+nsenter -t "$h3sshd" -m mount -t tmpfs dtrain-e2e-empty "$T/rj/data" || fail "rejoin: cannot mount over h3's data"
+pkill -9 -f "^$DTRAIN agent .*--node h3 " || fail "rejoin: no agent process for h3"
+for _ in $(seq 200); do grep -q "host_excluded.*did not come back" "$T/rj/err" && break; sleep 0.1; done
+expect_grep "event host_excluded \(round 1\) host h3: h3 \($T/rj/hosts:3\) did not come back: its agent \(ssh\) exited with 2: node h3: .*rj\.csv" \
+  "$T/rj/err" "rejoin: h3 without its data did not come back, saying why"
+sleep 1
+alive "$DTRAIN_PID" && pass "rejoin: the job goes on without h3" || fail "rejoin: the job ended: $(tail -5 "$T/rj/err")"
+expect_no_grep "failed" "$T/rj/err" "rejoin: no failure"
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; DTRAIN_PID=
+nsenter -t "$h3sshd" -m umount "$T/rj/data" || fail "rejoin: cannot unmount h3's tmpfs"
 finish

@@ -78,6 +78,36 @@ expect_eq "$?" 0 "pipeline 2 x 3 on one host"
 p1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mp.json"); p2=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/sp.json")
 [ -n "$p1" ] && expect_eq "$p1" "$p2" "pipeline across hosts == on one host (weights hash)" || fail "no pipeline outcome: $(cat "$T/errp")"
 
+# 2c. File data across hosts: each host's agent parses the files once for its workers (the
+#     data image); DTRAIN_DATA_SHARE=0 where dtrain run starts reaches the agents over ssh
+#     (their environment is sshd's, not the launcher's): every worker parses for itself, with
+#     the same weights.
+python3 -c "
+import random
+r = random.Random(5)
+with open('$T/mn.csv', 'w') as f:
+    f.write('a,b,label\n')
+    for _ in range(600):
+        c = r.randrange(3); f.write(f'{c + r.gauss(0, .4):.4f},{-c + r.gauss(0, .4):.4f},{c}\n')
+"
+cat > "$T/csv.json" <<JSON
+{"name": "mn-csv", "hostfile": "$T/hosts", "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"]},
+ "trainer": {"model": {"layers": [2, 16, 3]}, "data": {"type": "csv", "path": "$T/mn.csv"},
+  "batch_size": 16, "epochs": 1, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000}}
+JSON
+timeout 120 "$DTRAIN" run "$T/csv.json" >"$T/outc" 2>"$T/errc"
+expect_eq "$?" 0 "csv trainer on 3 hosts"
+expect_grep "^\[h1 rank 0\] trainer: data mapped from this host's data image" "$T/outc" "csv on 3 hosts: h1's agent made a data image"
+DTRAIN_DATA_SHARE=0 timeout 120 "$DTRAIN" run "$T/csv.json" >"$T/outc0" 2>"$T/errc0"
+expect_eq "$?" 0 "csv trainer on 3 hosts, DTRAIN_DATA_SHARE=0"
+grep -q "data image" "$T/outc0" "$T/errc0" && fail "DTRAIN_DATA_SHARE=0 did not reach the agents: $(grep "data image" "$T/outc0")" ||
+  pass "DTRAIN_DATA_SHARE=0 reaches the agents over ssh: no data image"
+c1=$(sed -n 's/.*weights sha256 \([0-9a-f]*\).*/\1/p' "$T/outc"); c0=$(sed -n 's/.*weights sha256 \([0-9a-f]*\).*/\1/p' "$T/outc0")
+[ -n "$c1" ] && expect_eq "$c1" "$c0" "csv on 3 hosts: the same weights with and without the images" || fail "no weights line: $(tail -3 "$T/outc")"
+DTRAIN_DATA_SHARE=maybe "$DTRAIN" run "$T/csv.json" >/dev/null 2>"$T/errc2"
+expect_eq "$?" 2 "a bad DTRAIN_DATA_SHARE with a hostfile: exit 2"
+expect_grep "DTRAIN_DATA_SHARE" "$T/errc2" "a bad DTRAIN_DATA_SHARE with a hostfile: named"
+
 # 3. A worker failing on h2 tears down h1 and h3.
 job fail '["sh", "-c", "echo $$ > '"$T"'/pid.$RANK; if [ $RANK = 2 ]; then sleep 1; echo \"cuda oom\" >&2; exit 5; fi; exec sleep 120"]'
 start=$(date +%s)
@@ -111,6 +141,22 @@ tok=$(tr '\0' '\n' < /proc/"$(cat "$T/pid.5")"/environ | grep '^DTRAIN_STORE_TOK
 if ps -eo args | grep -v grep | grep -qF "$tok"; then fail "the token is visible in a command line"; else pass "token in no command line"; fi
 kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 130 "SIGINT: exit 130"
+
+# 5b. Ctrl-C while a host's agent still reads its data files (h3's copy is a FIFO that never
+#     delivers a row, bound over the file in h3's mount namespace): the agent ends with the
+#     launcher, rather than staying behind, blocked in its parse, after the job has gone.
+cp "$T/mn.csv" "$T/st.csv"; mkfifo "$T/st.fifo"
+sed "s|$T/mn.csv|$T/st.csv|" "$T/csv.json" > "$T/st.json"
+h3sshd=$(cat "$TESTBED_DIR/h3/sshd.pid")
+nsenter -t "$h3sshd" -m mount --bind "$T/st.fifo" "$T/st.csv" || fail "cannot bind the FIFO over h3's data file"
+"$DTRAIN" run "$T/st.json" >"$T/st.out" 2>"$T/st.err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do tb_pids h3 | xargs -r ps -o args= -p 2>/dev/null | grep -q "^$DTRAIN agent" && break; sleep 0.1; done
+sleep 1  # (its agent is in its parse now, waiting for rows)
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "Ctrl-C during h3's parse: exit 130"
+tb_wait_no_pids h3 5 && pass "Ctrl-C during h3's parse: nothing left on h3" || fail "Ctrl-C during h3's parse: h3's agent stayed"
+nsenter -t "$h3sshd" -m umount "$T/st.csv" || fail "cannot unbind h3's FIFO"
 
 # A dropped ssh connection (its client killed): that node's agent kills its workers (stdin
 # EOF), the launcher reports the node lost and tears the other hosts down.

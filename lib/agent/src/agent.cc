@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <cctype>
 #include <fstream>
+#include <iostream>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -272,6 +274,16 @@ int runAgent(const AgentOptions& opts) {
     }
   }).detach();
 
+  // A host coming back (--wait) that cannot run the job's workers (it cannot reach the
+  // launcher's store; its data files, its program or its temp dir are not usable): it did
+  // not come back, like a host that does not answer. The job goes on without it and the
+  // launcher tries it again later (its host_excluded event says this line); it is no reason
+  // to end a job that runs well elsewhere. At the job's start it is the job's error.
+  auto preflightFailed = [&](const Failure& f) {
+    if (!opts.wait) return fail(f);
+    std::cerr << f.message << "\n";
+    return f.kind == "spec" ? kExitUsage : kExitFailure;
+  };
   std::shared_ptr<store::TcpStore> st;
   spec::JobSpec spec;
   std::string specText;
@@ -288,7 +300,7 @@ int runAgent(const AgentOptions& opts) {
     std::string source = st->get("job/source");
     spec = spec::parseJobSpec(specText, source);
   } catch (const SpecError& e) {
-    return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});
+    return preflightFailed({"spec", fmt::format("node {}: {}", opts.node, e.what())});
   } catch (const IoError& e) {
     // The address was a guess from SSH_CONNECTION: say where it came from and how to give it.
     std::string hint = opts.store_addr.empty() && !reached
@@ -297,12 +309,14 @@ int runAgent(const AgentOptions& opts) {
                                          "rendezvous.addr to the launcher's address as this host reaches it)",
                                          storeAddr)
                            : std::string();
-    return fail({"io", fmt::format("node {}: {}{}", opts.node, e.what(), hint)});
+    return preflightFailed({"io", fmt::format("node {}: {}{}", opts.node, e.what(), hint)});
   } catch (const std::exception& e) {
-    return fail({"io", fmt::format("node {}: cannot use the launcher's store at {}:{}: {}", opts.node, storeAddr,
-                                   opts.store_port, e.what())});
+    return preflightFailed({"io", fmt::format("node {}: cannot use the launcher's store at {}:{}: {}", opts.node,
+                                              storeAddr, opts.store_port, e.what())});
   }
-  connected = true;
+  // (`connected` is set once the checks below are done: until then a stop from the launcher
+  // or its end ends this agent at once, also in the middle of a long parse of the data files,
+  // as before the connection; its guard removes the files it made)
 
   if (!opts.gpus.empty()) {
     std::vector<std::string> g;
@@ -364,8 +378,12 @@ int runAgent(const AgentOptions& opts) {
       // launcher does for a local job: bad or missing data on this host is said now, as this
       // node's error, before the rendezvous, rather than by every worker after it.
       if (spec.trainer->data.type != "synthetic") {
-        train::SharedDatasets parsed = train::openSharedDatasets(*spec.trainer, {}, train::dataShareEnabled());
+        train::SharedDatasets parsed = train::openSharedDatasets(*spec.trainer, {}, opts.data_share);
         dataImage = std::move(parsed.image);
+        if (!dataImage.problem.empty())
+          std::cerr << "warning: each worker on this host parses the data files itself: its agent could not share "
+                       "its parse ("
+                    << dataImage.problem << ")\n";
       }
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
@@ -383,8 +401,13 @@ int runAgent(const AgentOptions& opts) {
         throw SpecError(fmt::format("{}: cannot run \"{}\" on this host: {}", where, spec.command[0], why));
     }
   } catch (const SpecError& e) {
-    return fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});
+    return preflightFailed({"spec", fmt::format("node {}: {}", opts.node, e.what())});
+  } catch (const std::bad_alloc&) {
+    return preflightFailed({"io", fmt::format("node {}: not enough memory on this host to read the job's data files "
+                                              "(the agent parses them once for its workers)",
+                                              opts.node)});
   }
+  connected = true;
 
   // Heartbeats (the launcher's liveness check of this node) double as our check that the
   // launcher and its store are still there: gone for store_lost_s -> like stdin EOF.

@@ -366,6 +366,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   if (!ns.address.empty()) args.insert(args.end(), {"--address", ns.address});
   if (wait) args.push_back("--wait");
   if (result_.merged_output) args.push_back("--merge-output");
+  if (!opts_.data_share) args.push_back("--no-data-share");
   SpawnOptions so;
   so.env = envStrings(env_);
   so.stdin_pipe = true;

@@ -23,6 +23,9 @@ struct AgentOptions {
   bool wait = false;
   // The launcher's stdout and stderr are one file: workers get one pipe for both (ordered).
   bool merge_output = false;
+  // Make a data image of this host's data files for its workers (train/data.h): the
+  // launcher's DTRAIN_DATA_SHARE, not this host's environment.
+  bool data_share = true;
   // Give up when the store has been unreachable this long (the launcher is gone).
   double store_lost_s = 5;
 };

@@ -16,6 +16,9 @@ namespace dtrain::launch {
 struct MultiNodeOptions {
   std::string version;      // what `dtrain --version` prints here; every host must match
   std::string result_file;  // where the trainer's outcome goes ("" = dropped)
+  // Whether each node's agent makes a data image for its workers (the launcher's
+  // DTRAIN_DATA_SHARE): passed to the agents, whose environment over ssh is not the launcher's.
+  bool data_share = true;
 };
 
 // Raised when one or more hosts fail the pre-flight check; what() is a per-host table.
