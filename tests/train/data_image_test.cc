@@ -225,5 +225,35 @@ TEST_F(DataImage, TheEstimateCountsASharedImageOnce) {
   EXPECT_EQ(apart.host - shared.host, 3 * data + 4 * (apart.workers[0].loading - apart.workers[0].batch));
 }
 
+// A host that cannot hold the data: with a shared image the fix is a smaller file, never
+// fewer workers (they share one copy).
+TEST_F(DataImage, TooMuchDataForTheHostNamesTheFixThatHelps) {
+  t_.data.type = "idx";
+  t_.model.layers = {784, 64, 10};
+  t_.batch_size = 32;
+  MemoryLayout l;
+  l.world = l.workers = 4;
+  l.data_rows = 10000000;  // 31 GiB of floats
+  MemoryAvailability host;
+  host.bytes = host.host_available = 8ull << 30;
+  auto refusal = [&] {
+    try {
+      checkHostMemory(t_, l, host, "job.json");
+    } catch (const SpecError& e) {
+      return std::string(e.what());
+    }
+    return std::string("not refused");
+  };
+  const std::string apart = refusal();
+  EXPECT_HAS(apart, "job.json: /trainer/data/path: this job needs about");
+  EXPECT_HAS(apart, "every worker holds the whole data set: use a smaller data file or fewer workers per host (nproc_per_node 4)");
+  l.data_shared = true;
+  const std::string shared = refusal();
+  EXPECT_HAS(shared, "job.json: /trainer/data/path: this job needs about");
+  EXPECT_HAS(shared, "data set (one copy for the host's workers) 29.2 GiB");
+  EXPECT_HAS(shared, "; this host's workers share one copy of the data set (the data image): use a smaller data file");
+  EXPECT_EQ(shared.find("fewer workers"), std::string::npos) << shared;
+}
+
 }  // namespace
 }  // namespace dtrain::train

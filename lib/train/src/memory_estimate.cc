@@ -257,7 +257,7 @@ std::string describeWorkerMemory(const WorkerMemory& w) {
   std::vector<std::pair<uint64_t, std::string>> parts = {
       {w.batch, "activations and batch buffers"},
       {w.model, "weights, gradients, optimizer state and their host copies"},
-      {w.data + w.loading, "data set"},
+      {w.data + w.loading, w.data_shared ? "data set (one copy for the host's workers)" : "data set"},
       {w.gather, "the whole model gathered at the end"},
       {w.runtime, "the process itself"},
   };
@@ -285,10 +285,14 @@ std::string layersText(const spec::TrainerSpec& t) {
 
 }  // namespace
 
-std::string memoryFix(const spec::TrainerSpec& t, const std::string& field, int workers) {
+std::string memoryFix(const spec::TrainerSpec& t, const std::string& field, const MemoryLayout& l) {
+  const int workers = l.workers;
   const std::string fewer = workers > 1 ? fmt::format("fewer workers per host (nproc_per_node {})", workers) : "";
   if (field == "/trainer/batch_size")
     return fmt::format("use a smaller batch_size (now {}){}", t.batch_size, fewer.empty() ? "" : " or " + fewer);
+  // (a shared image is one copy whatever the number of workers: fewer would not make it smaller)
+  if (field == "/trainer/data/path" && l.data_shared)
+    return "this host's workers share one copy of the data set (the data image): use a smaller data file";
   if (field == "/trainer/data/path")
     return fmt::format("every worker holds the whole data set: use a smaller data file{}",
                        fewer.empty() ? "" : " or " + fewer);
@@ -313,7 +317,7 @@ MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l
   throw SpecError(
       fmt::format("{}: {}: this job needs about {} of memory on this host ({}{}), more than the {} {}; {}",
                   source, e.field, formatBytes(e.host), perWorker, describeWorkerMemory(w),
-                  formatBytes(available.bytes), available.describe(), memoryFix(t, e.field, l.workers)));
+                  formatBytes(available.bytes), available.describe(), memoryFix(t, e.field, l)));
 }
 
 bool memoryCheckEnforced() {

@@ -80,7 +80,7 @@ std::string outOfMemoryMessage(const spec::TrainerSpec& t, const MemoryLayout& l
                        addressSpaceLimit(), left);
   }
   return fmt::format("trainer: rank {} ran out of {}memory allocating {} ({}): {}; {}: {}", rank,
-                     device ? "device " : "", what, e.what(), need, field, memoryFix(t, field, layout.workers));
+                     device ? "device " : "", what, e.what(), need, field, memoryFix(t, field, layout));
 }
 
 }  // namespace dtrain::train::detail

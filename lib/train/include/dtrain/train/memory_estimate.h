@@ -84,10 +84,10 @@ std::string dominantField(const WorkerMemory& w);
 // (0: unknown, nothing is checked). Returns the estimate.
 MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l, const MemoryAvailability& available,
                                const std::string& source);
-// The fix for a job whose memory comes mostly from `field` (dominantField), with `workers`
-// workers per host: "use a smaller batch_size (now 65536) or fewer workers per host
-// (nproc_per_node 2)".
-std::string memoryFix(const spec::TrainerSpec& t, const std::string& field, int workers);
+// The fix for a job whose memory comes mostly from `field` (dominantField), laid out as `l`
+// says (its workers per host, a shared data image): "use a smaller batch_size (now 65536) or
+// fewer workers per host (nproc_per_node 2)".
+std::string memoryFix(const spec::TrainerSpec& t, const std::string& field, const MemoryLayout& l);
 // What holds one worker's memory, the largest parts first, for messages: "activations and
 // batch buffers 31.6 GiB, weights, gradients and optimizer state 3 MiB".
 std::string describeWorkerMemory(const WorkerMemory& w);
