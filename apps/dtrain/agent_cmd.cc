@@ -13,6 +13,7 @@ CLI::App* gAgent = nullptr;
 agent::AgentOptions gOpts;
 std::string gGpus;
 bool gNoDataShare = false;
+bool gNoMemoryCheck = false;
 
 }  // namespace
 
@@ -29,6 +30,7 @@ void addAgentCommand(CLI::App& app) {
   gAgent->add_option("--address", gOpts.address, "How other nodes reach this one (default: learned)");
   gAgent->add_flag("--merge-output", gOpts.merge_output, "One pipe for each worker's stdout and stderr (the launcher's console is one file)");
   gAgent->add_flag("--no-data-share", gNoDataShare, "Workers parse the data files themselves (the launcher's DTRAIN_DATA_SHARE=0)");
+  gAgent->add_flag("--no-memory-check", gNoMemoryCheck, "Do not refuse a job this host cannot hold (the launcher's DTRAIN_MEMORY_CHECK=0)");
   gAgent->add_flag("--wait", gOpts.wait, "Wait for the launcher's word before joining (a host coming back)");
   gAgent->group("");  // internal: hidden from dtrain --help
 }
@@ -45,6 +47,7 @@ int runAgentCommand() {
     }
   }
   gOpts.data_share = !gNoDataShare;
+  gOpts.memory_check = !gNoMemoryCheck;
   return agent::runAgent(gOpts);
 }
 

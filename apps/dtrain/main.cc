@@ -778,6 +778,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     mo.version = app::versionString();
     mo.result_file = resultFile;
     mo.data_share = !s.trainer || train::dataShareEnabled();  // (checked in buildSpec)
+    mo.memory_check = train::memoryCheckEnforced();
     s.env.erase("DTRAIN_RESULT_FILE");  // each node's agent picks its own; rank 0's comes back
     r = launch::runMultiNodeJob(s, runId, mo);
   } else {

@@ -108,6 +108,24 @@ DTRAIN_DATA_SHARE=maybe "$DTRAIN" run "$T/csv.json" >/dev/null 2>"$T/errc2"
 expect_eq "$?" 2 "a bad DTRAIN_DATA_SHARE with a hostfile: exit 2"
 expect_grep "DTRAIN_DATA_SHARE" "$T/errc2" "a bad DTRAIN_DATA_SHARE with a hostfile: named"
 
+# 2d. A trainer job a host cannot hold is refused by its agent before the rendezvous (exit 2,
+#     naming the node, the field and the fix), as the launcher refuses a local one, instead
+#     of its workers' allocation failures after the launch. DTRAIN_MEMORY_CHECK=0 where dtrain
+#     run starts reaches the agents: the workers start (and fail on their own check).
+cat > "$T/huge.json" <<JSON
+{"name": "mn-huge", "hostfile": "$T/hosts", "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"]},
+ "trainer": {"model": {"layers": [784, 4096, 10]}, "data": {"type": "synthetic", "train_samples": 2000000, "eval_samples": 100},
+  "batch_size": 1048576, "epochs": 1}}
+JSON
+timeout 60 "$DTRAIN" run "$T/huge.json" >"$T/outh" 2>"$T/errh"
+expect_eq "$?" 2 "a job larger than a host's memory: exit 2"
+expect_grep "^dtrain: job 'mn-huge' failed: node h[123]: $T/huge.json: /trainer/batch_size: this job needs about [0-9.]+ GiB of memory on this host \(2 workers, the largest \(rank [0-9]\) [0-9.]+ GiB: activations and batch buffers [0-9.]+ GiB\), more than the [0-9.]+ [MG]iB available .*; use a smaller batch_size \(now 1048576\) or fewer workers per host \(nproc_per_node 2\)$" \
+  "$T/errh" "a job larger than a host's memory: the node, the numbers and the fix"
+expect_no_grep "rank [0-9]" "$T/outh" "a job larger than a host's memory: no worker started"
+DTRAIN_MEMORY_CHECK=0 timeout 60 "$DTRAIN" run "$T/huge.json" >"$T/outh0" 2>"$T/errh0"
+expect_eq "$?" 2 "DTRAIN_MEMORY_CHECK=0: the workers' own check fails"
+expect_grep "smaller than one global batch" "$T/errh0" "DTRAIN_MEMORY_CHECK=0 reaches the agents over ssh: the workers started"
+
 # 3. A worker failing on h2 tears down h1 and h3.
 job fail '["sh", "-c", "echo $$ > '"$T"'/pid.$RANK; if [ $RANK = 2 ]; then sleep 1; echo \"cuda oom\" >&2; exit 5; fi; exec sleep 120"]'
 start=$(date +%s)

@@ -41,6 +41,8 @@
 #include "dtrain/store/tcp_store.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
+#include "dtrain/train/device.h"
+#include "dtrain/train/memory_estimate.h"
 
 namespace dtrain::agent {
 namespace {
@@ -239,6 +241,36 @@ void removeStaleAgentFiles(const std::filesystem::path& dir) {
   removeStaleOwnedFiles(dir, {"dtrain-", "dtrain-result-"});
 }
 
+// A trainer job this host cannot hold is said before the rendezvous, as this node's error
+// (SpecError, "<spec>: <field>: this job needs about ... on this host ..."), as the launcher
+// says it for a local job: not as its workers' allocation failures, or the OOM killer's
+// SIGKILLs, after the launch, with a restart spent on each. The world is settled by the
+// rendezvous: taken as nnodes x this node's workers, this node's ranks from its hostfile
+// position (what a worker's estimate depends on: the layout of a pipeline's stages, rank 0's
+// extra copies), which is the job's when the hosts have equal slots.
+void checkNodeMemory(const spec::JobSpec& spec, const AgentOptions& opts, const train::Datasets& sets,
+                     const train::DataImage& image, const MemoryAvailability& available) {
+  const spec::TrainerSpec& t = *spec.trainer;
+  train::MemoryLayout l;
+  l.workers = spec.nproc_per_node;
+  l.world = std::max(1, opts.nnodes) * l.workers;
+  l.first_rank = std::max(0, opts.order) * l.workers;
+  if (l.workers < 1 || l.world % std::max(1, t.parallel.pipeline_stages) != 0) return;
+  try {
+    l.gpu = train::resolveDevice(t.device, 0, l.workers).cuda;
+  } catch (const SpecError&) {
+    return;  // (no device: that error is the workers', said by their own check)
+  }
+  if (t.data.type != "synthetic") {
+    l.data_rows = sets.train->size() + sets.eval->size();
+    l.data_shared = static_cast<bool>(image.fd);
+  }
+  l.eval_rows = static_cast<long long>(sets.eval->size());
+  // (the checkpoint is read on node 0 only)
+  l.checkpoint_to_read = opts.order == 0 && !t.checkpoint.dir.empty() && train::holdsCheckpointFiles(t.checkpoint.dir);
+  train::checkHostMemory(t, l, available, spec.source);
+}
+
 }  // namespace
 
 int runAgent(const AgentOptions& opts) {
@@ -377,14 +409,16 @@ int runAgent(const AgentOptions& opts) {
       // This host's data files, parsed once here for its workers (the data image), as the
       // launcher does for a local job: bad or missing data on this host is said now, as this
       // node's error, before the rendezvous, rather than by every worker after it.
-      if (spec.trainer->data.type != "synthetic") {
-        train::SharedDatasets parsed = train::openSharedDatasets(*spec.trainer, {}, opts.data_share);
-        dataImage = std::move(parsed.image);
-        if (!dataImage.problem.empty())
-          std::cerr << "warning: each worker on this host parses the data files itself: its agent could not share "
-                       "its parse ("
-                    << dataImage.problem << ")\n";
-      }
+      // (what is available is taken before the parse: the image it leaves is counted once
+      // as the workers' data, and a parse without one is gone before they start)
+      const MemoryAvailability availability = memoryAvailability();
+      train::SharedDatasets parsed = train::openSharedDatasets(*spec.trainer, {}, opts.data_share);
+      dataImage = std::move(parsed.image);
+      if (!dataImage.problem.empty())
+        std::cerr << "warning: each worker on this host parses the data files itself: its agent could not share "
+                     "its parse ("
+                  << dataImage.problem << ")\n";
+      if (opts.memory_check) checkNodeMemory(spec, opts, parsed.sets, dataImage, availability);
     } else if (!spec.command.empty()) {
       // The program must be one exec can run on this host: said once, as the job's error,
       // rather than as exit 127 from every rank here and a restart budget spent on it.

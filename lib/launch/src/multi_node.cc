@@ -367,6 +367,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   if (wait) args.push_back("--wait");
   if (result_.merged_output) args.push_back("--merge-output");
   if (!opts_.data_share) args.push_back("--no-data-share");
+  if (!opts_.memory_check) args.push_back("--no-memory-check");
   SpawnOptions so;
   so.env = envStrings(env_);
   so.stdin_pipe = true;

@@ -26,6 +26,9 @@ struct AgentOptions {
   // Make a data image of this host's data files for its workers (train/data.h): the
   // launcher's DTRAIN_DATA_SHARE, not this host's environment.
   bool data_share = true;
+  // Refuse a trainer job this host cannot hold before the rendezvous (the launcher's
+  // DTRAIN_MEMORY_CHECK, not this host's environment).
+  bool memory_check = true;
   // Give up when the store has been unreachable this long (the launcher is gone).
   double store_lost_s = 5;
 };

@@ -19,6 +19,9 @@ struct MultiNodeOptions {
   // Whether each node's agent makes a data image for its workers (the launcher's
   // DTRAIN_DATA_SHARE): passed to the agents, whose environment over ssh is not the launcher's.
   bool data_share = true;
+  // Whether each node's agent refuses a trainer job its host cannot hold (the launcher's
+  // DTRAIN_MEMORY_CHECK), passed on the same way.
+  bool memory_check = true;
 };
 
 // Raised when one or more hosts fail the pre-flight check; what() is a per-host table.
