@@ -461,6 +461,22 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     train::SharedDatasets parsed = train::openSharedDatasets(*s.trainer, stopIfSignalled, share && dataImage);
     const std::unique_ptr<train::Dataset>&trainSet = parsed.sets.train, &evalSet = parsed.sets.eval;
     if (dataImage) *dataImage = std::move(parsed.image);
+    // A pipe (mkfifo, a process substitution) is read once, here: only the data image can
+    // carry it to the workers, who would otherwise each wait for data that never comes.
+    // (validate and --dry-run read it once and start nothing)
+    if (const auto [pointer, path] = train::onceReadableDataFile(*s.trainer); !pointer.empty() && !runId.empty() && !a.dry_run) {
+      std::string why;
+      if (!s.nodes.empty())
+        why = "the hosts of a multi-node job each read the data files";
+      else if (!shareSwitch)
+        why = "with DTRAIN_DATA_SHARE=0 every worker reads the data files itself";
+      else if (dataImage && !dataImage->fd)
+        why = fmt::format("the launcher could not share its parse with the workers ({})", dataImage->problem);
+      if (!why.empty())
+        throw SpecError(fmt::format("{}: {}: \"{}\" is not a regular file (a pipe?) and can be read only once, and {}; "
+                                    "give a regular file",
+                                    s.source, pointer, path, why));
+    }
     if (dataImage && !dataImage->problem.empty())
       std::cerr << "dtrain: warning: each worker parses the data files itself: the launcher could not share its "
                    "parse (" << dataImage->problem << ")\n";

@@ -152,4 +152,23 @@ expect_grep "gz-images.idx3-ubyte.gz: not an idx3-ubyte images file \(magic 0x1f
 sed 's|t10k-labels|nope-labels|' "$T/idx.json" > "$T/missing.json"
 "$DTRAIN" run "$T/missing.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "missing file exits 2"
 expect_grep "/trainer/data/eval_labels_path: file \".*nope-labels.idx1-ubyte\" does not exist" "$T/err" "missing file named"
+# A data file that is a pipe is read once, by the launcher: a local job's workers get it
+# through the data image; where they would each read it again (DTRAIN_DATA_SHARE=0, several
+# hosts) the job is refused at once (exit 2), rather than workers waiting for rows for good.
+head -200 "$T/train.csv" > "$T/small.csv"
+mkfifo "$T/data.fifo"
+cat > "$T/fifo.json" <<JSON
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [4, 8, 3]}, "data": {"type": "csv", "path": "$T/data.fifo", "label_column": "label"},
+  "batch_size": 4, "epochs": 1, "log_every_steps": 1000}}
+JSON
+(cat "$T/small.csv" > "$T/data.fifo" &)
+timeout 60 "$DTRAIN" run "$T/fifo.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a pipe as the data file: the workers map the launcher's read"
+expect_grep "^\[rank 0\] trainer: data mapped from this host's data image" "$T/out" "a pipe as the data file: through the image"
+for how in share0 hosts; do
+  (cat "$T/small.csv" > "$T/data.fifo" &)
+  if [ $how = share0 ]; then DTRAIN_DATA_SHARE=0 timeout 60 "$DTRAIN" run "$T/fifo.json" >"$T/out" 2>"$T/err"
+  else timeout 60 "$DTRAIN" run "$T/fifo.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err"; fi
+  expect_eq "$?" 2 "a pipe as the data file, $how: exit 2"
+  expect_grep "^dtrain: error: $T/fifo.json: /trainer/data/path: \"$T/data.fifo\" is not a regular file \(a pipe\?\) and can be read only once, and .*; give a regular file$" "$T/err" "a pipe as the data file, $how: refused, naming it"
+done
 finish

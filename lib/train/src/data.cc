@@ -489,6 +489,12 @@ std::string fingerprint(const spec::TrainerSpec& t) {
     }
     struct stat st {};
     if (::stat(path->c_str(), &st) != 0) return "";
+    // (a pipe is read once, by the launcher: its times change as it is written, and no
+    // worker could read it again anyway)
+    if (!S_ISREG(st.st_mode)) {
+      f += fmt::format(";{}:{}:once", static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino));
+      continue;
+    }
     f += fmt::format(";{}:{}:{}:{}.{:09}:{}.{:09}", static_cast<unsigned long long>(st.st_dev),
                      static_cast<unsigned long long>(st.st_ino), static_cast<long long>(st.st_size),
                      static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec),
@@ -631,6 +637,21 @@ std::optional<Datasets> mapImage(int fd, const spec::TrainerSpec& t, const std::
 }
 
 }  // namespace
+
+std::pair<std::string, std::string> onceReadableDataFile(const spec::TrainerSpec& t) {
+  const auto& d = t.data;
+  if (d.type == "synthetic") return {};
+  const std::pair<const char*, const std::string*> files[] = {
+      {"/trainer/data/path", &d.path},
+      {"/trainer/data/labels_path", &d.labels_path},
+      {"/trainer/data/eval_path", &d.eval_path},
+      {"/trainer/data/eval_labels_path", &d.eval_labels_path}};
+  for (const auto& [pointer, path] : files) {
+    struct stat st {};
+    if (!path->empty() && ::stat(path->c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return {pointer, *path};
+  }
+  return {};
+}
 
 bool dataShareEnabled() { return envSwitch("DTRAIN_DATA_SHARE").value_or(true); }
 

@@ -63,6 +63,10 @@ struct SharedDatasets {
 // refused, no memory) is no error: image.problem says why, and the workers parse the files.
 SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll = {},
                                   bool makeImage = true);
+// The JSON path and name of the first of the spec's data files that is not a regular file (a
+// pipe, a process substitution): it can be read once, so only through the launcher's image;
+// empty when all are regular files (or the data is synthetic).
+std::pair<std::string, std::string> onceReadableDataFile(const spec::TrainerSpec& t);
 // Whether `dtrain run` makes a data image for its local workers: yes unless DTRAIN_DATA_SHARE
 // is 0 (also off, false, no); throws SpecError for another value.
 bool dataShareEnabled();
