@@ -67,7 +67,9 @@ comm::BenchOptions benchOptions(comm::Collective c) {
                                   flag, given, comm::name(o.dtype), es, es));
   if (a.factor < 2) throw SpecError(fmt::format("-f/--stepfactor: expected an integer >= 2, got {}", a.factor));
   if (a.factor > (1u << 20)) throw SpecError(fmt::format("-f/--stepfactor: expected an integer from 2 to 1048576, got {}", a.factor));
-  if (a.iters < 1 || a.warmup < 0) throw SpecError("-n must be >= 1 and -w >= 0");
+  if (a.iters < 1) throw SpecError(fmt::format("-n/--iters: expected an integer >= 1, got {}", a.iters));
+  if (a.warmup < 0) throw SpecError(fmt::format("-w/--warmup_iters: expected an integer >= 0, got {}", a.warmup));
+  (void)envSwitch("DTRAIN_COMM_SHM");  // (its ranks read it: said once, here)
   if (a.backend != "tcp" && a.backend != "nccl")
     throw SpecError(fmt::format("--backend: expected tcp or nccl, got \"{}\"", a.backend));
   if (!(a.timeout_s > 0 && a.timeout_s <= 86400.0 * 365))

@@ -413,6 +413,9 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
                                 a.verb));
   }
   if (jobName) *jobName = s.name;
+  // dtrain's own switches, read here, by agents or by workers: a bad value is said now, once,
+  // not by every worker after the launch.
+  for (const char* v : {"DTRAIN_COMM_SHM", "DTRAIN_DATA_SHARE", "DTRAIN_MEMORY_CHECK"}) (void)envSwitch(v);
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
   if (!a.hosts.empty()) a.overrides.hosts = a.hosts;

@@ -75,6 +75,12 @@ expect_grep "fd=unset$" "$T/out" "an outer DTRAIN_DATA_FD is not passed on"
 DTRAIN_DATA_SHARE=maybe "$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "DTRAIN_DATA_SHARE=maybe exits 2"
 expect_grep 'DTRAIN_DATA_SHARE="maybe": expected 0 or 1' "$T/err" "DTRAIN_DATA_SHARE=maybe: said"
+# dtrain's other switches too, before any worker starts (the workers read DTRAIN_COMM_SHM).
+for v in DTRAIN_COMM_SHM DTRAIN_MEMORY_CHECK; do
+  env $v=maybe "$DTRAIN" run "$T/idx.json" >"$T/out" 2>"$T/err"
+  expect_eq "$?" 2 "$v=maybe exits 2"
+  expect_eq "$(cat "$T/err")" "dtrain: error: $v=\"maybe\": expected 0 or 1 (also off/on, false/true, no/yes)" "$v=maybe: one line, before the launch"
+done
 # Bad data: refused with file:line and column, exit 2, nothing started.
 sed "s|train.csv|bad.csv|" "$T/csv.json" > "$T/bad.json"
 "$DTRAIN" run "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bad csv exits 2"

@@ -248,6 +248,20 @@ TEST(MemoryEstimate, TheLaunchRefusesWhatTheHostCannotHold) {
   EXPECT_GT(memoryAvailability().host_available, 0u) << "MemAvailable in /proc/meminfo";
 }
 
+TEST(MemoryEstimate, TheCheckSwitchTakesTheUsualSpellings) {
+  ::unsetenv("DTRAIN_MEMORY_CHECK");
+  EXPECT_TRUE(memoryCheckEnforced());
+  for (const char* off : {"0", "off", "false", "no"}) {
+    ::setenv("DTRAIN_MEMORY_CHECK", off, 1);
+    EXPECT_FALSE(memoryCheckEnforced()) << off;
+  }
+  ::setenv("DTRAIN_MEMORY_CHECK", "1", 1);
+  EXPECT_TRUE(memoryCheckEnforced());
+  ::setenv("DTRAIN_MEMORY_CHECK", "maybe", 1);
+  EXPECT_THROW(memoryCheckEnforced(), SpecError);
+  ::unsetenv("DTRAIN_MEMORY_CHECK");
+}
+
 TEST(MemoryEstimate, ACgroupLimitIsNamedWhenItBinds) {
   MemoryAvailability a = hostWith(2ull << 30);
   a.host_available = 20ull << 30;

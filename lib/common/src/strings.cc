@@ -87,8 +87,11 @@ std::vector<std::string> split(std::string_view s, char sep) {
 
 std::optional<bool> envSwitch(const char* name) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return std::nullopt;
-  const std::string s = v;
+  return parseSwitch(name, v ? v : "");
+}
+
+std::optional<bool> parseSwitch(const std::string& name, const std::string& s) {
+  if (s.empty()) return std::nullopt;
   if (s == "0" || s == "off" || s == "false" || s == "no") return false;
   if (s == "1" || s == "on" || s == "true" || s == "yes") return true;
   throw SpecError(fmt::format("{}=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", name, s));

@@ -110,6 +110,24 @@ std::string envNameProblem(const std::string& name) {
 
 // A worker identity variable given by the job: the problem and the fix, "" for other names.
 std::string identityProblem(const std::string& name) {
+  // dtrain's own wiring of a worker to this run: a value from the job would connect every
+  // worker to another store, run or round (a trainer's store login fails; a port that
+  // answers nothing waits out its timeout).
+  static const std::map<std::string, std::string> kRunVars = {
+      {"DTRAIN_STORE_ADDR", "the address of this run's store"},
+      {"DTRAIN_STORE_PORT", "the port of this run's store"},
+      {"DTRAIN_STORE_TOKEN", "this run's secret for its store"},
+      {"DTRAIN_RUN_ID", "this run's id"},
+      {"DTRAIN_ROUND", "the rendezvous round"},
+      {"DTRAIN_RESTART_COUNT", "the restarts so far"},
+      {"DTRAIN_NODE_RANK", "the rank of the worker's node"},
+      {"DTRAIN_NNODES", "the number of nodes"},
+      {"DTRAIN_DATA_FD", "the descriptor of the launcher's data image"},
+  };
+  if (const auto run = kRunVars.find(name); run != kRunVars.end())
+    return fmt::format("{} is set by dtrain for every worker ({}), and a value here would replace it in all of them; "
+                       "remove it",
+                       name, run->second);
   const std::string what = workerIdentityVar(name);
   if (what.empty()) return "";
   return fmt::format("{} is set by dtrain for every worker ({}, from the job's layout), and a value here would "
@@ -136,7 +154,17 @@ std::string masterOverrideWarning(const std::string& where, const std::string& n
 // MASTER_PORT given by the job must be a port the workers' process group can use: an integer
 // 1..65535 in decimal (torch reads it with int(); 99999 or "notaport" only failed in every
 // worker, after the launch). The problem and the fix, "" when fine or for other names.
-std::string masterPortProblem(const std::string& name, const std::string& value) {
+// Also DTRAIN_COMM_SHM, dtrain's switch its workers read: 0 or 1 (and the other spellings
+// envSwitch takes), said here rather than by every worker after the launch.
+std::string envValueProblem(const std::string& name, const std::string& value) {
+  if (name == "DTRAIN_COMM_SHM") {
+    try {
+      (void)parseSwitch(name, value);
+    } catch (const SpecError& e) {
+      return e.what();
+    }
+    return "";
+  }
   if (name != "MASTER_PORT") return "";
   const bool digits = !value.empty() && value.size() <= 5 && value.find_first_not_of("0123456789") == std::string::npos;
   if (digits && std::stoi(value) >= 1 && std::stoi(value) <= 65535) return "";
@@ -894,7 +922,7 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
       if (auto problem = envNameProblem(it.key()); !problem.empty()) c.fail(p, problem);
       if (auto problem = identityProblem(it.key()); !problem.empty()) c.fail(p, problem);
       spec.env[it.key()] = c.str(it.value(), p);
-      if (auto problem = masterPortProblem(it.key(), spec.env[it.key()]); !problem.empty()) c.fail(p, problem);
+      if (auto problem = envValueProblem(it.key(), spec.env[it.key()]); !problem.empty()) c.fail(p, problem);
       if (auto w = masterOverrideWarning(source + ": " + p, it.key(), spec.env[it.key()]); !w.empty())
         spec.warnings[it.key()] = w;
     }
@@ -1009,7 +1037,7 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
     std::map<std::string, int> lineOf;
     for (auto& [k, v] : parseEnvFile(f.text, spec.env_file, &lineOf)) {
       if (!spec.env.emplace(k, v).second) continue;
-      if (auto problem = masterPortProblem(k, v); !problem.empty())
+      if (auto problem = envValueProblem(k, v); !problem.empty())
         throw SpecError(fmt::format("{}:{}: {}", spec.env_file, lineOf[k], problem));
       if (auto w = masterOverrideWarning(fmt::format("{}:{}", spec.env_file, lineOf[k]), k, v); !w.empty())
         spec.warnings[k] = w;
@@ -1105,7 +1133,7 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     if (auto it = givenEnv.find(name); it != givenEnv.end() && it->second != value)
       spec.warnings["--env twice: " + name] =
           fmt::format("--env {} is given twice, with different values; the last one is used", name);
-    if (auto problem = masterPortProblem(name, value); !problem.empty()) throw SpecError("--env: " + problem);
+    if (auto problem = envValueProblem(name, value); !problem.empty()) throw SpecError("--env: " + problem);
     givenEnv[name] = value;
     spec.env[name] = value;
     spec.warnings.erase(name);  // --env wins: its line, not the spec's

@@ -320,9 +320,6 @@ MemoryEstimate checkHostMemory(const spec::TrainerSpec& t, const MemoryLayout& l
                   formatBytes(available.bytes), available.describe(), memoryFix(t, e.field, l)));
 }
 
-bool memoryCheckEnforced() {
-  const char* check = std::getenv("DTRAIN_MEMORY_CHECK");
-  return !(check && std::string(check) == "0");
-}
+bool memoryCheckEnforced() { return envSwitch("DTRAIN_MEMORY_CHECK").value_or(true); }
 
 }  // namespace dtrain::train

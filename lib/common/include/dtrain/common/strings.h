@@ -37,6 +37,8 @@ std::string formatBytes(uint64_t bytes);
 // 1/on/true/yes; nullopt when unset or empty. Throws SpecError naming the variable and the
 // accepted values for anything else.
 std::optional<bool> envSwitch(const char* name);
+// The same for a value given elsewhere (a job spec's env): `name`=`value`.
+std::optional<bool> parseSwitch(const std::string& name, const std::string& value);
 
 // Quotes an argv word for display in a shell-like way, only when needed.
 std::string shellQuote(std::string_view word);

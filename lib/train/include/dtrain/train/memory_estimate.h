@@ -93,8 +93,8 @@ std::string memoryFix(const spec::TrainerSpec& t, const std::string& field, cons
 std::string describeWorkerMemory(const WorkerMemory& w);
 
 // Whether the launch refuses a job over the available memory: yes unless DTRAIN_MEMORY_CHECK=0
-// (a host that swaps, or whose MemAvailable undercounts what the job may take), where the
-// estimate is said, not enforced.
+// (also off, false, no: a host that swaps, or whose MemAvailable undercounts what the job may
+// take), where the estimate is said, not enforced. Throws SpecError for another value.
 bool memoryCheckEnforced();
 
 }  // namespace dtrain::train
