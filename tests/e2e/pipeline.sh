@@ -33,6 +33,14 @@ print(" ".join(sorted(set(out))))
 PY
 expect_eq "$(cat "$T/tcheck")" "True True True True True" "DTRAIN_TRACE_DIR: a Chrome trace per rank with every micro-batch and transfer"
 expect_grep "trainer: 4 workers = 2 replicas x 2 pipeline stages" "$T/out" "layout reported"
+# A trace directory nobody can write in is said at the start (exit 2, no restart), not after
+# the training, whose result it used to take with it.
+start=$(date +%s)
+DTRAIN_TRACE_DIR=/proc/1 "$DTRAIN" run "$T/pipe.json" --max-restarts 2 >"$T/tout" 2>"$T/terr"
+expect_eq "$?" 2 "DTRAIN_TRACE_DIR not writable: exit 2"
+expect_grep "DTRAIN_TRACE_DIR: cannot write in \"/proc/1\": .*; give a directory this user can write in, or unset DTRAIN_TRACE_DIR" "$T/terr" "DTRAIN_TRACE_DIR not writable: named, with the fix"
+expect_no_grep "step 20/60" "$T/tout" "DTRAIN_TRACE_DIR not writable: refused before training"
+expect_no_grep "event restart" "$T/terr" "DTRAIN_TRACE_DIR not writable: no restart"
 expect_grep "^\[rank 0\] epoch 1/1 step 20/60 loss [0-9.]+ acc [0-9.]+% [0-9]+ samples/s stage ms [0-9.]+/[0-9.]+ bubble [0-9.]+% eta " "$T/out" "progress lines with stage timing and bubble"
 expect_grep "^\[rank 0\] pipeline: 2 stages, compute ms/step per stage [0-9.]+/[0-9.]+, bubble fraction 0\.[0-9]+" "$T/out" "pipeline summary line"
 python3 - "$T/sum.json" "$T/out" >"$T/check" <<'PY2'

@@ -266,12 +266,28 @@ class CpuStage final : public StageMath {
 // thread-safe; one per rank.
 class Trace {
  public:
-  // Creates the file's directory now, so a bad path fails before training, not after.
+  // Creates the file's directory and tries a write there now, so a bad DTRAIN_TRACE_DIR is
+  // said before training (SpecError: the worker's exit 2), not after it, with its result.
   Trace(std::string path, int rank, std::string label) : path_(std::move(path)), rank_(rank), label_(std::move(label)) {
     if (path_.empty()) return;
+    const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
     std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
-    if (ec) throw IoError(fmt::format("trace: cannot create the directory of {}: {}", path_, ec.message()));
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      throw SpecError(fmt::format("DTRAIN_TRACE_DIR: cannot create the directory \"{}\": {}; give a directory this "
+                                  "user can write in, or unset DTRAIN_TRACE_DIR",
+                                  dir.string(), ec.message()));
+    const std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      if (!f || !f.flush()) {
+        const int err = errno;
+        throw SpecError(fmt::format("DTRAIN_TRACE_DIR: cannot write in \"{}\": {}; give a directory this user can "
+                                    "write in, or unset DTRAIN_TRACE_DIR",
+                                    dir.string(), std::strerror(err ? err : EIO)));
+      }
+    }
+    std::remove(tmp.c_str());
   }
   bool enabled() const { return !path_.empty(); }
   // Records only while on (the traced steps).
@@ -280,9 +296,10 @@ class Trace {
   void add(const char* name, int micro, long long step, Clock::time_point b, Clock::time_point e) {
     if (on_) events_.push_back({name, micro, step, b, e});
   }
-  // Writes the file (temporary, then rename: a reader never sees half of it).
-  void write() const {
-    if (!enabled() || events_.empty()) return;
+  // Writes the file (temporary, then rename: a reader never sees half of it). The problem, ""
+  // when written: no reason to lose the run's result, which follows (the caller warns).
+  std::string write() const {
+    if (!enabled() || events_.empty()) return "";
     auto us = [](Clock::time_point t) {
       return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
     };
@@ -304,9 +321,18 @@ class Trace {
     {
       std::ofstream f(tmp, std::ios::trunc);
       f << out;
-      if (!f.flush()) throw IoError(fmt::format("trace: cannot write {}", tmp));
+      if (!f.flush()) {
+        const int err = errno;
+        std::remove(tmp.c_str());
+        return fmt::format("trace: cannot write {}: {}; no trace of this rank", tmp, std::strerror(err ? err : EIO));
+      }
     }
-    if (std::rename(tmp.c_str(), path_.c_str()) != 0) throw IoError(fmt::format("trace: cannot write {}", path_));
+    if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+      const int err = errno;
+      std::remove(tmp.c_str());
+      return fmt::format("trace: cannot write {}: {}; no trace of this rank", path_, std::strerror(err));
+    }
+    return "";
   }
 
  private:
@@ -1080,7 +1106,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
     }
   }
   trace.setOn(false);
-  trace.write();
+  if (const std::string problem = trace.write(); !problem.empty()) opts.warning(problem);
   result.steps = step;
   result.steps_run = step - firstStep;
   result.samples_per_s = progress.samplesPerSecond(step);
