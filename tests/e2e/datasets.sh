@@ -107,6 +107,17 @@ expect_grep 'is not a number \("\\"1\\""\)|is not a number \(""1""\); quoted cel
 printf 'f1,f2,lab\0el,f3,f4\n1,2,0,3,4\n' > "$T/bad.csv"
 "$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "NUL in the header: exit 2"
 expect_grep 'it has "f1", "f2", "lab\\x00el", "f3", "f4"\); set /trainer/data/label_column to one of them' "$T/err" "NUL in the header: escaped, the message whole"
+# A NUL inside a cell (strtod stopped there: "1\0zz" read as 1), two columns of the label's
+# name (the last one was taken, the first trained on as a feature), CR-only line ends.
+printf 'f1,f2,label,f3,f4\n1\0zz,2,0,3,4\n' > "$T/bad.csv"
+"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "NUL in a cell: exit 2"
+expect_grep 'bad.csv:2: column 0 \(0-based, as /trainer/data/label_column counts\) is not a number \("1\\x00zz"\)$' "$T/err" "NUL in a cell: named"
+printf 'f1,label,f3,f4,label\n1,2,0,3,1\n' > "$T/bad.csv"
+"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "two label columns: exit 2"
+expect_grep 'bad.csv:1: two columns are named "label" \(columns 1 and 4, 0-based\): which is the label is not clear; rename one' "$T/err" "two label columns: said"
+printf 'f1,f2,label,f3,f4\r1,2,0,3,4\r' > "$T/bad.csv"
+"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "CR line ends: exit 2"
+expect_grep "bad.csv:1: the lines end with a carriage return alone \(CR, not LF or CRLF\): convert the file" "$T/err" "CR line ends: said, with the fix"
 sed 's|"layers": \[4, 32, 3\]|"layers": [4, 32, 3], "loss": "mse"|' "$T/csv.json" > "$T/mse3.json"
 "$DTRAIN" validate "$T/mse3.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "mse with 3 outputs on csv: exit 2"
 expect_grep "^dtrain: error: .*mse3.json: /trainer/model/layers: ends with 3 outputs, but csv data has one target column: mse regression needs an output width of 1" "$T/err" "mse with 3 outputs: the field and the fix"

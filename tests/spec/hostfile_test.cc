@@ -374,6 +374,7 @@ TEST(EnvFile, Errors) {
   EXPECT_EQ(err("A=1\nB=caf\xE9\n"), "vars.env:2: the line is not valid UTF-8; save the file as UTF-8");
   EXPECT_EQ(parseEnvFile("B=caf\xC3\xA9\n", "vars.env").at("B"), "caf\xC3\xA9");
   EXPECT_EQ(err("A=\"open\n"), "vars.env:1: unterminated quote in the value of A; values are one line: close the double quote");
+  EXPECT_EQ(err("A=x\nB=1\nexport A=y\n"), "vars.env:3: A is set again (first on line 1); keep one of the two lines");
 }
 
 // RANK and the other identity variables are dtrain's to set, per worker: a job setting one

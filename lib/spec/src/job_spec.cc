@@ -823,6 +823,7 @@ std::string workerIdentityVar(const std::string& name) {
 std::map<std::string, std::string> parseEnvFile(const std::string& text, const std::string& source,
                                                 std::map<std::string, int>* lineOf) {
   std::map<std::string, std::string> env;
+  std::map<std::string, int> firstLine;
   std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);  // without a UTF-8 BOM
   std::string line;
   int lineNo = 0;
@@ -851,6 +852,10 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
                          value[0] == '"' ? "double" : "single"));
       value = value.substr(1, value.size() - 2);
     }
+    // (one value per name, as the spec's JSON keys: the later line silently won)
+    if (const auto first = firstLine.find(key); first != firstLine.end())
+      fail(fmt::format("{} is set again (first on line {}); keep one of the two lines", key, first->second));
+    firstLine[key] = lineNo;
     env[key] = value;
     if (lineOf) (*lineOf)[key] = lineNo;
   }
@@ -862,6 +867,13 @@ namespace {
 // parseJobSpec, with the job's name in `name` as soon as it is read.
 JobSpec parseJobSpecReadingName(const std::string& text, const std::string& source, std::string& name) {
   Checker c(source);
+  // (the JSON parser would stop at a NUL and take the text before it for the whole spec)
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    auto [line, col] = lineColumn(text, nul + 1);  // (1-based, as the parser's positions)
+    throw SpecError(fmt::format("{}:{}:{}: invalid JSON: a NUL byte; a job spec is text: remove it, and what follows it if "
+                                "that is not part of the spec",
+                                source, line, col));
+  }
   json root;
   try {
     root = parseRefusingDuplicateKeys(text, c);
@@ -891,11 +903,16 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
   if (root.contains("name")) {
     spec.name = c.str(root["name"], "/name", false);
     // The name is part of one-line messages and summaries read by scripts and terminals.
-    for (unsigned char ch : spec.name)
-      if (ch < 0x20 || ch == 0x7f)
+    // (C1 controls too, U+0080..U+009F: UTF-8 C2 80..C2 9F; a terminal takes U+009B as CSI)
+    for (size_t i = 0; i < spec.name.size(); ++i) {
+      const unsigned char ch = static_cast<unsigned char>(spec.name[i]);
+      const unsigned char next = i + 1 < spec.name.size() ? static_cast<unsigned char>(spec.name[i + 1]) : 0;
+      const bool c1 = ch == 0xc2 && next >= 0x80 && next <= 0x9f;
+      if (ch < 0x20 || ch == 0x7f || c1)
         c.fail("/name", fmt::format("contains the control character U+{:04X}; a job name appears in one-line messages "
                                     "and on terminals: use printable characters",
-                                    static_cast<unsigned>(ch)));
+                                    c1 ? static_cast<unsigned>(next) : static_cast<unsigned>(ch)));
+    }
   }
   name = spec.name;
 

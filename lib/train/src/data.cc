@@ -232,12 +232,22 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
     if (!std::getline(in, line)) throw SpecError(fmt::format("{}: empty file; expected a header line", path));
     ++lineNo;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // Old Mac line ends (CR alone): the whole file reads as one header line.
+    if (line.find('\r') != std::string::npos)
+      throw SpecError(fmt::format("{}:1: the lines end with a carriage return alone (CR, not LF or CRLF): convert the "
+                                  "file (tr '\\r' '\\n')",
+                                  path));
     auto names = split(line, ',');
     columns = static_cast<int>(names.size());
     if (!lcIsIndex) {
       std::string found;
       for (int i = 0; i < columns; ++i) {
         const std::string n = trim(names[static_cast<size_t>(i)]);
+        if (n == lc && labelCol >= 0)
+          throw SpecError(fmt::format("{}:1: two columns are named \"{}\" (columns {} and {}, 0-based): which is the "
+                                      "label is not clear; rename one, or set /trainer/data/label_column to a 0-based "
+                                      "column index",
+                                      path, oneLine(lc), labelCol, i));
         if (n == lc) labelCol = i;
         if (i < 12) found += fmt::format("{}\"{}\"", i ? ", " : "", shownCell(n));
       }
@@ -305,7 +315,8 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
         const std::string cell(b, e);
         char* end = nullptr;
         v = std::strtod(cell.c_str(), &end);
-        if (cell.empty() || end == cell.c_str() || *end != '\0')
+        // (a NUL inside the cell would end strtod's string there: "1\0zzz" read as 1)
+        if (cell.empty() || end == cell.c_str() || *end != '\0' || cell.find('\0') != std::string::npos)
           throw SpecError(fmt::format("{}:{}: column {} (0-based, as /trainer/data/label_column counts) is not a number "
                                       "(\"{}\"){}",
                                       path, lineNo, i, shownCell(cell),
