@@ -63,6 +63,11 @@ expect_grep "^env: +TRACKING=https://alice:\(hidden\)@mlflow.example.com:5000/ap
 expect_grep "^env: +DATA=/data/imagenet$" "$T/out" "a path is shown"
 expect_grep "^env: +SHA=0123456789abcdef0123456789abcdef$" "$T/out" "a hash is shown (nothing hidden by entropy alone)"
 grep -q "s3cr3t\|hf_abc\|ghp_0123\|AKIAIOSF" "$T/out" "$T/err" && fail "validate printed a secret value" || pass "no credential-format value printed"
+# Credentials given as arguments are hidden the same way; the rest of the command is shown.
+"$DTRAIN" validate -- python3 train.py --token=ghp_abcdefghijklmnopqrstuvwxyz https://a:pw@db.example.com/x \
+  --api-key s3cr3t --key-file /keys/k hf_abcdefghijklmnopqrstuvwxyz0123 --lr 0.1 >"$T/out" 2>"$T/err"
+expect_eq "$(grep '^command:' "$T/out")" "command:            python3 train.py --token=(hidden: 30 characters) https://a:(hidden)@db.example.com/x --api-key (hidden: 6 characters) --key-file /keys/k (hidden: 33 characters, a credential's format) --lr 0.1" \
+  "validate hides credentials in the command's arguments, shows the rest"
 "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
 expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
 # auto without GPUs = usable CPU cores (CUDA_VISIBLE_DEVICES hides any).

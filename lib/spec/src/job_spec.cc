@@ -1607,10 +1607,43 @@ static std::string shownEnvValue(const std::string& name, const std::string& v) 
   return v;
 }
 
+// A command's words as validate shows them: a credential passed as an argument is hidden like
+// an env value: by its format (hf_..., a URL's password), as --token=VALUE, or as the word
+// after an option named for one (--api-key VALUE; not --key-file PATH: a path is no secret).
+static std::vector<std::string> shownCommand(const std::vector<std::string>& command) {
+  auto secretOption = [](const std::string& w) {
+    if (w.size() < 2 || w[0] != '-') return false;
+    std::string upper;
+    for (char ch : w) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
+    for (const char* notSecret : {"FILE", "PATH", "DIR"})
+      if (upper.find(notSecret) != std::string::npos) return false;
+    return looksSecret(w);
+  };
+  std::vector<std::string> out;
+  bool hideNext = false;
+  for (const auto& a : command) {
+    std::string shown = a;
+    const size_t eq = a.find('=');
+    if (hideNext && !(a.size() > 1 && a[0] == '-')) {
+      shown = fmt::format("(hidden: {} characters)", a.size());
+    } else if (eq != std::string::npos && secretOption(a.substr(0, eq))) {
+      shown = a.substr(0, eq + 1) + fmt::format("(hidden: {} characters)", a.size() - eq - 1);
+    } else if (looksSecretValue(a) || (eq != std::string::npos && looksSecretValue(a.substr(eq + 1)))) {
+      shown = eq != std::string::npos && !looksSecretValue(a)
+                  ? a.substr(0, eq + 1) + fmt::format("(hidden: {} characters, a credential's format)", a.size() - eq - 1)
+                  : fmt::format("(hidden: {} characters, a credential's format)", a.size());
+    } else if (std::string url = withoutUrlPassword(a); !url.empty()) {
+      shown = url;
+    }
+    hideNext = eq == std::string::npos && secretOption(a);
+    out.push_back(shown == a ? shellQuote(a) : shown);
+  }
+  return out;
+}
+
 std::string describe(const JobSpec& spec) {
   std::ostringstream os;
-  std::vector<std::string> argv;
-  for (const auto& a : spec.command) argv.push_back(shellQuote(a));
+  const std::vector<std::string> argv = shownCommand(spec.command);
   os << fmt::format("name:               {}\n", spec.name);
   os << fmt::format("command:            {}\n", fmt::join(argv, " "));
   os << fmt::format("cwd:                {}\n", spec.cwd.empty() ? "(current directory)" : spec.cwd);
