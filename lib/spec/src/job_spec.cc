@@ -896,7 +896,6 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
     throw SpecError(fmt::format("{}: invalid JSON: {}; fix the file's JSON syntax", source, stripJsonPrefix(e.what())));
   }
   if (!root.is_object()) c.fail("/", fmt::format("expected a JSON object at the top level, got {}", typeName(root)));
-  c.checkKeys(root, "", kTopKeys);
 
   JobSpec spec;
   spec.source = source;
@@ -915,6 +914,8 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
     }
   }
   name = spec.name;
+  // (after the name: a summary of a spec refused for an unknown key still names its job)
+  c.checkKeys(root, "", kTopKeys);
 
   bool hasTrainer = root.contains("trainer");
   if (hasTrainer && root.contains("command"))
