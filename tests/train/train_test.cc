@@ -629,6 +629,20 @@ TEST(Checkpoint, WriteReadsBackAndAFailedWriteLeavesNoPartialFile) {
   loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("corrupt (checksum mismatch)"), std::string::npos) << warnings[0];
+  // Intact, but its header out of range (a step below 0, a world of -3): not resumed from.
+  for (const auto& [step, world] : {std::pair<long long, long long>{-5, 2}, {99, -3}, {1ll << 62, 2}}) {
+    std::string fields(5 * 8, '\0');
+    std::memcpy(&fields[8], &step, 8);
+    std::memcpy(&fields[32], &world, 8);
+    fields += std::string(16, '\0');  // (no parameters, no optimizer state)
+    std::ofstream(dir + "/ckpt-0000000099.bin", std::ios::binary | std::ios::trunc) << testing::checkpointFileBytes(fields);
+    warnings.clear();
+    kept = loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
+    ASSERT_TRUE(kept);
+    EXPECT_EQ(kept->step, 11);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("is malformed (step " + std::to_string(step)), std::string::npos) << warnings[0];
+  }
 }
 
 TEST(Data, CsvCellsReadAsStrtodReadsThem) {

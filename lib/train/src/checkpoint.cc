@@ -329,6 +329,10 @@ std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = 
       return "corrupt (checksum mismatch)";
   }
   if (!ok) return "malformed";
+  // (a header with a valid checksum is still not trusted: a step below 0 or beyond any run
+  // would name files "ckpt--000000001.bin" or pass for a completed job)
+  if (s.step < 0 || s.step > (1ll << 53) || s.epoch < 0 || s.epoch > (1ll << 53) || s.world < 1 || s.world > (1ll << 24))
+    return fmt::format("malformed (step {}, epoch {}, world size {}: out of range)", s.step, s.epoch, s.world);
   size_t p = 0;
   uint64_t parts = 0;
   ok = rest.empty() || (get(std::string_view(rest), p, parts) && parts <= 64);
