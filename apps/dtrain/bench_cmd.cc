@@ -1,19 +1,18 @@
 #include "bench_cmd.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <new>
 #include <tuple>
-#include <iostream>
-
-#include <fmt/format.h>
 
 #include "dtrain/comm/bench.h"
 #include "dtrain/comm/communicator.h"
@@ -22,10 +21,10 @@
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
 #include "dtrain/launch/output.h"
-#include "output_file.h"
-#include "version.h"
 #include "dtrain/launch/plan.h"
 #include "dtrain/spec/job_spec.h"
+#include "output_file.h"
+#include "version.h"
 
 namespace dtrain::app {
 namespace {
@@ -35,6 +34,8 @@ struct BenchArgs {
   std::string nproc = "2";
   std::string backend = "tcp";
   std::string minBytes = "4K", maxBytes = "64M";
+  // (as text: parseIntFlag says which flag and its range, where CLI11 said "Could not convert")
+  std::string factorText = "2", itersText = "20", warmupText = "5";
   size_t factor = 2;
   int iters = 20, warmup = 5;
   std::string dtype = "float", op = "sum";
@@ -59,16 +60,16 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   // A size below one element measures nothing: -e 3 with floats was an empty table, "OK" and
   // exit 0 (and -b 3 quietly started at 4).
   const size_t es = comm::elementSize(o.dtype);
-  for (const auto& [flag, given, bytes] : {std::tuple{"-b/--minbytes", a.minBytes, o.min_bytes},
-                                           std::tuple{"-e/--maxbytes", a.maxBytes, o.max_bytes}})
+  for (const auto& [flag, given, bytes] :
+       {std::tuple{"-b/--minbytes", a.minBytes, o.min_bytes}, std::tuple{"-e/--maxbytes", a.maxBytes, o.max_bytes}})
     if (bytes < es)
-      throw SpecError(fmt::format("{}: {} is less than one {} ({} bytes), the smallest size measured; give {} or "
-                                  "more",
-                                  flag, given, comm::name(o.dtype), es, es));
-  if (a.factor < 2) throw SpecError(fmt::format("-f/--stepfactor: expected an integer >= 2, got {}", a.factor));
-  if (a.factor > (1u << 20)) throw SpecError(fmt::format("-f/--stepfactor: expected an integer from 2 to 1048576, got {}", a.factor));
-  if (a.iters < 1) throw SpecError(fmt::format("-n/--iters: expected an integer >= 1, got {}", a.iters));
-  if (a.warmup < 0) throw SpecError(fmt::format("-w/--warmup_iters: expected an integer >= 0, got {}", a.warmup));
+      throw SpecError(
+          fmt::format("{}: {} is less than one {} ({} bytes), the smallest size measured; give {} or "
+                      "more",
+                      flag, given, comm::name(o.dtype), es, es));
+  a.factor = static_cast<size_t>(parseIntFlag("-f/--stepfactor", a.factorText, 2, 1 << 20));
+  a.iters = parseIntFlag("-n/--iters", a.itersText, 1, 1000000000);
+  a.warmup = parseIntFlag("-w/--warmup_iters", a.warmupText, 0, 1000000000);
   (void)envSwitch("DTRAIN_COMM_SHM");  // (its ranks read it: said once, here)
   if (a.backend != "tcp" && a.backend != "nccl")
     throw SpecError(fmt::format("--backend: expected tcp or nccl, got \"{}\"", a.backend));
@@ -112,7 +113,8 @@ int worker(comm::Collective c) {
     o.corrupt_rank = static_cast<int>(parseInteger(corrupt, "DTRAIN_DEBUG_BENCH_CORRUPT", 0, 1 << 20));
   // Across hosts, each host's ranks check their own memory (the launcher checked its own).
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-  if (auto problem = comm::benchMemoryProblem(o, lws ? std::atoi(lws) : 1, comm::physicalMemoryBytes()); !problem.empty())
+  if (auto problem = comm::benchMemoryProblem(o, lws ? std::atoi(lws) : 1, comm::physicalMemoryBytes());
+      !problem.empty())
     throw SpecError(problem);
   comm::CommOptions co;
   co.backend = a.backend;
@@ -147,7 +149,8 @@ int worker(comm::Collective c) {
   for (const auto& r : rows) wrong += r.wrong;
   if (printer) {
     std::cout << comm::formatBenchFooter(rows) << std::flush;
-    if (!a.json.empty()) writeBenchJson(a.json, comm::benchJson(rows, o, comm->size(), comm->backend(), transport, true));
+    if (!a.json.empty())
+      writeBenchJson(a.json, comm::benchJson(rows, o, comm->size(), comm->backend(), transport, true));
   }
   // Rank 0 holds every rank's count (summed) and reports it; were the other ranks to exit 1
   // too, the first of them would have the launcher stop rank 0 before its footer and final
@@ -165,15 +168,17 @@ int launch(comm::Collective c, CLI::App* sub) {
     if (!o || o->count() == 0) continue;
     const auto& given = o->results();
     if (std::any_of(given.begin(), given.end(), [](const std::string& v) { return v.empty(); }))
-      throw SpecError(fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name));
+      throw SpecError(
+          fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name));
   }
   // NCCL is checked here, once, rather than by every rank after the launch. Multi-node
   // pre-flight requires the same build on every host, so a CPU build is refused for all;
   // GPUs are counted here for local ranks (each remote host's ranks find their own).
   if (a.backend == "nccl") {
 #ifndef DTRAIN_HAVE_CUDA
-    throw SpecError("--backend: nccl needs a CUDA build of dtrain, and this is a CPU build (dtrain --version says "
-                    "which); use --backend tcp");
+    throw SpecError(
+        "--backend: nccl needs a CUDA build of dtrain, and this is a CPU build (dtrain --version says "
+        "which); use --backend tcp");
 #endif
   }
   if (!a.json.empty() && a.hostfile.empty() && a.hosts.empty()) {
@@ -184,16 +189,35 @@ int launch(comm::Collective c, CLI::App* sub) {
   if (c != comm::Collective::kAllreduce) {
     const CLI::Option* o = sub->get_option_no_throw("--op");
     if (o && o->count() > 0)
-      throw SpecError(fmt::format("-o/--op: bench {} has no reduction; -o applies to bench allreduce only, leave it out",
-                                  comm::name(c)));
+      throw SpecError(fmt::format(
+          "-o/--op: bench {} has no reduction; -o applies to bench allreduce only, leave it out", comm::name(c)));
   }
   if (c == comm::Collective::kSendRecv && a.hostfile.empty() && a.hosts.empty() && a.nproc != "2")
     throw SpecError(fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}", a.nproc));
   spec::JobSpec s;
   s.name = fmt::format("bench-{}", comm::name(c));
-  s.command = {launch::selfExecutable(), "bench", sub->get_name(), "--worker", "--backend", a.backend, "-b", a.minBytes, "-e",
-               a.maxBytes, "-f", std::to_string(a.factor), "-n", std::to_string(a.iters), "-w",
-               std::to_string(a.warmup), "-d", a.dtype, "-o", a.op, "--timeout", fmt::format("{}", a.timeout_s)};
+  s.command = {launch::selfExecutable(),
+               "bench",
+               sub->get_name(),
+               "--worker",
+               "--backend",
+               a.backend,
+               "-b",
+               a.minBytes,
+               "-e",
+               a.maxBytes,
+               "-f",
+               std::to_string(a.factor),
+               "-n",
+               std::to_string(a.iters),
+               "-w",
+               std::to_string(a.warmup),
+               "-d",
+               a.dtype,
+               "-o",
+               a.op,
+               "--timeout",
+               fmt::format("{}", a.timeout_s)};
   if (!a.json.empty()) {
     s.command.push_back("--json");
     s.command.push_back(a.json);
@@ -202,8 +226,10 @@ int launch(comm::Collective c, CLI::App* sub) {
   // Given, --nproc-per-node is an override like run's (a host's slots that disagree are
   // refused); else 2 ranks is the default, for the hosts without slots.
   const CLI::Option* nprocOpt = sub->get_option_no_throw("--nproc-per-node");
-  if (nprocOpt && nprocOpt->count() > 0) ov.nproc_per_node = a.nproc;
-  else s.nproc_per_node = 2;
+  if (nprocOpt && nprocOpt->count() > 0)
+    ov.nproc_per_node = a.nproc;
+  else
+    s.nproc_per_node = 2;
   if (!a.hostfile.empty()) ov.hostfile = a.hostfile;
   if (!a.hosts.empty()) ov.hosts = a.hosts;
   spec::applyOverrides(s, ov);
@@ -216,13 +242,15 @@ int launch(comm::Collective c, CLI::App* sub) {
   if (s.nodes.empty() && a.backend == "nccl") {
     const int gpus = spec::visibleGpuCount();
     if (gpus == 0)
-      throw SpecError("--backend: nccl needs a GPU, and none is visible here (check the driver and "
-                      "CUDA_VISIBLE_DEVICES); use --backend tcp");
+      throw SpecError(
+          "--backend: nccl needs a GPU, and none is visible here (check the driver and "
+          "CUDA_VISIBLE_DEVICES); use --backend tcp");
     // NCCL refuses two ranks of one communicator on the same GPU.
     if (s.nproc_per_node > gpus)
-      throw SpecError(fmt::format("--nproc-per-node: {} ranks with --backend nccl need a GPU each, and {} {} visible "
-                                  "here; use --nproc-per-node {} or fewer",
-                                  s.nproc_per_node, gpus, gpus == 1 ? "is" : "are", gpus));
+      throw SpecError(
+          fmt::format("--nproc-per-node: {} ranks with --backend nccl need a GPU each, and {} {} visible "
+                      "here; use --nproc-per-node {} or fewer",
+                      s.nproc_per_node, gpus, gpus == 1 ? "is" : "are", gpus));
   }
   if (s.nodes.empty()) {
     if (auto problem = comm::benchMemoryProblem(benchOptions(c), s.nproc_per_node, comm::physicalMemoryBytes());
@@ -264,16 +292,17 @@ void addBenchCommands(CLI::App& app) {
   for (auto c : {comm::Collective::kAllreduce, comm::Collective::kBroadcast, comm::Collective::kAllgather,
                  comm::Collective::kSendRecv}) {
     auto* sub = bench->add_subcommand(
-        comm::name(c), c == comm::Collective::kSendRecv
-                           ? std::string("Benchmark send/recv (2-rank ping-pong, time = half the round trip) and verify the payloads")
-                           : fmt::format("Benchmark {} and verify its results", comm::name(c)));
+        comm::name(c),
+        c == comm::Collective::kSendRecv
+            ? std::string("Benchmark send/recv (2-rank ping-pong, time = half the round trip) and verify the payloads")
+            : fmt::format("Benchmark {} and verify its results", comm::name(c)));
     sub->add_option("--nproc-per-node,--nproc_per_node", a.nproc, "Ranks to launch (default 2)");
     sub->add_option("--backend", a.backend, "tcp or nccl (default tcp)");
     sub->add_option("-b,--minbytes", a.minBytes, "Smallest size (default 4K)");
     sub->add_option("-e,--maxbytes", a.maxBytes, "Largest size (default 64M)");
-    sub->add_option("-f,--stepfactor", a.factor, "Size multiplier between rows (default 2)");
-    sub->add_option("-n,--iters", a.iters, "Timed iterations per size (default 20)");
-    sub->add_option("-w,--warmup_iters", a.warmup, "Warm-up iterations per size (default 5)");
+    sub->add_option("-f,--stepfactor", a.factorText, "Size multiplier between rows (default 2)");
+    sub->add_option("-n,--iters", a.itersText, "Timed iterations per size (default 20)");
+    sub->add_option("-w,--warmup_iters", a.warmupText, "Warm-up iterations per size (default 5)");
     sub->add_option("-d,--datatype", a.dtype, "float, double, int32, int64, bfloat16, half (default float)");
     auto* op = sub->add_option("-o,--op", a.op, "sum, avg, min, max (default sum)");
     if (c != comm::Collective::kAllreduce) op->group("");  // (no reduction: hidden, still passed to the ranks)
@@ -281,7 +310,8 @@ void addBenchCommands(CLI::App& app) {
     sub->add_option("--timeout", a.timeout_s, "Seconds before a stuck collective fails (default 120)");
     sub->add_option("--hostfile", a.hostfile, "Run the ranks across the hosts of this file (slots = ranks per host)");
     sub->add_option("--hosts", a.hosts, "Run the ranks across these hosts: h1:1,h2:1");
-    sub->add_option("--ssh-option", a.ssh_options, "Extra ssh argument for --hostfile/--hosts, repeatable (e.g. --ssh-option=-F --ssh-option=cfg)")
+    sub->add_option("--ssh-option", a.ssh_options,
+                    "Extra ssh argument for --hostfile/--hosts, repeatable (e.g. --ssh-option=-F --ssh-option=cfg)")
         ->allow_extra_args(false);
     sub->add_flag("--worker", a.worker, "(internal) run as one rank under dtrain run")->group("");
     a.subs.emplace_back(sub, c);

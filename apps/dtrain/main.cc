@@ -1,51 +1,50 @@
 // Thin main: parses the command line and calls into the libraries. Every error that can
 // reach here is printed as one "dtrain: error: ..." line and mapped to an exit code
 // (docs/errors.md).
-#include <signal.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
+#include "agent_cmd.h"
+#include "bench_cmd.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/files.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/launch/job.h"
 #include "dtrain/launch/launcher.h"
+#include "dtrain/launch/multi_node.h"
+#include "dtrain/launch/orphan_guard.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/plan.h"
 #include "dtrain/launch/process.h"
-#include "dtrain/common/strings.h"
 #include "dtrain/spec/job_spec.h"
 #include "dtrain/spec/summary.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/data.h"
 #include "dtrain/train/device.h"
 #include "dtrain/train/memory_estimate.h"
-#include "dtrain/launch/job.h"
-#include "dtrain/launch/multi_node.h"
-#include "dtrain/launch/orphan_guard.h"
-#include "agent_cmd.h"
-#include "version.h"
-#include "bench_cmd.h"
 #include "output_file.h"
-#include "train_cmd.h"
 #include "store_cmd.h"
+#include "train_cmd.h"
+#include "version.h"
 
 namespace {
 
@@ -59,7 +58,7 @@ struct RunArgs {
   std::string summary_json;
   std::string nproc, max_restarts, shutdown, hostfile, hosts, nnodes;
   std::vector<std::string> ssh_options;  // appended to the spec's ssh.options
-  std::string verb = "run";               // "validate": messages name it
+  std::string verb = "run";              // "validate": messages name it
 };
 
 void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
@@ -82,25 +81,14 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--local-ranks-filter,--local_ranks_filter", a.overrides.local_ranks_filter,
                   "Show only these local ranks on the console, e.g. 0,2 (log files still get all)");
   cmd->add_flag("--no-prefix", a.overrides.no_prefix, "Do not prefix worker lines with [rank N]");
-  cmd->add_option("--hostfile", a.hostfile, "Run across the hosts of this file (host slots=N, host:N, user@host; one per line)");
+  cmd->add_option("--hostfile", a.hostfile,
+                  "Run across the hosts of this file (host slots=N, host:N, user@host; one per line)");
   cmd->add_option("--hosts", a.hosts, "Run across these hosts: h1:2,h2:2 (replaces the spec's nodes)");
   // One value per flag (as --env): "-F" alone is the option, its file the next flag's value.
-  cmd->add_option("--ssh-option", a.ssh_options,
-                  "Extra ssh argument, repeatable, after the spec's ssh.options (e.g. --ssh-option=-F --ssh-option=cfg)")
+  cmd->add_option(
+         "--ssh-option", a.ssh_options,
+         "Extra ssh argument, repeatable, after the spec's ssh.options (e.g. --ssh-option=-F --ssh-option=cfg)")
       ->allow_extra_args(false);
-}
-
-int parseIntFlag(const std::string& flag, const std::string& v, int lo, int hi) {
-  size_t used = 0;
-  long long out = 0;
-  try {
-    out = std::stoll(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty() || out < lo || out > hi)
-    throw SpecError(fmt::format("{}: expected an integer between {} and {}, got \"{}\"", flag, lo, hi, v));
-  return static_cast<int>(out);
 }
 
 double parseDoubleFlag(const std::string& flag, const std::string& v) {
@@ -144,9 +132,10 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
     struct stat d {};
     if (::stat(s.log_dir.c_str(), &d) == 0 && S_ISDIR(d.st_mode) && d.st_uid != ::geteuid() && (d.st_mode & S_IWOTH) &&
         !(d.st_mode & S_ISVTX))
-      throw SpecError(fmt::format("log_dir (--log-dir): \"{}\" belongs to another user and anyone may write in it; "
-                                  "its files could be replaced under this run: use a directory of your own",
-                                  s.log_dir));
+      throw SpecError(
+          fmt::format("log_dir (--log-dir): \"{}\" belongs to another user and anyone may write in it; "
+                      "its files could be replaced under this run: use a directory of your own",
+                      s.log_dir));
     // Rank logs are appended to: one of this run's ranks left by another user, made
     // read-only, or in the way as a directory or a dangling link would fail the launch after
     // the workers' store is up (exit 1); said here instead.
@@ -158,15 +147,20 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
       if (ec || st.type() == std::filesystem::file_type::not_found) continue;
       std::string why;
       if (st.type() == std::filesystem::file_type::symlink)
-        why = "it is a symbolic link (rank logs are written to regular files only: a link in a shared directory "
-              "would send this run's output to a file of someone else's choosing)";
-      else if (st.type() == std::filesystem::file_type::directory) why = "it is a directory";
-      else if (st.type() != std::filesystem::file_type::regular) why = "it is not a regular file (a FIFO would block)";
-      else if (::access(log.c_str(), W_OK) != 0) why = std::strerror(errno);
+        why =
+            "it is a symbolic link (rank logs are written to regular files only: a link in a shared directory "
+            "would send this run's output to a file of someone else's choosing)";
+      else if (st.type() == std::filesystem::file_type::directory)
+        why = "it is a directory";
+      else if (st.type() != std::filesystem::file_type::regular)
+        why = "it is not a regular file (a FIFO would block)";
+      else if (::access(log.c_str(), W_OK) != 0)
+        why = std::strerror(errno);
       if (!why.empty())
-        throw SpecError(fmt::format("log_dir (--log-dir): cannot append to {}: {}; make it writable, remove it, or use "
-                                    "another log_dir",
-                                    log.string(), why));
+        throw SpecError(
+            fmt::format("log_dir (--log-dir): cannot append to {}: {}; make it writable, remove it, or use "
+                        "another log_dir",
+                        log.string(), why));
     }
   }
   // (a local job's; across hosts node 0's agent checks it where rank 0 will write)
@@ -207,8 +201,10 @@ constexpr const char* kRunDirStem = "dtrain-run-";
 // would be, checked or not (buildSpec says what is wrong with it).
 std::string trainerSpecPath(const std::string& runId, bool dryRun) {
   std::string dir;
-  if (dryRun) tempDirectoryProblem(&dir);
-  else dir = tempDirectory();
+  if (dryRun)
+    tempDirectoryProblem(&dir);
+  else
+    dir = tempDirectory();
   return (std::filesystem::path(dir) / (ownedFilePrefix(kRunDirStem, runId) + "XXXXXX") / "spec.json").string();
 }
 
@@ -232,7 +228,8 @@ std::string jobNameOf(const std::vector<std::string>& cmd) {
 // launcher's own spelling, or dashed); "" for other words. Options dtrain shares
 // (--nproc_per_node, --nnodes, --max_restarts, --log_dir, --hostfile, --hosts) never get here.
 std::string foreignFlagHint(const std::string& flag) {
-  std::string f = flag.substr(flag.find_first_not_of('-') == std::string::npos ? flag.size() : flag.find_first_not_of('-'));
+  std::string f =
+      flag.substr(flag.find_first_not_of('-') == std::string::npos ? flag.size() : flag.find_first_not_of('-'));
   std::replace(f.begin(), f.end(), '-', '_');
   struct Hint {
     const char* launcher;
@@ -241,25 +238,35 @@ std::string foreignFlagHint(const std::string& flag) {
   };
   static const char* kTorchrun = "a torchrun option";
   static const std::vector<Hint> kMpiHints = {
-      {"an mpirun/horovodrun option (the total number of processes)", {"np", "n", "num_proc", "nproc"},
+      {"an mpirun/horovodrun option (the total number of processes)",
+       {"np", "n", "num_proc", "nproc"},
        "dtrain counts workers per host: --nproc-per-node N on one host; across hosts each host's slots (--hosts "
        "h1:2,h2:2 or slots=N in a --hostfile), the total being their sum"},
-      {"an mpirun/horovodrun option", {"H", "host"},
+      {"an mpirun/horovodrun option",
+       {"H", "host"},
        "give the hosts with their workers as --hosts h1:2,h2:2 (or --hostfile FILE, one host slots=N per line)"},
-      {"an mpirun option", {"x"},
+      {"an mpirun option",
+       {"x"},
        "use --env KEY=VALUE, or --env NAME to pass on dtrain's own value of NAME (repeatable)"},
-      {"an mpirun option", {"hostfile", "machinefile"}, "dtrain's is --hostfile FILE (host slots=N lines; OpenMPI's "
-                                                        "max_slots=N is taken too)"},
+      {"an mpirun option",
+       {"hostfile", "machinefile"},
+       "dtrain's is --hostfile FILE (host slots=N lines; OpenMPI's "
+       "max_slots=N is taken too)"},
       {"an mpirun option", {"output_filename"}, "use --log-dir DIR: each rank's output also goes to DIR/rank_N.log"},
-      {"an mpirun option", {"tag_output", "timestamp_output"},
+      {"an mpirun option",
+       {"tag_output", "timestamp_output"},
        "worker lines are prefixed with [rank N] by default (--no-prefix turns that off); add timestamps in your "
        "script's logging"},
-      {"a DeepSpeed launcher option", {"num_gpus"}, "use --nproc-per-node N (workers per host; auto = one per visible "
-                                                    "GPU)"},
-      {"a DeepSpeed launcher option", {"num_nodes"},
+      {"a DeepSpeed launcher option",
+       {"num_gpus"},
+       "use --nproc-per-node N (workers per host; auto = one per visible "
+       "GPU)"},
+      {"a DeepSpeed launcher option",
+       {"num_nodes"},
        "dtrain runs on every host given (--hosts h1:N,h2:N or --hostfile FILE); --nnodes MIN:MAX is the elastic "
        "range"},
-      {"a DeepSpeed launcher option", {"include", "exclude"},
+      {"a DeepSpeed launcher option",
+       {"include", "exclude"},
        "list only the hosts to use (--hosts, or a hostfile), and a host's GPUs as gpus=0,1 on its hostfile line (one "
        "worker per GPU listed)"},
   };
@@ -267,7 +274,8 @@ std::string foreignFlagHint(const std::string& flag) {
       {{"standalone"}, "dtrain needs nothing for it: one node with its own rendezvous store is the default"},
       {{"master_port"}, "dtrain picks a free port itself; to fix the port workers see, use --env MASTER_PORT=N"},
       {{"master_addr"},
-       "dtrain sets MASTER_ADDR itself (127.0.0.1 on one node, else node 0's address); to give workers another address, "
+       "dtrain sets MASTER_ADDR itself (127.0.0.1 on one node, else node 0's address); to give workers another "
+       "address, "
        "use --env MASTER_ADDR=ADDR (or rendezvous.master_addr in a multi-node spec)"},
       {{"node_rank", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout"},
        "dtrain starts every node itself from one command: give the hosts with --hosts h1:N,h2:N or --hostfile FILE "
@@ -284,7 +292,8 @@ std::string foreignFlagHint(const std::string& flag) {
       {{"role", "start_method", "max_restarts_per_node"}, "dtrain has no such setting; see dtrain run --help"},
   };
   for (const auto& [names, hint] : kHints)
-    if (std::find(names.begin(), names.end(), f) != names.end()) return fmt::format("{} is {}; {}", flag, kTorchrun, hint);
+    if (std::find(names.begin(), names.end(), f) != names.end())
+      return fmt::format("{} is {}; {}", flag, kTorchrun, hint);
   for (const auto& h : kMpiHints)
     if (std::find(h.names.begin(), h.names.end(), f) != h.names.end())
       return fmt::format("{} is {}; {}", flag, h.launcher, h.what);
@@ -328,17 +337,19 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const bool executable = isFile && ::access(file.c_str(), X_OK) == 0;
   std::string fix;
   if (isFile && ext == ".py")
-    fix = fmt::format("it is a Python script in {}, and dtrain runs the command as given (it adds no python, unlike "
-                      "torchrun): run python3 {}",
-                      dir.string(), prog);
+    fix = fmt::format(
+        "it is a Python script in {}, and dtrain runs the command as given (it adds no python, unlike "
+        "torchrun): run python3 {}",
+        dir.string(), prog);
   else if (executable)
     fix = fmt::format("it is not on PATH; to run the one in {}, give ./{}", dir.string(), prog);
   else if (isFile)
-    fix = fmt::format("{} is not executable: chmod +x it, or run it with its interpreter (e.g. bash {})", file.string(), prog);
+    fix = fmt::format("{} is not executable: chmod +x it, or run it with its interpreter (e.g. bash {})", file.string(),
+                      prog);
   else if (isDir && prog.find('/') != std::string::npos)
-    fix = prog[0] == '/' ? std::string("it is a directory, not a program; give the program's path")
-                         : fmt::format("it is a directory (relative to {}), not a program; give the program's path",
-                                       dir.string());
+    fix = prog[0] == '/'
+              ? std::string("it is a directory, not a program; give the program's path")
+              : fmt::format("it is a directory (relative to {}), not a program; give the program's path", dir.string());
   else if (prog.find('/') != std::string::npos)
     fix = prog[0] == '/' ? std::string("no such file; check the path")
                          : fmt::format("no such file (relative to {}); check the path", dir.string());
@@ -400,17 +411,19 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       if (ext == ".json" || std::string(e.what()).find("invalid JSON") == std::string::npos) throw;
       std::vector<std::string> fixed;
       for (const std::string& w : commandFix({a.spec_path})) fixed.push_back(shellQuote(w));
-      throw SpecError(fmt::format("{}; job specs are JSON files: to run a program, put its command after --, e.g. "
-                                  "dtrain run --nproc-per-node 2 -- {}",
-                                  e.what(), fmt::join(fixed, " ")));
+      throw SpecError(
+          fmt::format("{}; job specs are JSON files: to run a program, put its command after --, e.g. "
+                      "dtrain run --nproc-per-node 2 -- {}",
+                      e.what(), fmt::join(fixed, " ")));
     }
   } else if (!a.command.empty()) {
     s.command = a.command;
     s.name = jobNameOf(a.command);
   } else {
-    throw SpecError(fmt::format("nothing to {0}; give a job spec (dtrain {0} job.json) or a command (dtrain {0} -- "
-                                "python3 train.py)",
-                                a.verb));
+    throw SpecError(
+        fmt::format("nothing to {0}; give a job spec (dtrain {0} job.json) or a command (dtrain {0} -- "
+                    "python3 train.py)",
+                    a.verb));
   }
   if (jobName) *jobName = s.name;
   // dtrain's own switches, read here, by agents or by workers: a bad value is said now, once,
@@ -420,7 +433,8 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
   if (!a.hosts.empty()) a.overrides.hosts = a.hosts;
   if (!a.nnodes.empty()) a.overrides.nnodes = a.nnodes;
-  if (!a.max_restarts.empty()) a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts, 0, spec::kMaxRestarts);
+  if (!a.max_restarts.empty())
+    a.overrides.max_restarts = parseIntFlag("--max-restarts", a.max_restarts, 0, spec::kMaxRestarts);
   if (!a.shutdown.empty()) a.overrides.shutdown_timeout_s = parseDoubleFlag("--shutdown-timeout", a.shutdown);
   spec::applyOverrides(s, a.overrides);
   s.ssh.options.insert(s.ssh.options.end(), a.ssh_options.begin(), a.ssh_options.end());
@@ -429,7 +443,8 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   // and result: an unusable TMPDIR is refused by run before the data is read; validate and
   // --dry-run, which write no temp file (validate may run on another machine), say it.
   if (s.nodes.empty() || s.trainer) {
-    if (!runId.empty() && !a.dry_run) tempDirectory();
+    if (!runId.empty() && !a.dry_run)
+      tempDirectory();
     else if (const std::string problem = tempDirectoryProblem(); !problem.empty())
       std::cerr << "dtrain: warning: " << problem << " (run refuses it: the job's temporary files go there)\n";
   }
@@ -467,7 +482,8 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     // A pipe (mkfifo, a process substitution) is read once, here: only the data image can
     // carry it to the workers, who would otherwise each wait for data that never comes.
     // (validate and --dry-run read it once and start nothing)
-    if (const auto [pointer, path] = train::onceReadableDataFile(*s.trainer); !pointer.empty() && !runId.empty() && !a.dry_run) {
+    if (const auto [pointer, path] = train::onceReadableDataFile(*s.trainer);
+        !pointer.empty() && !runId.empty() && !a.dry_run) {
       std::string why;
       if (!s.nodes.empty())
         why = "the hosts of a multi-node job each read the data files";
@@ -476,13 +492,15 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       else if (dataImage && !dataImage->fd)
         why = fmt::format("the launcher could not share its parse with the workers ({})", dataImage->problem);
       if (!why.empty())
-        throw SpecError(fmt::format("{}: {}: \"{}\" is not a regular file (a pipe?) and can be read only once, and {}; "
-                                    "give a regular file",
-                                    s.source, pointer, path, why));
+        throw SpecError(
+            fmt::format("{}: {}: \"{}\" is not a regular file (a pipe?) and can be read only once, and {}; "
+                        "give a regular file",
+                        s.source, pointer, path, why));
     }
     if (dataImage && !dataImage->problem.empty())
       std::cerr << "dtrain: warning: each worker parses the data files itself: the launcher could not share its "
-                   "parse (" << dataImage->problem << ")\n";
+                   "parse ("
+                << dataImage->problem << ")\n";
     // One global batch must fit in the training set: said here, not by every worker after
     // the launch. Local jobs only (a multi-node world is settled by the rendezvous).
     const auto& t = *s.trainer;
@@ -509,9 +527,10 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
         need = train::checkHostMemory(t, layout, enforce ? availability : MemoryAvailability{}, s.source);
         fits = !available || need.host <= available;
         if (!fits && gpu.has_value())  // (DTRAIN_MEMORY_CHECK=0)
-          std::cerr << fmt::format("dtrain: warning: {}: this job needs about {} of memory on this host, more than "
-                                   "the {} {}; not refused (DTRAIN_MEMORY_CHECK=0)\n",
-                                   s.source, formatBytes(need.host), formatBytes(available), availability.describe());
+          std::cerr << fmt::format(
+              "dtrain: warning: {}: this job needs about {} of memory on this host, more than "
+              "the {} {}; not refused (DTRAIN_MEMORY_CHECK=0)\n",
+              s.source, formatBytes(need.host), formatBytes(available), availability.describe());
       } catch (const SpecError& e) {
         // validate may run on another machine than the job's (a login node): the job's host
         // may have the memory. Said, with the numbers; run and --dry-run refuse it here.
@@ -521,15 +540,16 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
         std::cerr << "dtrain: warning: " << e.what() << " (run refuses it on a host like this one)\n";
       }
       if (memoryLine)
-        *memoryLine = fmt::format("about {} on this host ({} worker{}){}{}", formatBytes(need.host), world,
-                                  world == 1 ? "" : "s",
-                                  available ? fmt::format(", {} available", formatBytes(available)) : "",
-                                  fits ? "" : ": more than this host has");
+        *memoryLine =
+            fmt::format("about {} on this host ({} worker{}){}{}", formatBytes(need.host), world, world == 1 ? "" : "s",
+                        available ? fmt::format(", {} available", formatBytes(available)) : "",
+                        fits ? "" : ": more than this host has");
       if (world % stages == 0 && trainSet->size() < global)
-        throw SpecError(fmt::format("{}: /trainer/batch_size: the training set ({} samples) is smaller than one global "
-                                    "batch ({} = batch_size {} x {} data-parallel workers); use more samples, a smaller "
-                                    "batch or fewer workers",
-                                    s.source, trainSet->size(), global, t.batch_size, world / stages));
+        throw SpecError(
+            fmt::format("{}: /trainer/batch_size: the training set ({} samples) is smaller than one global "
+                        "batch ({} = batch_size {} x {} data-parallel workers); use more samples, a smaller "
+                        "batch or fewer workers",
+                        s.source, trainSet->size(), global, t.batch_size, world / stages));
     }
   }
   return s;
@@ -638,7 +658,8 @@ bool writeSummaryText(const std::string& path, const std::string& text) {
     return true;
   }
   if (lateStopCame()) return false;
-  struct sigaction ends {}, old[3];
+  struct sigaction ends {
+  }, old[3];
   ends.sa_handler = exitWithDecidedCode;
   sigemptyset(&ends.sa_mask);
   const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
@@ -714,12 +735,16 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // own). (validate does not: a spec is often checked on a machine other than the job's.)
   if (s.trainer && s.trainer->device == "cuda" && s.nodes.empty()) {
 #ifndef DTRAIN_HAVE_CUDA
-    throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but this dtrain is a CPU build; use \"auto\" or \"cpu\", "
-                                "or a CUDA build", s.source));
+    throw SpecError(
+        fmt::format("{}: /trainer/device: \"cuda\" but this dtrain is a CPU build; use \"auto\" or \"cpu\", "
+                    "or a CUDA build",
+                    s.source));
 #else
     if (spec::visibleGpuCount() == 0)
-      throw SpecError(fmt::format("{}: /trainer/device: \"cuda\" but no GPU is visible here (check the driver and "
-                                  "CUDA_VISIBLE_DEVICES); use \"auto\" or \"cpu\"", s.source));
+      throw SpecError(
+          fmt::format("{}: /trainer/device: \"cuda\" but no GPU is visible here (check the driver and "
+                      "CUDA_VISIBLE_DEVICES); use \"auto\" or \"cpu\"",
+                      s.source));
 #endif
   }
   if (a.dry_run) {
@@ -747,9 +772,10 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
       const std::string own = (std::filesystem::path(s.log_dir) / runId).string();
       std::filesystem::create_directories(own, ec);
       if (ec) throw SpecError(fmt::format("log_dir (--log-dir): cannot create \"{}\": {}", own, ec.message()));
-      std::cerr << fmt::format("dtrain: warning: log_dir (--log-dir) \"{}\" is in use by another dtrain run ({}); this "
-                               "run's logs go to {}\n",
-                               s.log_dir, lock.holder.empty() ? "its lock is held" : lock.holder, own);
+      std::cerr << fmt::format(
+          "dtrain: warning: log_dir (--log-dir) \"{}\" is in use by another dtrain run ({}); this "
+          "run's logs go to {}\n",
+          s.log_dir, lock.holder.empty() ? "its lock is held" : lock.holder, own);
       s.log_dir = own;
       lock = tryLockDirectory(own, ".dtrain-logs.lock");
     }
@@ -893,7 +919,8 @@ void dropInheritedDataImage() {
   if (!v) return;
   char* end = nullptr;
   const long fd = std::strtol(v, &end, 10);
-  if (end != v && *end == '\0' && fd > STDERR_FILENO && fd < INT_MAX) ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  if (end != v && *end == '\0' && fd > STDERR_FILENO && fd < INT_MAX)
+    ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
   ::unsetenv(train::kDataImageEnv);
 }
 
@@ -1031,8 +1058,10 @@ std::string argumentMismatch(const std::string& what, const std::vector<std::str
     if (w.size() == spelt.size() + 1) emptyValue = true;  // "--opt="
   }
   if (rest.find("required") != std::string::npos && rest.find("missing") != std::string::npos) {
-    if (emptyValue) return fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name);
-    return fmt::format("{}: no value given; give one ({} VALUE or {}=VALUE), or leave the option out", name, name, name);
+    if (emptyValue)
+      return fmt::format("{}: the value is empty (an unset variable?); give a value or leave the option out", name);
+    return fmt::format("{}: no value given; give one ({} VALUE or {}=VALUE), or leave the option out", name, name,
+                       name);
   }
   if (rest.rfind("At Most ", 0) == 0) {
     const std::string received = rest.substr(rest.rfind(' ') + 1);
@@ -1109,7 +1138,8 @@ int dtrainMain(int argc, char** argv) {
   auto usageError = [&](const std::string& what) {
     if (isRun) enterRunEnd(kExitUsage);
     launch::console().write(STDERR_FILENO, "dtrain: error: " + what + "\n");  // (main() writes it out)
-    if (isRun && !cliSummary.empty() && cliSummary[0] != '-') writeFailedSummary(cliSummary, "", "", kExitUsage, what, 0);
+    if (isRun && !cliSummary.empty() && cliSummary[0] != '-')
+      writeFailedSummary(cliSummary, "", "", kExitUsage, what, 0);
     return kExitUsage;
   };
 
@@ -1124,15 +1154,16 @@ int dtrainMain(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "Run a job: dtrain run job.json | dtrain run [flags] -- CMD ARGS...");
   run->add_option("spec", runArgs.spec_path, "Job spec (JSON)");
   run->add_flag("--dry-run", runArgs.dry_run, "Print the plan and run nothing");
-  run->add_option("--summary-json", runArgs.summary_json, "Write the outcome as JSON to this file (status, exit code, ranks, trainer)");
+  run->add_option("--summary-json", runArgs.summary_json,
+                  "Write the outcome as JSON to this file (status, exit code, ranks, trainer)");
   addOverrideFlags(run, runArgs);
 
   RunArgs valArgs;
   valArgs.verb = "validate";
   valArgs.command = command;
-  auto* validate =
-      app.add_subcommand("validate", "Check a job spec (or a command after --) and print it resolved: dtrain validate "
-                                     "job.json | dtrain validate [flags] -- CMD ARGS...");
+  auto* validate = app.add_subcommand("validate",
+                                      "Check a job spec (or a command after --) and print it resolved: dtrain validate "
+                                      "job.json | dtrain validate [flags] -- CMD ARGS...");
   validate->add_option("spec", valArgs.spec_path, "Job spec (JSON)");
   addOverrideFlags(validate, valArgs);
 
@@ -1218,11 +1249,12 @@ int dtrainMain(int argc, char** argv) {
     // A spec first (`dtrain run job.json python3 x.py`): the spec names its own command, so
     // moving both after -- would run the spec file as a program.
     if (!runArgs.spec_path.empty() && isSpecFile(runArgs.spec_path)) {
-      return usageError(fmt::format("run: unexpected arguments \"{}\" after the job spec {}: a spec and a command "
-                                    "cannot both be given; run the spec (dtrain run {}) or the command (dtrain run "
-                                    "[options] -- {})",
-                                    fmt::format("{}", fmt::join(words, " ")), runArgs.spec_path,
-                                    shellQuote(runArgs.spec_path), fmt::format("{}", fmt::join(words, " "))));
+      return usageError(
+          fmt::format("run: unexpected arguments \"{}\" after the job spec {}: a spec and a command "
+                      "cannot both be given; run the spec (dtrain run {}) or the command (dtrain run "
+                      "[options] -- {})",
+                      fmt::format("{}", fmt::join(words, " ")), runArgs.spec_path, shellQuote(runArgs.spec_path),
+                      fmt::format("{}", fmt::join(words, " "))));
     }
     if (!runArgs.spec_path.empty()) words.insert(words.begin(), shellQuote(runArgs.spec_path));
     // torchrun's `torchrun train.py x` names the script alone: the fix gets the python3 that
@@ -1230,9 +1262,10 @@ int dtrainMain(int argc, char** argv) {
     std::vector<std::string> given = extra, fixed;
     if (!runArgs.spec_path.empty()) given.insert(given.begin(), runArgs.spec_path);
     for (const std::string& w : commandFix(given)) fixed.push_back(shellQuote(w));
-    return usageError(fmt::format("run: unexpected arguments \"{}\"; to run a program, put its command after --: "
-                                  "dtrain run [options] -- {}",
-                                  fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(fixed, " "))));
+    return usageError(
+        fmt::format("run: unexpected arguments \"{}\"; to run a program, put its command after --: "
+                    "dtrain run [options] -- {}",
+                    fmt::format("{}", fmt::join(words, " ")), fmt::format("{}", fmt::join(fixed, " "))));
   }
   if (!command.empty() && !run->parsed() && !validate->parsed()) {
     std::cerr << "dtrain: error: a command after -- is only taken by 'dtrain run' and 'dtrain validate'\n";
@@ -1249,8 +1282,8 @@ int dtrainMain(int argc, char** argv) {
       std::string memory;
       spec::JobSpec s = buildSpec(valArgs, "", &memory);
       checkOutputs(s, valArgs);
-      std::string out = (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) + ": OK\n" +
-                        spec::describe(s);
+      std::string out = (valArgs.spec_path.empty() ? std::string("the command after --") : valArgs.spec_path) +
+                        ": OK\n" + spec::describe(s);
       if (!memory.empty()) out += "  memory:           " + memory + "\n";
       printResult(out, "the resolved spec");
       return kExitOk;

@@ -347,6 +347,10 @@ expect_eq "$(cat "$T/err")" "dtrain: error: store get: unknown option --tmeout (
 expect_eq "$(cat "$T/err")" "dtrain: error: bench allreduce: unknown option --nproc-per-nod (did you mean --nproc-per-node?); see dtrain bench allreduce --help" "bench --nproc-per-nod: did you mean"
 "$DTRAIN" train --foo x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "train --foo: exit 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: train: unknown option --foo; see dtrain train --help" "train --foo: named"
+# dtrain train by hand with a DTRAIN_STORE_ADDR left in the shell: that variable is named (it
+# was "RANK is not set; run this under 'dtrain run'").
+DTRAIN_STORE_ADDR=127.0.0.1 "$DTRAIN" train "$SRC/configs/quickstart.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "train with a stale DTRAIN_STORE_ADDR: exit 2"
+expect_grep "RANK is not set, but DTRAIN_STORE_ADDR is, as for a worker of 'dtrain run': unset DTRAIN_STORE_ADDR \(left over from another run\?\) to train alone" "$T/err" "train with a stale DTRAIN_STORE_ADDR: named, with the fix"
 # --env NAME twice with different values: the last, said (the values unsaid: secrets).
 "$DTRAIN" validate --env SECRET_A=one --env SECRET_A=two --env B=1 --env B=1 -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "--env twice: exit 0"
 expect_eq "$(cat "$T/err")" "dtrain: warning: --env SECRET_A is given twice, with different values; the last one is used" "--env twice: one warning, no values"

@@ -133,6 +133,13 @@ expect_eq "$(python3 -c "import json; d=json.load(open('$T/b2.json')); print(len
 "$DTRAIN" bench allreduce -b 1X 2>"$T/err"; expect_eq "$?" 2 "bad size exits 2"
 expect_grep "expected a size like 4096, 4K" "$T/err" "bad size message"
 "$DTRAIN" bench allreduce -d complex 2>"$T/err"; expect_eq "$?" 2 "bad type exits 2"
+# Counts: one line naming the flag and its range (CLI11's "Could not convert", or a negative
+# -f shown as 18446744073709551614, said neither).
+for bad in "-f|-2|-f/--stepfactor|2 and 1048576" "-f|1.5|-f/--stepfactor|2 and 1048576" "-n|0|-n/--iters|1 and 1000000000" "-w|abc|-w/--warmup_iters|0 and 1000000000"; do
+  IFS='|' read -r flag v name range <<< "$bad"
+  "$DTRAIN" bench allreduce "$flag" "$v" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench $flag $v exits 2"
+  expect_eq "$(cat "$T/err")" "dtrain: error: $name: expected an integer between $range, got \"$v\"" "bench $flag $v: one line, the flag and its range"
+done
 # A size the machine cannot hold is refused up front (it was a worker's std::bad_alloc, exit 1).
 "$DTRAIN" bench allreduce -b 4K -e 1048576G >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench -e beyond memory exits 2"
 expect_grep "^dtrain: error: -e/--maxbytes: the largest size \(1125899906842624 bytes\) needs about .* per rank .* for the 2 rank\(s\) on this host, more than its [0-9.]+ GiB of memory; lower -e$" "$T/err" "bench -e beyond memory: one line naming -e"

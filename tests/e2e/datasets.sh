@@ -156,6 +156,11 @@ PY
 sed 's|train-images|huge-images|; s|train-labels|huge-labels|' "$T/idx.json" > "$T/huge.json"
 (ulimit -v 4000000; timeout 60 "$DTRAIN" run "$T/huge.json" >"$T/out" 2>"$T/err"); expect_eq "$?" 2 "idx with a corrupt count exits 2"
 expect_grep "huge-images.idx3-ubyte: truncated: the header says 4294967280 images, the file holds 2000" "$T/err" "corrupt count explained"
+# Bytes past the header's count (two files joined): said, not cut silently.
+{ cat "$T/train-images.idx3-ubyte"; head -c 64 /dev/zero; } >"$T/long-images.idx3-ubyte"
+sed "s|$T/train-images.idx3-ubyte|$T/long-images.idx3-ubyte|" "$T/idx.json" >"$T/long.json"
+"$DTRAIN" validate "$T/long.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "an idx file longer than its count exits 2"
+expect_grep "long-images.idx3-ubyte: the header says [0-9]+ images, but the file holds more bytes after them; make the header's count match the file" "$T/err" "an idx file longer than its count: said"
 # A file shorter than an idx header: said so, not "magic 0x00000000".
 printf '\x00\x00' >"$T/tiny.idx3-ubyte"
 sed "s|$T/train-images.idx3-ubyte|$T/tiny.idx3-ubyte|" "$T/idx.json" >"$T/tiny.json"

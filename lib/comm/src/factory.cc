@@ -1,14 +1,13 @@
 #include <dlfcn.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 #include <map>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
+#include "detail/rank_list.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/dynlib.h"
-#include "detail/rank_list.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/store/prefix_store.h"
@@ -32,11 +31,12 @@ std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Stor
     std::string errors;
     void* h = openLibrary(pluginCandidates("libdtrain_comm_nccl.so"), entry, &errors);
     if (!h)
-      throw IoError(fmt::format("backend \"nccl\": cannot load libdtrain_comm_nccl.so ({}); it is built beside the "
-                                "dtrain binary in CUDA builds (copy it along with dtrain, also to ssh.dtrain_path on "
-                                "remote hosts) and needs NCCL (libnccl.so.2) and CUDA's runtime; or train on the CPU "
-                                "(trainer.device \"cpu\", bench --backend tcp)",
-                                errors));
+      throw IoError(
+          fmt::format("backend \"nccl\": cannot load libdtrain_comm_nccl.so ({}); it is built beside the "
+                      "dtrain binary in CUDA builds (copy it along with dtrain, also to ssh.dtrain_path on "
+                      "remote hosts) and needs NCCL (libnccl.so.2) and CUDA's runtime; or train on the CPU "
+                      "(trainer.device \"cpu\", bench --backend tcp)",
+                      errors));
     return reinterpret_cast<Factory>(::dlsym(h, entry));
   }();
   return std::unique_ptr<Communicator>(factory(&store, rank, size, &opts));
@@ -92,12 +92,14 @@ std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOp
       decision = "tcp";
     } else {
       std::string who;
-      for (const auto& [b, rs] : byBackend) who += fmt::format("{}{} {} \"{}\"", who.empty() ? "" : "; ",
-                                                             rs.size() == 1 ? "rank" : "ranks", detail::rankList(rs), b);
-      decision = fmt::format("!communicator \"{}\": the ranks ask for different backends ({}), and NCCL ranks "
-                             "cannot meet TCP ranks; give every rank a GPU, or use the CPU (trainer.device \"cpu\", "
-                             "backend \"tcp\") on all",
-                             opts.name, who);
+      for (const auto& [b, rs] : byBackend)
+        who += fmt::format("{}{} {} \"{}\"", who.empty() ? "" : "; ", rs.size() == 1 ? "rank" : "ranks",
+                           detail::rankList(rs), b);
+      decision = fmt::format(
+          "!communicator \"{}\": the ranks ask for different backends ({}), and NCCL ranks "
+          "cannot meet TCP ranks; give every rank a GPU, or use the CPU (trainer.device \"cpu\", "
+          "backend \"tcp\") on all",
+          opts.name, who);
     }
     store.set(prefix + "decision", decision);
   }
@@ -108,6 +110,12 @@ std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOp
 
 std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
   const char* hint = "run this under 'dtrain run', which sets it for every worker";
+  // A DTRAIN_STORE_ADDR left in a shell (exported from a worker's environment, or by hand for
+  // `dtrain store`) makes `dtrain train` take itself for a worker of a run: say that variable.
+  if (const char* rankVar = std::getenv("RANK"); (!rankVar || !*rankVar) && std::getenv("DTRAIN_STORE_ADDR"))
+    throw SpecError(
+        "RANK is not set, but DTRAIN_STORE_ADDR is, as for a worker of 'dtrain run': unset "
+        "DTRAIN_STORE_ADDR (left over from another run?) to train alone, or run this under 'dtrain run'");
   int rank = envInt("RANK", hint);
   int size = envInt("WORLD_SIZE", hint);
   store::TcpStoreOptions so;
@@ -135,7 +143,8 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
 #ifdef DTRAIN_HAVE_CUDA
   return createNcclCommunicator(store, rank, size, o);
 #else
-  throw SpecError("backend \"nccl\" is not in this build (a CPU build); rebuild with -DDTRAIN_WITH_CUDA=ON or use \"tcp\"");
+  throw SpecError(
+      "backend \"nccl\" is not in this build (a CPU build); rebuild with -DDTRAIN_WITH_CUDA=ON or use \"tcp\"");
 #endif
 }
 

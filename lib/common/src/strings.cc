@@ -1,13 +1,13 @@
 #include "dtrain/common/strings.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
 
@@ -97,6 +97,19 @@ std::optional<bool> parseSwitch(const std::string& name, const std::string& s) {
   throw SpecError(fmt::format("{}=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", name, s));
 }
 
+int parseIntFlag(const std::string& flag, const std::string& v, int lo, int hi) {
+  size_t used = 0;
+  long long out = 0;
+  try {
+    out = std::stoll(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || out < lo || out > hi)
+    throw SpecError(fmt::format("{}: expected an integer between {} and {}, got \"{}\"", flag, lo, hi, v));
+  return static_cast<int>(out);
+}
+
 std::string formatBytes(uint64_t bytes) {
   const double b = static_cast<double>(bytes);
   if (bytes >= (1ull << 30)) return fmt::format("{:.1f} GiB", b / (1ull << 30));
@@ -132,11 +145,11 @@ size_t parseSize(const std::string& text, const std::string& what) {
     used = 0;
   }
   std::string unit = used ? text.substr(used) : "";
-  unsigned long long mult = unit.empty() || unit == "B" ? 1
+  unsigned long long mult = unit.empty() || unit == "B"    ? 1
                             : unit == "K" || unit == "KiB" ? 1024ull
                             : unit == "M" || unit == "MiB" ? 1024ull * 1024
                             : unit == "G" || unit == "GiB" ? 1024ull * 1024 * 1024
-                                                            : 0;
+                                                           : 0;
   if (!used || !mult || text[0] == '-')
     throw SpecError(fmt::format("{}: expected a size like 4096, 4K, 256M or 1G, got \"{}\"", what, text));
   // Wrapping past 2^64 would turn an absurd size into a small one without a word.

@@ -1,6 +1,7 @@
 #include "dtrain/train/data.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -9,17 +10,16 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <string_view>
-
-#include <fmt/format.h>
+#include <tuple>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/memory.h"
@@ -133,7 +133,9 @@ class SyntheticSet final : public Dataset {
         eval_(eval),
         n_(static_cast<uint64_t>(eval ? t.data.eval_samples : t.data.train_samples)) {}
   uint64_t size() const override { return n_; }
-  void sample(uint64_t i, float* x, int* label, float* targets) const override { data_.sample(i, eval_, x, label, targets); }
+  void sample(uint64_t i, float* x, int* label, float* targets) const override {
+    data_.sample(i, eval_, x, label, targets);
+  }
 
  private:
   SyntheticData data_;
@@ -174,9 +176,12 @@ class TableSet final : public Dataset {
 // A contiguous slice of another set (the held-out 10%).
 class Slice final : public Dataset {
  public:
-  Slice(std::shared_ptr<Dataset> base, uint64_t begin, uint64_t end) : base_(std::move(base)), begin_(begin), end_(end) {}
+  Slice(std::shared_ptr<Dataset> base, uint64_t begin, uint64_t end)
+      : base_(std::move(base)), begin_(begin), end_(end) {}
   uint64_t size() const override { return end_ - begin_; }
-  void sample(uint64_t i, float* x, int* label, float* targets) const override { base_->sample(begin_ + i, x, label, targets); }
+  void sample(uint64_t i, float* x, int* label, float* targets) const override {
+    base_->sample(begin_ + i, x, label, targets);
+  }
 
  private:
   std::shared_ptr<Dataset> base_;
@@ -192,7 +197,6 @@ void checkLabel(const spec::TrainerSpec& t, double v, const std::string& where) 
   throw SpecError(fmt::format("{}: label {} is not a class index in 0..{} (the model's output width)", where, v,
                               t.model.layers.back() - 1));
 }
-
 
 // What a line without commas but with another separator says about the file: dtrain reads
 // comma-separated values only ("" when the line has commas, or none of the others).
@@ -211,7 +215,8 @@ std::string shownCell(std::string_view cell) {
   return cell.size() > 40 ? oneLine(cell.substr(0, utf8PrefixLength(cell, 40))) + "..." : oneLine(cell);
 }
 
-std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string& path, const std::function<void()>& poll) {
+std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string& path,
+                                  const std::function<void()>& poll) {
   std::ifstream in(path);
   if (!in) throw SpecError(fmt::format("{}: cannot open csv file", path));
   const int inputs = t.model.layers.front();
@@ -234,9 +239,10 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
     if (!line.empty() && line.back() == '\r') line.pop_back();
     // Old Mac line ends (CR alone): the whole file reads as one header line.
     if (line.find('\r') != std::string::npos)
-      throw SpecError(fmt::format("{}:1: the lines end with a carriage return alone (CR, not LF or CRLF): convert the "
-                                  "file (tr '\\r' '\\n')",
-                                  path));
+      throw SpecError(
+          fmt::format("{}:1: the lines end with a carriage return alone (CR, not LF or CRLF): convert the "
+                      "file (tr '\\r' '\\n')",
+                      path));
     auto names = split(line, ',');
     columns = static_cast<int>(names.size());
     if (!lcIsIndex) {
@@ -244,18 +250,20 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
       for (int i = 0; i < columns; ++i) {
         const std::string n = trim(names[static_cast<size_t>(i)]);
         if (n == lc && labelCol >= 0)
-          throw SpecError(fmt::format("{}:1: two columns are named \"{}\" (columns {} and {}, 0-based): which is the "
-                                      "label is not clear; rename one, or set /trainer/data/label_column to a 0-based "
-                                      "column index",
-                                      path, oneLine(lc), labelCol, i));
+          throw SpecError(
+              fmt::format("{}:1: two columns are named \"{}\" (columns {} and {}, 0-based): which is the "
+                          "label is not clear; rename one, or set /trainer/data/label_column to a 0-based "
+                          "column index",
+                          path, oneLine(lc), labelCol, i));
         if (n == lc) labelCol = i;
         if (i < 12) found += fmt::format("{}\"{}\"", i ? ", " : "", shownCell(n));
       }
       if (columns > 12) found += fmt::format(", ... ({} columns)", columns);
       if (labelCol < 0)
-        throw SpecError(fmt::format("{}:1: no column named \"{}\" in the header (it has {}); set "
-                                    "/trainer/data/label_column to one of them or to a 0-based column index{}",
-                                    path, oneLine(lc), found, separatorHint(line)));
+        throw SpecError(
+            fmt::format("{}:1: no column named \"{}\" in the header (it has {}); set "
+                        "/trainer/data/label_column to one of them or to a 0-based column index{}",
+                        path, oneLine(lc), found, separatorHint(line)));
     }
   } else if (!lcIsIndex) {
     throw SpecError(fmt::format("{}: without a header, /trainer/data/label_column must be a column index", path));
@@ -280,13 +288,15 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
     if (cellsHere != columns)
       throw SpecError(fmt::format("{}:{}: has {} columns, expected {}", path, lineNo, cellsHere, columns));
     if (labelCol >= columns)
-      throw SpecError(fmt::format("{}: label column {} does not exist ({} columns); set /trainer/data/label_column to a "
-                                  "0-based index below {}",
-                                  path, lc, columns, columns));
+      throw SpecError(
+          fmt::format("{}: label column {} does not exist ({} columns); set /trainer/data/label_column to a "
+                      "0-based index below {}",
+                      path, lc, columns, columns));
     if (columns - 1 != inputs)
-      throw SpecError(fmt::format("{}: has {} feature columns but /trainer/model/layers starts with {}; make the first "
-                                  "layer {} (or check /trainer/data/label_column and header){}",
-                                  path, columns - 1, inputs, columns - 1, separatorHint(line)));
+      throw SpecError(
+          fmt::format("{}: has {} feature columns but /trainer/model/layers starts with {}; make the first "
+                      "layer {} (or check /trainer/data/label_column and header){}",
+                      path, columns - 1, inputs, columns - 1, separatorHint(line)));
     if (y.empty()) {
       // Room for about as many rows as the file holds at this row's length: growing by
       // doubling copied and page-faulted the features several times over.
@@ -317,19 +327,21 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
         v = std::strtod(cell.c_str(), &end);
         // (a NUL inside the cell would end strtod's string there: "1\0zzz" read as 1)
         if (cell.empty() || end == cell.c_str() || *end != '\0' || cell.find('\0') != std::string::npos)
-          throw SpecError(fmt::format("{}:{}: column {} (0-based, as /trainer/data/label_column counts) is not a number "
-                                      "(\"{}\"){}",
-                                      path, lineNo, i, shownCell(cell),
-                                      !cell.empty() && (cell.front() == '"' || cell.front() == '\'')
-                                          ? "; quoted cells are not read: remove the quotes"
-                                          : std::string()));
+          throw SpecError(
+              fmt::format("{}:{}: column {} (0-based, as /trainer/data/label_column counts) is not a number "
+                          "(\"{}\"){}",
+                          path, lineNo, i, shownCell(cell),
+                          !cell.empty() && (cell.front() == '"' || cell.front() == '\'')
+                              ? "; quoted cells are not read: remove the quotes"
+                              : std::string()));
       }
       // inf, nan, or beyond float's range: one such value turns every weight into NaN.
       if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max()) {
         const std::string cell(b, e);
-        throw SpecError(fmt::format("{}:{}: column {} (0-based) is not a finite number within float's range (\"{}\"); "
-                                    "fix or drop the row",
-                                    path, lineNo, i, shownCell(cell)));
+        throw SpecError(
+            fmt::format("{}:{}: column {} (0-based) is not a finite number within float's range (\"{}\"); "
+                        "fix or drop the row",
+                        path, lineNo, i, shownCell(cell)));
       }
       if (i == labelCol) {
         if (!isLabel(t, v)) checkLabel(t, v, fmt::format("{}:{}", path, lineNo));  // throws, with where
@@ -364,7 +376,7 @@ std::vector<unsigned char> readUpTo(std::istream& in, uint64_t bytes, const std:
 }
 
 std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string& images, const std::string& labels,
-                                 const std::function<void()>& poll) {
+                                  const std::function<void()>& poll) {
   std::ifstream fi(images, std::ios::binary), fl(labels, std::ios::binary);
   if (!fi) throw SpecError(fmt::format("{}: cannot open idx images file", images));
   if (!fl) throw SpecError(fmt::format("{}: cannot open idx labels file", labels));
@@ -378,8 +390,8 @@ std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string&
     const std::streamoff size = f.tellg();
     f.seekg(0);
     if (size >= 0 && size < need)
-      throw SpecError(fmt::format("{}: {} bytes, too short for an {} file (its header alone is {} bytes)", path, size, kind,
-                                  need));
+      throw SpecError(
+          fmt::format("{}: {} bytes, too short for an {} file (its header alone is {} bytes)", path, size, kind, need));
   };
   checkHeader(fi, images, 16, "idx3-ubyte images");
   checkHeader(fl, labels, 8, "idx1-ubyte labels");
@@ -389,19 +401,19 @@ std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string&
     return (m >> 16) == 0x1f8b ? std::string("; it is gzip-compressed: gunzip it first") : std::string();
   };
   if (magic != 0x00000803)
-    throw SpecError(fmt::format("{}: not an idx3-ubyte images file (magic 0x{:08x}, expected 0x00000803){}", images, magic,
-                                gzipHint(magic)));
+    throw SpecError(fmt::format("{}: not an idx3-ubyte images file (magic 0x{:08x}, expected 0x00000803){}", images,
+                                magic, gzipHint(magic)));
   uint32_t n = be32(fi), rows = be32(fi), cols = be32(fi);
   uint32_t lmagic = be32(fl);
   if (lmagic != 0x00000801)
-    throw SpecError(fmt::format("{}: not an idx1-ubyte labels file (magic 0x{:08x}, expected 0x00000801){}", labels, lmagic,
-                                gzipHint(lmagic)));
+    throw SpecError(fmt::format("{}: not an idx1-ubyte labels file (magic 0x{:08x}, expected 0x00000801){}", labels,
+                                lmagic, gzipHint(lmagic)));
   uint32_t ln = be32(fl);
   if (ln != n) throw SpecError(fmt::format("{}: {} labels for {} images in {}", labels, ln, n, images));
   const int inputs = t.model.layers.front();
   if (static_cast<uint64_t>(rows) * cols != static_cast<uint64_t>(inputs))
-    throw SpecError(fmt::format("{}: images are {}x{} = {} pixels but /trainer/model/layers starts with {}", images, rows,
-                                cols, static_cast<uint64_t>(rows) * cols, inputs));
+    throw SpecError(fmt::format("{}: images are {}x{} = {} pixels but /trainer/model/layers starts with {}", images,
+                                rows, cols, static_cast<uint64_t>(rows) * cols, inputs));
   // The header's count is not trusted with memory: what is read grows with what the file
   // holds, so a corrupt count (4 billion images) is a "truncated" error, not an allocation
   // of terabytes.
@@ -412,6 +424,17 @@ std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string&
                                 px.size() / (static_cast<uint64_t>(rows) * cols)));
   if (lb.size() < n)
     throw SpecError(fmt::format("{}: truncated: the header says {} labels, the file holds {}", labels, n, lb.size()));
+  // Bytes past the header's count: two files joined, or a count not updated when rows were
+  // appended; which rows are meant is not clear, so it is said rather than cut silently.
+  const std::tuple<std::ifstream*, const std::string*, const char*> files[] = {{&fi, &images, "images"},
+                                                                               {&fl, &labels, "labels"}};
+  for (const auto& [f, path, what] : files) {
+    if (f->peek() == std::char_traits<char>::eof()) continue;
+    throw SpecError(
+        fmt::format("{}: the header says {} {}, but the file holds more bytes after them; make the "
+                    "header's count match the file (or cut the bytes after {} {})",
+                    *path, n, what, n, what));
+  }
   std::vector<float> x(px.size()), y(n);
   // In chunks, polled between them: a file of several GB takes seconds here too.
   constexpr size_t kPollEvery = 4u << 20;
@@ -422,7 +445,8 @@ std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string&
   for (size_t b = 0; b < n; b += kPollEvery) {
     if (poll) poll();
     for (size_t i = b, e = std::min<size_t>(n, b + kPollEvery); i < e; ++i) {
-      if (!isLabel(t, lb[i])) checkLabel(t, lb[i], fmt::format("{}: label #{}", labels, i));  // (the where only when bad)
+      if (!isLabel(t, lb[i]))
+        checkLabel(t, lb[i], fmt::format("{}: label #{}", labels, i));  // (the where only when bad)
       y[i] = lb[i];
     }
   }
@@ -434,10 +458,11 @@ std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string&
 namespace {
 
 std::shared_ptr<TableSet> loadFile(const spec::TrainerSpec& t, const std::string& path, const std::string& labels,
-                                  const std::function<void()>& poll) {
+                                   const std::function<void()>& poll) {
   if (t.model.loss == "mse" && t.model.layers.back() != 1)
-    throw SpecError("trainer: /trainer/model/layers: file data sets have one target column: mse needs an output width of "
-                    "1; make the last layer 1");  // (refused by the spec's checks first; kept for callers without them)
+    throw SpecError(
+        "trainer: /trainer/model/layers: file data sets have one target column: mse needs an output width of "
+        "1; make the last layer 1");  // (refused by the spec's checks first; kept for callers without them)
   return t.data.type == "csv" ? loadCsv(t, path, poll) : loadIdx(t, path, labels, poll);
 }
 
@@ -503,7 +528,8 @@ std::string fingerprint(const spec::TrainerSpec& t) {
     // (a pipe is read once, by the launcher: its times change as it is written, and no
     // worker could read it again anyway)
     if (!S_ISREG(st.st_mode)) {
-      f += fmt::format(";{}:{}:once", static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino));
+      f += fmt::format(";{}:{}:once", static_cast<unsigned long long>(st.st_dev),
+                       static_cast<unsigned long long>(st.st_ino));
       continue;
     }
     f += fmt::format(";{}:{}:{}:{}.{:09}:{}.{:09}", static_cast<unsigned long long>(st.st_dev),
@@ -561,7 +587,8 @@ Fd writeImage(const Tables& tb, const std::string& fp, uint64_t* bytes, bool* co
   const uint64_t total = at;
   Fd fd(static_cast<int>(::syscall(SYS_memfd_create, "dtrain-data", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
   if (!fd) throwErrno("memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(total)) != 0) throwErrno(fmt::format("ftruncate to {}", formatBytes(total)));
+  if (::ftruncate(fd.get(), static_cast<off_t>(total)) != 0)
+    throwErrno(fmt::format("ftruncate to {}", formatBytes(total)));
   void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) throwErrno("mmap");
   char* base = static_cast<char*>(p);
@@ -639,9 +666,9 @@ std::optional<Datasets> mapImage(int fd, const spec::TrainerSpec& t, const std::
       *why = fmt::format("descriptor {}: table {} of the data image is malformed", fd, i);
       return std::nullopt;
     }
-    sets[i] = std::make_shared<TableSet>(static_cast<int>(it.inputs), it.rows,
-                                         reinterpret_cast<const float*>(base + it.x),
-                                         reinterpret_cast<const float*>(base + it.y), m);
+    sets[i] =
+        std::make_shared<TableSet>(static_cast<int>(it.inputs), it.rows, reinterpret_cast<const float*>(base + it.x),
+                                   reinterpret_cast<const float*>(base + it.y), m);
   }
   *bytes = size;
   return slices({sets[0], sets[1]});
@@ -652,11 +679,10 @@ std::optional<Datasets> mapImage(int fd, const spec::TrainerSpec& t, const std::
 std::pair<std::string, std::string> onceReadableDataFile(const spec::TrainerSpec& t) {
   const auto& d = t.data;
   if (d.type == "synthetic") return {};
-  const std::pair<const char*, const std::string*> files[] = {
-      {"/trainer/data/path", &d.path},
-      {"/trainer/data/labels_path", &d.labels_path},
-      {"/trainer/data/eval_path", &d.eval_path},
-      {"/trainer/data/eval_labels_path", &d.eval_labels_path}};
+  const std::pair<const char*, const std::string*> files[] = {{"/trainer/data/path", &d.path},
+                                                              {"/trainer/data/labels_path", &d.labels_path},
+                                                              {"/trainer/data/eval_path", &d.eval_path},
+                                                              {"/trainer/data/eval_labels_path", &d.eval_labels_path}};
   for (const auto& [pointer, path] : files) {
     struct stat st {};
     if (!path->empty() && ::stat(path->c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return {pointer, *path};
@@ -680,7 +706,7 @@ SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::functio
     return out;
   }
   const std::string fp = fingerprint(t);
-  std::string why = fp.empty()         ? "a data file cannot be looked at"
+  std::string why = fp.empty()       ? "a data file cannot be looked at"
                     : fp != fpBefore ? "a data file changed while it was read"
                                      : "";
   bool consumed = false;

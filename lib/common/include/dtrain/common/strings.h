@@ -43,6 +43,10 @@ std::optional<bool> parseSwitch(const std::string& name, const std::string& valu
 // Quotes an argv word for display in a shell-like way, only when needed.
 std::string shellQuote(std::string_view word);
 
+// A command-line flag's integer in [lo, hi]; throws SpecError "<flag>: expected an integer
+// between lo and hi, got "<v>"" for anything else (a sign where none fits, a fraction, junk).
+int parseIntFlag(const std::string& flag, const std::string& v, int lo, int hi);
+
 // "4096", "4K", "256M", "1G" (powers of 1024) -> bytes. Throws SpecError naming `what`.
 size_t parseSize(const std::string& text, const std::string& what);
 
