@@ -829,7 +829,16 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   } else {
     launch::LocalJobOptions lo;
     lo.remove_if_killed = {runDir.path};
-    if (dataImage.fd) lo.inherit_fds.emplace_back(train::kDataImageEnv, dataImage.fd.get());
+    if (dataImage.fd) {
+      lo.inherit_fds.emplace_back(train::kDataImageEnv, dataImage.fd.get());
+      lo.refresh_fds = [&](int attempt) {
+        if (const std::string changed = train::refreshDataImage(*s.trainer, dataImage); !changed.empty())
+          launch::console().write(STDERR_FILENO, fmt::format("dtrain: restart {}: {}\n", attempt, changed));
+        std::vector<std::pair<std::string, int>> fds;
+        if (dataImage.fd) fds.emplace_back(train::kDataImageEnv, dataImage.fd.get());
+        return fds;
+      };
+    }
     r = launch::runLocalJob(s, runId, lo);
   }
   // The job is over, its outcome decided: a signal from now on (a late second Ctrl-C;

@@ -174,6 +174,27 @@ expect_grep "gz-images.idx3-ubyte.gz: not an idx3-ubyte images file \(magic 0x1f
 sed 's|t10k-labels|nope-labels|' "$T/idx.json" > "$T/missing.json"
 "$DTRAIN" run "$T/missing.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "missing file exits 2"
 expect_grep "/trainer/data/eval_labels_path: file \".*nope-labels.idx1-ubyte\" does not exist" "$T/err" "missing file named"
+# A data file changed while the job runs (here touched: its times) is read again at the
+# restart: the launcher makes the image again, rather than each restarted worker parsing the
+# files on top of the stale one.
+cp "$T/train.csv" "$T/live.csv"
+cat > "$T/live.json" <<JSON
+{"nproc_per_node": 2, "max_restarts": 1, "restart_backoff_s": 0.1,
+ "trainer": {"model": {"layers": [4, 32, 3]}, "data": {"type": "csv", "path": "$T/live.csv", "label_column": "label"},
+  "batch_size": 32, "epochs": 400, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log_every_steps": 100000,
+  "checkpoint": {"dir": "$T/live-ckpt", "every_steps": 50}}}
+JSON
+"$DTRAIN" run "$T/live.json" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 600); do ls "$T/live-ckpt" 2>/dev/null | grep -q "^ckpt-" && break; sleep 0.1; done
+touch "$T/live.csv"
+victim=$(pgrep -P "$DTRAIN_PID" -f " train " | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "a data file changed, then a restart: the job completes"
+expect_grep "^dtrain: restart 1: $T/live.csv changed since the data image was made; made it again from the file as it is now \([0-9]+ KiB\)$" "$T/err" "the changed file: the image made again"
+expect_eq "$(grep -c "^\\[rank 0\\] trainer: data mapped from this host's data image" "$T/out")" 2 "both attempts' workers map an image"
+expect_no_grep "parsed from the files" "$T/out" "no restarted worker parses the files itself"
 # A data file that is a pipe is read once, by the launcher: a local job's workers get it
 # through the data image; where they would each read it again (DTRAIN_DATA_SHARE=0, several
 # hosts) the job is refused at once (exit 2), rather than workers waiting for rows for good.

@@ -106,6 +106,39 @@ TEST_F(DataImage, AFileChangedSinceTheLaunchIsParsedAgain) {
   EXPECT_FALSE(openDatasets(t_).shared);
 }
 
+// Before a restart the launcher (or agent) makes the image again for files that changed: the
+// restarted workers map what the files hold now instead of each parsing them.
+TEST_F(DataImage, ARestartGetsAnImageOfTheFilesAsTheyAreNow) {
+  SharedDatasets s = openSharedDatasets(t_);
+  ASSERT_TRUE(s.image.fd);
+  ::dtrain::train::DataImage image = std::move(s.image);
+  s.sets = {};
+  EXPECT_EQ(refreshDataImage(t_, image), "");  // nothing changed: the same image
+  const int before = image.fd.get();
+  EXPECT_EQ(image.fd.get(), before);
+  writeCsv(dir_ + "/train.csv", 60, 5);
+  const std::string said = refreshDataImage(t_, image);
+  EXPECT_HAS(said, dir_ + "/train.csv changed since the data image was made; made it again");
+  ASSERT_TRUE(image.fd) << image.problem;
+  setFd(image.fd.get());
+  Datasets w = openDatasets(t_);
+  EXPECT_TRUE(w.shared) << w.note;
+  EXPECT_EQ(w.train->size() + w.eval->size(), 60u);
+  EXPECT_EQ(refreshDataImage(t_, image), "");
+  // A file that no longer parses leaves no image: the workers parse it and say what is wrong.
+  { std::ofstream(dir_ + "/train.csv") << "a,label,b,c\n1,2,x,4\n"; }
+  EXPECT_HAS(refreshDataImage(t_, image), "changed since the data image was made; the workers read the files (");
+  EXPECT_FALSE(image.fd);
+  EXPECT_EQ(refreshDataImage(t_, image), "");  // (no image: nothing to refresh)
+  // A file gone.
+  writeCsv(dir_ + "/train.csv", 50, 0);
+  s = openSharedDatasets(t_);
+  image = std::move(s.image);
+  s.sets = {};
+  std::filesystem::remove(dir_ + "/train.csv");
+  EXPECT_HAS(refreshDataImage(t_, image), "train.csv is gone since the data image was made; the workers read the files");
+}
+
 // A rewrite of the same size whose modification time is put back (cp -p, rsync -t): only the
 // change time tells it.
 TEST_F(DataImage, ASameSizeRewriteWithItsOldModificationTimeIsParsedAgain) {

@@ -599,6 +599,11 @@ int runAgent(const AgentOptions& opts) {
                              std::to_string(plan.master_port), std::to_string(round.round),
                              std::to_string(plan.workers.size())}));
 
+    // A data file changed since this host's image was made (between rounds: no worker maps it
+    // now): made again, or the workers would each parse the files on top of the stale one.
+    if (spec.trainer && dataImage.fd)
+      if (const std::string changed = train::refreshDataImage(*spec.trainer, dataImage); !changed.empty())
+        std::cerr << fmt::format("round {}: {}\n", round.round, changed);
     launch::LocalRunOptions lo;
     lo.line_sink = [](const launch::WorkerSlot& s, bool isErr, std::string_view line) {
       send(proto::record(isErr ? 'E' : 'O', {std::to_string(s.global_rank), std::to_string(s.local_rank), std::string(line)}));

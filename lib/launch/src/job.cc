@@ -288,12 +288,14 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const Loca
   plan.store_token = js.token;
   std::vector<spec::JobEvent> events;
   std::string ompSaid;  // (said again by an attempt whose default changed)
+  std::vector<std::pair<std::string, int>> fds = options.inherit_fds;
   for (int attempt = 0;; ++attempt) {
+    if (attempt > 0 && options.refresh_fds) fds = options.refresh_fds(attempt);
     LocalRunOptions lo;
     lo.omp_said = &ompSaid;
     lo.restart_count = attempt;
     lo.remove_if_killed = options.remove_if_killed;
-    lo.inherit_fds = options.inherit_fds;
+    lo.inherit_fds = fds;
     plan.round = attempt;
     RunResult r = makeLocalLauncher(lo)->run(plan, spec);
     // A worker that died of a stop signal from outside, with dtrain's own signal within

@@ -719,6 +719,7 @@ SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::functio
         out.sets.shared = true;
         out.image.fd = std::move(fd);
         out.image.bytes = bytes;
+        out.image.fingerprint = fp;
         return out;
       }
     } catch (const IoError& e) {
@@ -729,6 +730,51 @@ SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::functio
   out.sets = slices(tb);
   out.image.problem = why;
   return out;
+}
+
+std::string refreshDataImage(const spec::TrainerSpec& t, DataImage& image, const std::function<void()>& poll) {
+  if (!image.fd) return "";
+  const std::string now = fingerprint(t);
+  if (now == image.fingerprint) return "";
+  // Which file: the fingerprint's parts after the fields are the four paths', in order.
+  std::string which = "a data file";
+  const auto& d = t.data;
+  const std::string* paths[] = {&d.path, &d.labels_path, &d.eval_path, &d.eval_labels_path};
+  const auto parts = [](const std::string& f) {
+    std::vector<std::string> out;
+    for (size_t at = 0;;) {
+      const size_t semi = f.find(';', at);
+      out.push_back(f.substr(at, semi == std::string::npos ? semi : semi - at));
+      if (semi == std::string::npos) return out;
+      at = semi + 1;
+    }
+  };
+  const auto was = parts(image.fingerprint), is = parts(now);
+  constexpr size_t kFields = 6;  // (type, inputs, outputs, loss, label_column, header)
+  for (size_t i = 0; i < 4; ++i) {
+    const size_t k = kFields + i;
+    if (k < was.size() && (k >= is.size() || was[k] != is[k]) && !paths[i]->empty()) {
+      which = *paths[i];
+      break;
+    }
+  }
+  std::error_code ec;
+  const bool gone = !std::filesystem::exists(which, ec);
+  // The old image first: its memory is given back before the new one is made (no worker
+  // maps it any more between attempts).
+  image = DataImage{};
+  try {
+    SharedDatasets fresh = openSharedDatasets(t, poll, true);
+    image = std::move(fresh.image);
+  } catch (const SpecError& e) {
+    image.problem = e.what();
+  }
+  if (!image.fd)
+    return fmt::format("{} {} since the data image was made; the workers read the files ({})", which,
+                       gone ? "is gone" : "changed", image.problem);
+  return fmt::format("{} changed since the data image was made; made it again from the file as it is now ({})",
+                     which, image.bytes < (1u << 20) ? fmt::format("{} KiB", (image.bytes + 1023) / 1024)
+                                                      : formatBytes(image.bytes));
 }
 
 Datasets openDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll) {

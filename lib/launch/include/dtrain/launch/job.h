@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -103,6 +104,10 @@ struct LocalJobOptions {
   std::vector<std::string> remove_if_killed;
   // Descriptors every worker of every attempt inherits (see LocalRunOptions).
   std::vector<std::pair<std::string, int>> inherit_fds;
+  // Called before each attempt after the first (the previous attempt's workers are gone) with
+  // that attempt's number; what it returns replaces inherit_fds from then on (a data image
+  // made again for data files that changed). Called on the launcher's thread.
+  std::function<std::vector<std::pair<std::string, int>>(int attempt)> refresh_fds;
 };
 RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const LocalJobOptions& options = {});
 

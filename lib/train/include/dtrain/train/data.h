@@ -53,6 +53,7 @@ struct DataImage {
   Fd fd;                 // invalid: no image (synthetic data, or `problem`)
   uint64_t bytes = 0;    // its size
   std::string problem;   // why a file data set got no image ("" otherwise)
+  std::string fingerprint;  // what it was made from (the data fields, each file's identity and times)
 };
 struct SharedDatasets {
   Datasets sets;  // views of the image when there is one (the parse's own copy is freed)
@@ -63,6 +64,13 @@ struct SharedDatasets {
 // refused, no memory) is no error: image.problem says why, and the workers parse the files.
 SharedDatasets openSharedDatasets(const spec::TrainerSpec& t, const std::function<void()>& poll = {},
                                   bool makeImage = true);
+// Before a restart (no worker maps `image` then): when one of `t`'s files changed since
+// `image` was made from them (rewritten, replaced, gone), the image is made again from the
+// files as they are now, and a line saying so is returned; "" when nothing changed or there
+// is no image. Without this, each of the restart's workers would parse the files on top of
+// the stale image (memory the launch's estimate did not count). A file that no longer parses
+// leaves no image (`image.problem` says why): the workers parse it and say what is wrong.
+std::string refreshDataImage(const spec::TrainerSpec& t, DataImage& image, const std::function<void()>& poll = {});
 // The JSON path and name of the first of the spec's data files that is not a regular file (a
 // pipe, a process substitution): it can be read once, so only through the launcher's image;
 // empty when all are regular files (or the data is synthetic).
