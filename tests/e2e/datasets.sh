@@ -84,7 +84,19 @@ done
 # Bad data: refused with file:line and column, exit 2, nothing started.
 sed "s|train.csv|bad.csv|" "$T/csv.json" > "$T/bad.json"
 "$DTRAIN" run "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bad csv exits 2"
-expect_grep "^dtrain: error: .*bad.csv:3: column 3 \(0-based, as /trainer/data/label_column counts\) is not a number \(\"x3\"\)$" "$T/err" "bad csv names line and column"
+expect_grep "^dtrain: error: .*bad.csv:3: column 3 \(0-based, as /trainer/data/label_column counts\) is not a number \(\"x3\"\); every cell must be a number \(the label a class index\): fix or drop the row$" "$T/err" "bad csv names line and column, and the fix"
+# Rows of another width, a label that is no class index, a header the spec does not say: each
+# with its fix.
+printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n1,2,0,3\n' > "$T/bad.csv"
+"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a short row: exit 2"
+expect_grep "bad.csv:3: has 4 columns, expected 5 \(as the header\); fix or drop the row" "$T/err" "a short row: said, with the fix"
+printf 'f1,f2,label,f3,f4\n1,2,0.5,3,4\n' > "$T/bad.csv"
+"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a fractional label: exit 2"
+expect_grep 'bad.csv:2: label 0.5 is not a class index in 0..2 \(the model.s output width\); labels are class indices \(0, 1, ...\): fix it, or use /trainer/model/loss "mse"' "$T/err" "a fractional label: said, with the fix"
+printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n' > "$T/bad.csv"
+sed 's|"label_column": "label"|"label_column": "2", "header": false|' "$T/bad.json" > "$T/nohdr.json"
+"$DTRAIN" validate "$T/nohdr.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a header the spec does not say: exit 2"
+expect_grep 'bad.csv:1: column 0 .* is not a number \("f1"\); if this line is a header, set /trainer/data/header to true$' "$T/err" "a header the spec does not say: said, with the fix"
 # inf, nan and numbers beyond float's range would turn every weight into NaN and still "succeed".
 for v in inf nan 1e400; do
   printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n1,%s,1,3,4\n' "$v" > "$T/bad.csv"
@@ -111,7 +123,7 @@ expect_grep 'it has "f1", "f2", "lab\\x00el", "f3", "f4"\); set /trainer/data/la
 # name (the last one was taken, the first trained on as a feature), CR-only line ends.
 printf 'f1,f2,label,f3,f4\n1\0zz,2,0,3,4\n' > "$T/bad.csv"
 "$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "NUL in a cell: exit 2"
-expect_grep 'bad.csv:2: column 0 \(0-based, as /trainer/data/label_column counts\) is not a number \("1\\x00zz"\)$' "$T/err" "NUL in a cell: named"
+expect_grep 'bad.csv:2: column 0 \(0-based, as /trainer/data/label_column counts\) is not a number \("1\\x00zz"\); every cell must be' "$T/err" "NUL in a cell: named"
 printf 'f1,label,f3,f4,label\n1,2,0,3,1\n' > "$T/bad.csv"
 "$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "two label columns: exit 2"
 expect_grep 'bad.csv:1: two columns are named "label" \(columns 1 and 4, 0-based\): which is the label is not clear; rename one' "$T/err" "two label columns: said"
@@ -143,7 +155,7 @@ sed 's|"label_column": "label"|"label_column": "99999999999", "header": false|' 
 expect_grep "label column 99999999999 does not exist \(5 columns\); set /trainer/data/label_column" "$T/err" "huge label column index explained"
 sed 's|"layers": \[64, 32, 4\]|"layers": [64, 32, 3]|' "$T/idx.json" > "$T/cls.json"
 "$DTRAIN" run "$T/cls.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "label out of range exits 2"
-expect_grep "is not a class index in 0..2" "$T/err" "label range explained"
+expect_grep "is not a class index in 0..2 \(the model's output width\); fix it, or, with 4 classes or more, make the last of /trainer/model/layers 4$" "$T/err" "label range explained, with the fix"
 # A corrupt count in the idx headers (4 billion images): "truncated", not terabytes allocated.
 python3 - "$T" <<'PY'
 import sys

@@ -194,8 +194,14 @@ bool isLabel(const spec::TrainerSpec& t, double v) {
 
 void checkLabel(const spec::TrainerSpec& t, double v, const std::string& where) {
   if (isLabel(t, v)) return;
-  throw SpecError(fmt::format("{}: label {} is not a class index in 0..{} (the model's output width)", where, v,
-                              t.model.layers.back() - 1));
+  const bool classIndex = v == std::floor(v) && v >= 0 && v < (1 << 24);
+  throw SpecError(fmt::format("{}: label {} is not a class index in 0..{} (the model's output width); {}", where, v,
+                              t.model.layers.back() - 1,
+                              classIndex ? fmt::format("fix it, or, with {} classes or more, make the last of "
+                                                       "/trainer/model/layers {}",
+                                                       v + 1, v + 1)
+                                         : std::string("labels are class indices (0, 1, ...): fix it, or use "
+                                                       "/trainer/model/loss \"mse\" for a regression target")));
 }
 
 // What a line without commas but with another separator says about the file: dtrain reads
@@ -286,7 +292,9 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
     const int cellsHere = static_cast<int>(std::count(line.begin(), line.end(), ',')) + 1;
     if (columns < 0) columns = cellsHere;
     if (cellsHere != columns)
-      throw SpecError(fmt::format("{}:{}: has {} columns, expected {}", path, lineNo, cellsHere, columns));
+      throw SpecError(fmt::format("{}:{}: has {} columns, expected {} (as the {}); fix or drop the row (a "
+                                  "comma inside a cell is not read: quoting is not supported)",
+                                  path, lineNo, cellsHere, columns, t.data.header ? "header" : "first row"));
     if (labelCol >= columns)
       throw SpecError(
           fmt::format("{}: label column {} does not exist ({} columns); set /trainer/data/label_column to a "
@@ -333,7 +341,9 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
                           path, lineNo, i, shownCell(cell),
                           !cell.empty() && (cell.front() == '"' || cell.front() == '\'')
                               ? "; quoted cells are not read: remove the quotes"
-                              : std::string()));
+                          : !t.data.header && y.empty()
+                              ? "; if this line is a header, set /trainer/data/header to true"
+                              : "; every cell must be a number (the label a class index): fix or drop the row"));
       }
       // inf, nan, or beyond float's range: one such value turns every weight into NaN.
       if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max()) {
