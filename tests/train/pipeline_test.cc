@@ -292,6 +292,18 @@ TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
     std::fclose(f);
   }
   EXPECT_THROW(spec::readPipelineManifest(dir + "/manifest.json"), SpecError);
+  // Cut short or damaged: said as such, not as "not a JSON object".
+  for (const auto& [text, said] : {std::pair<const char*, const char*>{"", "manifest.json: empty (a save cut short?)"},
+                                   {"{\"format\": \"dtrain-pipe", "manifest.json: not valid JSON (damaged"},
+                                   {"[1, 2]", "manifest.json: not a JSON object; remove it"}}) {
+    std::ofstream(dir + "/manifest.json", std::ios::trunc) << text;
+    try {
+      spec::readPipelineManifest(dir + "/manifest.json");
+      ADD_FAILURE() << "no error for \"" << text << "\"";
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find(said), std::string::npos) << e.what();
+    }
+  }
   t.max_steps = 16;
   auto resumed = run(2, t);  // warns, resumes from the stage files at step 12
   EXPECT_EQ(resumed.results[0].steps, 16);

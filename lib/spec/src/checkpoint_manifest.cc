@@ -1,15 +1,14 @@
 #include "dtrain/spec/checkpoint_manifest.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "dtrain/common/errors.h"
 
@@ -29,9 +28,15 @@ void fsyncPath(const std::string& path, int flags) {
 }  // namespace
 
 void writePipelineManifest(const std::string& path, const PipelineManifest& m) {
-  nlohmann::json j = {{"format", kFormat},          {"step", m.step},   {"epoch", m.epoch},
-                      {"cursor", m.cursor},         {"world", m.world}, {"stages", m.stages},
-                      {"stage_layers", m.stage_layers}, {"config_hash", m.config_hash}, {"files", m.files}};
+  nlohmann::json j = {{"format", kFormat},
+                      {"step", m.step},
+                      {"epoch", m.epoch},
+                      {"cursor", m.cursor},
+                      {"world", m.world},
+                      {"stages", m.stages},
+                      {"stage_layers", m.stage_layers},
+                      {"config_hash", m.config_hash},
+                      {"files", m.files}};
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
@@ -50,14 +55,17 @@ std::optional<PipelineManifest> readPipelineManifest(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   auto bad = [&](const std::string& why) {
-    return SpecError(fmt::format("{}: {}; remove it (the stage checkpoints are found without it) or use another "
-                                 "/trainer/checkpoint/dir",
-                                 path, why));
+    return SpecError(
+        fmt::format("{}: {}; remove it (the stage checkpoints are found without it) or use another "
+                    "/trainer/checkpoint/dir",
+                    path, why));
   };
   auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
-  if (!j.contains("format") || j["format"] != kFormat)
-    throw bad(fmt::format("/format is not \"{}\"", kFormat));
+  if (j.is_discarded())
+    throw bad(ss.str().empty() ? std::string("empty (a save cut short?)")
+                               : std::string("not valid JSON (damaged, or a save cut short?)"));
+  if (!j.is_object()) throw bad("not a JSON object");
+  if (!j.contains("format") || j["format"] != kFormat) throw bad(fmt::format("/format is not \"{}\"", kFormat));
   PipelineManifest m;
   const char* field = "";
   try {
@@ -80,7 +88,8 @@ std::optional<PipelineManifest> readPipelineManifest(const std::string& path) {
   } catch (const nlohmann::json::exception&) {
     throw bad(fmt::format("/{} is missing or has the wrong type", field));
   }
-  if (m.stages < 1 || static_cast<int>(m.stage_layers.size()) != m.stages || static_cast<int>(m.files.size()) != m.stages)
+  if (m.stages < 1 || static_cast<int>(m.stage_layers.size()) != m.stages ||
+      static_cast<int>(m.files.size()) != m.stages)
     throw bad("/stages, /stage_layers and /files disagree");
   return m;
 }
