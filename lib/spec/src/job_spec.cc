@@ -337,7 +337,13 @@ size_t stringStart(const std::string& text, size_t close) {
 // last one, so {"nproc_per_node": 2, "nproc_per_node": 8} would silently run 8.
 constexpr size_t kMaxJsonDepth = 64;
 
-json parseRefusingDuplicateKeys(const std::string& text, const Checker& c) {
+// The first key given twice is kept in `duplicate` (its object's path, the message) and the
+// parse goes on: the caller says it once the job's name is read (a summary of the refused
+// spec then names its job), or says an error of the JSON itself first.
+struct DuplicateKey {
+  std::string path, message;
+};
+json parseRefusingDuplicateKeys(const std::string& text, const Checker& c, std::optional<DuplicateKey>& duplicate) {
   struct Frame {
     bool object;
     std::string path;                     // JSON pointer of this object or array
@@ -378,10 +384,11 @@ json parseRefusingDuplicateKeys(const std::string& text, const Checker& c) {
         std::string key = parsed.get<std::string>();
         size_t at = stringStart(text, static_cast<size_t>(last - text.data()));
         auto [first, fresh] = f.keys.emplace(key, at);
-        if (!fresh)
-          c.fail(f.path.empty() ? "/" : f.path,
-                 fmt::format("key {} is given twice ({}, then {}); the second would silently override the first; "
-                             "keep one of them", jsonQuoted(key), where(first->second), where(at)));
+        if (!fresh && !duplicate)
+          duplicate = DuplicateKey{f.path.empty() ? "/" : f.path,
+                                   fmt::format("key {} is given twice ({}, then {}); the second would silently "
+                                               "override the first; keep one of them",
+                                               jsonQuoted(key), where(first->second), where(at))};
         f.key = std::move(key);
         break;
       }
@@ -875,8 +882,9 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
                                 source, line, col));
   }
   json root;
+  std::optional<DuplicateKey> duplicate;
   try {
-    root = parseRefusingDuplicateKeys(text, c);
+    root = parseRefusingDuplicateKeys(text, c, duplicate);
   } catch (const json::parse_error& e) {
     auto [line, col] = lineColumn(text, e.byte);
     throw SpecError(fmt::format("{}:{}:{}: invalid JSON: {}", source, line, col, stripJsonPrefix(e.what())));
@@ -896,6 +904,9 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
     throw SpecError(fmt::format("{}: invalid JSON: {}; fix the file's JSON syntax", source, stripJsonPrefix(e.what())));
   }
   if (!root.is_object()) c.fail("/", fmt::format("expected a JSON object at the top level, got {}", typeName(root)));
+  // (a name given twice names no job: which one is meant is the question)
+  if (duplicate && duplicate->path == "/" && duplicate->message.rfind("key \"name\" ", 0) == 0)
+    c.fail(duplicate->path, duplicate->message);
 
   JobSpec spec;
   spec.source = source;
@@ -914,7 +925,9 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
     }
   }
   name = spec.name;
-  // (after the name: a summary of a spec refused for an unknown key still names its job)
+  // (after the name: a summary of a spec refused for a key given twice, or an unknown one,
+  // still names its job)
+  if (duplicate) c.fail(duplicate->path, duplicate->message);
   c.checkKeys(root, "", kTopKeys);
 
   bool hasTrainer = root.contains("trainer");
