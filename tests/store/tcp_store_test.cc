@@ -356,6 +356,14 @@ TEST_F(TcpStoreTest, CommandsBeforeHandshakeAreRefused) {
   EXPECT_EQ(rep->code, ErrorCode::kNotAuthenticated);
   EXPECT_TRUE(r.closedByPeer(2000ms));
   EXPECT_FALSE(client()->check({"k"}));
+  // An opcode no version has, before the handshake: the same answer (not which opcodes exist).
+  Raw u(server_->port());
+  ASSERT_TRUE(u.read());
+  u.sendRaw(std::string("\x00\x00\x00\x01\x7f", 5));
+  rep = u.read();
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->code, ErrorCode::kNotAuthenticated);
+  EXPECT_TRUE(u.closedByPeer(2000ms));
 }
 
 TEST_F(TcpStoreTest, TypedErrorsAndServerStaysUp) {
@@ -432,6 +440,109 @@ TEST_F(TcpStoreTest, QuotaErrors) {
   s->set("a", "overwrite is fine");
   EXPECT_THROW(s->set("b", std::string(2000, 'x')), StoreError);
   EXPECT_EQ(s->get("b"), "2");
+}
+
+// A MULTI_SET is admitted as a whole: checked key by key against the store as it was, two
+// values that fit one at a time went over the limit together.
+TEST_F(TcpStoreTest, MultiSetQuotaCountsTheWholeBatch) {
+  TcpStoreServerOptions o;
+  o.max_total_bytes = 10000;
+  o.max_total_keys = 4;
+  startServer(o);
+  auto s = client();
+  s->set("a", std::string(4000, 'a'));
+  EXPECT_THROW(s->multiSet({"b", "c"}, {std::string(3000, 'b'), std::string(3000, 'c')}), StoreError);
+  EXPECT_FALSE(s->check({"b"}));
+  EXPECT_FALSE(s->check({"c"}));
+  // Overwriting counts the value replaced; a key twice counts its last value.
+  s->multiSet({"a", "b", "b"}, {std::string(10, 'a'), std::string(9000, 'b'), std::string(5000, 'b')});
+  EXPECT_EQ(s->get("b").size(), 5000u);
+  EXPECT_THROW(s->multiSet({"c", "d", "e"}, {"1", "2", "3"}), StoreError);  // 5 keys of 4
+  s->multiSet({"c", "d"}, {"1", "2"});
+  EXPECT_EQ(s->numKeys(), 4);
+}
+
+// Waits that end (timed out, woken, their connection gone) leave no entry in the server's
+// table of waits: a client waiting on fresh keys with a short timeout, over and over, grew it
+// without bound (16 MB per wait on 4096 long keys).
+TEST_F(TcpStoreTest, EndedWaitsLeaveNothingBehind) {
+  auto s = client();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 512; ++i) keys.push_back("missing/" + std::to_string(i));
+  for (int round = 0; round < 5; ++round) EXPECT_THROW(s->wait(keys, 1ms), TimeoutError);
+  EXPECT_EQ(server_->waiterEntryCount(), 0u);
+  // Woken after part of the keys came: the rest's entries go too.
+  std::thread later([&] {
+    auto w = client();
+    std::this_thread::sleep_for(100ms);
+    w->set("x", "1");
+    std::this_thread::sleep_for(100ms);
+    w->set("y", "1");
+  });
+  s->wait({"x", "y", "x"}, 5s);
+  later.join();
+  EXPECT_EQ(server_->waiterEntryCount(), 0u);
+  // A key written, then deleted, before the wait's other key came: the wait still wakes when
+  // it is written again.
+  std::thread again([&] {
+    auto w = client();
+    std::this_thread::sleep_for(100ms);
+    w->set("p", "1");
+    w->deleteKey("p");
+    w->set("q", "1");
+    std::this_thread::sleep_for(100ms);
+    w->set("p", "2");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  s->wait({"p", "q"}, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  again.join();
+  EXPECT_EQ(server_->waiterEntryCount(), 0u);
+  // A waiting connection that closes.
+  {
+    Raw gone(server_->port());
+    gone.auth();
+    gone.send(wire::encodeRequest({Op::kGet, {"never"}, {}, 10000}));
+    for (int i = 0; i < 100 && server_->waiterEntryCount() == 0; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(server_->waiterEntryCount(), 1u);
+  }
+  for (int i = 0; i < 200 && server_->waiterEntryCount() != 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server_->waiterEntryCount(), 0u);
+}
+
+// Connections that once sent or fetched a large value do not keep its room: 8 idle
+// connections after 4 MiB each held 32 MiB (64 with the replies), outside any budget.
+TEST_F(TcpStoreTest, IdleConnectionsKeepNoLargeBuffers) {
+  std::vector<std::unique_ptr<TcpStore>> cs;
+  for (int i = 0; i < 8; ++i) {
+    cs.push_back(client());
+    cs.back()->set("big" + std::to_string(i), std::string(4u << 20, 'v'));
+    EXPECT_EQ(cs.back()->get("big" + std::to_string(i)).size(), 4u << 20);
+  }
+  for (int i = 0; i < 100 && server_->heldBytes() > (1u << 20); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_LT(server_->heldBytes(), 1u << 20);
+}
+
+// The protocol allows pipelining: a request sent behind a GET that waits is read after the
+// GET's reply, however long the wait, not taken for a frame stalled mid-way (frame_timeout).
+TEST_F(TcpStoreTest, ARequestPipelinedBehindAWaitIsServedAfterIt) {
+  TcpStoreServerOptions o;
+  o.frame_timeout = 200ms;
+  startServer(o);
+  Raw r(server_->port());
+  r.auth();
+  const std::string get = r.seal(wire::encodeRequest({Op::kGet, {"later"}, {}, 5000}));
+  const std::string ping = r.seal(wire::encodeRequest({Op::kPing, {}, {}, 0}));  // (sealed in order)
+  r.sendRaw(get + ping);
+  std::this_thread::sleep_for(800ms);  // (4 frame timeouts, and sweeps)
+  client()->set("later", "v");
+  auto v = r.read();
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->op, Op::kValue) << v->message;
+  EXPECT_EQ(v->value, "v");
+  auto p = r.read();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->op, Op::kOk) << p->message;
 }
 
 TEST_F(TcpStoreTest, UnfinishedFramesHaveAGlobalBudget) {

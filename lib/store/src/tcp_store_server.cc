@@ -52,7 +52,12 @@ struct TcpStoreServer::Impl {
   // sessions that handlers still queued in `io` hold when the server is destroyed.
   std::atomic<size_t> connections{0};
   size_t authenticated = 0;    // io thread only
-  size_t buffered = 0;         // bytes of unfinished frames held by authenticated sessions
+  // Bytes held by authenticated sessions' buffers: unfinished frames in, replies on their
+  // way out. io thread; `heldBytes` and
+  // `waiterEntries` mirror it and state.waiters' size for other threads (diagnostics, tests).
+  size_t buffered = 0;
+  size_t held = 0;  // the memory behind them: the buffers' capacity (io thread)
+  std::atomic<size_t> heldBytes{0}, waiterEntries{0};
   std::list<Session*> pending;  // sessions still authenticating, oldest first (each leaves it itself)
   asio::io_context io;
   tcp::acceptor acceptor;
@@ -70,6 +75,8 @@ namespace {
 // A wrong AUTH is answered this much later: each guess at a token costs a connection and
 // this wait, and at most max_unauthenticated connections wait at once.
 constexpr auto kAuthFailureDelay = std::chrono::milliseconds(100);
+// A session's buffers keep at most this much room between frames.
+constexpr size_t kKeptBuffer = 64 * 1024;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -104,7 +111,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void sweep(Clock::time_point now) {
     const auto& o = srv_.opts;
     if (!authed_ && now - connected_ > o.handshake_timeout) return close();
-    if (frameStarted_ && now - frameStart_ > o.frame_timeout) return close();
+    // (only while a frame is being read: not behind a wait or a reply being written, when
+    // the next request's bytes, pipelined, wait for this one's end)
+    if (frameStarted_ && !waiting_ && !writing_ && now - frameStart_ > o.frame_timeout) return close();
     if (o.idle_timeout > Duration::zero() && !waiting_ && now - lastActivity_ > o.idle_timeout) return close();
     if (waiting_ && peerGone()) return close();
   }
@@ -113,7 +122,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void keyWritten() {
     if (!waiting_) return;
     for (const auto& k : waitKeys_)
-      if (!srv_.state.map.count(k)) return;
+      if (!srv_.state.map.count(k)) {
+        // (a key written before and deleted since: notifyKey dropped its entry then)
+        registerWaiter(k);
+        return;
+      }
     finishWait();
   }
 
@@ -123,6 +136,7 @@ class Session : public std::enable_shared_from_this<Session> {
     leavePending();
     // Every caller holds its own reference, so dropping the wait's is safe here.
     auto keep = std::move(waitHold_);
+    if (waiting_) dropWaiterEntries();
     waiting_ = false;
     boost::system::error_code ec;
     waitTimer_.cancel();
@@ -172,6 +186,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (in_.size() < wire::kHeaderSize + len) return readMore();
     std::string frame = in_.substr(0, wire::kHeaderSize + len);
     in_.erase(0, wire::kHeaderSize + len);
+    // A large frame's room goes with it: kept, every idle connection that once sent 16 MiB
+    // would hold 16 MiB.
+    if (in_.capacity() > kKeptBuffer && in_.capacity() > 2 * in_.size()) std::string(in_).swap(in_);
     account();
     frameStarted_ = !in_.empty();
     if (frameStarted_) frameStart_ = Clock::now();
@@ -191,7 +208,10 @@ class Session : public std::enable_shared_from_this<Session> {
     } catch (const wire::WireError& e) {
       // The frame boundary is intact, so the connection can go on after a typed error,
       // except before authentication, where nothing but AUTH is accepted.
-      if (!authed_) return fatal(e.code(), e.what());
+      if (!authed_)
+        return e.code() == ErrorCode::kUnknownOpcode
+                   ? fatal(ErrorCode::kNotAuthenticated, "authenticate first (AUTH with the job token)")
+                   : fatal(e.code(), e.what());
       return reply(wire::errorReply(e.code(), e.what()));
     }
     handle(req);
@@ -210,13 +230,20 @@ class Session : public std::enable_shared_from_this<Session> {
   void send(std::string frame) {
     if (closed_) return;
     out_ = std::move(frame);
+    account();
     writing_ = true;
     auto self = shared_from_this();
     asio::async_write(sock_, asio::buffer(out_), [this, self](boost::system::error_code ec, size_t) {
       writing_ = false;
+      // (a large reply's memory is not kept for the next one)
+      if (out_.capacity() > kKeptBuffer) std::string().swap(out_);
+      account();
       if (ec || closeAfterWrite_) return close();
       lastActivity_ = Clock::now();
       if (evictAfterWrite_) return fatal(ErrorCode::kQuota, evictionNotice());
+      // Pipelined bytes of the next request waited for this one's end: its deadline runs
+      // from now.
+      if (!in_.empty()) frameStart_ = lastActivity_;
       processBuffer();
     });
   }
@@ -238,6 +265,14 @@ class Session : public std::enable_shared_from_this<Session> {
       frame = wire::encodeReply(wire::errorReply(e.code(), e.what()));
       if (sendMac_) frame = sendMac_->seal(std::move(frame));
     }
+    // Replies count against the same budget as unfinished frames: clients that ask for
+    // large values and do not read them would otherwise hold one reply each.
+    if (authed_ && frame.size() > kKeptBuffer && srv_.buffered + frame.size() > srv_.opts.max_buffered_bytes) {
+      frame = wire::encodeReply(wire::errorReply(
+          ErrorCode::kQuota, fmt::format("server holds more than {} bytes of requests and replies in flight; retry later",
+                                         srv_.opts.max_buffered_bytes)));
+      if (sendMac_) frame = sendMac_->seal(std::move(frame));
+    }
     send(std::move(frame));
   }
   void ok() { reply(wire::Reply{}); }
@@ -253,6 +288,33 @@ class Session : public std::enable_shared_from_this<Session> {
       return false;
     }
     if (st.bytes - old + newSize + key.size() > srv_.opts.max_total_bytes) {
+      error(ErrorCode::kQuota, fmt::format("store holds its limit of {} bytes", srv_.opts.max_total_bytes));
+      return false;
+    }
+    return true;
+  }
+
+  // Quota check for a MULTI_SET, as a whole: its keys one by one against the store as it is
+  // would let the batch go over by all but one of its values. (A key given twice counts
+  // its last value, which is the one that stays.)
+  bool admitAll(const std::vector<std::string>& keys, const std::vector<std::string>& values) {
+    auto& st = srv_.state;
+    std::unordered_map<std::string_view, size_t> last;
+    for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = values[i].size();
+    size_t added = 0, bytes = st.bytes;
+    for (const auto& [key, size] : last) {
+      auto it = st.map.find(std::string(key));
+      if (it == st.map.end())
+        ++added;
+      else
+        bytes -= it->second.size() + key.size();
+      bytes += size + key.size();
+    }
+    if (st.map.size() + added > srv_.opts.max_total_keys) {
+      error(ErrorCode::kQuota, fmt::format("store holds its limit of {} keys", srv_.opts.max_total_keys));
+      return false;
+    }
+    if (bytes > srv_.opts.max_total_bytes) {
       error(ErrorCode::kQuota, fmt::format("store holds its limit of {} bytes", srv_.opts.max_total_bytes));
       return false;
     }
@@ -347,8 +409,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       case Op::kMultiSet: {
         if (q.keys.size() != q.values.size()) return error(ErrorCode::kMalformed, "multiSet: key and value counts differ");
-        for (size_t i = 0; i < q.keys.size(); ++i)
-          if (!admit(q.keys[i], q.values[i].size())) return;
+        if (!admitAll(q.keys, q.values)) return;
         for (size_t i = 0; i < q.keys.size(); ++i) put(q.keys[i], std::move(q.values[i]));
         return ok();
       }
@@ -402,9 +463,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // notices a waiter's peer that hung up, see peerGone).
     waitHold_ = shared_from_this();
     for (const auto& k : waitKeys_)
-      if (!srv_.state.map.count(k)) {
-        srv_.state.waiters.emplace(k, weak_from_this());
-      }
+      if (!srv_.state.map.count(k)) registerWaiter(k);
     keyWritten();
     if (!waiting_) return;
     if (q.num >= 0) {
@@ -416,6 +475,7 @@ class Session : public std::enable_shared_from_this<Session> {
       waitTimer_.async_wait([this, self](boost::system::error_code ec) {
         if (ec || !waiting_ || closed_) return;
         waiting_ = false;
+        dropWaiterEntries();  // (else each timed-out wait's keys stay in the table)
         waitHold_.reset();  // self is held by this handler
         std::vector<std::string> missing;
         for (const auto& k : waitKeys_)
@@ -428,6 +488,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void finishWait() {
     auto keep = std::move(waitHold_);  // alive until the reply's write holds its own reference
     waiting_ = false;
+    dropWaiterEntries();
     waitTimer_.cancel();
     auto& st = srv_.state;
     wire::Reply r;
@@ -452,6 +513,29 @@ class Session : public std::enable_shared_from_this<Session> {
     reply(r);
   }
 
+  // This session's entry for `key` in state.waiters, once (a wait on 4096 keys, or a key
+  // rewritten and deleted over and over, must not pile up entries).
+  void registerWaiter(const std::string& key) {
+    auto& w = srv_.state.waiters;
+    auto range = w.equal_range(key);
+    for (auto it = range.first; it != range.second; ++it)
+      if (it->second.lock().get() == this) return;
+    w.emplace(key, weak_from_this());
+    srv_.waiterEntries = w.size();
+  }
+  // Removes this session's entries: its wait ended (woken, timed out, closed).
+  void dropWaiterEntries() {
+    auto& w = srv_.state.waiters;
+    for (const auto& k : waitKeys_) {
+      auto range = w.equal_range(k);
+      for (auto it = range.first; it != range.second;) {
+        const auto s = it->second.lock();
+        it = !s || s.get() == this ? w.erase(it) : std::next(it);
+      }
+    }
+    srv_.waiterEntries = w.size();
+  }
+
   // True when the peer of a waiting session hung up (or its socket failed). No read is
   // pending while waiting, so Asio would not tell us; POLLRDHUP sees the FIN even behind
   // pipelined bytes we have not read yet. A half-close counts as gone, as EOF does in
@@ -467,12 +551,19 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<Session> waitHold_;  // self while waiting; see startWait
   std::array<char, 16 * 1024> chunk_{};
   size_t accounted_ = 0;  // our share of srv_.buffered
+  size_t heldRoom_ = 0;   // and of srv_.held
 
   // Only authenticated sessions spend the shared budget (see max_buffered_bytes).
   void account() {
-    const size_t mine = authed_ ? in_.size() : 0;
+    // (sizes: the room beyond them is at most the string's doubling while a frame arrives,
+    // and is given back after each frame and reply, see kKeptBuffer)
+    const size_t mine = authed_ ? in_.size() + out_.size() : 0;
+    const size_t room = authed_ ? in_.capacity() + out_.capacity() : 0;
     srv_.buffered = srv_.buffered - accounted_ + mine;
+    srv_.held = srv_.held - heldRoom_ + room;
+    srv_.heldBytes = srv_.held;
     accounted_ = mine;
+    heldRoom_ = room;
   }
   void leavePending() {
     if (!pending_) return;
@@ -494,6 +585,8 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() {
     leavePending();
     srv_.buffered -= accounted_;
+    srv_.held -= heldRoom_;
+    srv_.heldBytes = srv_.held;
     if (authed_) --srv_.authenticated;
     --srv_.connections;
   }
@@ -507,6 +600,7 @@ void TcpStoreServer::Impl::notifyKey(const std::string& key) {
   for (auto it = range.first; it != range.second; ++it)
     if (auto s = it->second.lock()) wake.push_back(std::move(s));
   state.waiters.erase(range.first, range.second);
+  waiterEntries = state.waiters.size();
   for (auto& s : wake) s->keyWritten();
 }
 
@@ -552,6 +646,7 @@ void TcpStoreServer::Impl::scheduleSweep() {
     // Waiter entries of sessions that went away.
     for (auto it = state.waiters.begin(); it != state.waiters.end();)
       it = it->second.expired() ? state.waiters.erase(it) : std::next(it);
+    waiterEntries = state.waiters.size();
     scheduleSweep();
   });
 }
@@ -579,6 +674,10 @@ TcpStoreServer::~TcpStoreServer() { stop(); }
 int TcpStoreServer::port() const { return impl_->port; }
 
 size_t TcpStoreServer::connectionCount() const { return impl_->connections.load(); }
+
+size_t TcpStoreServer::heldBytes() const { return impl_->heldBytes.load(); }
+
+size_t TcpStoreServer::waiterEntryCount() const { return impl_->waiterEntries.load(); }
 
 void TcpStoreServer::start() {
   DTRAIN_CHECK(!impl_->thread.joinable());

@@ -42,8 +42,9 @@ struct TcpStoreServerOptions {
   // (with QUOTA). Honest clients authenticate within a round trip, so only a flood of
   // connections that never authenticate is dropped, and it cannot take authenticated slots.
   size_t max_unauthenticated = 256;
-  // Bytes of unfinished frames held across all authenticated connections: many clients each
-  // sending most of a maximal frame cannot exhaust memory. Unauthenticated connections do
+  // Bytes of unfinished frames and unread replies held across all authenticated connections:
+  // many clients each sending most of a maximal frame, or asking for large values and not
+  // reading them, cannot exhaust memory (a reply past it is answered QUOTA). Unauthenticated connections do
   // not count (each holds at most a 128-byte frame, wire::kMaxHandshakeFrame), so they
   // cannot spend this budget for the job's own clients.
   size_t max_buffered_bytes = 256u << 20;
@@ -69,6 +70,11 @@ class TcpStoreServer {
   void run();
   void stop();
   size_t connectionCount() const;
+  // Memory the authenticated sessions' buffers hold (their capacity: requests being read,
+  // replies being written), and entries in the table of waits on keys: both bounded by what is in flight,
+  // not by what connections once did. For diagnostics and tests; any thread.
+  size_t heldBytes() const;
+  size_t waiterEntryCount() const;
 
   struct Impl;  // opaque; public only so that the .cc's sessions can name it
 
