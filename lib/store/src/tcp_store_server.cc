@@ -462,8 +462,11 @@ class Session : public std::enable_shared_from_this<Session> {
     // keep it alive. It lives until woken, timed out, or its socket closes (the sweep
     // notices a waiter's peer that hung up, see peerGone).
     waitHold_ = shared_from_this();
+    // (each key once; no entry of this session's can exist yet, so none is looked for: a
+    // thousand workers waiting on one barrier key register in linear time)
+    std::unordered_set<std::string_view> seen;
     for (const auto& k : waitKeys_)
-      if (!srv_.state.map.count(k)) registerWaiter(k);
+      if (!srv_.state.map.count(k) && seen.insert(k).second) registerWaiter(k, false);
     keyWritten();
     if (!waiting_) return;
     if (q.num >= 0) {
@@ -515,10 +518,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // This session's entry for `key` in state.waiters, once (a wait on 4096 keys, or a key
   // rewritten and deleted over and over, must not pile up entries).
-  void registerWaiter(const std::string& key) {
+  void registerWaiter(const std::string& key, bool mayExist = true) {
     auto& w = srv_.state.waiters;
     auto range = w.equal_range(key);
-    for (auto it = range.first; it != range.second; ++it)
+    for (auto it = range.first; mayExist && it != range.second; ++it)
       if (it->second.lock().get() == this) return;
     w.emplace(key, weak_from_this());
     srv_.waiterEntries = w.size();
