@@ -99,7 +99,10 @@ double parseDoubleFlag(const std::string& flag, const std::string& v) {
   } catch (...) {
     used = 0;
   }
-  if (used != v.size() || v.empty()) throw SpecError(fmt::format("{}: expected seconds, got \"{}\"", flag, v));
+  // (decimal only: stod also reads hex, "inf" and "nan")
+  const bool decimal = v.find_first_not_of("0123456789.eE+-") == std::string::npos;
+  if (used != v.size() || v.empty() || !decimal || !std::isfinite(out))
+    throw SpecError(fmt::format("{}: expected seconds, got \"{}\"", flag, v));
   return out;
 }
 
@@ -420,6 +423,15 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     s.command = a.command;
     s.name = jobNameOf(a.command);
   } else {
+    // `dtrain run --nproc-per-node job.json`: the flag took the spec for its value.
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--nproc-per-node", &a.nproc},
+                                      {"--nnodes", &a.nnodes},
+                                      {"--max-restarts", &a.max_restarts},
+                                      {"--hostfile", &a.hostfile}})
+      if (value->size() > 5 && value->compare(value->size() - 5, 5, ".json") == 0)
+        throw SpecError(fmt::format("nothing to {0}: {1} took \"{2}\" for its value; give {1} a value, e.g. "
+                                    "dtrain {0} {1} 2 {2}",
+                                    a.verb, flag, *value));
     throw SpecError(
         fmt::format("nothing to {0}; give a job spec (dtrain {0} job.json) or a command (dtrain {0} -- "
                     "python3 train.py)",
@@ -690,7 +702,7 @@ bool writeSummary(const RunArgs& a, const spec::RunSummary& sum) {
     return true;
   } catch (const std::exception& e) {
     // (after a run, behind what its console still holds)
-    launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: --summary-json: {}\n", e.what()));
+    launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: --summary-json: {}\n", oneLine(e.what())));
     return false;
   }
 }
@@ -974,8 +986,17 @@ int cmdRun(RunArgs& a) {
 // The error that ends dtrain, as one write: a worker's last line must not be cut between
 // its parts by the teardown's signal (std::cerr is unbuffered: one write per <<). Through
 // the console, behind what a run left in it.
-int sayError(const char* what, int code) {
-  launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: {}\n", what));
+// (one line whatever it quotes: a path or a command word with a newline, an ESC, is shown
+// escaped, not as a second line or a terminal control; a `table`, the pre-flight's one line
+// per host, keeps its lines, each escaped)
+int sayError(const char* what, int code, bool table = false) {
+  std::string text;
+  if (table) {
+    for (const std::string& line : split(what, '\n')) text += (text.empty() ? "" : "\n") + oneLine(line);
+  } else {
+    text = oneLine(what);
+  }
+  launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: {}\n", text));
   return code;
 }
 
@@ -1146,7 +1167,7 @@ int dtrainMain(int argc, char** argv) {
   }
   auto usageError = [&](const std::string& what) {
     if (isRun) enterRunEnd(kExitUsage);
-    launch::console().write(STDERR_FILENO, "dtrain: error: " + what + "\n");  // (main() writes it out)
+    launch::console().write(STDERR_FILENO, "dtrain: error: " + oneLine(what) + "\n");  // (main() writes it out)
     if (isRun && !cliSummary.empty() && cliSummary[0] != '-')
       writeFailedSummary(cliSummary, "", "", kExitUsage, what, 0);
     return kExitUsage;
@@ -1182,7 +1203,7 @@ int dtrainMain(int argc, char** argv) {
   app::addAgentCommand(app);
 
   if (const std::string bad = unknownCommand(app, args); !bad.empty()) {
-    std::cerr << "dtrain: error: " << bad << "\n";
+    std::cerr << "dtrain: error: " << oneLine(bad) << "\n";
     return kExitUsage;
   }
   // mpirun's single-dash long options: CLI11 would read `-hostfile` as -h (help, exit 0).
@@ -1299,6 +1320,8 @@ int dtrainMain(int argc, char** argv) {
     }
   } catch (const SpecError& e) {
     return sayError(e.what(), kExitUsage);
+  } catch (const launch::PreflightError& e) {
+    return sayError(e.what(), kExitFailure, true);
   } catch (const std::exception& e) {  // IoError and the rest: dtrain itself failed
     return sayError(e.what(), kExitFailure);
   }

@@ -230,23 +230,23 @@ int runStoreCommand() {
     }
     return 0;
   } catch (const TimeoutError& e) {
-    std::cerr << "dtrain: error: " << e.what() << "\n";
+    std::cerr << "dtrain: error: " << oneLine(e.what()) << "\n";
     return 3;
   } catch (const store::AuthError& e) {
-    std::cerr << "dtrain: error: " << e.what() << "\n";
+    std::cerr << "dtrain: error: " << oneLine(e.what()) << "\n";
     return 5;
   } catch (const IoError& e) {
-    std::cerr << "dtrain: error: " << e.what() << "\n";
+    std::cerr << "dtrain: error: " << oneLine(e.what()) << "\n";
     return 4;
   } catch (const store::RequestRefusedError& e) {
     // Refused as given (add on a value that is not a number, a sum beyond int64, a key over
     // the limits): retrying cannot help, so it is bad input.
-    std::cerr << "dtrain: error: " << e.what() << "\n";
+    std::cerr << "dtrain: error: " << oneLine(e.what()) << "\n";
     return kExitUsage;
   } catch (const store::StoreError& e) {
     // Other server errors: QUOTA, also a store too busy to take the connection
     // (StoreBusyError), which is not a token problem (5).
-    std::cerr << "dtrain: error: " << e.what() << "\n";
+    std::cerr << "dtrain: error: " << oneLine(e.what()) << "\n";
     return kExitFailure;
   }
 }

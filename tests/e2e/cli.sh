@@ -365,4 +365,17 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   "$DTRAIN" run --dry-run "$SRC/configs/quickstart_gpu.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "GPU spec without GPUs: --dry-run exits 2"
   expect_grep '/trainer/device: "cuda" but (no GPU is visible here|this dtrain is a CPU build)' "$T/err" "GPU spec without GPUs: --dry-run says why"
 fi
+# The error line is one line whatever it quotes (a command word or a path with a newline, an
+# ESC); a flag that took the spec for its value says so; seconds are decimal (no hex).
+printf '{"command": ["a\\nb\\u001b[0m"]}' > "$T/nl.json"
+"$DTRAIN" validate "$T/nl.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a command word with a newline: exit 2"
+expect_eq "$(wc -l < "$T/err")" 1 "a command word with a newline: one line"
+expect_grep 'cannot run "a\\nb\\x1b\[0m"' "$T/err" "a command word with a newline: shown escaped"
+"$DTRAIN" validate "$T/no
+such.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a spec path with a newline: exit 2"
+expect_eq "$(wc -l < "$T/err")" 1 "a spec path with a newline: one line"
+"$DTRAIN" validate --nproc-per-node "$T/nl.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--nproc-per-node without its value: exit 2"
+expect_grep "nothing to validate: --nproc-per-node took \".*nl.json\" for its value; give --nproc-per-node a value" "$T/err" "--nproc-per-node without its value: said"
+"$DTRAIN" validate --shutdown-timeout 0x10 "$SRC/configs/quickstart.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--shutdown-timeout 0x10: exit 2"
+expect_grep '^dtrain: error: --shutdown-timeout: expected seconds, got "0x10"$' "$T/err" "--shutdown-timeout 0x10: said"
 finish

@@ -162,6 +162,32 @@ TEST(Hostfile, BadSlotCounts) {
   EXPECT_EQ(hostfileError("h1:2 slots=2\n"), "hosts:1: slots is given twice for host \"h1\"; keep one");
 }
 
+// Found by a fuzzer (helper-69): files with CR-only line ends were one line, a '#' in it
+// dropping every host after it without a word; names that are neither host names nor IPv6
+// addresses reached ssh.
+TEST(Hostfile, CrOnlyLineEndsAndNamesNoResolverHas) {
+  EXPECT_EQ(hostfileError("gpu-a slots=2\r# spare\rgpu-b slots=2\r"),
+            "hosts:1: the lines end with a carriage return alone (CR, not LF or CRLF): convert the file (tr '\\r' '\\n')");
+  EXPECT_EQ(parseHostfile("gpu-a slots=2\r\ngpu-b\r\n", "hosts").size(), 2u);  // CRLF is fine
+  EXPECT_NE(errorOf([] { parseEnvFile("A=1\r# c\rB=2\r", "vars.env"); }).find("vars.env:1: the lines end with a carriage return alone"),
+            std::string::npos);
+  for (const char* bad : {"gpu-a:8:", "gpu-a:2:4", "gpu-a::8", "h%1", "%", "fe80::1%"})
+    EXPECT_NE(hostfileError(std::string(bad) + "\n").find("is neither a host name nor an IPv6 address"), std::string::npos)
+        << bad;
+  for (const char* bad : {"1.2", ".", "1.2.3.4.5", "300.1.1.1"})
+    EXPECT_NE(hostfileError(std::string(bad) + "\n").find("is not an IPv4 address"), std::string::npos) << bad;
+  EXPECT_NE(hostfileError("a..b\n").find("has an empty part between dots"), std::string::npos);
+  EXPECT_NE(hostfileError("::\n").find("the unspecified address"), std::string::npos);
+  EXPECT_NE(hostfileError("[gpu-a]:2\n").find("brackets are for IPv6 addresses"), std::string::npos);
+  for (const char* good : {"fe80::1%eth0", "::1", "[::1]:2", "10.0.0.1", "h.example.com.", "node_1", "user@gpu-a:2"})
+    EXPECT_NO_THROW(parseHostfile(std::string(good) + "\n", "hosts")) << good;
+  EXPECT_NE(errorOf([] { parseHostList("gpu-a::8"); }).find("neither a host name nor an IPv6 address"), std::string::npos);
+  EXPECT_NE(specError(R"({"command": ["true"], "nodes": [{"host": "gpu-a:2:4"}]})").find("/nodes/0/host"), std::string::npos);
+  EXPECT_NE(specError(R"({"command": ["true"], "nodes": [{"host": "localhost", "gpus": []}]})")
+                .find("job.json: /nodes/0/gpus: is empty; list the GPUs"),
+            std::string::npos);
+}
+
 TEST(Hostfile, Duplicates) {
   EXPECT_EQ(hostfileError("# c\nh1 slots=2\nh2\n\nh1 slots=2\n"),
             "hosts:5: host \"h1\" is listed twice (first on line 2); remove one of the lines (slots=N runs more workers "

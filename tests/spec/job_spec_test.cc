@@ -167,6 +167,29 @@ TEST(JobSpec, MultiNodeKeysAreChecked) {
             "digit");
 }
 
+TEST(JobSpec, FuzzedValuesThatPassedAreRefused) {
+  EXPECT_EQ(errorOf(R"({"command": ["true"], "worker_timeout_s": 1e-300})"),
+            "job.json: /worker_timeout_s: 1e-300 s is too short for any worker to show it is alive; give 0 (off) or at "
+            "least 1, more than a step takes");
+  EXPECT_NO_THROW(parseJobSpec(R"({"command": ["true"], "worker_timeout_s": 1})", "job.json"));
+  EXPECT_NO_THROW(parseJobSpec(R"({"command": ["true"], "worker_timeout_s": 0})", "job.json"));
+  for (const char* ch : {"\\u2028", "\\u2029", "\\u202e", "\\u2066"})
+    EXPECT_NE(errorOf(std::string(R"({"command": ["true"], "name": "a)") + ch + "b\"}").find("/name: contains U+"),
+              std::string::npos)
+        << ch;
+  EXPECT_NO_THROW(parseJobSpec(R"({"command": ["true"], "name": "r\u00e9sum\u00e9 \u2014 run"})", "job.json"));
+}
+
+// validate's listing: one value per line, whatever the values hold.
+TEST(JobSpec, DescribeShowsControlCharactersEscaped) {
+  JobSpec s = parseJobSpec(R"({"command": ["true", "\u001b[31mred"], "log_dir": "a\nb", "env": {"X": "1\n2"}})", "job.json");
+  const std::string d = describe(s);
+  EXPECT_EQ(d.find('\x1b'), std::string::npos) << d;
+  EXPECT_NE(d.find("a\\nb\nmax_restarts:"), std::string::npos) << d;  // (the path made absolute)
+  EXPECT_NE(d.find("X=1\\n2\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("\\x1b[31mred"), std::string::npos) << d;
+}
+
 TEST(JobSpec, DuplicateKeysAreRefusedWithPathAndPosition) {
   EXPECT_EQ(errorOf(R"({"command": ["true"], "nproc_per_node": 2, "nproc_per_node": 8})"),
             "job.json: /: key \"nproc_per_node\" is given twice (line 1, column 23, then line 1, column 44); the second would "

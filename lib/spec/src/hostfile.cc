@@ -68,7 +68,32 @@ std::string hostProblem(const std::string& host) {
   const size_t at = host.rfind('@');
   const size_t name = host.size() - (at == std::string::npos ? 0 : at + 1);
   if (name > 253) return fmt::format("a host name of {} characters (at most 253 in DNS)", name);
-  return nameProblem(host, "host name", ":%");
+  if (auto p = nameProblem(host, "host name", ":%"); !p.empty()) return p;
+  const std::string h = host.substr(at == std::string::npos ? 0 : at + 1);
+  // ':' and '%' belong to IPv6 addresses (fe80::1%eth0) alone: "gpu-a:2:4", "gpu-a::8" or
+  // "h%1" would reach ssh as a name no resolver has.
+  if (h.find(':') != std::string::npos || h.find('%') != std::string::npos) {
+    const size_t pct = h.find('%');
+    const std::string addr = h.substr(0, pct);
+    in6_addr a{};
+    if (h.find(':') == std::string::npos || ::inet_pton(AF_INET6, addr.c_str(), &a) != 1 ||
+        (pct != std::string::npos && pct + 1 == h.size()))
+      return fmt::format("\"{}\" is neither a host name nor an IPv6 address (':' and '%' belong to IPv6 addresses; "
+                         "host:N means N workers)",
+                         printable(h));
+    if (IN6_IS_ADDR_UNSPECIFIED(&a)) return fmt::format("\"{}\" is the unspecified address, no host", printable(h));
+    return "";
+  }
+  // Digits and dots alone are an IPv4 address, whole: inet_aton reads "1.2" as 1.0.0.2.
+  if (std::all_of(h.begin(), h.end(), [](unsigned char ch) { return std::isdigit(ch) || ch == '.'; })) {
+    in_addr a{};
+    if (::inet_pton(AF_INET, h.c_str(), &a) != 1)
+      return fmt::format("\"{}\" is not an IPv4 address (four numbers 0-255: a.b.c.d) nor a host name", printable(h));
+    return "";
+  }
+  if (h[0] == '.' || h.find("..") != std::string::npos)
+    return fmt::format("host name \"{}\" has an empty part between dots", printable(h));
+  return "";
 }
 std::string userProblem(const std::string& user) { return nameProblem(user, "user name", ""); }
 
@@ -135,6 +160,8 @@ bool parseHostToken(const std::string& token, NodeSpec& n, const Fail& fail, con
     auto close = rest.find(']');
     if (close == std::string::npos) fail(fmt::format("unclosed '[' in \"{}\"; write an IPv6 address as [addr] or [addr]:N", token));
     n.host = rest.substr(1, close - 1);
+    if (n.host.find(':') == std::string::npos)
+      fail(fmt::format("\"[{}]\": brackets are for IPv6 addresses; write {} without them", n.host, n.host));
     std::string after = rest.substr(close + 1);
     if (!after.empty()) {
       if (after[0] != ':') fail(fmt::format("unexpected \"{}\" after \"{}\"; write [addr]:N", after, rest.substr(0, close + 1)));
@@ -179,6 +206,13 @@ std::vector<NodeSpec> parseHostfile(const std::string& text, const std::string& 
   int lineNo = 0;
   while (std::getline(in, raw)) {
     ++lineNo;
+    // Old Mac line ends (CR alone): the whole file is one line, and a '#' in it would drop
+    // the hosts after it without a word.
+    if (!raw.empty() && raw.back() == '\r') raw.pop_back();
+    if (raw.find('\r') != std::string::npos)
+      throw SpecError(fmt::format("{}:{}: the lines end with a carriage return alone (CR, not LF or CRLF): convert "
+                                  "the file (tr '\\r' '\\n')",
+                                  source, lineNo));
     if (auto hash = raw.find('#'); hash != std::string::npos) raw.erase(hash);
     auto tokens = words(raw);
     if (tokens.empty()) continue;

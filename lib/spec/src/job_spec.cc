@@ -719,6 +719,8 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
     if (e.contains("gpus")) {
       const json& g = e["gpus"];
       if (!g.is_array()) c.fail(P + "/gpus", fmt::format("expected an array of GPU indices like [0, 1], got {}", typeName(g)));
+      if (g.empty())
+        c.fail(P + "/gpus", "is empty; list the GPUs this node's workers use, like [0, 1], or leave gpus out for all");
       for (size_t k = 0; k < g.size(); ++k) {
         std::string gp = fmt::format("{}/gpus/{}", P, k);
         int v = static_cast<int>(c.integer(g[k], gp, 0, 1023, "a GPU index"));
@@ -837,6 +839,10 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
   while (std::getline(in, line)) {
     ++lineNo;
     auto fail = [&](const std::string& msg) { throw SpecError(oneLine(fmt::format("{}:{}: {}", source, lineNo, msg))); };
+    // Old Mac line ends (CR alone): the whole file would be one line, the first key's value.
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find('\r') != std::string::npos)
+      fail("the lines end with a carriage return alone (CR, not LF or CRLF): convert the file (tr '\\r' '\\n')");
     size_t b = line.find_first_not_of(" \t");
     size_t e = line.find_last_not_of(" \t\r");
     if (b == std::string::npos || e == std::string::npos || line[b] == '#') continue;
@@ -918,6 +924,15 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
       const unsigned char ch = static_cast<unsigned char>(spec.name[i]);
       const unsigned char next = i + 1 < spec.name.size() ? static_cast<unsigned char>(spec.name[i + 1]) : 0;
       const bool c1 = ch == 0xc2 && next >= 0x80 && next <= 0x9f;
+      // (and the line and paragraph separators U+2028/9 and the bidirectional overrides and
+      // isolates U+202A..E, U+2066..9, which break a line or turn the text around it)
+      const unsigned char third = i + 2 < spec.name.size() ? static_cast<unsigned char>(spec.name[i + 2]) : 0;
+      const bool layout = ch == 0xe2 && ((next == 0x80 && third >= 0xa8 && third <= 0xae) ||
+                                         (next == 0x81 && third >= 0xa6 && third <= 0xa9));
+      if (layout)
+        c.fail("/name", fmt::format("contains U+{:04X}, which breaks a line or reverses the text around it; a job name "
+                                    "appears in one-line messages and on terminals: use printable characters",
+                                    0x2000 + ((next & 0x3f) << 6) + (third & 0x3f)));
       if (ch < 0x20 || ch == 0x7f || c1)
         c.fail("/name", fmt::format("contains the control character U+{:04X}; a job name appears in one-line messages "
                                     "and on terminals: use printable characters",
@@ -983,8 +998,15 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
     spec.min_nodes = static_cast<int>(c.integer(root["min_nodes"], "/min_nodes", 1, kMaxNodes, "a node count"));
   if (root.contains("max_nodes"))
     spec.max_nodes = static_cast<int>(c.integer(root["max_nodes"], "/max_nodes", 1, kMaxNodes, "a node count"));
-  if (root.contains("worker_timeout_s"))
+  if (root.contains("worker_timeout_s")) {
     spec.worker_timeout_s = c.number(root["worker_timeout_s"], "/worker_timeout_s", 0, 86400, "seconds", " (0 = off)");
+    // (below a second no worker could say it is alive in time: its first heartbeat would
+    // find it hung)
+    if (spec.worker_timeout_s > 0 && spec.worker_timeout_s < 1)
+      c.fail("/worker_timeout_s", fmt::format("{} s is too short for any worker to show it is alive; give 0 (off) or "
+                                              "at least 1, more than a step takes",
+                                              spec.worker_timeout_s));
+  }
   if (root.contains("restart_backoff_s"))
     spec.restart_backoff_s = c.number(root["restart_backoff_s"], "/restart_backoff_s", 0, 3600, "seconds");
   if (root.contains("shutdown_timeout_s"))
@@ -1655,7 +1677,24 @@ static std::vector<std::string> shownCommand(const std::vector<std::string>& com
   return out;
 }
 
-std::string describe(const JobSpec& spec) {
+std::string describe(const JobSpec& raw) {
+  // One value per line: a newline or a terminal control in a path, a command word or an env
+  // value is shown escaped (\n, \x1b), not as a line of its own or sent to the terminal.
+  JobSpec spec = raw;
+  auto esc = [](std::string& v) { v = oneLine(v); };
+  for (std::string* v : {&spec.cwd, &spec.log_dir, &spec.env_file, &spec.hostfile, &spec.ssh.identity_file,
+                         &spec.ssh.dtrain_path, &spec.ssh.user, &spec.rendezvous.addr, &spec.rendezvous.master_addr})
+    esc(*v);
+  for (auto& w : spec.command) esc(w);
+  for (auto& o : spec.ssh.options) esc(o);
+  for (auto& [k, v] : spec.env) esc(v);
+  for (auto& n : spec.nodes)
+    for (std::string* v : {&n.host, &n.user, &n.address}) esc(*v);
+  if (spec.trainer) {
+    auto& d = spec.trainer->data;
+    for (std::string* v : {&d.path, &d.labels_path, &d.eval_path, &d.eval_labels_path, &spec.trainer->checkpoint.dir})
+      esc(*v);
+  }
   std::ostringstream os;
   const std::vector<std::string> argv = shownCommand(spec.command);
   os << fmt::format("name:               {}\n", spec.name);
