@@ -57,6 +57,16 @@ TEST(ParseSeconds, FiniteAndBounded) {
   }
 }
 
+// Messages quote what users give: one line, no terminal controls, no raw binary.
+TEST(OneLine, EscapesControlsAndWhatIsNotUtf8) {
+  EXPECT_EQ(oneLine("a\nb\tc\x1b[0m\x7f"), "a\\nb\\tc\\x1b[0m\\x7f");
+  EXPECT_EQ(oneLine("r\xc3\xa9sum\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80"), "r\xc3\xa9sum\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80");
+  EXPECT_EQ(oneLine(std::string_view("\x1f\x8b\x08\x00\xe9x", 6)), "\\x1f\\x8b\\x08\\x00\\xe9x");  // gzip's header
+  EXPECT_EQ(oneLine("\xc2\x9b"), "\\xc2\\x9b");                                  // U+009B, CSI
+  EXPECT_EQ(oneLine("\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80"), "\\xc0\\xaf \\xed\\xa0\\x80 \\xf4\\x90\\x80\\x80");
+  EXPECT_EQ(oneLine("\xe2\x80"), "\\xe2\\x80");  // cut short
+}
+
 TEST(Utf8PrefixLength, NeverEndsInsideACharacter) {
   const std::string s = "ab\xc3\xa9z";  // "abéz": é is two bytes
   EXPECT_EQ(utf8PrefixLength(s, 10), s.size());

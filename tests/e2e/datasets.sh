@@ -85,6 +85,17 @@ done
 sed "s|train.csv|bad.csv|" "$T/csv.json" > "$T/bad.json"
 "$DTRAIN" run "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bad csv exits 2"
 expect_grep "^dtrain: error: .*bad.csv:3: column 3 \(0-based, as /trainer/data/label_column counts\) is not a number \(\"x3\"\); every cell must be a number \(the label a class index\): fix or drop the row$" "$T/err" "bad csv names line and column, and the fix"
+# A file without a header under the default header: true (its first row was taken for the
+# names and dropped), a gzip-compressed csv, float32's largest as numpy prints it.
+printf '1,2,0,3,4\n1,2,1,3,4\n' > "$T/bad.csv"
+sed 's|"label_column": "label"|"label_column": "2"|' "$T/bad.json" > "$T/numhdr.json"
+"$DTRAIN" validate "$T/numhdr.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a data row read as the header: exit 2"
+expect_grep 'bad.csv:1: the header line holds only numbers \("1,2,0,3,4"\): a data row\? set /trainer/data/header to false' "$T/err" "a data row read as the header: said, with the fix"
+printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n' | gzip > "$T/bad.csv"
+"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a gzip-compressed csv: exit 2"
+expect_grep 'bad.csv: it is gzip-compressed: gunzip it first' "$T/err" "a gzip-compressed csv: said"
+{ echo f1,f2,label,f3,f4; echo 3.4028235e+38,2,0,3,4; head -100 "$T/train.csv" | tail -99; } > "$T/bad.csv"
+"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "float32's largest as numpy prints it is in range"
 # Rows of another width, a label that is no class index, a header the spec does not say: each
 # with its fix.
 printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n1,2,0,3\n' > "$T/bad.csv"

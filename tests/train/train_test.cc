@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <limits>
+#include <sys/stat.h>
 
 #include <sched.h>
 #include <signal.h>
@@ -643,6 +645,48 @@ TEST(Checkpoint, WriteReadsBackAndAFailedWriteLeavesNoPartialFile) {
     ASSERT_EQ(warnings.size(), 1u);
     EXPECT_NE(warnings[0].find("is malformed (step " + std::to_string(step)), std::string::npos) << warnings[0];
   }
+  // Found by a fuzzer (helper-70), each intact by its checksum: an epoch beyond its steps (2^31
+  // ran away in the trainer's int), a copy of an older checkpoint under a newer name (resumed
+  // from, the newer ones pruned), weights that are not finite; a FIFO named like a checkpoint
+  // (the open blocked for good); a name that is not all digits.
+  auto header = [](long long step, long long epoch) {
+    std::string fields(5 * 8, '\0');
+    std::memcpy(&fields[8], &step, 8);
+    std::memcpy(&fields[16], &epoch, 8);
+    const long long world = 2;
+    std::memcpy(&fields[32], &world, 8);
+    return fields;
+  };
+  auto onlyWarning = [&](const std::string& said) {
+    warnings.clear();
+    kept = loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
+    ASSERT_TRUE(kept);
+    EXPECT_EQ(kept->step, 11);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find(said), std::string::npos) << warnings[0];
+  };
+  std::ofstream(dir + "/ckpt-0000000099.bin", std::ios::binary | std::ios::trunc)
+      << testing::checkpointFileBytes(header(99, 1ll << 31) + std::string(16, '\0'));
+  onlyWarning("is malformed (step 99, epoch 2147483648");
+  std::filesystem::copy_file(path, dir + "/ckpt-0000000099.bin", std::filesystem::copy_options::overwrite_existing);
+  onlyWarning("is malformed (named for step 99, it holds step 11");
+  const uint64_t one = 1, none = 0;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::string weights = header(99, 1);
+  weights.append(reinterpret_cast<const char*>(&one), 8).append(reinterpret_cast<const char*>(&nan), 4);
+  weights.append(reinterpret_cast<const char*>(&none), 8);
+  std::ofstream(dir + "/ckpt-0000000099.bin", std::ios::binary | std::ios::trunc) << testing::checkpointFileBytes(weights);
+  onlyWarning("is malformed (weights or optimizer state that are not finite numbers)");
+  std::filesystem::remove(dir + "/ckpt-0000000099.bin");
+  ASSERT_EQ(::mkfifo((dir + "/ckpt-0000000099.bin").c_str(), 0600), 0);
+  onlyWarning("ckpt-0000000099.bin is not a regular file");
+  std::filesystem::remove(dir + "/ckpt-0000000099.bin");
+  std::filesystem::copy_file(path, dir + "/ckpt-99x.bin");
+  warnings.clear();
+  kept = loadLatestCheckpoint(dir, [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->step, 11);
+  EXPECT_TRUE(warnings.empty());
 }
 
 TEST(Data, CsvCellsReadAsStrtodReadsThem) {

@@ -58,15 +58,41 @@ std::string trim(std::string_view s) {
 std::string oneLine(std::string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (unsigned char ch : s) {
-    if (ch == '\n')
-      out += "\\n";
-    else if (ch == '\t')
-      out += "\\t";
-    else if (ch < 0x20 || ch == 0x7f)
+  auto cont = [&](size_t i) { return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80; };
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    if (ch < 0x80) {
+      if (ch == '\n')
+        out += "\\n";
+      else if (ch == '\t')
+        out += "\\t";
+      else if (ch < 0x20 || ch == 0x7f)
+        out += fmt::format("\\x{:02x}", ch);
+      else
+        out += static_cast<char>(ch);
+      ++i;
+      continue;
+    }
+    // A whole UTF-8 character passes as it is; a byte that is not part of one (a binary
+    // file's header, Latin-1 text), and the C1 controls U+0080..U+009F (a terminal takes
+    // U+009B for CSI), are shown as \xNN.
+    const unsigned char next = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
+    size_t len = 0;
+    if (ch >= 0xc2 && ch <= 0xdf && cont(i + 1))
+      len = ch == 0xc2 && next <= 0x9f ? 0 : 2;
+    else if (ch >= 0xe0 && ch <= 0xef && cont(i + 1) && cont(i + 2) && !(ch == 0xe0 && next < 0xa0) &&
+             !(ch == 0xed && next >= 0xa0))
+      len = 3;
+    else if (ch >= 0xf0 && ch <= 0xf4 && cont(i + 1) && cont(i + 2) && cont(i + 3) && !(ch == 0xf0 && next < 0x90) &&
+             !(ch == 0xf4 && next >= 0x90))
+      len = 4;
+    if (len == 0) {
       out += fmt::format("\\x{:02x}", ch);
-    else
-      out += static_cast<char>(ch);
+      ++i;
+      continue;
+    }
+    out.append(s.substr(i, len));
+    i += len;
   }
   return out;
 }

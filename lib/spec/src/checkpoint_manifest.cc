@@ -88,7 +88,9 @@ std::optional<PipelineManifest> readPipelineManifest(const std::string& path) {
   } catch (const nlohmann::json::exception&) {
     throw bad(fmt::format("/{} is missing or has the wrong type", field));
   }
-  if (m.stages < 1 || static_cast<int>(m.stage_layers.size()) != m.stages ||
+  if (m.stages < 2)
+    throw bad(fmt::format("/stages is {}: a manifest ties a pipeline's stages (2 or more) together", m.stages));
+  if ( static_cast<int>(m.stage_layers.size()) != m.stages ||
       static_cast<int>(m.files.size()) != m.stages)
     throw bad("/stages, /stage_layers and /files disagree");
   return m;

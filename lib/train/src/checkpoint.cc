@@ -35,6 +35,7 @@
 #include "dtrain/spec/checkpoint_manifest.h"
 #include "dtrain/train/pipeline.h"
 #include "dtrain/train/trainer.h"
+#include "diverged.h"
 
 namespace dtrain::train {
 namespace {
@@ -164,10 +165,10 @@ std::vector<std::pair<long long, fs::path>> listCheckpoints(const std::string& d
     const auto& e = *it;
     std::string name = e.path().filename().string();
     if (name.rfind("ckpt-", 0) != 0 || name.size() < 10 || name.substr(name.size() - 4) != ".bin") continue;
-    try {
-      out.emplace_back(std::stoll(name.substr(5, name.size() - 9)), e.path());
-    } catch (...) {
-    }
+    // (digits alone: "ckpt-99x.bin" is no checkpoint of step 99)
+    const std::string digits = name.substr(5, name.size() - 9);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
+    out.emplace_back(std::stoll(digits), e.path());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
@@ -177,6 +178,8 @@ std::vector<std::pair<long long, fs::path>> listCheckpoints(const std::string& d
 // that matches the file's size. (The checksum is read on resume; reading every kept file in
 // full at every save would cost more than the save.)
 bool looksLikeCheckpoint(const fs::path& path) {
+  std::error_code sec;
+  if (!fs::is_regular_file(path, sec)) return false;  // (a FIFO would block the open)
   std::ifstream f(path, std::ios::binary);
   char head[sizeof(kMagic) + 8];
   if (!f.read(head, sizeof(head))) return false;
@@ -253,12 +256,17 @@ namespace {
 // 200 MB checkpoint took 1.5 s through one). Returns "" or why the file cannot be used.
 // peek: the header and the config only, the weights skipped and the checksum not verified
 // (what the launcher's pre-check needs of a checkpoint); *counts = the two arrays' lengths.
+// namedStep: the step its name says (listCheckpoints), which the file must hold: a copy of
+// an older checkpoint under a newer name would be resumed from, and the newer ones pruned.
 std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = false,
-                               std::array<uint64_t, 2>* counts = nullptr) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+                               std::array<uint64_t, 2>* counts = nullptr, long long namedStep = -1) {
+  // (non-blocking: a FIFO named like a checkpoint would block the open until a writer came)
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd) return "not readable";
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return "not readable";
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   uint64_t left = 0;  // payload bytes not read yet
   // (declared before the digest: destroyed after its thread is done with them)
@@ -331,8 +339,17 @@ std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = 
   if (!ok) return "malformed";
   // (a header with a valid checksum is still not trusted: a step below 0 or beyond any run
   // would name files "ckpt--000000001.bin" or pass for a completed job)
-  if (s.step < 0 || s.step > (1ll << 53) || s.epoch < 0 || s.epoch > (1ll << 53) || s.world < 1 || s.world > (1ll << 24))
+  // (every epoch takes a step at least, and the trainer counts epochs in an int)
+  if (s.step < 0 || s.step > (1ll << 53) || s.epoch < 0 || s.epoch > s.step + 1 || s.epoch > INT32_MAX || s.world < 1 ||
+      s.world > (1ll << 24))
     return fmt::format("malformed (step {}, epoch {}, world size {}: out of range)", s.step, s.epoch, s.world);
+  if (namedStep >= 0 && s.step != namedStep)
+    return fmt::format("malformed (named for step {}, it holds step {}: a copy of another checkpoint?)", namedStep,
+                       s.step);
+  // The writer refuses weights that are not finite: a file holding them is not its own.
+  if (!peek && (!detail::allFinite(s.params.data(), s.params.size()) ||
+                !detail::allFinite(s.momentum.data(), s.momentum.size())))
+    return "malformed (weights or optimizer state that are not finite numbers)";
   size_t p = 0;
   uint64_t parts = 0;
   ok = rest.empty() || (get(std::string_view(rest), p, parts) && parts <= 64);
@@ -414,7 +431,7 @@ std::string layoutSettings(int stages, const std::vector<int>& stageLayers) {
 std::optional<std::pair<long long, std::string>> newestIntact(const std::string& dir) {
   for (const auto& [step, path] : listCheckpoints(dir)) {
     TrainState st;
-    if (readCheckpointFile(path, st).empty()) return std::make_pair(st.step, path.string());
+    if (readCheckpointFile(path, st, false, nullptr, step).empty()) return std::make_pair(st.step, path.string());
   }
   return std::nullopt;
 }
@@ -588,12 +605,12 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
     for (const auto& [step, path] : listCheckpoints(d)) {
       TrainState st;
       std::array<uint64_t, 2> counts{};
-      if (!readCheckpointFile(path, st, /*peek=*/true, &counts).empty()) continue;
+      if (!readCheckpointFile(path, st, /*peek=*/true, &counts, step).empty()) continue;
       if (mismatchText(t, st, counts[0], counts[1], path.string(), params).empty()) break;
       // A refusal is made on a verified file only: a damaged one (its config hash hit) is
       // skipped, as rank 0 would skip it, for the next.
       TrainState full;
-      if (!readCheckpointFile(path, full).empty()) continue;
+      if (!readCheckpointFile(path, full, false, nullptr, step).empty()) continue;
       const std::string why = checkpointMismatch(t, full, path.string(), params);
       if (!why.empty()) throw SpecError(fmt::format("{}: {}; {}", where, why, fixText(t)));
       break;
@@ -785,7 +802,7 @@ std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std
   for (const auto& [step, path] : listCheckpoints(dir)) {
     if (maxStep >= 0 && step > maxStep) continue;
     TrainState s;
-    if (const std::string why = readCheckpointFile(path, s); !why.empty()) {
+    if (const std::string why = readCheckpointFile(path, s, false, nullptr, step); !why.empty()) {
       if (warn) warn(fmt::format("checkpoint {} is {}; skipping it", path.string(), why));
       continue;
     }

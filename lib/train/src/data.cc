@@ -233,6 +233,15 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
   bool lcIsIndex = !lc.empty() && std::all_of(lc.begin(), lc.end(), ::isdigit);
   // (an index too large for any file: "does not exist" below, like any other missing column)
   if (lcIsIndex) labelCol = lc.size() > 9 ? std::numeric_limits<int>::max() : std::stoi(lc);
+  // A compressed file (data.csv.gz) read as text would be refused for its first "line" of
+  // binary: said as what it is.
+  if (in.peek() == 0x1f) {
+    char magic[2] = {0, 0};
+    in.read(magic, 2);
+    if (static_cast<unsigned char>(magic[1]) == 0x8b)
+      throw SpecError(fmt::format("{}: it is gzip-compressed: gunzip it first (dtrain reads plain csv)", path));
+    in.seekg(0);
+  }
   // Spreadsheet exports: a UTF-8 byte order mark before the first line, spaces after commas.
   if (in.peek() == 0xEF) {
     char bom[3] = {0, 0, 0};
@@ -251,6 +260,16 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
                       path));
     auto names = split(line, ',');
     columns = static_cast<int>(names.size());
+    // A file without a header read as one: its first row would be taken for the names and
+    // trained without, silently. Names that are all numbers are that row.
+    if (lcIsIndex && columns > 1 && std::all_of(names.begin(), names.end(), [](const std::string& n) {
+          const std::string c = trim(n);
+          char* end = nullptr;
+          return !c.empty() && (std::strtod(c.c_str(), &end), end == c.c_str() + c.size());
+        }))
+      throw SpecError(fmt::format("{}:1: the header line holds only numbers (\"{}\"): a data row? set "
+                                  "/trainer/data/header to false if the file has no header",
+                                  path, shownCell(line.substr(0, utf8PrefixLength(line, 60)))));
     if (!lcIsIndex) {
       std::string found;
       for (int i = 0; i < columns; ++i) {
@@ -346,7 +365,10 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
                               : "; every cell must be a number (the label a class index): fix or drop the row"));
       }
       // inf, nan, or beyond float's range: one such value turns every weight into NaN.
-      if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max()) {
+      // (numpy prints float32's largest as 3.4028235e+38, a hair above it as a double: values
+      // that round to it are in range; from FLT_MAX + half an ulp, 0x1.ffffffp127, they round
+      // to infinity)
+      if (!std::isfinite(v) || std::abs(v) >= 0x1.ffffffp127) {
         const std::string cell(b, e);
         throw SpecError(
             fmt::format("{}:{}: column {} (0-based) is not a finite number within float's range (\"{}\"); "

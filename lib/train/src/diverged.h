@@ -21,6 +21,9 @@ inline bool allFinite(const float* v, size_t n) {
 inline SpecError divergedError(const spec::TrainerSpec& ts, long long step, const std::string& what) {
   std::string fix = fmt::format("lower /trainer/optimizer/lr (now {:g})", ts.optimizer.lr);
   if (ts.grad_clip_norm <= 0) fix += " or set /trainer/grad_clip_norm (e.g. 1.0)";
+  // (at the first steps, file data with huge values (an mse target near 1e38) overflows
+  // whatever the learning rate)
+  if (step <= 2 && ts.data.type != "synthetic") fix += ", and check the data for values too large to square or sum";
   if (!ts.checkpoint.dir.empty())
     fix += fmt::format("; the next run resumes from the last checkpoint (the learning rate may change on resume), but "
                        "its weights may already be too large: if it diverges again, remove the checkpoints in {} or "

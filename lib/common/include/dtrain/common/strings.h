@@ -20,7 +20,8 @@ std::vector<std::string> split(std::string_view s, char sep);
 std::string trim(std::string_view s);
 
 // s as one line for a message: newline and tab as \n and \t, other control characters (a NUL
-// in a file's header) as \xNN; other bytes (UTF-8) as they are.
+// in a file's header, the C1 controls) and bytes that are not valid UTF-8 as \xNN; UTF-8
+// characters as they are.
 std::string oneLine(std::string_view s);
 
 // The length of the longest prefix of s, at most max bytes, that does not end inside a UTF-8
