@@ -1,6 +1,12 @@
 # The trainer on file data sets: csv (header, label column) and MNIST-format idx files,
 # trained by 2 workers; bad data is refused before any worker starts.
 source "$(dirname "$0")/lib.sh"
+# A csv that validate refuses, exit 2, saying PATTERN (CONTENT is printf's format: \n, \0).
+csv_refused() {  # CONTENT PATTERN WHAT
+  printf "$1" > "$T/bad.csv"
+  "$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "$3: exit 2"
+  expect_grep "$2" "$T/err" "$3: said"
+}
 python3 - "$T" <<'PY'
 import random, struct, sys
 t = sys.argv[1]
@@ -98,12 +104,8 @@ expect_grep 'bad.csv: it is gzip-compressed: gunzip it first' "$T/err" "a gzip-c
 "$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "float32's largest as numpy prints it is in range"
 # Rows of another width, a label that is no class index, a header the spec does not say: each
 # with its fix.
-printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n1,2,0,3\n' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a short row: exit 2"
-expect_grep "bad.csv:3: has 4 columns, expected 5 \(as the header\); fix or drop the row" "$T/err" "a short row: said, with the fix"
-printf 'f1,f2,label,f3,f4\n1,2,0.5,3,4\n' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a fractional label: exit 2"
-expect_grep 'bad.csv:2: label 0.5 is not a class index in 0..2 \(the model.s output width\); labels are class indices \(0, 1, ...\): fix it, or use /trainer/model/loss "mse"' "$T/err" "a fractional label: said, with the fix"
+csv_refused 'f1,f2,label,f3,f4\n1,2,0,3,4\n1,2,0,3\n' "bad.csv:3: has 4 columns, expected 5 \(as the header\); fix or drop the row" "a short row"
+csv_refused 'f1,f2,label,f3,f4\n1,2,0.5,3,4\n' 'bad.csv:2: label 0.5 is not a class index in 0..2 \(the model.s output width\); labels are class indices \(0, 1, ...\): fix it, or use /trainer/model/loss "mse"' "a fractional label"
 printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n' > "$T/bad.csv"
 sed 's|"label_column": "label"|"label_column": "2", "header": false|' "$T/bad.json" > "$T/nohdr.json"
 "$DTRAIN" validate "$T/nohdr.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a header the spec does not say: exit 2"
@@ -120,27 +122,15 @@ done
 printf 'f1;f2;label;f3;f4\n1;2;0;3;4\n' > "$T/bad.csv"
 "$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "semicolons: exit 2"
 expect_grep "no column named \"label\" in the header .*; the line has ';' and no commas: dtrain reads comma-separated values, so convert the file" "$T/err" "semicolons: said"
-printf 'f1\tf2\tlabel\tf3\tf4\n1\t2\t0\t3\t4\n' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "tabs: exit 2"
-expect_grep "the line has tabs and no commas" "$T/err" "tabs: said"
+csv_refused 'f1\tf2\tlabel\tf3\tf4\n1\t2\t0\t3\t4\n' "the line has tabs and no commas" "tabs"
 expect_grep '\(it has "f1\\tf2\\tlabel\\tf3\\tf4"\)' "$T/err" "tabs: shown as \\t"
-printf 'f1,f2,label,f3,f4\n"1",2,0,3,4\n' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "quoted cell: exit 2"
-expect_grep 'is not a number \("\\"1\\""\)|is not a number \(""1""\); quoted cells are not read: remove the quotes$' "$T/err" "quoted cell: said"
-printf 'f1,f2,lab\0el,f3,f4\n1,2,0,3,4\n' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "NUL in the header: exit 2"
-expect_grep 'it has "f1", "f2", "lab\\x00el", "f3", "f4"\); set /trainer/data/label_column to one of them' "$T/err" "NUL in the header: escaped, the message whole"
+csv_refused 'f1,f2,label,f3,f4\n"1",2,0,3,4\n' 'is not a number \("\\"1\\""\)|is not a number \(""1""\); quoted cells are not read: remove the quotes$' "quoted cell"
+csv_refused 'f1,f2,lab\0el,f3,f4\n1,2,0,3,4\n' 'it has "f1", "f2", "lab\\x00el", "f3", "f4"\); set /trainer/data/label_column to one of them' "NUL in the header"
 # A NUL inside a cell (strtod stopped there: "1\0zz" read as 1), two columns of the label's
 # name (the last one was taken, the first trained on as a feature), CR-only line ends.
-printf 'f1,f2,label,f3,f4\n1\0zz,2,0,3,4\n' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "NUL in a cell: exit 2"
-expect_grep 'bad.csv:2: column 0 \(0-based, as /trainer/data/label_column counts\) is not a number \("1\\x00zz"\); every cell must be' "$T/err" "NUL in a cell: named"
-printf 'f1,label,f3,f4,label\n1,2,0,3,1\n' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "two label columns: exit 2"
-expect_grep 'bad.csv:1: two columns are named "label" \(columns 1 and 4, 0-based\): which is the label is not clear; rename one' "$T/err" "two label columns: said"
-printf 'f1,f2,label,f3,f4\r1,2,0,3,4\r' > "$T/bad.csv"
-"$DTRAIN" validate "$T/bad.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "CR line ends: exit 2"
-expect_grep "bad.csv:1: the lines end with a carriage return alone \(CR, not LF or CRLF\): convert the file" "$T/err" "CR line ends: said, with the fix"
+csv_refused 'f1,f2,label,f3,f4\n1\0zz,2,0,3,4\n' 'bad.csv:2: column 0 \(0-based, as /trainer/data/label_column counts\) is not a number \("1\\x00zz"\); every cell must be' "NUL in a cell"
+csv_refused 'f1,label,f3,f4,label\n1,2,0,3,1\n' 'bad.csv:1: two columns are named "label" \(columns 1 and 4, 0-based\): which is the label is not clear; rename one' "two label columns"
+csv_refused 'f1,f2,label,f3,f4\r1,2,0,3,4\r' "bad.csv:1: the lines end with a carriage return alone \(CR, not LF or CRLF\): convert the file" "CR line ends"
 sed 's|"layers": \[4, 32, 3\]|"layers": [4, 32, 3], "loss": "mse"|' "$T/csv.json" > "$T/mse3.json"
 "$DTRAIN" validate "$T/mse3.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "mse with 3 outputs on csv: exit 2"
 expect_grep "^dtrain: error: .*mse3.json: /trainer/model/layers: ends with 3 outputs, but csv data has one target column: mse regression needs an output width of 1" "$T/err" "mse with 3 outputs: the field and the fix"

@@ -99,14 +99,7 @@ expect_grep "^\[h2 rank 1\] world 2$" "$T/down.out" "world of 2"
 #    the others. (h3's sshd gets an empty tmpfs over the data directory once the job runs:
 #    its first agent read the files, the one coming back finds none.)
 mkdir -p "$T/rj/data"
-python3 -c "
-import random
-r = random.Random(5)
-with open('$T/rj/data/rj.csv', 'w') as f:
-    f.write('a,b,label\n')
-    for _ in range(300):
-        c = r.randrange(3); f.write(f'{c + r.gauss(0, .4):.4f},{-c + r.gauss(0, .4):.4f},{c}\n')
-"
+blobs_csv "$T/rj/data/rj.csv" 300
 printf 'h1 slots=1\nh2 slots=1\nh3 slots=1\n' > "$T/rj/hosts"
 cat > "$T/rj/job.json" <<JSON
 {"name": "rejoin", "hostfile": "$T/rj/hosts", "min_nodes": 2, "max_restarts": 3, "restart_backoff_s": 1,

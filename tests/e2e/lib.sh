@@ -23,6 +23,18 @@ wait_for() {
   fail "timed out waiting for $*"
   return 1
 }
+# A small csv data set: header a,b,label, then ROWS rows of three classes around (c, -c),
+# the same rows for the same ROWS (seeded).
+blobs_csv() {  # FILE ROWS
+  python3 - "$1" "$2" <<'PY'
+import random, sys
+r = random.Random(5)
+with open(sys.argv[1], 'w') as f:
+    f.write('a,b,label\n')
+    for _ in range(int(sys.argv[2])):
+        c = r.randrange(3); f.write(f'{c + r.gauss(0, .4):.4f},{-c + r.gauss(0, .4):.4f},{c}\n')
+PY
+}
 alive() { kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" | cut -c1)" != Z ]; }
 finish() {
   if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi

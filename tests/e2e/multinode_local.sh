@@ -307,14 +307,7 @@ h1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mn.json"); h2=$(grep -o '"weig
 expect_grep '"host": "127.0.0.1"' "$T/mn.json" "summary ranks name their host"
 # File data across nodes: each host's agent parses its files once for its workers (the data
 # image); the same weights as one node with every worker parsing for itself.
-python3 -c "
-import random
-r = random.Random(5)
-with open('$T/mn.csv', 'w') as f:
-    f.write('a,b,label\n')
-    for _ in range(600):
-        c = r.randrange(3); f.write(f'{c + r.gauss(0, .4):.4f},{-c + r.gauss(0, .4):.4f},{c}\n')
-"
+blobs_csv "$T/mn.csv" 600
 cat > "$T/csvtrain.json" <<JSON
 {"trainer": {"model": {"layers": [2, 16, 3]}, "data": {"type": "csv", "path": "$T/mn.csv"},
   "batch_size": 16, "epochs": 2, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log_every_steps": 1000}}

@@ -82,14 +82,7 @@ p1=$(grep -o '"weights_sha256": *"[0-9a-f]*"' "$T/mp.json"); p2=$(grep -o '"weig
 #     data image); DTRAIN_DATA_SHARE=0 where dtrain run starts reaches the agents over ssh
 #     (their environment is sshd's, not the launcher's): every worker parses for itself, with
 #     the same weights.
-python3 -c "
-import random
-r = random.Random(5)
-with open('$T/mn.csv', 'w') as f:
-    f.write('a,b,label\n')
-    for _ in range(600):
-        c = r.randrange(3); f.write(f'{c + r.gauss(0, .4):.4f},{-c + r.gauss(0, .4):.4f},{c}\n')
-"
+blobs_csv "$T/mn.csv" 600
 cat > "$T/csv.json" <<JSON
 {"name": "mn-csv", "hostfile": "$T/hosts", "ssh": {"options": ["-F", "$TESTBED_SSH_CONFIG"]},
  "trainer": {"model": {"layers": [2, 16, 3]}, "data": {"type": "csv", "path": "$T/mn.csv"},

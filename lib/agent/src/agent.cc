@@ -47,6 +47,23 @@
 namespace dtrain::agent {
 namespace {
 
+// The agent's private directory (its spec copy, the result file), once made: a stop that comes
+// while the agent is still checking its host ends it at once (_exit, on the stdin thread),
+// and removes that directory first. Its guard cannot be relied on for it: the launcher kills
+// an ended agent's process group, the guard with it. Held across the directory's making, so
+// that an exit never comes between the making and the registering.
+std::mutex gPrivateDirMu;
+std::string gPrivateDir;
+
+[[noreturn]] void exitBeforeConnected(int code) {
+  std::lock_guard<std::mutex> lk(gPrivateDirMu);  // (held to the end: nothing is made after)
+  if (!gPrivateDir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(gPrivateDir, ec);
+  }
+  ::_exit(code);
+}
+
 using Clock = std::chrono::steady_clock;
 namespace proto = launch::proto;
 
@@ -295,13 +312,14 @@ int runAgent(const AgentOptions& opts) {
     while (true) {
       auto line = readLine(STDIN_FILENO, std::chrono::hours(24 * 365));
       if (!line) {
-        if (!*connectedPtr) ::_exit(128 + SIGHUP);
+        if (!*connectedPtr) exitBeforeConnected(128 + SIGHUP);
         controlPtr->post({Command::kLost});
         return;
       }
       auto cmd = parseCommand(*line);
       if (!cmd) continue;
-      if (!*connectedPtr && (cmd->kind == Command::kStop || cmd->kind == Command::kKill)) ::_exit(128 + SIGTERM);
+      if (!*connectedPtr && (cmd->kind == Command::kStop || cmd->kind == Command::kKill))
+        exitBeforeConnected(128 + SIGTERM);
       controlPtr->post(*cmd);
     }
   }).detach();
@@ -392,7 +410,11 @@ int runAgent(const AgentOptions& opts) {
     if (spec.trainer) {
       // The trainer reads its spec from a file: this node's copy of what the launcher sent.
       fileGuard.emplace();
-      privateDir = makePrivateDirectory(ownedFilePrefix("dtrain-", opts.run_id));
+      {
+        std::lock_guard<std::mutex> lk(gPrivateDirMu);
+        privateDir = makePrivateDirectory(ownedFilePrefix("dtrain-", opts.run_id));
+        gPrivateDir = privateDir;
+      }
       fileGuard->removeIfKilled(privateDir);
       specFile = (std::filesystem::path(privateDir) / "spec.json").string();
       resultFile = (std::filesystem::path(privateDir) / "result.json").string();
