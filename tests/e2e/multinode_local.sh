@@ -461,6 +461,43 @@ PATH="$T/fakebin:$PATH" timeout 60 "$DTRAIN" run "$T/hostile.json" --log-dir "$T
 expect_eq "$?" 1 "an agent's impossible round record: the job fails"
 expect_grep "node fakehost1 \(.*\) lost: its agent reported a round the job cannot have \(3000 workers from rank 0 of 1\)" "$T/err" "an agent's impossible round record: said"
 expect_eq "$(find "$T/hostile-logs" -name 'rank_*.log' | wc -l)" 0 "an agent's impossible round record: no log opened for its ranks"
+# Exit records are checked too (a fuzzer's fake agent: rank 999 failed a 1-rank job, 8000
+# records for one rank took 1.3 GB), and a round that ends with a code but no failed worker
+# (a record lost on the way) no longer holds the job for good: the node is lost within 5 s.
+for fake in badexit noexit; do
+  cat >"$T/fakebin/ssh" <<SH
+#!/bin/bash
+for a in "\$@"; do last="\$a"; done
+case "\$last" in *--version*) exec "$DTRAIN" --version;; esac
+read -r tok
+printf 'N\t0\t1\t1\t0\t127.0.0.1\t1234\t0\t1\n'
+if [ $fake = badexit ]; then
+  for i in 1 2 3; do printf 'X\t999\t0\t1\t3\t0\t0\t0\tnow\tforged\t\n'; done
+else
+  printf 'D\t1\t0\n'
+fi
+sleep 30
+SH
+  start=$(date +%s)
+  PATH="$T/fakebin:$PATH" timeout 60 "$DTRAIN" run "$T/hostile.json" --summary-json "$T/hostile.sum" >/dev/null 2>"$T/err"
+  rc=$?
+  expect_eq "$rc" 1 "fake agent ($fake): the job fails"
+  [ $(( $(date +%s) - start )) -lt 30 ] && pass "fake agent ($fake): within the wait, not the agent's 30 s" || fail "fake agent ($fake): took $(( $(date +%s) - start )) s"
+  if [ $fake = badexit ]; then
+    expect_grep "node fakehost1 \(.*\) lost: its agent reported an exit the job cannot have \(rank 999, local rank 0, of its 1 workers from rank 0\)" "$T/err" "fake agent (badexit): said"
+    expect_eq "$(python3 -c "import json; print([r['rank'] for r in json.load(open('$T/hostile.sum'))['ranks']])")" "[0]" "fake agent (badexit): no made-up rank in the summary"
+  else
+    expect_grep "node fakehost1 \(.*\) lost: its agent ended its round with code 1 but reported no failed worker" "$T/err" "fake agent (noexit): said"
+  fi
+done
+# A worker's error message with a carriage return (CRLF text in an exception) cut its exit
+# record on the way from the agent, and the job waited for it for good; a progress line's CR
+# is kept as on one node.
+timeout 60 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --shutdown-timeout 3 -- sh -c 'if [ "$RANK" = 1 ]; then printf "step 1\rstep 2\n"; printf "{\"message\": \"x\\\\r\\\\ny\"}" > "$TORCHELASTIC_ERROR_FILE"; exit 3; fi; exec sleep 20' >"$T/out" 2>"$T/err"
+expect_eq "$?" 3 "an error message with CR LF on a remote node: the job ends with the worker's code"
+expect_grep '^    error: +x$' "$T/err" "an error message with CR LF: its first line"
+expect_grep '^ {16}y$' "$T/err" "an error message with CR LF: its second line"
+expect_grep '^\[127.0.0.1 rank 1\] step 2$' "$T/out" "a progress line's CR through the agent: as on one node"
 # A console that takes nothing for a while (a stuck log collector): the launcher leaves the
 # agents' output unread, each agent its workers' (backpressure), and a SIGTERM still reaches
 # every worker at once (the agents' loops go on while their channel to the launcher is

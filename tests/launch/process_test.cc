@@ -76,6 +76,18 @@ TEST(SpawnProcess, KeepsOnlyTheDescriptorsAskedFor) {
   Spawned d = spawnProcess(shell(probe));
   EXPECT_EQ(readAll(d.out), "no\nno\n");
   EXPECT_EQ(waitExit(d.pid), 0);
+  // Nor one opened without O_CLOEXEC (by a library: Boost.Asio's acceptor was the store's
+  // listening socket in every worker, and in what they left running), at any number.
+  Fd plain(::open("/dev/null", O_RDONLY));
+  ASSERT_TRUE(plain);
+  Fd high(::fcntl(plain.get(), F_DUPFD, 700));
+  ASSERT_TRUE(high);
+  const std::string probe2 = "for f in " + std::to_string(plain.get()) + " " + std::to_string(high.get()) +
+                             "; do if [ -e /proc/self/fd/$f ]; then echo yes; else echo no; fi; done";
+  Spawned e = spawnProcess(shell(probe2));
+  EXPECT_EQ(readAll(e.out), "no\nno\n");
+  EXPECT_EQ(waitExit(e.pid), 0);
+  EXPECT_EQ(::fcntl(plain.get(), F_GETFD) & FD_CLOEXEC, 0);  // (ours unchanged)
 }
 
 TEST(SpawnProcess, StdinIsDevNullOrAPipe) {

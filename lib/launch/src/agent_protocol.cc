@@ -16,6 +16,9 @@ std::string escape(std::string_view s) {
       case '\\': out += "\\\\"; break;
       case '\t': out += "\\t"; break;
       case '\n': out += "\\n"; break;
+      // (the reader's line splitter takes a CR for a progress line's restart: a raw one cut
+      // the record to its tail, and an exit record so cut was lost, the job waiting for good)
+      case '\r': out += "\\r"; break;
       default: out += c;
     }
   }
@@ -32,7 +35,7 @@ std::string unescape(std::string_view s) {
       continue;
     }
     char n = s[++i];
-    out += n == 't' ? '\t' : n == 'n' ? '\n' : n;
+    out += n == 't' ? '\t' : n == 'n' ? '\n' : n == 'r' ? '\r' : n;
   }
   return out;
 }

@@ -38,6 +38,9 @@ using detail::SignalScope;
 
 // A teardown after a failure still waiting this long says what it waits for (as on one node).
 constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
+// An agent whose round ended with a code but no failed worker is lost after this unless it
+// ends (an agent that lost the store does, at once) or moves on meanwhile.
+constexpr auto kIdleWithoutFailureWait = std::chrono::seconds(5);
 
 std::string nodeName(const spec::JobSpec& spec, const spec::NodeSpec& n) {
   int same = 0;
@@ -320,6 +323,14 @@ class MultiNodeRunner {
     Clock::time_point at;
   };
   std::vector<HeldAgentStop> heldAgentStops_;
+  // Agents whose round ended with a code but no failed worker: lost if they have not ended
+  // (or moved on) within kIdleWithoutFailureWait; see onRecord 'D'.
+  struct IdleWithoutFailure {
+    Node* node;
+    int rc;
+    Clock::time_point at;
+  };
+  std::vector<IdleWithoutFailure> idleWithoutFailure_;
   bool killAsked_ = false;  // a second Ctrl-C: the agents are SIGKILLed at the deadline, held console or not
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
@@ -744,6 +755,18 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
     case 'X': {
       auto w = proto::parseExit(*r);
       if (!w) return;
+      // One exit per worker of the node's round, as its round record said: an agent that
+      // reports others (another dtrain, a corrupted stream) is cut off as a lost node, rather
+      // than trusted to fail the job for a rank it made up or to grow the summary without end.
+      if (n.round < 0 || w->global_rank < n.rankOffset || w->global_rank >= n.rankOffset + n.localWorkers ||
+          w->local_rank != w->global_rank - n.rankOffset ||
+          std::any_of(n.exits.begin(), n.exits.end(), [&](const WorkerExit& e) { return e.global_rank == w->global_rank; })) {
+        n.lostReason = fmt::format("its agent reported an exit the job cannot have (rank {}, local rank {}, of its {} "
+                                   "workers from rank {}); is the same dtrain version installed there (DTRAIN_BIN)?",
+                                   w->global_rank, w->local_rank, n.localWorkers, n.rankOffset);
+        ::kill(-n.pid, SIGKILL);
+        return;
+      }
       w->host = n.name;
       // A worker that died of a stop signal dtrain did not send, while dtrain stops the job
       // by its own: the same stop reached it first (a scheduler signals every process).
@@ -778,6 +801,17 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
           heldAgentStops_.push_back({&n, sig, Clock::now()});
         else
           nodeLost(n, fmt::format("its agent was stopped by {} on that host (and stopped its workers)", signalName(sig)));
+        return;
+      }
+      // A round that ended with a code but without a failed worker: an agent that lost the
+      // store ends right after (lost when it exits, with its reason from its stderr); any
+      // other (another dtrain, a record lost on the way) would hold the job for good, so it
+      // is lost if it has not ended within a few seconds.
+      if (n.idleRc >= 1 && n.idleRc <= 128 && !stopping_ && !finishing_ && !pending_ &&
+          (n.round == activeRound_ || (restarting_ && n.round == openRound_)) &&
+          std::none_of(n.exits.begin(), n.exits.end(),
+                       [](const WorkerExit& w) { return (w.signal || w.exit_code) && !w.stopped_by_dtrain; })) {
+        idleWithoutFailure_.push_back({&n, n.idleRc, Clock::now()});
         return;
       }
       checkAllIdle();
@@ -897,6 +931,20 @@ void MultiNodeRunner::timers() {
     // (unless it has moved on meanwhile: lost, told to exit)
     if (h.node->state == NodeState::kIdle && h.node->idleRc == 128 + h.sig && h.node->member)
       nodeLost(*h.node, fmt::format("its agent was stopped by {} on that host (and stopped its workers)", signalName(h.sig)));
+  }
+  for (size_t i = 0; i < idleWithoutFailure_.size();) {
+    const IdleWithoutFailure h = idleWithoutFailure_[i];
+    if (now - h.at < kIdleWithoutFailureWait) {
+      ++i;
+      continue;
+    }
+    idleWithoutFailure_.erase(idleWithoutFailure_.begin() + static_cast<long>(i));
+    if (h.node->state == NodeState::kIdle && h.node->idleRc == h.rc && h.node->member) {
+      std::string why = fmt::format("its agent ended its round with code {} but reported no failed worker", h.rc);
+      if (!h.node->errTail.lines().empty()) why += ": " + h.node->errTail.lines().back();
+      ::kill(-h.node->pid, SIGKILL);  // (it would not end by itself: the job would wait for it)
+      nodeLost(*h.node, why);
+    }
   }
   if (held_ && detail::heldFailureDue(held_->at, now, heldSettled()) &&
       (!outsideStopSignal(held_->exit) || now - held_->at >= kOutsideStopWindow))

@@ -7,8 +7,10 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -79,7 +81,13 @@ struct ChildArgs {
   const ErrnoTexts* texts;
   const int* keepFds;  // SpawnOptions::keep_fds
   size_t keepCount;
+  int maxFd;  // the highest descriptor number possible (RLIMIT_NOFILE), for the fallback below
 };
+
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+constexpr unsigned kCloseRangeCloexec = 1u << 2;  // CLOSE_RANGE_CLOEXEC (linux/close_range.h)
 
 [[noreturn]] void childFail(const ChildArgs& a, const char* what, int e, int code) {
   // The parent reads this once clone returns (the child has exited by then): whatever the
@@ -127,6 +135,11 @@ int childMain(void* p) {
   if (in < 0 || ::dup2(in, STDIN_FILENO) < 0) childFail(a, "dtrain: error: cannot start a worker: stdin: ", errno, 126);
   if (a.cwd && ::chdir(a.cwd) != 0) childFail(a, "dtrain: error: cannot chdir to cwd: ", errno, 126);
   // (our descriptor table is the child's own copy: no CLONE_FILES)
+  // Nothing of ours but keep_fds reaches the program, whoever opened it without O_CLOEXEC
+  // (Boost.Asio's acceptor: the store's listening port lived on in an orphaned worker's
+  // child, and the next run could not bind it). Kernels before 5.11: one fcntl a number.
+  if (::syscall(SYS_close_range, 3u, ~0u, kCloseRangeCloexec) != 0)
+    for (int fd = 3; fd <= a.maxFd; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   for (size_t i = 0; i < a.keepCount; ++i)
     if (::fcntl(a.keepFds[i], F_SETFD, 0) != 0) childFail(a, "dtrain: error: cannot start a worker: fcntl: ", errno, 126);
   struct timespec zero {};
@@ -247,6 +260,11 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   for (int fd : opts.keep_fds) DTRAIN_CHECK(fd > STDERR_FILENO);
   ca.keepFds = opts.keep_fds.data();
   ca.keepCount = opts.keep_fds.size();
+  static const int maxFd = [] {
+    const long n = ::sysconf(_SC_OPEN_MAX);
+    return static_cast<int>(std::clamp<long>(n, 1024, 1 << 20)) - 1;
+  }();
+  ca.maxFd = maxFd;
 
   ChildStack stack(argv.size());
   // clone(CLONE_VM | CLONE_VFORK) as posix_spawn does, not fork: the child borrows our

@@ -20,6 +20,8 @@
 #include "dtrain/store/auth.h"
 #include "dtrain/store/tcp_store.h"
 
+#include <fcntl.h>
+
 namespace dtrain::store {
 
 namespace asio = boost::asio;
@@ -662,6 +664,9 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions opts) : impl_(std::make_uni
   tcp::endpoint ep(addr, static_cast<unsigned short>(impl_->opts.port));
   auto& a = impl_->acceptor;
   a.open(ep.protocol(), ec);
+  // (Asio opens it without close-on-exec: a process dtrain starts some other way than
+  // spawnProcess, which closes what it does not pass, must not hold the port)
+  if (!ec) ::fcntl(a.native_handle(), F_SETFD, FD_CLOEXEC);
   if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) a.bind(ep, ec);
   if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);

@@ -429,51 +429,93 @@ void TcpCommunicator::connectMesh() {
     setNonBlocking(fd);
     fds_[static_cast<size_t>(j)] = fd;
   }
-  // Accept every lower rank.
+  // Accept every lower rank. Connections are read side by side, each for its hello (8 + 16
+  // bytes, sent right after connect): a stranger that connects and says nothing (a port
+  // scanner, a stale peer) cannot hold up the ranks queued behind it, as one read at a time,
+  // 5 s each, did (10 such made set-up time out while rank 0 waited in the queue).
+  struct Pending {
+    int fd;
+    std::string hello;
+    Clock::time_point until;
+  };
+  std::vector<Pending> pending;
+  constexpr size_t kMaxPending = 64;  // (beyond: the oldest goes; a rank says its hello at once)
+  int strangers = 0;
+  auto drop = [&](size_t i) {
+    ::close(pending[i].fd);
+    pending.erase(pending.begin() + static_cast<long>(i));
+  };
   for (int accepted = 0; accepted < rank_;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd p{lfd, POLLIN, 0};
-    int r = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
+    const auto now = Clock::now();
+    for (size_t i = 0; i < pending.size();)
+      if (now >= pending[i].until) {
+        ++strangers;
+        drop(i);
+      } else {
+        ++i;
+      }
+    auto wakeAt = deadline;
+    for (const auto& q : pending) wakeAt = std::min(wakeAt, q.until);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wakeAt - now).count();
+    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
+    for (const auto& q : pending) fds.push_back({q.fd, POLLIN, 0});
+    int r = left > 0 ? ::poll(fds.data(), fds.size(), static_cast<int>(left)) : 0;
     if (r < 0 && errno == EINTR) continue;  // a signal handler ran: the deadline still holds
-    if (r <= 0) {
+    if (r <= 0 && Clock::now() >= deadline) {
       std::vector<std::string> missing;
       for (int j = 0; j < rank_; ++j)
         if (fds_[static_cast<size_t>(j)] < 0) missing.push_back(std::to_string(j));
-      throw PeerLostError(fmt::format("communicator: timed out after {} waiting for rank(s) {} to connect",
-                                      secondsText(opts_.timeout), fmt::join(missing, ", ")));
+      for (const auto& q : pending) ::close(q.fd);
+      throw PeerLostError(fmt::format(
+          "communicator: timed out after {} waiting for rank(s) {} to connect{}", secondsText(opts_.timeout),
+          fmt::join(missing, ", "),
+          strangers + pending.size() > 0
+              ? fmt::format(" ({} other connection(s) to this rank's port said no hello of this job's ranks)",
+                            strangers + static_cast<int>(pending.size()))
+              : std::string()));
     }
-    int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    // The hello is 8 + 16 bytes, sent right after connect.
-    pollfd q{fd, POLLIN, 0};
-    std::string hello(24, '\0');
-    size_t got = 0;
-    const auto helloDeadline = Clock::now() + std::chrono::seconds(5);
-    while (got < hello.size()) {
-      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(helloDeadline - Clock::now()).count();
-      int pr = wait > 0 ? ::poll(&q, 1, static_cast<int>(wait)) : 0;
-      if (pr < 0 && errno == EINTR) continue;
-      if (pr <= 0) break;
-      ssize_t n = ::recv(fd, hello.data() + got, hello.size() - got, 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
+    if (r <= 0) continue;
+    // Hellos first (the listener's new connections are taken after, in this same turn).
+    for (size_t k = fds.size(); k-- > 1;) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Pending& q = pending[k - 1];
+      char buf[24];
+      const ssize_t n = ::recv(q.fd, buf, 24 - q.hello.size(), 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) {
+        ++strangers;
+        drop(k - 1);
+        continue;
+      }
+      q.hello.append(buf, static_cast<size_t>(n));
+      if (q.hello.size() < 24) continue;
+      uint32_t m, rk;
+      std::memcpy(&m, q.hello.data(), 4);
+      std::memcpy(&rk, q.hello.data() + 4, 4);
+      m = ntohl(m);
+      rk = ntohl(rk);
+      if (m != kHelloMagic || q.hello.substr(8) != nonce || rk >= static_cast<uint32_t>(rank_) || fds_[rk] >= 0) {
+        ++strangers;  // a stray or stale connection: not one of ours
+        drop(k - 1);
+        continue;
+      }
+      const int fd = q.fd;
+      pending.erase(pending.begin() + static_cast<long>(k - 1));
+      tuneSocket(fd);
+      fds_[rk] = fd;
+      ++accepted;
     }
-    uint32_t m, rk;
-    std::memcpy(&m, hello.data(), 4);
-    std::memcpy(&rk, hello.data() + 4, 4);
-    m = ntohl(m);
-    rk = ntohl(rk);
-    if (got != hello.size() || m != kHelloMagic || hello.substr(8) != nonce || rk >= static_cast<uint32_t>(rank_) ||
-        fds_[rk] >= 0) {
-      ::close(fd);  // a stray or stale connection: not one of ours
-      continue;
+    if (fds[0].revents & POLLIN) {
+      int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) continue;
+      if (pending.size() >= kMaxPending) {
+        ++strangers;
+        drop(0);
+      }
+      pending.push_back({fd, std::string(), std::min(deadline, Clock::now() + std::chrono::seconds(5))});
     }
-    tuneSocket(fd);
-    setNonBlocking(fd);
-    fds_[rk] = fd;
-    ++accepted;
   }
+  for (const auto& q : pending) ::close(q.fd);
 }
 
 void TcpCommunicator::setupShm() {
