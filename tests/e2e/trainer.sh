@@ -177,7 +177,7 @@ with open('$T/rel/d.csv', 'w') as f:
 "
 cat > "$T/rel/job.json" <<JSON
 {"nproc_per_node": 2, "cwd": "wd", "log_dir": "logs", "env": {"OMP_NUM_THREADS": "1"},
- "trainer": {"model": {"layers": [4, 8, 2]}, "data": {"type": "csv", "path": "d.csv", "label_column": 4},
+ "trainer": {"model": {"layers": [4, 8, 2]}, "data": {"type": "csv", "path": "d.csv", "label_column": 4, "header": false},
   "batch_size": 16, "epochs": 1, "checkpoint": {"dir": "ck", "every_steps": 4}}}
 JSON
 DTRAIN_ABS=$(readlink -f "$DTRAIN")

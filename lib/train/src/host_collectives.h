@@ -4,7 +4,10 @@
 // that takes device pointers (NCCL) gets them through the backend's scratch memory; the
 // others use the host buffers directly. Thread-safety: that of the communicator and the
 // staging backend (one trainer thread).
+#include <chrono>
+#include <functional>
 #include <string>
+#include <thread>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/train/backend.h"
@@ -25,6 +28,20 @@ class HostCollectives {
   }
   void allreduce(void* data, size_t count, comm::DataType t, comm::ReduceOp op) {
     inPlace(data, count * comm::elementSize(t), [&](void* d) { c_.allreduce(d, count, t, op); });
+  }
+  // As allreduce, calling `alive` (the worker's heartbeat) while it waits: a rank done with
+  // its share of the evaluation waits here for the slowest, silent, as long as that rank's
+  // lag (over worker_timeout_s under load: the job was killed as hung).
+  void allreduceAlive(void* data, size_t count, comm::DataType t, comm::ReduceOp op, const std::function<void()>& alive) {
+    if (!alive) return allreduce(data, count, t, op);
+    inPlace(data, count * comm::elementSize(t), [&](void* d) {
+      comm::WorkPtr w = c_.allreduceAsync(d, count, t, op);
+      for (auto nap = std::chrono::microseconds(200); !w->test(); nap = std::min(nap * 2, std::chrono::microseconds(20000))) {
+        alive();
+        std::this_thread::sleep_for(nap);
+      }
+      w->wait();
+    });
   }
   void allgather(const void* send, void* recv, size_t count, comm::DataType t) {
     if (!device_) return c_.allgather(send, recv, count, t);

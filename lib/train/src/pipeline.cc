@@ -394,6 +394,9 @@ class StageComm {
 
   // Host data (never a stage buffer).
   void allreduceHost(void* data, size_t count, comm::DataType t, comm::ReduceOp op) { host_.allreduce(data, count, t, op); }
+  void allreduceHostAlive(void* data, size_t count, comm::DataType t, comm::ReduceOp op, const std::function<void()>& alive) {
+    host_.allreduceAlive(data, count, t, op, alive);
+  }
   void allgatherHost(const void* send, void* recv, size_t count, comm::DataType t) { host_.allgather(send, recv, count, t); }
   void broadcastHost(void* data, size_t count, comm::DataType t, int root) { host_.broadcast(data, count, t, root); }
   void sendHost(const void* data, size_t bytes, int peer) { host_.send(data, bytes, peer); }
@@ -1150,7 +1153,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       sendAct(o, n);
     }
   }
-  worldComm.allreduceHost(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+  worldComm.allreduceHostAlive(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum, opts.heartbeat);
   result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
   result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
   result.eval_samples = static_cast<uint64_t>(ev[2]);

@@ -424,7 +424,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     ev[1] += correct;
     ev[2] += n;
   }
-  hostComm.allreduce(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+  hostComm.allreduceAlive(ev, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum, opts.heartbeat);
   result.eval_loss = ev[2] > 0 ? ev[0] / ev[2] : 0;
   result.eval_accuracy = ev[2] > 0 ? ev[1] / ev[2] : 0;
   result.eval_samples = static_cast<uint64_t>(ev[2]);
