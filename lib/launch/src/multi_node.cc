@@ -42,6 +42,20 @@ constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
 // ends (an agent that lost the store does, at once) or moves on meanwhile.
 constexpr auto kIdleWithoutFailureWait = std::chrono::seconds(5);
 
+// The entries of `v` (each with its time `at`) that have waited `wait` by `now`, taken out.
+template <typename T>
+std::vector<T> takeDue(std::vector<T>& v, Clock::duration wait, Clock::time_point now) {
+  std::vector<T> due;
+  for (size_t i = 0; i < v.size();)
+    if (now - v[i].at >= wait) {
+      due.push_back(v[i]);
+      v.erase(v.begin() + static_cast<long>(i));
+    } else {
+      ++i;
+    }
+  return due;
+}
+
 std::string nodeName(const spec::JobSpec& spec, const spec::NodeSpec& n) {
   int same = 0;
   for (const auto& o : spec.nodes) same += o.host == n.host;
@@ -921,24 +935,12 @@ void MultiNodeRunner::reap() {
 void MultiNodeRunner::timers() {
   auto now = Clock::now();
   if (stopping_ || finishing_) return;
-  for (size_t i = 0; i < heldAgentStops_.size();) {
-    const HeldAgentStop h = heldAgentStops_[i];
-    if (now - h.at < kOutsideStopWindow) {
-      ++i;
-      continue;
-    }
-    heldAgentStops_.erase(heldAgentStops_.begin() + static_cast<long>(i));
+  for (const HeldAgentStop& h : takeDue(heldAgentStops_, kOutsideStopWindow, now)) {
     // (unless it has moved on meanwhile: lost, told to exit)
     if (h.node->state == NodeState::kIdle && h.node->idleRc == 128 + h.sig && h.node->member)
       nodeLost(*h.node, fmt::format("its agent was stopped by {} on that host (and stopped its workers)", signalName(h.sig)));
   }
-  for (size_t i = 0; i < idleWithoutFailure_.size();) {
-    const IdleWithoutFailure h = idleWithoutFailure_[i];
-    if (now - h.at < kIdleWithoutFailureWait) {
-      ++i;
-      continue;
-    }
-    idleWithoutFailure_.erase(idleWithoutFailure_.begin() + static_cast<long>(i));
+  for (const IdleWithoutFailure& h : takeDue(idleWithoutFailure_, kIdleWithoutFailureWait, now)) {
     if (h.node->state == NodeState::kIdle && h.node->idleRc == h.rc && h.node->member) {
       std::string why = fmt::format("its agent ended its round with code {} but reported no failed worker", h.rc);
       if (!h.node->errTail.lines().empty()) why += ": " + h.node->errTail.lines().back();
