@@ -726,6 +726,65 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
   std::filesystem::remove(path);
 }
 
+// Lines are read in 64 KiB pieces: a row longer than a piece reads whole, and a file with no
+// line ends is refused at the line limit (1 MiB here) instead of being read into one string.
+TEST(Data, CsvLinesLongerThanAPieceReadAndAFileWithoutLineEndsIsRefused) {
+  const std::string path = ::testing::TempDir() + "/dtrain_lines_" + std::to_string(::getpid()) + ".csv";
+  constexpr int kInputs = 20000;  // rows of ~160 KB: three pieces each
+  {
+    std::ofstream f(path);
+    f << "label";
+    for (int c = 0; c < kInputs; ++c) f << ",f" << c;
+    f << "\n";
+    for (int r = 0; r < 3; ++r) {
+      f << r;
+      for (int c = 0; c < kInputs; ++c) f << "," << (c % 97) * 0.25 + r;
+      f << (r == 2 ? "" : "\r\n");  // (the last row without a line end)
+    }
+  }
+  spec::TrainerSpec t = small(4);
+  t.model.layers = {kInputs, 4, 3};
+  t.data.type = "csv";
+  t.data.path = path;
+  t.data.label_column = "label";
+  auto d = openDatasets(t).train;
+  ASSERT_EQ(d->size(), 3u);
+  std::vector<float> x(kInputs);
+  for (uint64_t r = 0; r < 3; ++r) {
+    int label = -1;
+    d->sample(r, x.data(), &label, nullptr);
+    EXPECT_EQ(label, static_cast<int>(r));
+    for (int c : {0, 8191, 8192, 13000, kInputs - 1}) EXPECT_EQ(x[c], (c % 97) * 0.25f + r) << r << " " << c;
+  }
+  // 8 MB of cells and no line end, read whole before: refused at 1 MiB, naming the line.
+  t.model.layers = {2, 4, 3};
+  {
+    std::ofstream f(path);
+    f << "a,b,label\n";
+    for (int i = 0; i < 1000000; ++i) f << "1.0,2.0,";
+  }
+  try {
+    openDatasets(t);
+    ADD_FAILURE() << "accepted a file without line ends";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find(":2: a line longer than 1048576 bytes: no line ends?"), std::string::npos)
+        << e.what();
+  }
+  // The same with CR alone as line ends: said as that.
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 200000; ++i) f << "1.0,2.0,0\r";
+  }
+  try {
+    openDatasets(t);
+    ADD_FAILURE() << "accepted CR line ends";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find(":1: the lines end with a carriage return alone"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
 // openDatasets' poll (the launcher's stop-signal check) is called as a csv is parsed, every
 // 65536 rows or 4 MiB, and what it throws ends the parse.
 TEST(Data, ParsingPollsAndStopsWhenThePollThrows) {

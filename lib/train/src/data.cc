@@ -221,11 +221,42 @@ std::string shownCell(std::string_view cell) {
   return cell.size() > 40 ? oneLine(cell.substr(0, utf8PrefixLength(cell, 40))) + "..." : oneLine(cell);
 }
 
+// One line of a csv file into `line`, as std::getline reads it, but refused past `maxBytes`:
+// a file with no line ends (a binary file, a one-line export) was read whole into one string
+// before its column count failed it (200 MB took a 622 MB peak). Reads in 64 KiB pieces.
+bool getCsvLine(std::istream& in, std::string& line, size_t maxBytes, const std::string& path,
+                long long lineNo) {
+  line.clear();
+  char piece[1 << 16];
+  for (;;) {
+    in.getline(piece, sizeof piece);
+    const auto got = static_cast<size_t>(in.gcount());
+    if (in.bad()) throw IoError(fmt::format("{}:{}: read error", path, lineNo));
+    const bool full = in.fail() && !in.eof();  // the piece filled up before a line end
+    const bool ended = !in.fail() && !in.eof();  // a line end, extracted (counted in gcount, not stored)
+    if (in.eof() && got == 0 && line.empty()) return false;  // no more lines
+    line.append(piece, ended ? got - 1 : got);
+    if (line.size() > maxBytes)
+      throw SpecError(
+          line.find('\r') != std::string::npos
+              ? fmt::format("{}:{}: the lines end with a carriage return alone (CR, not LF or CRLF): convert the "
+                            "file (tr '\\r' '\\n')",
+                            path, lineNo)
+              : fmt::format("{}:{}: a line longer than {} bytes: no line ends? dtrain reads plain csv text, one "
+                            "row per line (LF or CRLF line ends)",
+                            path, lineNo, maxBytes));
+    if (!full) return true;  // a line end, or the file's last line without one
+    in.clear();
+  }
+}
+
 std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string& path,
                                   const std::function<void()>& poll) {
   std::ifstream in(path);
   if (!in) throw SpecError(fmt::format("{}: cannot open csv file", path));
   const int inputs = t.model.layers.front();
+  // 256 bytes a cell is far beyond any number's text (or a column's name).
+  const size_t maxLine = std::max<size_t>(1u << 20, 256 * (static_cast<size_t>(inputs) + 1));
   std::string line;
   long long lineNo = 0;
   int labelCol = -1, columns = -1;
@@ -249,7 +280,8 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
     if (std::string_view(bom, 3) != "\xEF\xBB\xBF") in.seekg(0);
   }
   if (t.data.header) {
-    if (!std::getline(in, line)) throw SpecError(fmt::format("{}: empty file; expected a header line", path));
+    if (!getCsvLine(in, line, maxLine, path, 1))
+      throw SpecError(fmt::format("{}: empty file; expected a header line", path));
     ++lineNo;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     // Old Mac line ends (CR alone): the whole file reads as one header line.
@@ -299,7 +331,7 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
   std::vector<float> x, y;
   auto isBlank = [](char c) { return c == ' ' || c == '\t'; };
   uint64_t bytesSincePoll = 0;  // (wide rows: 65536 of 30 KB would take longer than the 10 s grace)
-  while (std::getline(in, line)) {
+  while (getCsvLine(in, line, maxLine, path, lineNo + 1)) {
     ++lineNo;
     bytesSincePoll += line.size() + 1;
     if (poll && ((lineNo & 0xffff) == 0 || bytesSincePoll >= (4u << 20))) {
