@@ -464,7 +464,7 @@ expect_eq "$(find "$T/hostile-logs" -name 'rank_*.log' | wc -l)" 0 "an agent's i
 # Exit records are checked too (a fuzzer's fake agent: rank 999 failed a 1-rank job, 8000
 # records for one rank took 1.3 GB), and a round that ends with a code but no failed worker
 # (a record lost on the way) no longer holds the job for good: the node is lost within 5 s.
-for fake in badexit noexit; do
+for fake in badexit noexit unnamed; do
   cat >"$T/fakebin/ssh" <<SH
 #!/bin/bash
 for a in "\$@"; do last="\$a"; done
@@ -473,6 +473,9 @@ read -r tok
 printf 'N\t0\t1\t1\t0\t127.0.0.1\t1234\t0\t1\n'
 if [ $fake = badexit ]; then
   for i in 1 2 3; do printf 'X\t999\t0\t1\t3\t0\t0\t0\tnow\tforged\t\n'; done
+elif [ $fake = unnamed ]; then
+  printf 'F\tspec\tthe data file is missing\n'
+  exit 2  # (as an agent does after its refusal)
 else
   printf 'D\t1\t0\n'
 fi
@@ -481,11 +484,14 @@ SH
   start=$(date +%s)
   PATH="$T/fakebin:$PATH" timeout 60 "$DTRAIN" run "$T/hostile.json" --summary-json "$T/hostile.sum" >/dev/null 2>"$T/err"
   rc=$?
-  expect_eq "$rc" 1 "fake agent ($fake): the job fails"
+  expect_eq "$rc" $([ $fake = unnamed ] && echo 2 || echo 1) "fake agent ($fake): the job fails"
   [ $(( $(date +%s) - start )) -lt 30 ] && pass "fake agent ($fake): within the wait, not the agent's 30 s" || fail "fake agent ($fake): took $(( $(date +%s) - start )) s"
   if [ $fake = badexit ]; then
     expect_grep "node fakehost1 \(.*\) lost: its agent reported an exit the job cannot have \(rank 999, local rank 0, of its 1 workers from rank 0\)" "$T/err" "fake agent (badexit): said"
     expect_eq "$(python3 -c "import json; print([r['rank'] for r in json.load(open('$T/hostile.sum'))['ranks']])")" "[0]" "fake agent (badexit): no made-up rank in the summary"
+  elif [ $fake = unnamed ]; then
+    # (an agent's refusal that does not name its node, as another dtrain's might: named)
+    expect_grep "node fakehost1: the data file is missing" "$T/err" "fake agent (unnamed): its refusal names the node"
   else
     expect_grep "node fakehost1 \(.*\) lost: its agent ended its round with code 1 but reported no failed worker" "$T/err" "fake agent (noexit): said"
   fi

@@ -834,7 +834,13 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       if (!opts_.result_file.empty() && r->fields.size() == 1) std::ofstream(opts_.result_file) << r->fields[0];
       return;
     case 'F':
-      if (r->fields.size() == 2) finalFailure(r->fields[1], r->fields[0] == "spec" ? kExitUsage : kExitFailure);
+      // (the agent's failures name their node; one that does not, as another dtrain's agent
+      // might, gets the name here: a job of many hosts must say which one refused it)
+      if (r->fields.size() == 2)
+        finalFailure(r->fields[1].rfind(fmt::format("node {}: ", n.name), 0) == 0
+                         ? r->fields[1]
+                         : fmt::format("node {}: {}", n.name, r->fields[1]),
+                     r->fields[0] == "spec" ? kExitUsage : kExitFailure);
       return;
     default:
       return;
