@@ -20,4 +20,22 @@ timeout 100 "$DTRAIN" run --nproc-per-node 1 -- /usr/bin/python3 "$T/rec.py" >"$
 expect_eq "$?" 1 "@record worker exits 1"
 expect_grep "error: +.*bad batch size 0" "$T/err" "@record message in the summary"
 expect_grep "rec.py" "$T/err" "@record traceback names the script"
+# Rank 0 ends first while rank 1 still uses torch's default store, which is rank 0's under
+# dtrain (TORCHELASTIC_USE_AGENT_STORE=False): the error says only "Broken pipe"; the summary
+# says why, and the fix. A job whose ranks end together gets no such hint.
+cat > "$T/early.py" <<'PY'
+import sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1); dist.all_reduce(t)
+if dist.get_rank() == 0: sys.exit(0)
+time.sleep(1)
+dist.distributed_c10d._get_default_store().set("k", "v")
+PY
+timeout 100 "$DTRAIN" run --nproc-per-node 2 --env OMP_NUM_THREADS=1 -- /usr/bin/python3 "$T/early.py" >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "rank 0 gone before rank 1's store call: the job fails"
+expect_grep "^    hint: +rank 0 had exited 0 before \(.*\): torch's default store is rank 0's \(TORCHELASTIC_USE_AGENT_STORE=False\)" "$T/err" "rank 0 gone first: the hint names the store"
+timeout 100 "$DTRAIN" run --nproc-per-node 2 -- /usr/bin/python3 -c 'import sys; sys.exit(int(__import__("os").environ["RANK"]) * 3)' >"$T/out" 2>"$T/err"
+expect_eq "$?" 3 "rank 1 fails on its own"
+expect_no_grep "hint:" "$T/err" "a failure not about the store: no hint"
 finish

@@ -1135,6 +1135,27 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
                                               : " (less the traceback's):\n";
     for (const auto& l : tail) out += "      | " + l + "\n";
   }
+  // A PyTorch job whose rank 0 had already ended well: rank 0 served torch's default store
+  // (TORCHELASTIC_USE_AGENT_STORE=False), so a rank still using it lost it. The error says
+  // only "Broken pipe": the cause, and the fix, are said here.
+  if (!spec.trainer && f.global_rank != 0 && !f.lost) {
+    const auto zero = std::find_if(result.workers.begin(), result.workers.end(),
+                                   [](const WorkerExit& w) { return w.global_rank == 0; });
+    auto lostConnection = [](const std::string& text) {
+      for (const char* k : {"Broken pipe", "Connection reset", "Connection closed", "Connection refused", "TCPStore"})
+        if (text.find(k) != std::string::npos) return true;
+      return false;
+    };
+    bool said = lostConnection(f.error_message);
+    for (const auto& l : f.stderr_tail) said = said || lostConnection(l);
+    if (zero != result.workers.end() && said && !zero->signal && zero->exit_code == 0 && !zero->stopped_by_dtrain &&
+        !zero->lost && !zero->when.empty() && zero->when <= f.when)
+      out += fmt::format(
+          "    hint:       rank 0 had exited 0 before ({}): torch's default store is rank 0's "
+          "(TORCHELASTIC_USE_AGENT_STORE=False), so a rank still using it loses it; end the ranks together "
+          "(dist.barrier(), then dist.destroy_process_group())\n",
+          zero->when);
+  }
   // The others' exits, and where their output is: a log directory is not always there.
   if (failed > 1) {
     constexpr int kListed = 8;
