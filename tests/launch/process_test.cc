@@ -59,6 +59,35 @@ TEST(SpawnProcess, PipesEnvironmentAndExitCode) {
   EXPECT_EQ(waitExit(c.pid), 3);
 }
 
+// announce_fd: the child writes "W <its pid>\n" there itself, before exec (a guard learns of
+// its group before the program can start anything), and the descriptor does not reach the
+// program. A pipe with no reader costs the child nothing (its SIGPIPE is taken back).
+TEST(SpawnProcess, AnnouncesItsGroupBeforeExec) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  Fd r(p[0]), w(p[1]);
+  SpawnOptions so = shell("ls /proc/self/fd/" + std::to_string(w.get()) + " 2>/dev/null && echo leaked; echo ran");
+  so.announce_fd = w.get();
+  Spawned c = spawnProcess(so);
+  w.reset();
+  EXPECT_EQ(readAll(r), "W " + std::to_string(c.pid) + "\n");  // (written before spawnProcess returned)
+  EXPECT_EQ(readAll(c.out), "ran\n");
+  EXPECT_EQ(waitExit(c.pid), 0);
+
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  Fd r2(p[0]), w2(p[1]);
+  r2.reset();
+  struct sigaction ign {}, old {};
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ign, &old);  // (as in dtrain)
+  so = shell("echo ran");
+  so.announce_fd = w2.get();
+  Spawned d = spawnProcess(so);
+  EXPECT_EQ(readAll(d.out), "ran\n");
+  EXPECT_EQ(waitExit(d.pid), 0);
+  ::sigaction(SIGPIPE, &old, nullptr);
+}
+
 // keep_fds: the child inherits those (at the same numbers), and nothing else of ours.
 TEST(SpawnProcess, KeepsOnlyTheDescriptorsAskedFor) {
   int p[2];

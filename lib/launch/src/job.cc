@@ -22,6 +22,11 @@
 
 namespace dtrain::launch {
 
+double restartBackoffS(double base_s, int doublings, double cap_s) {
+  if (!(base_s > 0)) return 0;
+  return std::min(cap_s, base_s * std::pow(2.0, std::clamp(doublings, 0, 64)));
+}
+
 JobStore::JobStore() = default;
 JobStore::JobStore(JobStore&&) noexcept = default;
 JobStore& JobStore::operator=(JobStore&&) noexcept = default;
@@ -363,7 +368,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const Loca
     }
     // Back off (1 s, 2 s, 4 s, ... at most 60 s) and start the next attempt on a fresh
     // MASTER_PORT: the old one may still be held by the previous attempt's sockets.
-    double pause = std::min(60.0, spec.restart_backoff_s * std::pow(2.0, attempt));
+    const double pause = restartBackoffS(spec.restart_backoff_s, attempt, 60.0);
     // A signal during the pause ends the job as it would have during the run.
     const std::string backoff = fmt::format("the back-off before restart {} of {}", attempt + 1, spec.max_restarts);
     if (int sig = waitForSignal(held, std::chrono::milliseconds(static_cast<long>(pause * 1000)), backoff.c_str())) {

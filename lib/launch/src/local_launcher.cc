@@ -247,6 +247,7 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   for (const auto& [k, v] : env) so.env.push_back(k + "=" + v);
   so.cwd = spec.cwd;
   so.merge_stderr = merged_;
+  so.announce_fd = guard_ ? guard_->announceFd() : -1;
   Spawned child = spawnProcess(so);
   w.pid = child.pid;
   w.running = true;
@@ -696,7 +697,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   for (auto& w : workers_) {
     if (stopping_) break;
     spawn(w, plan, spec, base);
-    guard.watch(w.pid);
+    guard.watchAnnounced(w.pid);
   }
 
   std::vector<char> buf(65536);

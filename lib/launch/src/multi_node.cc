@@ -595,7 +595,7 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
   if (stopping_ || finishing_) return;
   ++n.failures;
   // Horovod-style: a host that keeps failing waits longer before it is tried again.
-  double cooldown = std::min(300.0, std::max(1.0, spec_.restart_backoff_s) * std::pow(2.0, n.failures));
+  double cooldown = restartBackoffS(std::max(1.0, spec_.restart_backoff_s), n.failures, 300.0);
   n.retryAt = Clock::now() + std::chrono::milliseconds(static_cast<long>(cooldown * 1000));
   if (!wasMember) {
     // (a retried host that failed again: the event of the round that runs, or of the one a
@@ -645,7 +645,7 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
 }
 
 double MultiNodeRunner::backoff() const {
-  return std::min(60.0, spec_.restart_backoff_s * std::pow(2.0, result_.restarts - 1));
+  return restartBackoffS(spec_.restart_backoff_s, result_.restarts - 1, 60.0);
 }
 
 void MultiNodeRunner::pauseMembers() {

@@ -17,14 +17,16 @@ namespace {
 // The guard is /bin/sh running this (argv[0] "dtrain-guard", what ps shows): a shell starts
 // in a fraction of the time our own binary would (its libraries), and the launcher waits for
 // the exec. Lines on stdin: "W pgid" watch, "U pgid" unwatch, "F path" a file or directory
-// tree of the run's own, "R" release. On EOF (the launcher is gone) every watched group is
-// SIGKILLed and the paths are removed (kept in "$@": any path survives, spaces included).
+// tree of the run's own, "R" release. "W" also comes from a spawned child itself
+// (SpawnOptions::announce_fd); a "U" for a group never watched changes nothing. On EOF (the
+// launcher is gone) every watched group is SIGKILLed and the paths are removed (kept in
+// "$@": any path survives, spaces included).
 constexpr const char* kGuardScript =
     "g=' '\n"
     "while read -r op p; do\n"
     "  case $op in\n"
     "    W) g=\"$g$p \" ;;\n"
-    "    U) g=\"${g%% $p *} ${g#* $p }\" ;;\n"
+    "    U) case $g in *\" $p \"*) g=\"${g%% $p *} ${g#* $p }\" ;; esac ;;\n"
     "    F) set -- \"$@\" \"$p\" ;;\n"
     "    R) exit 0 ;;\n"
     "  esac\n"
@@ -82,6 +84,13 @@ OrphanGuard::~OrphanGuard() {
 void OrphanGuard::watch(pid_t pgid) {
   if (pid_ < 0 || pgid <= 0 || !watched_.insert(pgid).second) return;
   send(fmt::format("W {}\n", pgid));
+}
+
+void OrphanGuard::watchAnnounced(pid_t pgid) {
+  // (a child that failed before its announcement is unwatched all the same: the guard
+  // ignores a U for a group it never heard of)
+  if (pid_ < 0 || pgid <= 0) return;
+  watched_.insert(pgid);
 }
 
 void OrphanGuard::removeIfKilled(const std::string& path) {

@@ -82,6 +82,7 @@ struct ChildArgs {
   const int* keepFds;  // SpawnOptions::keep_fds
   size_t keepCount;
   int maxFd;  // the highest descriptor number possible (RLIMIT_NOFILE), for the fallback below
+  int announceFd;  // SpawnOptions::announce_fd
 };
 
 #ifndef SYS_close_range
@@ -128,6 +129,26 @@ int childMain(void* p) {
   // prctl ran.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != a.parent) ::_exit(1);
+  // The guard learns of this group before the program can start anything (one write, far
+  // below PIPE_BUF: whole). A guard that is gone only costs its protection: the SIGPIPE
+  // that write raised (blocked here, and SIGPIPE now at its default) is taken back.
+  if (a.announceFd >= 0) {
+    char line[32];
+    char* e = line + sizeof(line);
+    char* q = e;
+    *--q = '\n';
+    unsigned long v = static_cast<unsigned long>(::syscall(SYS_getpid));
+    do *--q = static_cast<char>('0' + v % 10); while ((v /= 10) != 0);
+    *--q = ' ';
+    *--q = 'W';
+    if (::write(a.announceFd, q, static_cast<size_t>(e - q)) < 0 && errno == EPIPE) {
+      sigset_t pipeSet;
+      sigemptyset(&pipeSet);
+      sigaddset(&pipeSet, SIGPIPE);
+      struct timespec zero {};
+      ::sigtimedwait(&pipeSet, nullptr, &zero);
+    }
+  }
   // The parent keeps these three above 2, so no dup2 below overwrites a later source.
   if (::dup2(a.outFd, STDOUT_FILENO) < 0 || ::dup2(a.errFd, STDERR_FILENO) < 0)
     childFail(a, "dtrain: error: cannot start a worker: dup2: ", errno, 126);
@@ -265,6 +286,7 @@ Spawned spawnProcess(const SpawnOptions& opts) {
     return static_cast<int>(std::clamp<long>(n, 1024, 1 << 20)) - 1;
   }();
   ca.maxFd = maxFd;
+  ca.announceFd = opts.announce_fd;
 
   ChildStack stack(argv.size());
   // clone(CLONE_VM | CLONE_VFORK) as posix_spawn does, not fork: the child borrows our

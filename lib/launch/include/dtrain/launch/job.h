@@ -17,6 +17,11 @@ namespace detail {
 class SignalScope;
 }
 
+// The back-off before a restart: `base_s` doubled `doublings` times, at most `cap_s`; 0 for
+// a base of 0 however many restarts (2^1024 is infinite, and 0 x infinity NaN, which
+// std::min took for the cap: restart 1025 of a no-back-off job waited 60 s).
+double restartBackoffS(double base_s, int doublings, double cap_s);
+
 // The stop signals (SIGINT, SIGTERM, SIGHUP) caught and kept, not acted on, while it lives:
 // for `dtrain run`'s pre-flight (the spec, its data files, the checkpoint directory), where
 // their default action would end dtrain before it wrote the run's summary, leaving an earlier

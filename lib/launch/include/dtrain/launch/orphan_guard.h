@@ -36,6 +36,10 @@ class OrphanGuard {
   OrphanGuard& operator=(const OrphanGuard&) = delete;
 
   void watch(pid_t pgid);
+  // The guard's pipe, for SpawnOptions::announce_fd (-1 without a guard); then
+  // watchAnnounced(pid) for the spawned child, which told the guard itself.
+  int announceFd() const { return pipe_ ? pipe_.get() : -1; }
+  void watchAnnounced(pid_t pgid);
   void unwatch(pid_t pgid);
   // A file or directory of the run's own (a private spec snapshot, the temp dir of the error
   // files) that the launcher removes at its end; the guard removes it (a directory with all

@@ -22,6 +22,12 @@ struct SpawnOptions {
   // Descriptors of ours the child inherits, at the same numbers (each > 2; the others are
   // close-on-exec): shared memory handed to workers (the trainer's data image).
   std::vector<int> keep_fds;
+  // An OrphanGuard's pipe (OrphanGuard::announceFd), or -1: the child tells the guard its
+  // process group itself ("W pgid") before exec, so a dtrain SIGKILLed at any moment leaves
+  // no group that the guard does not know. (Told by the parent after the spawn returned, a
+  // kill in between left the worker's children running: PR_SET_PDEATHSIG reaches the worker
+  // alone.)
+  int announce_fd = -1;
 };
 
 struct Spawned {
