@@ -238,9 +238,12 @@ expect_eq "$(python3 -c "import json; print(json.load(open('$T/closed2.json'))['
 # Runs at once on one log_dir (CI jobs of one spec): each rank_N.log held lines of every run,
 # mixed. The one started while another holds the directory writes in log_dir/<run id>/.
 cat >"$T/logjob.json" <<JSON
-{"command": ["sh", "-c", "for i in 1 2 3 4 5; do echo line\$i run=\$DTRAIN_RUN_ID; sleep 0.1; done"], "nproc_per_node": 2, "log_dir": "$T/shared"}
+{"command": ["sh", "-c", "for i in 1 2 3 4 5; do echo line\$i run=\$DTRAIN_RUN_ID; sleep 0.3; done"], "nproc_per_node": 2, "log_dir": "$T/shared"}
 JSON
 "$DTRAIN" run "$T/logjob.json" >/dev/null 2>"$T/errA" & pa=$!
+# (the second once the first holds the directory: started together, a loaded machine could
+# start it after the first had ended)
+for _ in $(seq 100); do [ -s "$T/shared/rank_0.log" ] && break; sleep 0.05; done
 "$DTRAIN" run "$T/logjob.json" >/dev/null 2>"$T/errB" & pb=$!
 wait $pa; ra=$?; wait $pb; rb=$?
 expect_eq "$ra $rb" "0 0" "two runs on one log_dir: both succeed"
