@@ -81,11 +81,6 @@ OrphanGuard::~OrphanGuard() {
   ::waitpid(pid_, nullptr, WNOHANG);
 }
 
-void OrphanGuard::watch(pid_t pgid) {
-  if (pid_ < 0 || pgid <= 0 || !watched_.insert(pgid).second) return;
-  send(fmt::format("W {}\n", pgid));
-}
-
 void OrphanGuard::watchAnnounced(pid_t pgid) {
   // (a child that failed before its announcement is unwatched all the same: the guard
   // ignores a U for a group it never heard of)

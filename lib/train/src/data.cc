@@ -221,6 +221,10 @@ std::string shownCell(std::string_view cell) {
   return cell.size() > 40 ? oneLine(cell.substr(0, utf8PrefixLength(cell, 40))) + "..." : oneLine(cell);
 }
 
+// (a file whose lines end with CR alone reads as one line)
+constexpr const char* kCrOnlyLines =
+    "the lines end with a carriage return alone (CR, not LF or CRLF): convert the file (tr '\\r' '\\n')";
+
 // One line of a csv file into `line`, as std::getline reads it, but refused past `maxBytes`:
 // a file with no line ends (a binary file, a one-line export) was read whole into one string
 // before its column count failed it (200 MB took a 622 MB peak). Reads in 64 KiB pieces.
@@ -239,9 +243,7 @@ bool getCsvLine(std::istream& in, std::string& line, size_t maxBytes, const std:
     if (line.size() > maxBytes)
       throw SpecError(
           line.find('\r') != std::string::npos
-              ? fmt::format("{}:{}: the lines end with a carriage return alone (CR, not LF or CRLF): convert the "
-                            "file (tr '\\r' '\\n')",
-                            path, lineNo)
+              ? fmt::format("{}:{}: {}", path, lineNo, kCrOnlyLines)
               : fmt::format("{}:{}: a line longer than {} bytes: no line ends? dtrain reads plain csv text, one "
                             "row per line (LF or CRLF line ends)",
                             path, lineNo, maxBytes));
@@ -286,10 +288,7 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
     if (!line.empty() && line.back() == '\r') line.pop_back();
     // Old Mac line ends (CR alone): the whole file reads as one header line.
     if (line.find('\r') != std::string::npos)
-      throw SpecError(
-          fmt::format("{}:1: the lines end with a carriage return alone (CR, not LF or CRLF): convert the "
-                      "file (tr '\\r' '\\n')",
-                      path));
+      throw SpecError(fmt::format("{}:1: {}", path, kCrOnlyLines));
     auto names = split(line, ',');
     columns = static_cast<int>(names.size());
     // A file without a header read as one: its first row would be taken for the names and

@@ -35,9 +35,9 @@ class OrphanGuard {
   OrphanGuard(const OrphanGuard&) = delete;
   OrphanGuard& operator=(const OrphanGuard&) = delete;
 
-  void watch(pid_t pgid);
   // The guard's pipe, for SpawnOptions::announce_fd (-1 without a guard); then
-  // watchAnnounced(pid) for the spawned child, which told the guard itself.
+  // watchAnnounced(pid) for the spawned child, which told the guard itself (the only way a
+  // group is watched: a parent's word after the spawn came too late for a kill in between).
   int announceFd() const { return pipe_ ? pipe_.get() : -1; }
   void watchAnnounced(pid_t pgid);
   void unwatch(pid_t pgid);
