@@ -318,11 +318,15 @@ TEST_F(NcclEmu, FailedEnqueueBreaksTheCommunicatorAndLeavesTheFailureForPeers) {
   auto cs = makeAll(2);
   auto b = cs[1]->allocate(8);
   emu_nccl::failNextEnqueue(1, ncclSystemError);
+  emu_nccl::setLastError("socketProgress: Connection closed by remote peer\n");
   try {
     cs[1]->send(b->data(), 8, 0);
     FAIL();
   } catch (const PeerLostError& e) {
-    EXPECT_HAS(e.what(), "send on rank 1: NCCL error: unhandled system error");
+    // NCCL's own reason joins its error class, on one line.
+    EXPECT_HAS(e.what(),
+               "send on rank 1: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details) [NCCL: "
+               "socketProgress: Connection closed by remote peer]; the NCCL communicator was aborted");
   }
   EXPECT_THROW(cs[1]->send(b->data(), 8, 0), PeerLostError);
   EXPECT_HAS(store_->get("comm/default/failure"), "send on rank 1: NCCL error: unhandled system error");

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "dtrain/common/errors.h"
 
@@ -73,6 +76,30 @@ TEST(Utf8PrefixLength, NeverEndsInsideACharacter) {
   EXPECT_EQ(utf8PrefixLength(s, 4), 4u);  // "abé"
   EXPECT_EQ(utf8PrefixLength(s, 3), 2u);  // not half of é
   EXPECT_EQ(utf8PrefixLength(s, 0), 0u);
+}
+
+// LOCAL_RANK as the trainer and the NCCL backend both read it: std::atoi took "1x" for 1 and
+// "x" for 0, where the trainer fell back to the rank, so the two picked different GPUs.
+TEST(EnvIndex, DigitsOnlyElseTheFallback) {
+  const char* kName = "DTRAIN_TEST_ENV_INDEX";
+  ::unsetenv(kName);
+  EXPECT_EQ(envIndex(kName, 7), 7);
+  for (const auto& [value, want] : std::vector<std::pair<const char*, int>>{{"0", 0},
+                                                                            {"3", 3},
+                                                                            {"010", 10},
+                                                                            {"1073741824", 1 << 30},
+                                                                            {"", 7},
+                                                                            {"1x", 7},
+                                                                            {"x", 7},
+                                                                            {"-1", 7},
+                                                                            {" 2", 7},
+                                                                            {"+2", 7},
+                                                                            {"1073741825", 7},
+                                                                            {"99999999999", 7}}) {
+    ::setenv(kName, value, 1);
+    EXPECT_EQ(envIndex(kName, 7), want) << "\"" << value << "\"";
+  }
+  ::unsetenv(kName);
 }
 
 }  // namespace

@@ -26,6 +26,14 @@ std::unique_ptr<Communicator> createNcclCommunicator(std::shared_ptr<store::Stor
 namespace dtrain::train {
 namespace {
 
+// NCCL communicators fail a stuck collective in a minute, not the default five: a hang costs
+// this test, not the GPU check's whole budget (scripts/gpu_check.sh).
+const comm::CommOptions kGpuCommOptions = [] {
+  comm::CommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}();
+
 #define REQUIRE_GPUS(n)                                                                   \
   do {                                                                                    \
     if (visibleGpus() < (n)) GTEST_SKIP() << "needs " << (n) << " visible GPU(s), found " \
@@ -215,7 +223,8 @@ spec::TrainerSpec small(const std::string& device) {
 
 TrainResult runAlone(const spec::TrainerSpec& t, std::vector<float>* params, bool nccl = false) {
   auto store = std::make_shared<store::HashStore>();
-  auto c = nccl ? comm::createNcclCommunicator(store, 0, 1, {}) : comm::createTcpCommunicator(store, 0, 1, {});
+  auto c =
+      nccl ? comm::createNcclCommunicator(store, 0, 1, kGpuCommOptions) : comm::createTcpCommunicator(store, 0, 1, {});
   TrainOptions o;
   o.final_params = params;
   return train(t, *c, o);
@@ -327,7 +336,8 @@ TEST(GpuTrain, TwoRanksOverNcclMatchCpu) {
       for (int r = 0; r < 2; ++r)
         ts.emplace_back([&, r] {
           try {
-            auto c = nccl ? comm::createNcclCommunicator(store, r, 2, {}) : comm::createTcpCommunicator(store, r, 2, {});
+            auto c = nccl ? comm::createNcclCommunicator(store, r, 2, kGpuCommOptions)
+                          : comm::createTcpCommunicator(store, r, 2, {});
             TrainOptions o;
             o.device = nccl ? "cuda" : "cpu";
             o.final_params = &params[static_cast<size_t>(r)];
@@ -387,7 +397,8 @@ PipeRun runPipe(int world, const spec::TrainerSpec& t, const std::string& device
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
       try {
-        auto c = nccl ? comm::createNcclCommunicator(store, r, world, {}) : comm::createTcpCommunicator(store, r, world, {});
+        auto c = nccl ? comm::createNcclCommunicator(store, r, world, kGpuCommOptions)
+                      : comm::createTcpCommunicator(store, r, world, {});
         TrainOptions o;
         o.device = device;
         o.final_params = &params[static_cast<size_t>(r)];
@@ -521,7 +532,7 @@ TEST(GpuPipeline, NcclWithCpuStagesIsRefused) {
   for (int r = 0; r < 2; ++r)
     ts.emplace_back([&, r] {
       try {
-        auto c = comm::createNcclCommunicator(store, r, 2, {});
+        auto c = comm::createNcclCommunicator(store, r, 2, kGpuCommOptions);
         TrainOptions o;
         o.device = "cpu";
         train(t, *c, o);

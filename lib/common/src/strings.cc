@@ -123,6 +123,16 @@ std::optional<bool> parseSwitch(const std::string& name, const std::string& s) {
   throw SpecError(fmt::format("{}=\"{}\": expected 0 or 1 (also off/on, false/true, no/yes)", name, s));
 }
 
+int envIndex(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  if (!s) return fallback;
+  const std::string_view v(s);
+  if (v.empty() || v.size() > 10 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return fallback;
+  const long long n = std::stoll(std::string(v));
+  return n <= (1LL << 30) ? static_cast<int>(n) : fallback;
+}
+
 int parseIntFlag(const std::string& flag, const std::string& v, int lo, int hi) {
   size_t used = 0;
   long long out = 0;

@@ -17,6 +17,7 @@
 #endif
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/common/system_cpus.h"
 
 namespace dtrain::train {
@@ -100,20 +101,8 @@ int probeGpus(std::string* why) {
 
 int visibleGpus() { return std::max(0, probeGpus(nullptr)); }
 
-namespace {
-
-int envInt(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  if (!s || !*s) return fallback;
-  char* end = nullptr;
-  long v = std::strtol(s, &end, 10);
-  return end && *end == '\0' && v >= 0 && v <= (1 << 30) ? static_cast<int>(v) : fallback;
-}
-
-}  // namespace
-
-int localRankFromEnv(int fallback) { return envInt("LOCAL_RANK", fallback); }
-int localWorldSizeFromEnv(int fallback) { return envInt("LOCAL_WORLD_SIZE", fallback); }
+int localRankFromEnv(int fallback) { return envIndex("LOCAL_RANK", fallback); }
+int localWorldSizeFromEnv(int fallback) { return envIndex("LOCAL_WORLD_SIZE", fallback); }
 
 namespace {
 
@@ -121,7 +110,7 @@ namespace {
 // on: LOCAL_WORLD_SIZE x (OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS; unset: every core).
 bool spareCore() {
   const int cores = usableCpus();
-  const int threads = envInt("OPENBLAS_NUM_THREADS", envInt("OMP_NUM_THREADS", 0));
+  const int threads = envIndex("OPENBLAS_NUM_THREADS", envIndex("OMP_NUM_THREADS", 0));
   return threads > 0 && cores > localWorldSizeFromEnv(1) * threads;
 }
 

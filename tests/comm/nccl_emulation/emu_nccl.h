@@ -24,6 +24,8 @@ void setAsyncError(int rank, ncclResult_t r);
 void hangConnect(int rank);
 // ncclCommFinalize of `rank`'s non-blocking communicators never finishes.
 void hangFinalize(int rank);
+// What ncclGetLastError reports (default "": nothing went wrong yet).
+void setLastError(const char* text);
 // What ncclGetVersion reports (default NCCL_VERSION_CODE).
 void setVersion(int version);
 

@@ -251,6 +251,7 @@ emu_nccl::Counters g_counters;
 std::map<int, ncclResult_t> g_failNext, g_asyncError;
 std::set<int> g_hangConnect, g_hangFinalize;
 int g_version = NCCL_VERSION_CODE;
+std::string g_lastError;
 uint64_t g_idCounter = 0;
 thread_local int t_groupDepth = 0;
 struct GroupedPart {
@@ -509,6 +510,11 @@ void reset() {
   g_hangConnect.clear();
   g_hangFinalize.clear();
   g_version = NCCL_VERSION_CODE;
+  g_lastError.clear();
+}
+void setLastError(const char* text) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_lastError = text;
 }
 void failNextEnqueue(int rank, ncclResult_t r) {
   std::lock_guard<std::mutex> l(g_mu);
@@ -537,6 +543,12 @@ ncclResult_t ncclGetVersion(int* version) {
   std::lock_guard<std::mutex> l(g_mu);
   *version = g_version;
   return ncclSuccess;
+}
+
+const char* ncclGetLastError(ncclComm_t) {
+  // (NCCL's is one process-wide buffer too; the tests set it before the failure they cause)
+  std::lock_guard<std::mutex> l(g_mu);
+  return g_lastError.c_str();
 }
 
 const char* ncclGetErrorString(ncclResult_t r) {

@@ -23,6 +23,7 @@
 #include "dtrain/comm/communicator.h"
 #include "../detail/rank_list.h"
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
 #define DTRAIN_NCCL_NONBLOCKING 1
@@ -55,6 +56,22 @@ std::string secondsText(Duration d) { return fmt::format("{:.3g} s", static_cast
     default:
       throw PeerLostError(msg);
   }
+}
+
+// NCCL's own words for its latest failure (" [NCCL: Duplicate GPU detected: rank 1 and rank 0
+// both on CUDA device 0]"), "" when it has none: ncclGetErrorString names only the class
+// ("invalid usage (run with NCCL_DEBUG=WARN for details)"), and a one-off run on a GPU
+// machine should not need a second one with NCCL_DEBUG to say why. (NCCL keeps one such
+// text per process, whatever communicator the argument names.)
+std::string ncclDetail() {
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  const char* s = ncclGetLastError(nullptr);
+  if (s && *s) {
+    std::string t = oneLine(trim(s));
+    if (!t.empty()) return fmt::format(" [NCCL: {}]", t);
+  }
+#endif
+  return "";
 }
 
 std::string versionText(int v) {
@@ -241,12 +258,19 @@ class NcclWork final : public Work {
     return l.owns_lock() && poll(l);
   }
 
+  // Looks back to back for the first 100 us, then every 50 us: a sleep lasts 55-100 us on
+  // Linux, which sleeping from the start put under every small synchronous collective (and
+  // the bench's latency column), where a kernel ends in a few us.
   void wait() override {
+    const auto spinUntil = Clock::now() + std::chrono::microseconds(100);
     while (!done_) {
       std::unique_lock<std::mutex> l(st_->mu);
       if (poll(l)) break;
       l.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (Clock::now() < spinUntil)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -271,7 +295,8 @@ class NcclWork final : public Work {
         ncclResult_t async = ncclSuccess;
         if (ncclCommGetAsyncError(st_->comm, &async) != ncclSuccess) async = ncclInternalError;
         if (async != ncclSuccess && async != ncclInProgress) {
-          why = fmt::format("NCCL reported: {}; the NCCL communicator was aborted", ncclGetErrorString(async));
+          why = fmt::format("NCCL reported: {}{}; the NCCL communicator was aborted", ncclGetErrorString(async),
+                            ncclDetail());
         } else if (Clock::now() > deadline_) {
           why = fmt::format(
               "did not finish within {}; a peer among ranks {} is lost or stopped; the NCCL "
@@ -378,8 +403,8 @@ class NcclCommunicator final : public Communicator {
           fmt::format("backend \"nccl\": no CUDA device is visible ({}); use backend \"tcp\" on this machine",
                       e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
     ncclGetVersion(&st_->version);
-    const char* lr = std::getenv("LOCAL_RANK");
-    st_->device = device >= 0 ? device : (lr ? std::atoi(lr) : id_->world[static_cast<size_t>(rank)]) % count;
+    // (LOCAL_RANK read as the trainer reads it, train::localRankFromEnv: both must pick one GPU)
+    st_->device = device >= 0 ? device : envIndex("LOCAL_RANK", id_->world[static_cast<size_t>(rank)]) % count;
     cudaCheck(cudaSetDevice(st_->device), "cudaSetDevice");
     cudaCheck(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaCheck(cudaStreamCreateWithFlags(&st_->copyStream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -390,7 +415,8 @@ class NcclCommunicator final : public Communicator {
     std::string key = "comm/" + opts.name + "/nccl_id";
     if (rank == 0) {
       ncclResult_t r = ncclGetUniqueId(&uid);
-      if (r != ncclSuccess) throwNccl(r, fmt::format("ncclGetUniqueId: NCCL error: {}", ncclGetErrorString(r)));
+      if (r != ncclSuccess)
+        throwNccl(r, fmt::format("ncclGetUniqueId: NCCL error: {}{}", ncclGetErrorString(r), ncclDetail()));
       store->set(key, std::string(reinterpret_cast<const char*>(&uid), sizeof(uid)));
     } else {
       std::string v = store->get(key);
@@ -511,8 +537,8 @@ class NcclCommunicator final : public Communicator {
         std::lock_guard<std::mutex> l(st_->mu);
         st_->abortLocked("ncclCommInitRank failed");
       }
-      throwNccl(r, fmt::format("ncclCommInitRank on {} (NCCL {}): NCCL error: {}", id_->self(),
-                               versionText(st_->version), ncclGetErrorString(r)));
+      throwNccl(r, fmt::format("ncclCommInitRank on {} (NCCL {}): NCCL error: {}{}", id_->self(),
+                               versionText(st_->version), ncclGetErrorString(r), ncclDetail()));
     }
   }
 
@@ -585,8 +611,8 @@ class NcclCommunicator final : public Communicator {
           if (ncclCommGetAsyncError(st_->comm, &r) != ncclSuccess) r = ncclInternalError;
         }
         if (r != ncclSuccess)
-          throwNccl(r, fmt::format("{} on {}: NCCL error: {}; the NCCL communicator was aborted", op, id_->self(),
-                                   ncclGetErrorString(r)));
+          throwNccl(r, fmt::format("{} on {}: NCCL error: {}{}; the NCCL communicator was aborted", op, id_->self(),
+                                   ncclGetErrorString(r), ncclDetail()));
         cudaEvent_t ev;
         cudaCheck(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
         cudaError_t e = cudaEventRecord(ev, st_->stream);

@@ -41,13 +41,34 @@ __global__ void activationBackwardKernel(const float* z, float* d, size_t count,
   }
 }
 
-// One thread per output column; rows in order, as the CPU loop (accumulate: onto db's
-// value, as the pipeline stage's loop over micro-batches).
+// db[k] = the sum over the rows of delta's column k (accumulate: added onto db's value, as the
+// pipeline stage's loop over micro-batches). A block takes kBiasCols adjacent columns (a
+// warp's loads of one row coalesce) and splits the rows among kBiasGroups row groups (group
+// g sums rows g, g + kBiasGroups, ... in order); the groups' sums meet in a tree of fixed
+// shape. Fixed order: the same inputs give the same bits every run (the GPU trainer is
+// deterministic). It was one thread per column summing every row: 4 blocks for a 1024-wide
+// layer, each thread making `n` dependent loads, strided by the layer's width.
+constexpr int kBiasCols = kThreads >= 64 ? 32 : kThreads / 4;  // (kThreads / 4: the emulation's 8-thread blocks)
+constexpr int kBiasGroups = kThreads / kBiasCols;              // a power of two
+static_assert(kBiasCols * kBiasGroups == kThreads && (kBiasGroups & (kBiasGroups - 1)) == 0, "bias grad tiling");
+
 __global__ void biasGradKernel(const float* delta, float* db, int n, int out, bool accumulate) {
-  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < out; k += gridDim.x * blockDim.x) {
-    float acc = accumulate ? db[k] : 0.0f;
-    for (int i = 0; i < n; ++i) acc += delta[static_cast<size_t>(i) * out + k];
-    db[k] = acc;
+  __shared__ float part[kThreads];
+  const int c = static_cast<int>(threadIdx.x) % kBiasCols, g = static_cast<int>(threadIdx.x) / kBiasCols;
+  // (k0 is the same for the whole block: every thread meets every __syncthreads)
+  for (int k0 = static_cast<int>(blockIdx.x) * kBiasCols; k0 < out; k0 += static_cast<int>(gridDim.x) * kBiasCols) {
+    const int k = k0 + c;
+    float acc = 0.0f;
+    if (k < out)
+      for (int i = g; i < n; i += kBiasGroups) acc += delta[static_cast<size_t>(i) * out + k];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int half = kBiasGroups / 2; half > 0; half /= 2) {
+      if (g < half) part[threadIdx.x] += part[threadIdx.x + half * kBiasCols];
+      __syncthreads();
+    }
+    if (g == 0 && k < out) db[k] = accumulate ? db[k] + part[threadIdx.x] : part[threadIdx.x];
+    __syncthreads();  // (part is the next tile's)
   }
 }
 
@@ -204,7 +225,8 @@ void activationBackward(const float* z, float* d, size_t count, bool useGelu, cu
 
 void biasGrad(const float* delta, float* db, int n, int out, cudaStream_t s, bool accumulate) {
   if (out == 0) return;
-  biasGradKernel<<<gridFor(static_cast<size_t>(out)), kThreads, 0, s>>>(delta, db, n, out, accumulate);
+  biasGradKernel<<<gridFor((static_cast<size_t>(out) + kBiasCols - 1) / kBiasCols * kThreads), kThreads, 0, s>>>(
+      delta, db, n, out, accumulate);
   checkLaunch("biasGrad");
 }
 

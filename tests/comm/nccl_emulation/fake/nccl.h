@@ -62,6 +62,7 @@ typedef struct {
 
 ncclResult_t ncclGetVersion(int* version);
 const char* ncclGetErrorString(ncclResult_t r);
+const char* ncclGetLastError(ncclComm_t comm);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config);

@@ -41,6 +41,12 @@ std::optional<bool> envSwitch(const char* name);
 // The same for a value given elsewhere (a job spec's env): `name`=`value`.
 std::optional<bool> parseSwitch(const std::string& name, const std::string& value);
 
+// A count or index from the environment (LOCAL_RANK, LOCAL_WORLD_SIZE): a decimal integer
+// in [0, 2^30] and nothing else; `fallback` when unset, empty or malformed. For values dtrain
+// sets itself, read where a hand-run worker may lack them: every reader must agree (the
+// trainer and the NCCL backend pick the same GPU from one LOCAL_RANK).
+int envIndex(const char* name, int fallback);
+
 // Quotes an argv word for display in a shell-like way, only when needed.
 std::string shellQuote(std::string_view word);
 
