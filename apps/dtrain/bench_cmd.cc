@@ -73,8 +73,10 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   (void)envSwitch("DTRAIN_COMM_SHM");  // (its ranks read it: said once, here)
   if (a.backend != "tcp" && a.backend != "nccl")
     throw SpecError(fmt::format("--backend: expected tcp or nccl, got \"{}\"", a.backend));
-  if (!(a.timeout_s > 0 && a.timeout_s <= 86400.0 * 365))
-    throw SpecError(fmt::format("--timeout: expected seconds above 0 (up to a year), got {}", a.timeout_s));
+  // (from 1 ms: below, the communicator's millisecond deadline was 0 and every rank failed at
+  // once, "timed out after 0 s")
+  if (!(a.timeout_s >= 0.001 && a.timeout_s <= 86400.0 * 365))
+    throw SpecError(fmt::format("--timeout: expected seconds from 0.001 up to a year, got {}", a.timeout_s));
   o.factor = a.factor;
   o.iters = a.iters;
   o.warmup = a.warmup;
@@ -112,8 +114,7 @@ int worker(comm::Collective c) {
   if (const char* corrupt = std::getenv("DTRAIN_DEBUG_BENCH_CORRUPT"); corrupt && *corrupt)
     o.corrupt_rank = static_cast<int>(parseInteger(corrupt, "DTRAIN_DEBUG_BENCH_CORRUPT", 0, 1 << 20));
   // Across hosts, each host's ranks check their own memory (the launcher checked its own).
-  const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-  if (auto problem = comm::benchMemoryProblem(o, lws ? std::atoi(lws) : 1, comm::physicalMemoryBytes());
+  if (auto problem = comm::benchMemoryProblem(o, envIndex("LOCAL_WORLD_SIZE", 1), comm::physicalMemoryBytes());
       !problem.empty())
     throw SpecError(problem);
   comm::CommOptions co;
@@ -256,6 +257,14 @@ int launch(comm::Collective c, CLI::App* sub) {
     if (auto problem = comm::benchMemoryProblem(benchOptions(c), s.nproc_per_node, comm::physicalMemoryBytes());
         !problem.empty())
       throw SpecError(problem);
+  }
+  if (c == comm::Collective::kAllgather) {
+    int world = 0;
+    for (const auto& node : s.nodes) world += node.slots > 0 ? node.slots : s.nproc_per_node;
+    if (s.nodes.empty()) world = s.nproc_per_node;
+    const comm::BenchOptions o = benchOptions(c);
+    if (o.max_bytes < comm::elementSize(o.dtype) * static_cast<size_t>(world))
+      throw SpecError(comm::allgatherTooSmall(o, world));
   }
   launch::RunResult r;
   if (!s.nodes.empty()) {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -114,6 +115,62 @@ TEST(TcpComm, SixteenBitFloats) {
   EXPECT_TRUE(std::isinf(halfToFloat(floatToHalf(70000.0f))));
   EXPECT_EQ(halfToFloat(floatToHalf(5.960464477539063e-08f)), 5.960464477539063e-08f);  // smallest subnormal
   EXPECT_EQ(bf16ToFloat(floatToBf16(1.00390625f)), 1.0f);  // ties to even
+}
+
+// A NaN on any rank makes min and max NaN at its index, whichever rank holds it, wherever in
+// the buffer, whatever the algorithm (4 floats: recursive doubling; 65536: the ring) or
+// transport (before, std::min/std::max kept or dropped it by operand order: a NaN on rank 1
+// of 2 gave 1). Every other index is the plain minimum or maximum.
+TEST(TcpComm, MinMaxPropagateANaNFromAnyRank) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (bool shm : {false, true}) {
+    CommOptions o;
+    o.shm = shm;
+    for (int n : {2, 3}) {
+      for (size_t count : {size_t{4}, size_t{65536}}) {
+        for (int holder = 0; holder < n; ++holder) {
+          for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+            const size_t at[] = {0, count - 1};
+            onRanks(
+                n,
+                [&](Communicator& c) {
+                  std::vector<float> f(count, static_cast<float>(c.rank() + 1));
+                  std::vector<double> d(count, c.rank() + 1.0);
+                  std::vector<uint16_t> h(count, floatToHalf(static_cast<float>(c.rank() + 1)));
+                  std::vector<uint16_t> b(count, floatToBf16(static_cast<float>(c.rank() + 1)));
+                  if (c.rank() == holder)
+                    for (size_t i : at) {
+                      f[i] = nan;
+                      d[i] = nan;
+                      h[i] = floatToHalf(nan);
+                      b[i] = floatToBf16(nan);
+                    }
+                  c.allreduce(f.data(), count, DataType::kFloat32, op);
+                  c.allreduce(d.data(), count, DataType::kFloat64, op);
+                  c.allreduce(h.data(), count, DataType::kFloat16, op);
+                  c.allreduce(b.data(), count, DataType::kBFloat16, op);
+                  const float plain = op == ReduceOp::kMin ? 1.0f : static_cast<float>(n);
+                  for (size_t i = 0; i < count; ++i) {
+                    const bool isNan = i == at[0] || i == at[1];
+                    const std::string where = "rank " + std::to_string(c.rank()) + " index " + std::to_string(i);
+                    if (isNan) {
+                      ASSERT_TRUE(std::isnan(f[i]) && std::isnan(d[i]) && std::isnan(halfToFloat(h[i])) &&
+                                  std::isnan(bf16ToFloat(b[i])))
+                          << where << ": the NaN was dropped";
+                    } else {
+                      ASSERT_EQ(f[i], plain) << where;
+                      ASSERT_EQ(d[i], plain) << where;
+                      ASSERT_EQ(halfToFloat(h[i]), plain) << where;
+                      ASSERT_EQ(bf16ToFloat(b[i]), plain) << where;
+                    }
+                  }
+                },
+                o);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(TcpComm, BroadcastAllgatherReduceScatterBarrier) {
@@ -521,6 +578,39 @@ class ForwardingComm final : public Communicator {
   Communicator& c_;
   bool corrupt_;
 };
+
+// The bench's check at many ranks: 80 ranks' bfloat16 sums stay within the integers bfloat16
+// holds exactly (from 73 ranks on, correct sums were counted wrong and the bench failed), and
+// allgather's rows neither repeat nor pass -e when a size rounds to whole elements per rank.
+TEST(TcpComm, BenchChecksHoldAtManyRanksAndSmallSizes) {
+  BenchOptions o;
+  o.dtype = DataType::kBFloat16;
+  o.min_bytes = o.max_bytes = 26 * 2;
+  o.iters = 1;
+  o.warmup = 0;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    o.op = op;
+    std::vector<long long> wrong(80, -1);
+    onRanks(80, [&](Communicator& c) { wrong[static_cast<size_t>(c.rank())] = runBench(c, o).at(0).wrong; });
+    EXPECT_EQ(wrong[0], 0) << name(op);
+  }
+  BenchOptions g;
+  g.collective = Collective::kAllgather;
+  g.min_bytes = 4;
+  g.max_bytes = 64;
+  g.iters = 1;
+  g.warmup = 0;
+  std::vector<size_t> sizes;
+  onRanks(3, [&](Communicator& c) {
+    auto rows = runBench(c, g);
+    if (c.rank() == 0)
+      for (const auto& r : rows) sizes.push_back(r.bytes);
+    BenchOptions tiny = g;
+    tiny.max_bytes = 8;  // less than one float from each of 3 ranks
+    EXPECT_THROW(runBench(c, tiny), SpecError);
+  });
+  EXPECT_EQ(sizes, (std::vector<size_t>{12, 24, 60}));
+}
 
 TEST(TcpComm, BenchSendRecvPingPongVerifiesPayloads) {
   BenchOptions o;

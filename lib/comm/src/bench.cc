@@ -16,12 +16,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Small integers, so that sums are exact in every type and the check can demand equality.
-double pattern(int rank, size_t i) { return static_cast<double>((rank + static_cast<int>(i % 13)) % 8); }
+// Ranks whose values (below 8) may all add up without leaving the integers the type holds
+// exactly (bfloat16 to 256, half to 2048, float to 2^24).
+int exactRanks(DataType t) {
+  switch (t) {
+    case DataType::kBFloat16: return 256 / 7;
+    case DataType::kFloat16: return 2048 / 7;
+    case DataType::kFloat32: return (1 << 24) / 7;
+    case DataType::kFloat64:
+    case DataType::kInt32:
+    case DataType::kInt64: return 1 << 30;
+  }
+  return 1;
+}
+
+// Small integers, so that every partial sum is exact in the type and the check can demand
+// equality; ranks beyond exactRanks add zeros (73 ranks of bfloat16 summed past 256, and
+// correct results were counted wrong).
+double pattern(int rank, size_t i, DataType t) {
+  return rank < exactRanks(t) ? static_cast<double>((rank + static_cast<int>(i % 13)) % 8) : 0.0;
+}
 
 void fill(std::vector<char>& buf, size_t count, DataType t, int rank) {
   for (size_t i = 0; i < count; ++i) {
-    double v = pattern(rank, i);
+    double v = pattern(rank, i, t);
     switch (t) {
       case DataType::kFloat32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v); break;
       case DataType::kFloat64: reinterpret_cast<double*>(buf.data())[i] = v; break;
@@ -46,9 +64,9 @@ double read(const std::vector<char>& buf, size_t i, DataType t) {
 }
 
 double expectedAllreduce(int n, size_t i, ReduceOp op, DataType t) {
-  double acc = pattern(0, i);
+  double acc = pattern(0, i, t);
   for (int r = 1; r < n; ++r) {
-    double v = pattern(r, i);
+    double v = pattern(r, i, t);
     acc = op == ReduceOp::kMin ? std::min(acc, v) : op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
   }
   if (op == ReduceOp::kAvg) {
@@ -83,6 +101,13 @@ const char* redopName(const BenchOptions& o) { return o.collective == Collective
 
 }  // namespace
 
+std::string allgatherTooSmall(const BenchOptions& o, int ranks) {
+  const size_t least = elementSize(o.dtype) * static_cast<size_t>(ranks);
+  return fmt::format("-e/--maxbytes: {} bytes is less than the smallest allgather of {} ranks, one {} ({} bytes) from "
+                     "each: {} bytes; give -e {} or more",
+                     o.max_bytes, ranks, name(o.dtype), elementSize(o.dtype), least, least);
+}
+
 const char* name(Collective c) {
   switch (c) {
     case Collective::kAllreduce: return "allreduce";
@@ -100,11 +125,23 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
   if (p2p && n != 2) throw SpecError(fmt::format("bench sendrecv: needs exactly 2 ranks, got {}", n));
   std::vector<BenchRow> rows;
   const std::unique_ptr<Buffer> scalar = comm.allocate(8);
+  if (o.collective == Collective::kAllgather && o.max_bytes < es * static_cast<size_t>(n))
+    throw SpecError(allgatherTooSmall(o, n));
+  size_t lastBytes = 0;
   for (size_t bytes = std::max(o.min_bytes, es); bytes <= o.max_bytes; bytes *= std::max<size_t>(o.factor, 2)) {
-    // Allgather's size is the whole output, as in nccl-tests; each rank contributes 1/n.
+    // Allgather's size is the whole output, as in nccl-tests; each rank contributes 1/n: at
+    // least one element, and a size that rounds to the row before is that row again (-b 4
+    // -e 64 on 3 ranks printed 12, 12, 12, 24, 60 and averaged the repeats into the footer).
     size_t count = bytes / es;
     size_t sendCount = o.collective == Collective::kAllgather ? std::max<size_t>(1, count / static_cast<size_t>(n)) : count;
-    if (o.collective == Collective::kAllgather) count = sendCount * static_cast<size_t>(n);
+    if (o.collective == Collective::kAllgather) {
+      count = sendCount * static_cast<size_t>(n);
+      if (count * es == lastBytes || count * es > o.max_bytes) {
+        if (o.factor < 2) break;
+        continue;
+      }
+      lastBytes = count * es;
+    }
     // The operations' buffers are the backend's (device memory for nccl); host copies fill
     // and check them.
     // (allreduce and broadcast work in place: no send buffer)
@@ -152,9 +189,9 @@ std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& o, const 
       double expect;
       switch (o.collective) {
         case Collective::kAllreduce: expect = expectedAllreduce(n, i, o.op, o.dtype); break;
-        case Collective::kBroadcast: expect = pattern(0, i); break;
-        case Collective::kAllgather: expect = pattern(static_cast<int>(i / sendCount), i % sendCount); break;
-        case Collective::kSendRecv: expect = pattern(1 - rank, i); break;
+        case Collective::kBroadcast: expect = pattern(0, i, o.dtype); break;
+        case Collective::kAllgather: expect = pattern(static_cast<int>(i / sendCount), i % sendCount, o.dtype); break;
+        case Collective::kSendRecv: expect = pattern(1 - rank, i, o.dtype); break;
       }
       // avg divides by n: exact only when n is a power of two, so other sizes get the
       // type's rounding (one unit in the last place of the result, twice for safety).
@@ -243,13 +280,17 @@ std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, 
 
 std::string benchMemoryProblem(const BenchOptions& o, int ranksOnHost, unsigned long long memBytes) {
   if (memBytes == 0) return "";
-  const long double perRank = 3.0L * static_cast<long double>(o.max_bytes);
+  // The host copy and the backend's buffer of the result (sendrecv: and of what it sends, the
+  // same size), and the transport's scratch, about one more.
+  const long double factor = o.collective == Collective::kSendRecv ? 4.0L : 3.0L;
+  const long double perRank = factor * static_cast<long double>(o.max_bytes);
   const long double total = perRank * std::max(1, ranksOnHost);
   if (total <= static_cast<long double>(memBytes)) return "";
   auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1024.0L * 1024 * 1024))); };
   return fmt::format("-e/--maxbytes: the largest size ({} bytes) needs about {} per rank (the buffers and the backend's "
-                     "scratch, ~3x the size), {} for the {} rank(s) on this host, more than its {} of memory; lower -e",
-                     o.max_bytes, gib(perRank), gib(total), std::max(1, ranksOnHost), gib(memBytes));
+                     "scratch, ~{}x the size), {} for the {} rank(s) on this host, more than its {} of memory; lower -e",
+                     o.max_bytes, gib(perRank), static_cast<int>(factor), gib(total), std::max(1, ranksOnHost),
+                     gib(memBytes));
 }
 
 unsigned long long physicalMemoryBytes() {

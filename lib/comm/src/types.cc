@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -128,6 +129,27 @@ uint16_t floatToHalf(float f) {
 
 namespace {
 
+// min and max in which a NaN from any rank wins, as it does for sum (and as torch.minimum and
+// torch.maximum do): std::min and std::max answer by operand order when one side is NaN, so
+// a NaN was kept or dropped by which rank held it and where the ring's order put it. Equal
+// to std::min/std::max otherwise.
+template <typename T>
+T minOf(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (x != x) return x;
+    if (y != y) return y;
+  }
+  return y < x ? y : x;
+}
+template <typename T>
+T maxOf(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (x != x) return x;
+    if (y != y) return y;
+  }
+  return x < y ? y : x;
+}
+
 template <typename T>
 void reduceT(T* d, const T* s, size_t n, ReduceOp op) {
   switch (op) {
@@ -136,10 +158,10 @@ void reduceT(T* d, const T* s, size_t n, ReduceOp op) {
       for (size_t i = 0; i < n; ++i) d[i] = d[i] + s[i];
       break;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) d[i] = std::min(d[i], s[i]);
+      for (size_t i = 0; i < n; ++i) d[i] = minOf(d[i], s[i]);
       break;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) d[i] = std::max(d[i], s[i]);
+      for (size_t i = 0; i < n; ++i) d[i] = maxOf(d[i], s[i]);
       break;
   }
 }
@@ -163,8 +185,8 @@ void reduceToT(T* d, const T* a, const T* b, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg: return combine(d, a, b, n, [](T x, T y) { return static_cast<T>(x + y); });
-    case ReduceOp::kMin: return combine(d, a, b, n, [](T x, T y) { return std::min(x, y); });
-    case ReduceOp::kMax: return combine(d, a, b, n, [](T x, T y) { return std::max(x, y); });
+    case ReduceOp::kMin: return combine(d, a, b, n, [](T x, T y) { return minOf(x, y); });
+    case ReduceOp::kMax: return combine(d, a, b, n, [](T x, T y) { return maxOf(x, y); });
   }
 }
 
@@ -172,7 +194,7 @@ template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void reduceTo16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
   for (size_t i = 0; i < n; ++i) {
     float x = ToF(a[i]), y = ToF(b[i]);
-    float r = op == ReduceOp::kMin ? std::min(x, y) : op == ReduceOp::kMax ? std::max(x, y) : x + y;
+    float r = op == ReduceOp::kMin ? minOf(x, y) : op == ReduceOp::kMax ? maxOf(x, y) : x + y;
     d[i] = FromF(r);
   }
 }
@@ -181,7 +203,7 @@ template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void reduce16(uint16_t* d, const uint16_t* s, size_t n, ReduceOp op) {
   for (size_t i = 0; i < n; ++i) {
     float a = ToF(d[i]), b = ToF(s[i]);
-    float r = op == ReduceOp::kMin ? std::min(a, b) : op == ReduceOp::kMax ? std::max(a, b) : a + b;
+    float r = op == ReduceOp::kMin ? minOf(a, b) : op == ReduceOp::kMax ? maxOf(a, b) : a + b;
     d[i] = FromF(r);
   }
 }

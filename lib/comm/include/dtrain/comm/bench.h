@@ -58,10 +58,14 @@ std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& opt
 
 const char* name(Collective c);
 
+// Why opts.max_bytes cannot hold one allgather of `ranks` ranks (one element from each), as
+// one line naming -e; the caller checked that it cannot.
+std::string allgatherTooSmall(const BenchOptions& opts, int ranks);
+
 // "" when the sweep's largest size fits in `memBytes` with `ranksOnHost` ranks sharing it,
 // else why not, as one line naming -e: each rank holds the collective's buffers plus the
-// backend's scratch, about 3x the size. Checked before any rank allocates, so a size the
-// machine cannot hold is a clear error rather than a worker's std::bad_alloc.
+// backend's scratch, about 3x the size (sendrecv: 4x, its send buffers too). Checked before any rank allocates, so a
+// size the machine cannot hold is a clear error rather than a worker's std::bad_alloc.
 std::string benchMemoryProblem(const BenchOptions& opts, int ranksOnHost, unsigned long long memBytes);
 
 // This machine's physical memory in bytes (0 when unknown).
