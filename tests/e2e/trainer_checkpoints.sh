@@ -141,6 +141,35 @@ kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 143 "a busy checkpoint dir: the first job ran on until stopped"
 "$DTRAIN" run "$T/busy.json" >"$T/out" 2>&1
 expect_eq "$?" 0 "a busy checkpoint dir: free again once that job ended"
+# The directory removed while the job runs: the writer ends the job (exit 2, no restart), it
+# does not make the directory again (which bypassed the lock: a second job then took it,
+# resumed from the first's files, and each pruned the other's checkpoints).
+spec "$T/gone.json" "$T/ck-gone"
+sed 's/"epochs": 2/"epochs": 100000/; s/"restart_backoff_s": 0/"restart_backoff_s": 0, "max_restarts": 3/' "$T/gone.json" > "$T/gone-long.json"
+"$DTRAIN" run "$T/gone-long.json" >"$T/gone.out" 2>"$T/gone.err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do ls "$T/ck-gone"/ckpt-*.bin >/dev/null 2>&1 && break; sleep 0.05; done
+# (moved away in one step, then removed: rm -rf races the writer's new files and may fail)
+mv "$T/ck-gone" "$T/ck-gone.old" && rm -rf "$T/ck-gone.old"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 2 "checkpoint dir removed mid-run: exit 2"
+expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-gone was removed while this job ran; " "$T/gone.err" "checkpoint dir removed mid-run: said"
+if grep -q "event restart" "$T/gone.err"; then fail "checkpoint dir removed mid-run: restarted"; else pass "checkpoint dir removed mid-run: no restart"; fi
+[ -e "$T/ck-gone" ] && fail "the removed checkpoint dir was made again" || pass "the removed checkpoint dir stays removed"
+# Removed and made again (by a second job, or by hand): another directory, said as such.
+"$DTRAIN" run "$T/gone-long.json" >"$T/gone.out" 2>"$T/gone.err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do ls "$T/ck-gone"/ckpt-*.bin >/dev/null 2>&1 && break; sleep 0.05; done
+# (swapped in one step, renameat2 RENAME_EXCHANGE: a removal and a mkdir leave a moment
+# without it, which the writer may see as "removed")
+mkdir "$T/ck-new"
+python3 -c 'import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True)
+sys.exit(libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2) != 0)' "$T/ck-new" "$T/ck-gone" ||
+  fail "renameat2 RENAME_EXCHANGE"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 2 "checkpoint dir replaced mid-run: exit 2"
+expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-gone was removed and made again while this job ran " "$T/gone.err" "checkpoint dir replaced mid-run: said"
+expect_eq "$(ls "$T/ck-gone" | wc -l)" 0 "nothing written into the new directory"
 # An existing directory on a read-only mount: "cannot be written" (not "cannot be created").
 mkdir -p "$T/romnt"
 if mount -t tmpfs -o ro,size=64k tmpfs "$T/romnt" 2>/dev/null; then

@@ -1,12 +1,52 @@
 #include "checkpoint_writer.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <chrono>
+
+#include <fmt/format.h>
 
 namespace dtrain::train::detail {
 
+std::string checkpointDirRemovedRefusal(const std::string& dir) {
+  return fmt::format(
+      "trainer: /trainer/checkpoint/dir: {} was removed while this job ran; the checkpoints in it are gone, and "
+      "making it again would pass by the lock that keeps one job per directory (another job may hold it by now): "
+      "run the job again to start over in it, or set another /trainer/checkpoint/dir",
+      dir);
+}
+
 CheckpointWriter::CheckpointWriter(bool async, std::function<void()> heartbeat,
-                                   std::function<void(const std::string&)> warn)
-    : async_(async), heartbeat_(std::move(heartbeat)), warn_(std::move(warn)) {}
+                                   std::function<void(const std::string&)> warn, std::string root)
+    : async_(async), heartbeat_(std::move(heartbeat)), warn_(std::move(warn)), root_(std::move(root)) {
+  checkRoot();
+}
+
+std::string CheckpointWriter::rootProblem() const {
+  if (root_.empty()) return "";
+  struct stat st {};
+  if (::stat(root_.c_str(), &st) != 0)
+    return errno == ENOENT && rootKnown_ ? checkpointDirRemovedRefusal(root_) : "";
+  if (rootKnown_ && (st.st_dev != rootDev_ || st.st_ino != rootIno_))
+    return fmt::format(
+        "trainer: /trainer/checkpoint/dir: {} was removed and made again while this job ran (it is another "
+        "directory now, perhaps another job's); the checkpoints this job wrote are gone, and writing beside "
+        "another job's would mix the two: run the job again, or set another /trainer/checkpoint/dir",
+        root_);
+  return "";
+}
+
+void CheckpointWriter::checkRoot() {
+  if (const std::string why = rootProblem(); !why.empty()) throw SpecError(why);
+  struct stat st {};
+  if (!rootKnown_ && !root_.empty() && ::stat(root_.c_str(), &st) == 0) {
+    // (not there yet: the first save makes it, and the next check takes its identity)
+    rootKnown_ = true;
+    rootDev_ = st.st_dev;
+    rootIno_ = st.st_ino;
+  }
+}
 
 CheckpointWriter::~CheckpointWriter() {
   try {
@@ -28,8 +68,15 @@ void CheckpointWriter::flushWarnings() {
 
 void CheckpointWriter::start(Job job) {
   wait();
+  checkRoot();
   if (!async_) {
-    path_ = job(heartbeat_ ? heartbeat_ : std::function<void()>{}, warn_ ? warn_ : std::function<void(const std::string&)>{});
+    try {
+      path_ = job(heartbeat_ ? heartbeat_ : std::function<void()>{},
+                  warn_ ? warn_ : std::function<void(const std::string&)>{});
+    } catch (const SpecError&) {
+      rethrowAsRootProblem();
+      throw;
+    }
     return;
   }
   {
@@ -98,8 +145,21 @@ std::string CheckpointWriter::wait() {
     err = error_;
     error_ = nullptr;
   }
-  if (err) std::rethrow_exception(err);
+  if (err) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const SpecError&) {
+      rethrowAsRootProblem();
+      throw;
+    }
+  }
   return path;
+}
+
+void CheckpointWriter::rethrowAsRootProblem() const {
+  // A write that failed because the directory went away under it (its rename found no
+  // file: ENOENT) is that, not a full disk with "the checkpoints written there before intact".
+  if (const std::string why = rootProblem(); !why.empty()) throw SpecError(why);
 }
 
 }  // namespace dtrain::train::detail

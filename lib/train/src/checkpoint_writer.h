@@ -13,6 +13,13 @@
 //   `heartbeat` (a write that stalls is a silence the watchdog should see).
 // - The destructor waits for a write in flight and drops its error: an exception that unwinds
 //   the trainer (a lost peer) still leaves the checkpoint of the last good step on disk.
+// - `root`, the job's checkpoint directory (trainer.checkpoint.dir): a write starts only while
+//   it is the directory it was when the writer was made. One removed while the job ran ends
+//   the job (SpecError, exit 2) instead of being made again by the save: that bypassed the
+//   one-job-per-directory lock (a second job then took the directory, resumed from this
+//   one's files, and each pruned the other's).
+#include <sys/types.h>
+
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -34,13 +41,15 @@ class CheckpointWriter {
   using Job = std::function<std::string(const std::function<void()>& progress,
                                         const std::function<void(const std::string&)>& warn)>;
 
-  CheckpointWriter(bool async, std::function<void()> heartbeat, std::function<void(const std::string&)> warn);
+  CheckpointWriter(bool async, std::function<void()> heartbeat, std::function<void(const std::string&)> warn,
+                   std::string root = "");
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Waits for the previous write (rethrowing its error), then starts `job`: on the thread
   // when async, else here, before returning.
+  // Throws SpecError, and starts nothing, when `root` was removed (or removed and made again).
   void start(Job job);
   // Waits for the write started last; returns its path ("" when none was started since the
   // last wait) and rethrows its error.
@@ -49,10 +58,18 @@ class CheckpointWriter {
 
  private:
   void flushWarnings();
+  // "" while `root` is the directory it was (or was never there), else the refusal.
+  std::string rootProblem() const;
+  void checkRoot();
+  void rethrowAsRootProblem() const;
 
   const bool async_;
   std::function<void()> heartbeat_;
   std::function<void(const std::string&)> warn_;
+  std::string root_;
+  bool rootKnown_ = false;  // root_ existed: rootDev_ and rootIno_ are its identity
+  dev_t rootDev_ = 0;
+  ino_t rootIno_ = 0;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -63,6 +80,10 @@ class CheckpointWriter {
   std::string path_;
   std::vector<std::string> warnings_;
 };
+
+// The refusal for a checkpoint directory removed while the job ran (its write, or the check
+// before it, found it gone).
+std::string checkpointDirRemovedRefusal(const std::string& dir);
 
 // The trainer's checkpoint job: `view` saved into `dir` (the newest 3 kept), `onBytes` (a
 // test hook; may be empty) called after each write of its bytes. A write that fails (a full

@@ -725,7 +725,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   // Signals (TrainOptions::control): agreed on at step boundaries over the world; control.h.
   detail::ControlPoints control(opts.control, std::string(comm.backend()) != "nccl", kControlPeriodOnDevice);
   detail::CheckpointWriter writer(ts.checkpoint.async && d == 0, opts.heartbeat,
-                                  [&](const std::string& w) { opts.warning(w); });
+                                  [&](const std::string& w) { opts.warning(w); }, ts.checkpoint.dir);
   bool savePending = false;  // the same on every rank: saves are collective
   spec::PipelineManifest pending;
   auto finishSave = [&] {

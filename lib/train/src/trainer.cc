@@ -206,7 +206,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   // Rank 0 writes; with checkpoint.async from `params` and `momentum` on a thread while the
   // next steps train, so nothing may refill them before writer.wait().
   detail::CheckpointWriter writer(ts.checkpoint.async && rank == 0, opts.heartbeat,
-                                  [&](const std::string& w) { opts.warning(w); });
+                                  [&](const std::string& w) { opts.warning(w); }, ts.checkpoint.dir);
   auto save = [&](long long epoch, uint64_t cursor) {
     if (ts.checkpoint.dir.empty()) return;
     control.phase(TrainControl::kSaving);
