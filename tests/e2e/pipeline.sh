@@ -205,6 +205,21 @@ for kill in 1:12:2 5:23:0 3:31:1; do
   expect_grep "resuming from .*/stage-0-of-3/" "$d/out" "kill $kill: resumed from the stage checkpoints"
   expect_eq "$(hash_of "$d/sum.json")" "$REF" "kill $kill: weights bit-identical to the uninterrupted run"
 done
+# Stages one checkpoint apart, and the step they share damaged in one of them: every stage
+# goes back until all have an intact step (before: "no step in common; remove them", whose
+# fix deleted the good checkpoints).
+R="$T/reconcile"; mkdir -p "$R"
+lay_spec "$R/pp.json" "$R/ck" 2
+sed -i 's/"max_steps": 10/"max_steps": 20/' "$R/pp.json"
+"$DTRAIN" run "$R/pp.json" >"$R/out" 2>&1
+expect_eq "$?" 0 "reconcile: the pipeline run (checkpoints at 10, 15, 20)"
+rm "$R/ck/stage-1-of-2/ckpt-0000000020.bin"
+printf 'X' | dd of="$R/ck/stage-0-of-2/ckpt-0000000015.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
+sed -i 's/"max_steps": 20/"max_steps": 25/' "$R/pp.json"
+"$DTRAIN" run "$R/pp.json" >"$R/out" 2>&1
+expect_eq "$?" 0 "reconcile: resumes"
+expect_grep "the stage checkpoints in $R/ck end at different steps \(15 to 20\); resuming all stages from step 10" "$R/out" "reconcile: back to the newest step every stage holds intact"
+expect_grep "resuming from $R/ck/stage-0-of-2/ckpt-0000000010.bin: step 10" "$R/out" "reconcile: from step 10"
 DTRAIN_DEBUG_KILL_AT="1:x" "$DTRAIN" run "$T/ref/job.json" >"$T/badkill" 2>&1
 expect_grep "DTRAIN_DEBUG_KILL_AT: expected RANK:STEP or RANK:STEP:MICRO" "$T/badkill" "malformed fault injection is named"
 finish

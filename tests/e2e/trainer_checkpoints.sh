@@ -94,6 +94,27 @@ expect_eq "$?" 0 "the same data file resumes"
 expect_grep "^\[rank 0\] resuming from $T/ck-c/ckpt-0000000022.bin: step 22, which completes the job \(2 epochs\); nothing left to train" "$T/out" "resume of a finished job says so"
 if grep -q "epoch 3" "$T/out"; then fail "resume line says epoch 3"; else pass "no epoch 3 of 2"; fi
 
+# 3b. The training set's rows are kept in the checkpoint: adding /trainer/data/eval_path (the
+# whole file trains, not its first 90%) or rows added to the file change each epoch's order
+# mid-run, which repeated and skipped samples; refused, saying which, by every worker.
+spec "$T/e1.json" "$T/ck-e" "[4, 16, 3]" "{\"type\": \"csv\", \"path\": \"$T/d1.csv\"}"
+sed 's/"epochs": 2/"epochs": 2, "max_steps": 5/' "$T/e1.json" > "$T/e1-short.json"
+"$DTRAIN" run "$T/e1-short.json" >"$T/out" 2>&1
+expect_eq "$?" 0 "csv run, stopped at step 5"
+spec "$T/e2.json" "$T/ck-e" "[4, 16, 3]" "{\"type\": \"csv\", \"path\": \"$T/d1.csv\", \"eval_path\": \"$T/d2.csv\"}"
+"$DTRAIN" run "$T/e2.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "eval_path added on resume: exit 2"
+expect_grep "trainer: /trainer/data: the training set has 400 rows, and $T/ck-e/ckpt-0000000005.bin was written when it had 360: $T/d1.csv changed, or /trainer/data/eval_path was added \(with it the whole file trains\); " "$T/err" "eval_path added on resume: names both row counts and the cause"
+if grep -q "event restart" "$T/err"; then fail "eval_path added on resume: restarted"; else pass "eval_path added on resume: no restart"; fi
+head -n 391 "$T/d1.csv" > "$T/d1-less.csv" && cp "$T/d1.csv" "$T/d1-full.csv" && cp "$T/d1-less.csv" "$T/d1.csv"
+"$DTRAIN" run "$T/e1.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "rows removed from the data file: exit 2"
+expect_grep "the training set has 351 rows, and $T/ck-e/ckpt-0000000005.bin was written when it had 360: $T/d1.csv changed, or /trainer/data/eval_path was removed" "$T/err" "rows removed from the data file: said"
+cp "$T/d1-full.csv" "$T/d1.csv"
+"$DTRAIN" run "$T/e1.json" >"$T/out" 2>&1
+expect_eq "$?" 0 "the data as it was resumes"
+expect_grep "^\[rank 0\] resuming from $T/ck-e/ckpt-0000000005.bin: step 5" "$T/out" "the data as it was: resumed from step 5"
+
 # 2b. A trainer worker's exit 2 (input it refuses) is not restarted, on one node and across
 # nodes; a command's exit 2 is. (A malformed fault-injection variable: every worker's
 # SpecError, which the launcher's checks cannot see.)

@@ -43,6 +43,7 @@ namespace {
 namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'D', 'T', 'R', 'C', 'K', 'P', 'T', '1'};
 constexpr char kScheduleTag[8] = {'L', 'R', 'S', 'C', 'H', 'E', 'D', '1'};
+constexpr char kRowsTag[8] = {'T', 'R', 'N', 'R', 'O', 'W', 'S', '1'};
 
 template <typename T>
 void put(std::string& b, const T& v) {
@@ -366,6 +367,9 @@ std::string readCheckpointFile(const fs::path& path, TrainState& s, bool peek = 
       size_t q = 0;
       ok = get(body, q, sc.samples) && get(body, q, sc.reference_batch) && get(body, q, sc.global_batch) &&
            get(body, q, sc.anchor_samples) && get(body, q, sc.anchor_progress) && q == body.size();
+    } else if (std::memcmp(tag, kRowsTag, sizeof(tag)) == 0) {
+      size_t q = 0;
+      ok = get(body, q, s.train_rows) && q == body.size() && s.train_rows > 0;
     }
     p += n;
   }
@@ -644,7 +648,7 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep,
                            const std::function<void(const std::string&)>& warn, const std::function<void()>& progress) {
   return saveCheckpoint(dir, CheckpointView{s.config_hash, s.step, s.epoch, s.cursor, s.world, s.params, s.momentum, s.config,
-                                            s.schedule},
+                                            s.schedule, s.train_rows},
                         keep, warn, progress);
 }
 
@@ -675,6 +679,11 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
     put(tail, s.schedule->global_batch);
     put(tail, s.schedule->anchor_samples);
     put(tail, s.schedule->anchor_progress);
+  }
+  if (s.train_rows > 0) {
+    tail.append(kRowsTag, sizeof(kRowsTag));
+    put(tail, uint64_t{8});
+    put(tail, s.train_rows);
   }
   struct Piece {
     const char* data;
@@ -795,6 +804,23 @@ std::string checkpointWriteRefusal(const std::string& dir, long long step, const
                      "checkpoints written there before are intact: free space on it (or make it writable again) and "
                      "run the job again to resume from the newest, or set another /trainer/checkpoint/dir",
                      step, dir, os, detail);
+}
+
+std::string trainRowsRefusal(const spec::TrainerSpec& t, uint64_t rows, uint64_t checkpointRows,
+                             const std::string& checkpoint) {
+  const std::string why =
+      t.data.type == "synthetic"
+          ? std::string("the data changed")
+          : t.data.eval_path.empty()
+                ? fmt::format("{} changed, or /trainer/data/eval_path was removed (without it the last 10% of the "
+                              "file is held out for evaluation)",
+                              t.data.path)
+                : fmt::format("{} changed, or /trainer/data/eval_path was added (with it the whole file trains)",
+                              t.data.path);
+  return fmt::format("trainer: /trainer/data: the training set has {} rows, and {} was written when it had {}: {}; "
+                     "each epoch's order is a permutation of the rows, so resuming would repeat and skip samples: "
+                     "use the data as it was, or another /trainer/checkpoint/dir to start over",
+                     rows, checkpoint, checkpointRows, why);
 }
 
 std::optional<TrainState> loadLatestCheckpoint(const std::string& dir, const std::function<void(const std::string&)>& warn,

@@ -592,8 +592,9 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   // and copies its stage's state from its replica-0 rank.
   const std::string stageDir =
       ts.checkpoint.dir.empty() ? std::string() : fmt::format("{}/stage-{}-of-{}", ts.checkpoint.dir, p, P);
-  // {status, step, epoch, cursor, world, the LR schedule's state (5 words)}
-  constexpr size_t kHeaderWords = 10;
+  // {status, step, epoch, cursor, world, the LR schedule's state (5 words), the training
+  // set's rows when it was written (0: not kept)}
+  constexpr size_t kHeaderWords = 11;
   int64_t header[kHeaderWords] = {};
   std::string ckptPath;
   auto loadStage = [&](long long maxStep) {
@@ -615,6 +616,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
                                            : legacyScheduleState(st->step, static_cast<uint64_t>(B) *
                                                                                static_cast<uint64_t>(st->world / P)),
                               header + 5);
+      header[10] = static_cast<int64_t>(st->train_rows);
       model.loadParams(st->params.data());
       model.loadState(st->momentum.data());
     }
@@ -643,18 +645,30 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   worldComm.allgatherHost(header, headers.data(), kHeaderWords, comm::DataType::kInt64);
   auto stageHeader = [&](int s) { return headers.data() + kHeaderWords * static_cast<size_t>(lay.rankOf(0, s)); };
   // A run stopped between two stages' writes leaves some stages one checkpoint ahead: all
-  // go back to the newest step every stage has (each keeps its last 3).
-  bool allFound = true;
-  int64_t common = std::numeric_limits<int64_t>::max(), newest = 0;
-  for (int s = 0; s < P; ++s) {
-    allFound = allFound && stageHeader(s)[0] == 1;
-    common = std::min(common, stageHeader(s)[1]);
-    newest = std::max(newest, stageHeader(s)[1]);
-  }
-  if (allFound && common != newest) {
-    if (rank == 0)
-      opts.warning(fmt::format("the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
-                               "from step {}", ts.checkpoint.dir, common, newest, common));
+  // go back to the newest step every stage has (each keeps its last 3). Until they agree: a
+  // stage's file at that step may be damaged (skipped), which sends every stage further back
+  // (once, the stages were refused as having no step in common while each held an intact
+  // older one). Each round lowers the step or ends: a stage finds nothing, or all agree.
+  int64_t firstCommon = -1, firstNewest = -1;
+  for (;;) {
+    bool allFound = true;
+    int64_t common = std::numeric_limits<int64_t>::max(), newest = 0;
+    for (int s = 0; s < P; ++s) {
+      allFound = allFound && stageHeader(s)[0] == 1;
+      common = std::min(common, stageHeader(s)[1]);
+      newest = std::max(newest, stageHeader(s)[1]);
+    }
+    if (firstNewest < 0) {
+      firstCommon = common;
+      firstNewest = newest;
+    }
+    if (!allFound || common == newest) {
+      if (allFound && common != firstNewest && rank == 0)
+        opts.warning(fmt::format("the stage checkpoints in {} end at different steps ({} to {}); resuming all stages "
+                                 "from step {}",
+                                 ts.checkpoint.dir, firstCommon, firstNewest, common));
+      break;
+    }
     if (d == 0 && header[1] != common) loadStage(common);
     worldComm.allgatherHost(header, headers.data(), kHeaderWords, comm::DataType::kInt64);
   }
@@ -695,6 +709,10 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   site.layout.eval_rows = static_cast<long long>(evalSet->size());
   site.at(detail::AllocationSite::kBatch);
   const uint64_t N = trainSet->size();
+  // (every rank: each read the data and has the stages' common header)
+  if (header[0] == 1 && header[10] > 0 && static_cast<uint64_t>(header[10]) != N)
+    throw SpecError(trainRowsRefusal(ts, N, static_cast<uint64_t>(header[10]),
+                                     d == 0 && !ckptPath.empty() ? ckptPath : "the stages' checkpoint"));
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(D);
   const uint64_t stepsPerEpoch = N / globalBatch;
   if (stepsPerEpoch == 0)
@@ -764,7 +782,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       if (opts.heartbeat) opts.heartbeat();
       writer.start(detail::checkpointJob(
           stageDir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts),
-                                   scheduleState(schedule, samplesTrained)},
+                                   scheduleState(schedule, samplesTrained), N},
           opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
       if (opts.heartbeat) opts.heartbeat();
     }

@@ -127,10 +127,10 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
 
   // Resume: rank 0 finds the newest intact checkpoint and broadcasts it, so ranks need no
   // shared file system. header = {status, step, epoch, cursor, world, the LR schedule's state
-  // (5 words)}; status -1 = config mismatch, -2 = a pipeline's checkpoints in the directory
+  // (5 words), the training set's rows when it was written (0: not kept)}; status -1 = config mismatch, -2 = a pipeline's checkpoints in the directory
   // (every rank fails with the same message): this trainer would not find them and would
   // train from step 0 beside them.
-  int64_t header[10] = {};
+  int64_t header[11] = {};
   std::string ckptPath, mismatch, layout;
   if (rank == 0 && !ts.checkpoint.dir.empty())
     layout = checkpointLayoutMismatch(ts, [&](const std::string& w) { opts.warning(w); });
@@ -155,11 +155,12 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
                                            : legacyScheduleState(st->step, static_cast<uint64_t>(ts.batch_size) *
                                                                                static_cast<uint64_t>(st->world)),
                               header + 5);
+      header[10] = static_cast<int64_t>(st->train_rows);
       be->loadParams(st->params.data());
       be->loadState(st->momentum.data());
     }
   }
-  hostComm.broadcast(header, 10, comm::DataType::kInt64, 0);
+  hostComm.broadcast(header, 11, comm::DataType::kInt64, 0);
   // (rank 0 says what changed; the others only that it did)
   if (header[0] == -2) throw SpecError(checkpointLayoutRefusal(ts, layout));
   if (header[0] == -1) throw SpecError(checkpointRefusal(ts, mismatch));
@@ -188,6 +189,10 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     throw SpecError(fmt::format("trainer: the training set ({} samples) is smaller than one global batch ({} = "
                                 "batch_size {} x {} workers); use more samples or a smaller batch",
                                 N, globalBatch, B, world));
+  // (every rank: each read the data and has rank 0's header)
+  if (header[0] == 1 && header[10] > 0 && static_cast<uint64_t>(header[10]) != N)
+    throw SpecError(trainRowsRefusal(ts, N, static_cast<uint64_t>(header[10]),
+                                     rank == 0 ? ckptPath : "the checkpoint rank 0 resumes from"));
   long long step = header[1];
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
@@ -228,7 +233,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     if (opts.heartbeat) opts.heartbeat();
     writer.start(detail::checkpointJob(ts.checkpoint.dir,
                                        CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts),
-                                                      scheduleState(schedule, samplesTrained)},
+                                                      scheduleState(schedule, samplesTrained), N},
                                        opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
     if (opts.heartbeat) opts.heartbeat();
   };

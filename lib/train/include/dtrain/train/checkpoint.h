@@ -39,6 +39,9 @@ struct TrainState {
   std::vector<std::string> config;
   // Where the LR schedule stood; nullopt in files from before it was kept.
   std::optional<ScheduleState> schedule;
+  // The training set's rows when it was written (an epoch's order is a permutation of
+  // them); 0 in files from before it was kept.
+  uint64_t train_rows = 0;
 };
 
 // Hash of the settings a checkpoint must agree with (model, data, optimizer kind, seeds);
@@ -109,6 +112,7 @@ struct CheckpointView {
   std::span<const float> params, momentum;
   std::vector<std::string> config;
   std::optional<ScheduleState> schedule;  // (nullopt: no section; tests of older files)
+  uint64_t train_rows = 0;                // (0: no section)
 };
 
 // Writes dir/ckpt-<step>.bin and keeps the newest `keep` valid checkpoints (by a header
@@ -121,6 +125,12 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep = 3,
                            const std::function<void(const std::string&)>& warn = {},
                            const std::function<void()>& progress = {});
+
+// Why a checkpoint written when the training set had `checkpointRows` rows cannot be
+// resumed with `rows` (the data file changed, or eval_path was added or removed): the line
+// the trainer's SpecError carries.
+std::string trainRowsRefusal(const spec::TrainerSpec& t, uint64_t rows, uint64_t checkpointRows,
+                             const std::string& checkpoint);
 
 // The file saveCheckpoint writes for `step` in `dir`.
 std::string checkpointPath(const std::string& dir, long long step);
