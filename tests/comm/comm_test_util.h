@@ -1,12 +1,15 @@
 #pragma once
-// Test helper: ranks of a tcp communicator as threads of this process, meeting in a HashStore.
+// Test helpers: ranks of a tcp communicator as threads of this process, meeting in a HashStore.
+#include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dtrain/comm/communicator.h"
+#include "dtrain/common/errors.h"
 #include "dtrain/store/hash_store.h"
 
 namespace dtrain::comm::testing {
@@ -28,6 +31,60 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(Communi
     });
   for (auto& t : ts) t.join();
   return errors;
+}
+
+// What lostRankRun saw: each rank's error ("" for the lost rank and ranks that succeeded),
+// how long each rank's failing operation took, and the job's stored first failure.
+struct LostRankRun {
+  std::vector<std::string> errors;
+  std::vector<std::chrono::steady_clock::duration> took;
+  std::string firstFailure;
+};
+
+// n ranks set up a communicator; then rank `victim` either stays connected but never joins
+// `op` (stop: as if SIGSTOPped; its threads end once every other rank is done) or leaves
+// (closes its communicator: as if killed); the others run op(comm) once. `store` may wrap the
+// HashStore the ranks meet in (nullptr: the HashStore itself).
+inline LostRankRun lostRankRun(int n, int victim, bool stop, const CommOptions& o,
+                               const std::function<void(Communicator&)>& op,
+                               std::shared_ptr<store::Store> store = nullptr) {
+  auto hash = std::make_shared<store::HashStore>();
+  if (!store) store = hash;
+  LostRankRun out{std::vector<std::string>(static_cast<size_t>(n)),
+                  std::vector<std::chrono::steady_clock::duration>(static_cast<size_t>(n)), ""};
+  std::promise<void> othersDone;
+  auto done = othersDone.get_future().share();
+  std::vector<std::future<void>> others;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    std::promise<void> finished;
+    if (r != victim) others.push_back(finished.get_future());
+    ts.emplace_back([&, r, finished = std::move(finished)]() mutable {
+      try {
+        auto c = createTcpCommunicator(store, r, n, o);
+        if (r == victim) {
+          if (stop) done.wait();
+          return;
+        }
+        auto start = std::chrono::steady_clock::now();
+        try {
+          op(*c);
+        } catch (const std::exception& e) {
+          out.errors[static_cast<size_t>(r)] = e.what();
+        }
+        out.took[static_cast<size_t>(r)] = std::chrono::steady_clock::now() - start;
+      } catch (const std::exception& e) {
+        out.errors[static_cast<size_t>(r)] = std::string("set-up: ") + e.what();
+      }
+      finished.set_value();
+    });
+  }
+  for (auto& f : others) f.wait();
+  othersDone.set_value();
+  for (auto& t : ts) t.join();
+  const std::string key = "comm/" + o.name + "/failure";
+  if (hash->check({key})) out.firstFailure = hash->get(key);
+  return out;
 }
 
 }  // namespace dtrain::comm::testing

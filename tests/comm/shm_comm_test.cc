@@ -18,6 +18,7 @@
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/store/hash_store.h"
+#include "comm_test_util.h"
 
 namespace dtrain::comm {
 namespace {
@@ -315,6 +316,53 @@ TEST(ShmComm, SilentPeerTimesOutWithinTheTimeoutWhileShmIsActive) {
     // Whoever waited on the silent rank itself names it and the timeout.
     EXPECT_NE(errors[0].find("lost rank " + std::to_string(n - 1)), std::string::npos) << errors[0];
   }
+}
+
+// A stopped rank is named by every rank over shared memory too, not the rank each waited on:
+// in a broadcast from rank 0 the others waited on rank 0 (which waited for rank 2 to free
+// its staging buffers) and named it; in a pipeline, rank 0 named rank 3. So did the job's
+// first failure, sometimes.
+TEST(ShmComm, AStoppedRankIsNamedByEveryRankThatWaitsOnIt) {
+  auto before = shmEntries();
+  CommOptions o = tagged();
+  o.timeout = 1s;
+  const std::vector<std::pair<std::string, std::function<void(Communicator&)>>> ops = {
+      {"broadcast",  // more chunks than staging buffers: rank 0 waits for rank 2 to read
+       [](Communicator& c) {
+         ASSERT_EQ(std::string(c.transport()), "shm");
+         std::vector<float> v(2u << 20, 1.0f);
+         c.broadcast(v.data(), v.size(), DataType::kFloat32, 0);
+       }},
+      {"allreduce",
+       [](Communicator& c) {
+         std::vector<float> v(1 << 20, 1.0f);
+         c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+       }},
+      {"p2p chain",  // 0 -> 1 -> 2 -> 3 -> 0, more than a channel holds
+       [](Communicator& c) {
+         ASSERT_EQ(std::string(c.p2pTransport()), "shm");
+         const int r = c.rank(), n = c.size();
+         std::vector<char> b(4u << 20);
+         if (r == 0) {
+           c.send(b.data(), b.size(), 1);
+           c.recv(b.data(), b.size(), n - 1);
+         } else {
+           c.recv(b.data(), b.size(), r - 1);
+           c.send(b.data(), b.size(), (r + 1) % n);
+         }
+       }},
+  };
+  for (const auto& [what, op] : ops) {
+    auto run = testing::lostRankRun(4, 2, /*stop=*/true, o, op);
+    for (int r : {0, 1, 3}) {
+      const std::string& e = run.errors[static_cast<size_t>(r)];
+      EXPECT_NE(e.find(" on rank " + std::to_string(r) + ": lost rank 2: "), std::string::npos)
+          << what << ": rank " << r << ": " << e;
+      EXPECT_LT(run.took[static_cast<size_t>(r)], 2500ms) << what << ": rank " << r;
+    }
+    EXPECT_NE(run.firstFailure.find(": lost rank 2: "), std::string::npos) << what << ": " << run.firstFailure;
+  }
+  EXPECT_EQ(shmEntries(), before);
 }
 
 uint8_t byteOf(int from, size_t msg, size_t i) {

@@ -17,6 +17,8 @@
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "dtrain/comm/bench.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
@@ -539,6 +541,140 @@ TEST(TcpComm, SilentPeerTimesOutWithinTheTimeout) {
   EXPECT_NE(error.find("lost rank 1: no progress within the 0.5 s timeout"), std::string::npos) << error;
   EXPECT_GE(took, 450ms);
   EXPECT_LT(took, 1500ms);
+}
+
+// The operations of a job whose rank 2 of 4 is lost, chosen so that some ranks wait on a
+// healthy rank that waits on rank 2 (rank 0 waits on rank 3 in the ring, ...).
+std::vector<std::pair<std::string, std::function<void(Communicator&)>>> chainedOps() {
+  return {
+      {"allreduce",
+       [](Communicator& c) {
+         std::vector<float> v(1 << 20, 1.0f);
+         c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+       }},
+      {"allgather",
+       [](Communicator& c) {
+         std::vector<float> in(1 << 18, 1.0f), out(in.size() * static_cast<size_t>(c.size()));
+         c.allgather(in.data(), out.data(), in.size(), DataType::kFloat32);
+       }},
+      {"barrier", [](Communicator& c) { c.barrier(); }},
+      {"p2p chain",  // a pipeline: 0 -> 1 -> 2 -> 3 -> 0, larger than socket buffers and channels
+       [](Communicator& c) {
+         const int r = c.rank(), n = c.size();
+         std::vector<char> b(4u << 20);
+         if (r == 0) {
+           c.send(b.data(), b.size(), 1);
+           c.recv(b.data(), b.size(), n - 1);
+         } else {
+           c.recv(b.data(), b.size(), r - 1);
+           c.send(b.data(), b.size(), (r + 1) % n);
+         }
+       }},
+  };
+}
+
+void expectEveryRankNames(const testing::LostRankRun& run, int victim, const std::string& what,
+                          std::chrono::milliseconds within) {
+  for (int r = 0; r < static_cast<int>(run.errors.size()); ++r) {
+    if (r == victim) continue;
+    const std::string& e = run.errors[static_cast<size_t>(r)];
+    EXPECT_NE(e.find(fmt::format(" on rank {}: lost rank {}: ", r, victim)), std::string::npos)
+        << what << ": rank " << r << ": " << e;
+    EXPECT_LT(run.took[static_cast<size_t>(r)], within) << what << ": rank " << r;
+  }
+  EXPECT_NE(run.firstFailure.find(fmt::format(": lost rank {}: ", victim)), std::string::npos)
+      << what << ": the job's first failure: " << run.firstFailure;
+}
+
+// A stopped rank (connected, silent) is named by every rank, not only by those that wait on
+// it directly: the others wait on healthy ranks that wait on it, and used to name those (4
+// ranks, rank 2 stopped, ring all-reduce: rank 0 named rank 3, rank 1 named rank 0, and the
+// job's first failure was sometimes one of those). Each rank records whom it waits on when its
+// deadline passes and follows the records to the rank that recorded nothing.
+TEST(TcpComm, AStoppedRankIsNamedByEveryRankThatWaitsOnIt) {
+  CommOptions o = tcpOnly();
+  o.timeout = 1s;
+  for (const auto& [what, op] : chainedOps()) {
+    auto run = testing::lostRankRun(4, 2, /*stop=*/true, o, op);
+    expectEveryRankNames(run, 2, what, 2500ms);
+  }
+  // The message says through whom: rank 0 waited on rank 3 in the ring.
+  auto run = testing::lostRankRun(4, 2, true, o, chainedOps()[0].second);
+  EXPECT_NE(run.errors[0].find("allreduce on rank 0: lost rank 2: no progress within the 1 s timeout (rank 0 waited "
+                               "on rank 3, which waits on rank 2; sent "),
+            std::string::npos)
+      << run.errors[0];
+}
+
+// The same for a rank that leaves (killed: its connections close): a rank whose peer closed
+// its connections after it lost rank 2 names rank 2 too, as fast as before.
+TEST(TcpComm, ALeavingRankIsNamedByEveryRankThatWaitsOnIt) {
+  CommOptions o = tcpOnly();
+  o.timeout = 10s;
+  for (const auto& [what, op] : chainedOps()) {
+    auto run = testing::lostRankRun(4, 2, /*stop=*/false, o, op);
+    expectEveryRankNames(run, 2, what, 2s);
+  }
+}
+
+// Forwards every call to a HashStore but fails those that record or follow waits.
+class NoWaitRecordsStore final : public store::Store {
+ public:
+  static bool refused(const std::string& key) {
+    return key.find("/waits/") != std::string::npos || key.find("/waiting") != std::string::npos;
+  }
+  static bool refused(const std::vector<std::string>& keys) {
+    return std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return refused(k); });
+  }
+  void set(const std::string& key, const store::Bytes& value) override {
+    if (refused(key)) throw store::StoreError("refused");
+    inner_.set(key, value);
+  }
+  store::Bytes get(const std::string& key) override {
+    if (refused(key)) throw store::StoreError("refused");
+    return inner_.get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    if (refused(key)) throw store::StoreError("refused");
+    return inner_.add(key, delta);
+  }
+  store::Bytes compareSet(const std::string& key, const store::Bytes& e, const store::Bytes& d) override {
+    return inner_.compareSet(key, e, d);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    if (refused(keys)) throw store::StoreError("refused");
+    return inner_.check(keys);
+  }
+  void wait(const std::vector<std::string>& keys, store::Duration t) override {
+    if (refused(keys)) throw store::StoreError("refused");
+    inner_.wait(keys, t);
+  }
+  bool deleteKey(const std::string& key) override { return inner_.deleteKey(key); }
+  int64_t numKeys() override { return inner_.numKeys(); }
+  void append(const std::string& key, const store::Bytes& value) override { inner_.append(key, value); }
+  std::vector<store::Bytes> multiGet(const std::vector<std::string>& keys) override { return inner_.multiGet(keys); }
+  void multiSet(const std::vector<std::string>& keys, const std::vector<store::Bytes>& values) override {
+    inner_.multiSet(keys, values);
+  }
+
+ private:
+  store::HashStore inner_;
+};
+
+// A store that fails while a rank records and follows waits costs nothing but the better
+// name: every rank still fails in time, naming the rank it waited on (as before the records).
+TEST(TcpComm, StoreFailuresWhileFollowingWaitsFallBackToTheAwaitedRank) {
+  CommOptions o = tcpOnly();
+  o.timeout = 1s;
+  auto run = testing::lostRankRun(4, 2, true, o, chainedOps()[0].second, std::make_shared<NoWaitRecordsStore>());
+  for (int r : {0, 1, 3}) {
+    EXPECT_NE(run.errors[static_cast<size_t>(r)].find("lost rank "), std::string::npos)
+        << run.errors[static_cast<size_t>(r)];
+    EXPECT_LT(run.took[static_cast<size_t>(r)], 2500ms) << "rank " << r;
+  }
+  EXPECT_NE(run.errors[3].find("allreduce on rank 3: lost rank 2: no progress within the 1 s timeout (sent "),
+            std::string::npos)
+      << run.errors[3];
 }
 
 // Forwards to another communicator through the async ops only (so its blocking calls take

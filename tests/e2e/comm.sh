@@ -1,6 +1,7 @@
 # Collectives through real processes: dtrain bench (verified results, table, JSON, flags;
 # sendrecv's ping-pong too),
-# and ranks that lose a peer to SIGKILL or SIGSTOP fail within the timeout naming it, over
+# and ranks that lose a peer to SIGKILL or SIGSTOP fail within the timeout, every one naming
+# it (and so does the job's first failure in the store), over
 # the same-host shared-memory transport (the default here) and over TCP (DTRAIN_COMM_SHM=0);
 # no shared-memory segment is left in /dev/shm, even after a SIGKILL.
 source "$(dirname "$0")/lib.sh"
@@ -153,13 +154,13 @@ for _ in $(seq 50); do grep -q "serving on" "$T/serve.out" && break; sleep 0.1; 
 EP=$(sed -n 's/^dtrain store: serving on //p' "$T/serve.out")
 export DTRAIN_STORE_ADDR=${EP%:*} DTRAIN_STORE_PORT=${EP##*:} DTRAIN_STORE_TOKEN=$(cat "$T/tok") WORLD_SIZE=3
 shm_segments() { ls /dev/shm 2>/dev/null | grep '^dtrain-' | sort; }
-lost_case() {  # signal victim transport
-  local sig=$1 victim=$2 transport=$3 pids=()
-  export DTRAIN_RUN_ID="lost-$sig-$transport"
+lost_case() {  # signal victim transport [op]
+  local sig=$1 victim=$2 transport=$3 op=${4:-allreduce} pids=()
+  export DTRAIN_RUN_ID="lost-$sig-$transport-$op"
   [ "$transport" = shm ] && export DTRAIN_COMM_SHM=1 || export DTRAIN_COMM_SHM=0
   shm_segments >"$T/shm.before"
   for r in 0 1 2; do
-    RANK=$r "$WORKER" 3 "$T/stop" >"$T/w$r.out" 2>"$T/w$r.err" &
+    RANK=$r "$WORKER" 3 "$T/stop" "$op" >"$T/w$r.out" 2>"$T/w$r.err" &
     pids+=($!)
   done
   for r in 0 1 2; do
@@ -172,20 +173,25 @@ lost_case() {  # signal victim transport
     [ "$r" = "$victim" ] && continue
     wait "${pids[$r]}"; rc=$?
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
-    expect_eq "$rc" 3 "SIG$sig/$transport: rank $r fails its collective"
-    [ "$ms" -lt 8000 ] && pass "SIG$sig/$transport: rank $r failed within the timeout (${ms} ms)" || fail "SIG$sig/$transport: rank $r took ${ms} ms"
-    expect_grep "lost rank [0-9]" "$T/w$r.err" "SIG$sig/$transport: rank $r names a lost rank"
+    expect_eq "$rc" 3 "SIG$sig/$transport/$op: rank $r fails its collective"
+    [ "$ms" -lt 8000 ] && pass "SIG$sig/$transport/$op: rank $r failed within the timeout (${ms} ms)" || fail "SIG$sig/$transport/$op: rank $r took ${ms} ms"
+    # Every rank names the victim, also a rank that waited on a healthy peer waiting on it
+    # (each one's own words, before any "[first failure in this job: ...]").
+    expect_grep "^[a-z_]* on rank $r: lost rank $victim: " "$T/w$r.err" "SIG$sig/$transport/$op: rank $r names rank $victim"
   done
-  # The rank next to the victim names the victim itself.
-  local neighbour=$(( (victim + 1) % 3 ))
-  expect_grep "lost rank $victim" "$T/w$neighbour.err" "SIG$sig/$transport: rank $neighbour names rank $victim"
+  "$DTRAIN" store get --timeout 5 "$DTRAIN_RUN_ID/0/0/comm/default/failure" >"$T/first" 2>&1
+  expect_grep "^[a-z_]* on rank [0-9]: lost rank $victim: " "$T/first" "SIG$sig/$transport/$op: the job's first failure names rank $victim"
   kill -CONT "${pids[$victim]}" 2>/dev/null; kill -9 "${pids[$victim]}" 2>/dev/null; wait "${pids[$victim]}" 2>/dev/null
   shm_segments >"$T/shm.after"
-  expect_eq "$(comm -13 "$T/shm.before" "$T/shm.after" | tr '\n' ' ')" "" "SIG$sig/$transport: nothing left in /dev/shm"
+  expect_eq "$(comm -13 "$T/shm.before" "$T/shm.after" | tr '\n' ' ')" "" "SIG$sig/$transport/$op: nothing left in /dev/shm"
 }
 lost_case KILL 1 shm
 lost_case STOP 2 shm
+# Over shared memory, a broadcast's other ranks wait on the root, which waits for the stopped
+# rank to read: they named the root.
+lost_case STOP 2 shm broadcast
 lost_case KILL 1 tcp
+# In the ring, rank 1 waits on rank 0, which waits on the stopped rank 2: rank 1 named rank 0.
 lost_case STOP 2 tcp
 unset DTRAIN_COMM_SHM
 finish

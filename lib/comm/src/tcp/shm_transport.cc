@@ -361,7 +361,6 @@ ShmTransport::ShmTransport(const Setup& s, ShmMapping map)
       map_(std::move(map)),
       fds_(s.fds),
       lost_(s.lost),
-      timeoutText_(s.timeoutText),
       oversubscribed_(s.size > cpuCount()) {
   layout_ = reinterpret_cast<Layout*>(map_.data());
   chunk_ = layout_->chunk;
@@ -466,9 +465,8 @@ void ShmTransport::waitFor(int peer, int which, uint32_t target, Clock::time_poi
       auto now = Clock::now();
       if (now >= dl) {
         f.waiters.fetch_sub(1, std::memory_order_seq_cst);
-        lost_(peer, fmt::format("no progress within the {} timeout (waiting for it to {} chunk {} over shared "
-                                "memory); is it stopped or overloaded?",
-                                timeoutText_, verb(which), target - 1));
+        lost_(peer, true,
+              fmt::format("waiting for rank {} to {} chunk {} over shared memory", peer, verb(which), target - 1));
       }
       futexWait(&f.value, v, std::min<std::chrono::nanoseconds>(dl - now, 2ms));
     }
@@ -478,7 +476,7 @@ void ShmTransport::waitFor(int peer, int which, uint32_t target, Clock::time_poi
       // The peer may have published and then left between the look above and the poll: its
       // stores come before its close, so one more look decides.
       if (reached(f.value.load(std::memory_order_acquire), target)) return;
-      lost_(peer, "connection closed (the process exited or was killed)");
+      lost_(peer, false, "connection closed (the process exited or was killed)");
     }
   }
 }
@@ -507,10 +505,7 @@ void ShmTransport::waitDoorbell(uint32_t seen, std::initializer_list<int> peers,
   }
   while (true) {
     auto now = Clock::now();
-    if (now >= dl)
-      lost_(*peers.begin(), fmt::format("no progress within the {} timeout ({} over shared memory); is it stopped or "
-                                        "overloaded?",
-                                        timeoutText_, progress()));
+    if (now >= dl) lost_(*peers.begin(), true, progress() + " over shared memory");
     bell.waiters.fetch_add(1, std::memory_order_seq_cst);
     if (!moved()) futexWait(&bell.value, seen, std::min<std::chrono::nanoseconds>(dl - now, 2ms));
     bell.waiters.fetch_sub(1, std::memory_order_seq_cst);
@@ -519,7 +514,7 @@ void ShmTransport::waitDoorbell(uint32_t seen, std::initializer_list<int> peers,
       if (!hungUp(peer)) continue;
       // What it published before it left still counts: let the caller look again.
       if (moved()) return;
-      lost_(peer, "connection closed (the process exited or was killed)");
+      lost_(peer, false, "connection closed (the process exited or was killed)");
     }
   }
 }

@@ -65,8 +65,9 @@ class ShmMapping {
 class ShmTransport {
  public:
   using Clock = std::chrono::steady_clock;
-  // Must throw (PeerLostError naming `peer`); called when a wait cannot complete.
-  using LostFn = std::function<void(int peer, const std::string& why)>;
+  // Must throw (PeerLostError); called when a wait on `peer` cannot complete. stalled: the
+  // deadline passed and `detail` says what was awaited; otherwise the peer hung up.
+  using LostFn = std::function<void(int peer, bool stalled, const std::string& detail)>;
 
   struct Setup {
     store::Store* store = nullptr;
@@ -77,7 +78,6 @@ class ShmTransport {
     Clock::time_point deadline;
     const std::vector<int>* fds = nullptr;  // peer sockets (liveness), index = rank, -1 = self
     LostFn lost;
-    std::string timeoutText;  // e.g. "300 s", for messages
   };
 
   // Collective over the store: returns a transport when every rank is on the same host (same
@@ -159,7 +159,6 @@ class ShmTransport {
   uint32_t seq_ = 0;                    // next chunk number; identical on every rank (same op sequence)
   const std::vector<int>* fds_;
   LostFn lost_;
-  std::string timeoutText_;
   const char* waitWhat_ = "";
   bool oversubscribed_ = false;  // more ranks than CPUs: do not spin
   std::vector<char> scratch_;

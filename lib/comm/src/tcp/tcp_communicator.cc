@@ -295,7 +295,36 @@ class TcpCommunicator final : public Communicator {
   void loop();
   void connectMesh();
   void setupShm();
-  [[noreturn]] void lost(int peer, const std::string& why);
+  // A wait on `peer` cannot complete. stalled: the deadline passed, and `detail` says what
+  // this rank was waiting for ("sent 0 of 8 bytes to rank 1, ..."); otherwise the peer hung
+  // up or its socket failed, and `detail` says so. Throws PeerLostError naming the rank that
+  // holds everyone up, which need not be `peer` (see blame()).
+  [[noreturn]] void lost(int peer, bool stalled, const std::string& detail);
+  // Where a chain of waits ends: the rank to name, how the last link got to it (true: a wait
+  // that timed out; false: a closed connection), and the links after this rank's own
+  // (", which waits on rank 2"); via is empty when the chain ends at the awaited peer.
+  struct Blame {
+    int rank;
+    bool stalled;
+    std::string via;
+  };
+  // Records in the store that this rank gave up on `peer` (waits/<rank>: "<peer> waits" or
+  // "<peer> lost"), then follows the other ranks' records from `peer` on to the first rank
+  // that recorded nothing: a rank that is stopped, hung or dead records nothing, while a rank
+  // that was only waiting for it records its own wait when its own deadline passes, nearly
+  // when this one's did. On a stall, a missing record is waited for until the grace period
+  // ends; a peer that hung up has already followed its chain, so its record is taken as it
+  // is. A cycle (ranks waiting on one another) names `peer`. Throws on store errors.
+  Blame blame(int peer, bool stalled);
+  // How long a stalled rank waits for the records of the ranks it waits on: they time out
+  // at nearly the same moment (one operation's skew), so this is short, and bounded by the
+  // timeout so that tests with short timeouts stay short.
+  Duration blameGrace() const { return std::min<Duration>(std::chrono::seconds(2), opts_.timeout / 4); }
+  // Whether `rank` has recorded a wait, waiting for its record until `until` at most (less
+  // once every other rank has recorded). Throws on store errors.
+  bool recorded(int rank, Clock::time_point until);
+  std::string waitsKey(int rank) const { return "comm/" + opts_.name + "/waits/" + std::to_string(rank); }
+  std::string waitingKey() const { return "comm/" + opts_.name + "/waiting"; }  // how many have recorded
 
   void allreduce(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
   void recursiveDoubling(char* data, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
@@ -530,8 +559,7 @@ void TcpCommunicator::setupShm() {
   s.size = size_;
   s.deadline = Clock::now() + opts_.timeout;
   s.fds = &fds_;
-  s.lost = [this](int peer, const std::string& why) { lost(peer, why); };
-  s.timeoutText = secondsText(opts_.timeout);
+  s.lost = [this](int peer, bool stalled, const std::string& detail) { lost(peer, stalled, detail); };
   shm_ = detail::ShmTransport::create(s);
 }
 
@@ -629,8 +657,64 @@ void TcpCommunicator::loop() {
   }
 }
 
-void TcpCommunicator::lost(int peer, const std::string& why) {
-  std::string msg = fmt::format("{} on rank {}: lost rank {}: {}", currentOp_, rank_, peer, why);
+bool TcpCommunicator::recorded(int rank, Clock::time_point until) {
+  const std::string key = waitsKey(rank);
+  // Slices of the wait between looks at the count: longer with more ranks, so that a large
+  // job's ranks all waiting out their grace do not flood the store.
+  const Duration slice = std::max<Duration>(Duration(50), Duration(size_));
+  while (true) {
+    if (store_->check({key})) return true;
+    const auto left = std::chrono::duration_cast<Duration>(until - Clock::now());
+    if (left < Duration(1)) return false;
+    // Every other rank has recorded: nobody but this one can be holding them up.
+    if (store_->add(waitingKey(), 0) >= size_ - 1) return store_->check({key});
+    try {
+      store_->wait({key}, std::min(left, slice));
+      return true;
+    } catch (const TimeoutError&) {
+    }
+  }
+}
+
+TcpCommunicator::Blame TcpCommunicator::blame(int peer, bool stalled) {
+  store_->set(waitsKey(rank_), fmt::format("{} {}", peer, stalled ? "waits" : "lost"));
+  store_->add(waitingKey(), 1);
+  const auto graceEnd = Clock::now() + (stalled ? blameGrace() : Duration(0));
+  Blame b{peer, stalled, ""};
+  std::vector<int> seen{rank_};
+  while (true) {
+    if (std::find(seen.begin(), seen.end(), b.rank) != seen.end()) return {peer, stalled, ""};
+    seen.push_back(b.rank);
+    if (!recorded(b.rank, b.stalled ? graceEnd : Clock::now())) return b;
+    const auto parts = split(store_->get(waitsKey(b.rank)), ' ');
+    if (parts.size() != 2 || (parts[1] != "waits" && parts[1] != "lost"))
+      throw PeerLostError(fmt::format("rank {} recorded a malformed wait", b.rank));
+    const int next = static_cast<int>(parseInteger(parts[0], "a recorded wait", 0, size_ - 1));
+    b.stalled = parts[1] == "waits";
+    b.via += fmt::format(", which {} rank {}", b.stalled ? "waits on" : "lost", next);
+    b.rank = next;
+  }
+}
+
+void TcpCommunicator::lost(int peer, bool stalled, const std::string& detail) {
+  Blame b{peer, stalled, ""};
+  try {
+    b = blame(peer, stalled);
+  } catch (const std::exception&) {
+    // The store failed (or held nonsense): name the awaited peer, as before there were records.
+    b = {peer, stalled, ""};
+  }
+  const std::string noProgress = fmt::format("no progress within the {} timeout", secondsText(opts_.timeout));
+  std::string why;
+  if (b.rank == peer) {
+    why = stalled ? fmt::format("{} ({}); is it stopped or overloaded?", noProgress, detail) : detail;
+  } else {
+    why = fmt::format("{} (rank {} waited on rank {}{}; {}){}", b.stalled ? noProgress : "connection closed or reset",
+                      rank_, peer, b.via,
+                      stalled ? detail : fmt::format("rank {} failed and closed its connections", peer),
+                      b.stalled ? "; is it stopped or overloaded?" : "");
+  }
+  std::string msg = fmt::format("{} on rank {}: lost rank {}: {}", currentOp_, rank_, b.rank, why);
   // A peer that gave up on someone else closes its sockets too; say what it saw.
   try {
     if (store_->check({failureKey()})) msg += fmt::format(" [first failure in this job: {}]", store_->get(failureKey()));
@@ -666,8 +750,8 @@ void TcpCommunicator::Transfer::run() {
         n = bounce_ ? ::recv(rfd, bounce_ + (recvd_ - delivered_), std::min(rlen_ - recvd_, grain_ - (recvd_ - delivered_)), 0)
                     : ::recv(rfd, rbuf_ + recvd_, rlen_ - recvd_, 0);
       }
-      if (n == 0) c_.lost(from_, "connection closed (the process exited or was killed)");
-      if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(from_, std::strerror(errno));
+      if (n == 0) c_.lost(from_, false, "connection closed (the process exited or was killed)");
+      if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(from_, false, std::strerror(errno));
       if (n > 0) {
         progress = true;
         if (head) {
@@ -703,7 +787,7 @@ void TcpCommunicator::Transfer::run() {
       } else {
         n = ::send(sfd, sbuf_ + sent_, std::min(limit - sent_, kMaxSendPerCall), MSG_NOSIGNAL);
       }
-      if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(to_, std::strerror(errno));
+      if (n < 0 && errno != EAGAIN && errno != EINTR) c_.lost(to_, false, std::strerror(errno));
       if (n > 0) {
         progress = true;
         sheadDone_ += head;
@@ -724,10 +808,12 @@ void TcpCommunicator::Transfer::run() {
     int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(left)) : 0;
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      int waitingOn = receiving() ? from_ : to_;
-      c_.lost(waitingOn, fmt::format("no progress within the {} timeout (sent {} of {} bytes to rank {}, received {} of {} "
-                                     "from rank {}); is it stopped or overloaded?",
-                                     secondsText(c_.opts_.timeout), sent_, slen_, to_, recvd_, rlen_, from_));
+      std::string progress;
+      if (to_ >= 0) progress = fmt::format("sent {} of {} bytes to rank {}", sent_, slen_, to_);
+      if (from_ >= 0)
+        progress += fmt::format("{}received {} of {} {}from rank {}", progress.empty() ? "" : ", ", recvd_, rlen_,
+                                progress.empty() ? "bytes " : "", from_);
+      c_.lost(receiving() ? from_ : to_, true, progress);
     }
   }
 }
