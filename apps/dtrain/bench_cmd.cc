@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -95,18 +94,8 @@ void writeBenchJson(const std::string& path, const std::string& text) {
   }
 }
 
-// A bench rank stopped (Ctrl-C, the launcher's teardown) while its communicator is set up
-// removes the shared-memory segment it made first, then dies of the signal as before.
-extern "C" void onBenchStop(int sig) {
-  comm::removePendingSharedMemory();
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
-}
-
 int worker(comm::Collective c) {
   auto& a = gArgs;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP})
-    if (::signal(sig, onBenchStop) == SIG_IGN) ::signal(sig, SIG_IGN);  // (nohup's SIGHUP stays ignored)
   comm::BenchOptions o = benchOptions(c);
   // DTRAIN_DEBUG_BENCH_CORRUPT=RANK (fault injection, for tests): that rank alters one value
   // of each size's verified result, so the #wrong count and the exit status can be checked

@@ -14,7 +14,6 @@
 #include <string>
 #include <thread>
 
-#include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/output.h"
@@ -43,10 +42,7 @@ extern "C" void onTrainSignal(int sig) {
     int first = 0;
     // Ctrl-C twice (dtrain train run by hand on a terminal): now. (Under dtrain run a second
     // Ctrl-C makes the launcher SIGKILL its workers; it never sends SIGINT twice.)
-    if (!gControl->stop.compare_exchange_strong(first, sig) && sig == SIGINT && first == SIGINT) {
-      comm::removePendingSharedMemory();
-      ::_exit(128 + SIGINT);
-    }
+    if (!gControl->stop.compare_exchange_strong(first, sig) && sig == SIGINT && first == SIGINT) ::_exit(128 + SIGINT);
   }
   const char b = static_cast<char>(sig);
   (void)!::write(gWake[1], &b, 1);
@@ -57,8 +53,6 @@ extern "C" void onTrainSignal(int sig) {
   if (!why.empty())
     launch::writeAll(STDERR_FILENO,
                      fmt::format("dtrain train: {}: {}; exiting with {}\n", signalName(sig), why, 128 + sig));
-  // (a stop while the communicators are set up: the segment rank 0 made would outlive us)
-  comm::removePendingSharedMemory();
   ::_exit(128 + sig);
 }
 

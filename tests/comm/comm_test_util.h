@@ -33,6 +33,31 @@ inline std::vector<std::string> runRanks(int n, const std::function<void(Communi
   return errors;
 }
 
+// A Store that forwards every call to `inner`; a test overrides the calls it intercepts.
+class ForwardingStore : public store::Store {
+ public:
+  explicit ForwardingStore(std::shared_ptr<store::Store> inner) : inner_(std::move(inner)) {}
+  void set(const std::string& key, const store::Bytes& value) override { inner_->set(key, value); }
+  store::Bytes get(const std::string& key) override { return inner_->get(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
+  store::Bytes compareSet(const std::string& key, const store::Bytes& e, const store::Bytes& d) override {
+    return inner_->compareSet(key, e, d);
+  }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  void wait(const std::vector<std::string>& keys, store::Duration t) override { inner_->wait(keys, t); }
+  using store::Store::wait;
+  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
+  int64_t numKeys() override { return inner_->numKeys(); }
+  void append(const std::string& key, const store::Bytes& value) override { inner_->append(key, value); }
+  std::vector<store::Bytes> multiGet(const std::vector<std::string>& keys) override { return inner_->multiGet(keys); }
+  void multiSet(const std::vector<std::string>& keys, const std::vector<store::Bytes>& values) override {
+    inner_->multiSet(keys, values);
+  }
+
+ protected:
+  std::shared_ptr<store::Store> inner_;
+};
+
 // What lostRankRun saw: each rank's error ("" for the lost rank and ranks that succeeded),
 // how long each rank's failing operation took, and the job's stored first failure.
 struct LostRankRun {

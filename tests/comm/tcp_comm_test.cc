@@ -617,9 +617,10 @@ TEST(TcpComm, ALeavingRankIsNamedByEveryRankThatWaitsOnIt) {
   }
 }
 
-// Forwards every call to a HashStore but fails those that record or follow waits.
-class NoWaitRecordsStore final : public store::Store {
+// Fails the calls that record or follow waits; forwards the others to a HashStore.
+class NoWaitRecordsStore final : public testing::ForwardingStore {
  public:
+  NoWaitRecordsStore() : ForwardingStore(std::make_shared<store::HashStore>()) {}
   static bool refused(const std::string& key) {
     return key.find("/waits/") != std::string::npos || key.find("/waiting") != std::string::npos;
   }
@@ -628,37 +629,25 @@ class NoWaitRecordsStore final : public store::Store {
   }
   void set(const std::string& key, const store::Bytes& value) override {
     if (refused(key)) throw store::StoreError("refused");
-    inner_.set(key, value);
+    inner_->set(key, value);
   }
   store::Bytes get(const std::string& key) override {
     if (refused(key)) throw store::StoreError("refused");
-    return inner_.get(key);
+    return inner_->get(key);
   }
   int64_t add(const std::string& key, int64_t delta) override {
     if (refused(key)) throw store::StoreError("refused");
-    return inner_.add(key, delta);
-  }
-  store::Bytes compareSet(const std::string& key, const store::Bytes& e, const store::Bytes& d) override {
-    return inner_.compareSet(key, e, d);
+    return inner_->add(key, delta);
   }
   bool check(const std::vector<std::string>& keys) override {
     if (refused(keys)) throw store::StoreError("refused");
-    return inner_.check(keys);
+    return inner_->check(keys);
   }
   void wait(const std::vector<std::string>& keys, store::Duration t) override {
     if (refused(keys)) throw store::StoreError("refused");
-    inner_.wait(keys, t);
+    inner_->wait(keys, t);
   }
-  bool deleteKey(const std::string& key) override { return inner_.deleteKey(key); }
-  int64_t numKeys() override { return inner_.numKeys(); }
-  void append(const std::string& key, const store::Bytes& value) override { inner_.append(key, value); }
-  std::vector<store::Bytes> multiGet(const std::vector<std::string>& keys) override { return inner_.multiGet(keys); }
-  void multiSet(const std::vector<std::string>& keys, const std::vector<store::Bytes>& values) override {
-    inner_.multiSet(keys, values);
-  }
-
- private:
-  store::HashStore inner_;
+  using store::Store::wait;
 };
 
 // A store that fails while a rank records and follows waits costs nothing but the better

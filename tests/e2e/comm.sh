@@ -3,7 +3,8 @@
 # and ranks that lose a peer to SIGKILL or SIGSTOP fail within the timeout, every one naming
 # it (and so does the job's first failure in the store), over
 # the same-host shared-memory transport (the default here) and over TCP (DTRAIN_COMM_SHM=0);
-# no shared-memory segment is left in /dev/shm, even after a SIGKILL.
+# no shared-memory segment is left in /dev/shm, even after a SIGKILL (also in the middle of
+# the set-up).
 source "$(dirname "$0")/lib.sh"
 WORKER="$(dirname "$DTRAIN")/comm_worker"
 
@@ -193,5 +194,33 @@ lost_case STOP 2 shm broadcast
 lost_case KILL 1 tcp
 # In the ring, rank 1 waits on rank 0, which waits on the stopped rank 2: rank 1 named rank 0.
 lost_case STOP 2 tcp
+
+# Rank 0 SIGKILLed while its communicator is set up, after it made the shared-memory segment
+# and before every rank reported it mapped (no handler runs): nothing is left in /dev/shm (a
+# named segment was, 6 MB for good). Rank 1 is played by hand through the store, so that rank
+# 0 stays in that window: a listener takes its connection, rank 1's offer and host identity
+# (a copy of rank 0's) are set, and its "mapped" report never comes.
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
+print(s.getsockname()[1], flush=True)
+conns = []
+while True: conns.append(s.accept())' >"$T/listen.port" &
+LISTEN=$!
+for _ in $(seq 50); do [ -s "$T/listen.port" ] && break; sleep 0.1; done
+export DTRAIN_RUN_ID=setup-kill DTRAIN_COMM_SHM=1
+ns="$DTRAIN_RUN_ID/0/0/comm/default"
+shm_segments >"$T/shm.before"
+WORLD_SIZE=2 RANK=0 "$WORKER" 30 "$T/stop" >"$T/k0.out" 2>"$T/k0.err" &
+K0=$!
+"$DTRAIN" store set "$ns/backend/1" tcp
+"$DTRAIN" store set "$ns/addr/1" "$(printf '127.0.0.1\t%s' "$(cat "$T/listen.port")")"
+"$DTRAIN" store set "$ns/shm/host/1" "$("$DTRAIN" store get --timeout 20 "$ns/shm/host/0")"
+"$DTRAIN" store get --timeout 20 "$ns/shm/name" >"$T/shm.name" 2>&1
+expect_grep "^/proc/$K0/fd/[0-9]+$" "$T/shm.name" "set-up: rank 0 publishes its segment as its descriptor, not a name"
+kill -0 "$K0" 2>/dev/null && pass "set-up: rank 0 waits for rank 1's report" || fail "set-up: rank 0 ended: $(cat "$T/k0.err")"
+kill -9 "$K0"; wait "$K0" 2>/dev/null
+kill "$LISTEN"; wait "$LISTEN" 2>/dev/null
+shm_segments >"$T/shm.after"
+expect_eq "$(comm -13 "$T/shm.before" "$T/shm.after" | tr '\n' ' ')" "" "set-up: rank 0 SIGKILLed in the middle leaves nothing in /dev/shm"
 unset DTRAIN_COMM_SHM
 finish

@@ -47,7 +47,7 @@ constexpr size_t kBudget = 32u << 20;
 // Busy-wait this long before yielding/sleeping, only when every rank can have a CPU: a
 // peer that is a few microseconds behind is then met without a syscall.
 constexpr auto kSpin = std::chrono::microseconds(20);
-constexpr size_t kHeaderBytes = 64;
+constexpr size_t kHeaderBytes = 128;  // the Layout, padded to whole cache lines
 // Point-to-point channels, one per ordered pair of ranks: kP2pDepth slots of up to
 // kP2pMaxChunk bytes each (1 MiB in flight per direction with 2-3 ranks, 512 KiB with 4,
 // 256 KiB with 5-6, 128 KiB with 7-8), the payloads of all n(n-1) channels together within
@@ -58,6 +58,7 @@ constexpr size_t kP2pMaxChunk = 256u << 10;
 constexpr size_t kP2pMaxRanks = 8;
 constexpr size_t kP2pBudget = 8u << 20;
 constexpr size_t kPieceHeader = 64;
+constexpr size_t kNonceBytes = 16;
 // Slot and buffer indices are 32-bit counters modulo the depth; they stay consistent across
 // the counters' wrap-around only when the depth divides 2^32.
 static_assert((kDepth & (kDepth - 1)) == 0 && (kP2pDepth & (kP2pDepth - 1)) == 0, "depths must be powers of two");  // PieceHeader, padded so that payloads stay aligned
@@ -100,12 +101,6 @@ inline void cpuRelax() {
 #endif
 }
 
-std::string hex(const std::string& bytes) {
-  std::string out;
-  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
-  return out;
-}
-
 std::string sanitize(const std::string& s) {
   std::string out;
   for (char c : s.substr(0, 40)) out += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_';
@@ -141,7 +136,8 @@ struct alignas(64) ShmTransport::Flag {
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free atomics");
 
-// At offset 0 of the segment; written by rank 0 before it publishes the name, read-only after.
+// At offset 0 of the segment; written by rank 0 before it publishes where to find it,
+// read-only after.
 struct ShmTransport::Layout {
   uint64_t magic;
   uint32_t size;
@@ -152,6 +148,9 @@ struct ShmTransport::Layout {
   uint64_t p2pOffset;  // the point-to-point slots (after the collectives' staging buffers)
   uint64_t p2pChunk;   // 0: no point-to-point channels
   uint32_t p2pDepth;
+  // The communicator's nonce: a rank that opened some other process's file (the creator's
+  // pid reused, another pid namespace) sees that it is not this communicator's segment.
+  char nonce[kNonceBytes];
 };
 static_assert(sizeof(ShmTransport::Layout) <= kHeaderBytes);
 
@@ -193,19 +192,43 @@ struct Fd {
   }
 };
 
-// Rank 0: creates, sizes (reserving the pages, so a full /dev/shm fails here rather than
-// with SIGBUS later) and initialises the segment. Empty mapping on any failure. When the
-// segment with point-to-point channels does not fit, tries again without them: the
-// collectives keep shared memory and send/recv use TCP.
-ShmMapping createSegment(const std::string& name, int size, std::string& why, size_t p2pChunk);
-ShmMapping createSegment(const std::string& name, int size, std::string& why) {
+// The communicator's nonce as the segment holds it (zero-padded or cut to kNonceBytes).
+void nonceBytes(const std::string& nonce, char (&out)[kNonceBytes]) {
+  std::memset(out, 0, kNonceBytes);
+  std::memcpy(out, nonce.data(), std::min(nonce.size(), kNonceBytes));
+}
+
+// The segment is an anonymous memfd, never a name in /dev/shm: rank 0 creates it and keeps
+// its descriptor open until every rank has mapped it; the others open it through
+// /proc/<rank 0's pid>/fd/<fd>. So nothing can outlive the processes, whenever any of them
+// is killed (a named segment leaked when rank 0 was SIGKILLed between creating it and the
+// unlink after every rank had mapped it: 3 of 40 `dtrain bench` runs killed during start-up).
+// Rejected alternatives: rank 0's pid in the name and a sweep of dead creators' segments at
+// set-up keeps the leak until the next set-up on that host, can delete a live segment whose
+// creator is in another pid namespace sharing /dev/shm, and trusts pids, which get reused;
+// passing the descriptor over a Unix socket (SCM_RIGHTS) needs a listener and a handshake
+// per communicator. Opening /proc/<pid>/fd/<n> takes PTRACE_MODE_READ access to rank 0: the
+// same uid and a dumpable process (Yama's ptrace_scope restricts attaching only), which the
+// workers dtrain spawns have: they share its uid and pid namespace. Where it is refused
+// (another uid, another pid namespace, a process made non-dumpable), that rank reports why
+// and every rank uses TCP, as when /dev/shm could not be shared before. /dev/shm's size limit
+// (64 MiB in a default container) no longer applies: the segment is charged to memory.
+//
+// Rank 0: creates, sizes (reserving the pages, so that memory that is not there fails here
+// rather than with SIGBUS later) and initialises the segment; its descriptor goes to fdOut.
+// Empty mapping on any failure. When the segment with point-to-point channels cannot be
+// reserved, tries again without them: the collectives keep shared memory and send/recv use TCP.
+ShmMapping createSegment(const std::string& label, const std::string& nonce, int size, std::string& why,
+                         size_t p2pChunk, Fd& fdOut);
+ShmMapping createSegment(const std::string& label, const std::string& nonce, int size, std::string& why, Fd& fdOut) {
   const size_t p2p = p2pChunkFor(static_cast<size_t>(size));
-  ShmMapping map = createSegment(name, size, why, p2p);
-  if (!map && p2p) map = createSegment(name, size, why, 0);
+  ShmMapping map = createSegment(label, nonce, size, why, p2p, fdOut);
+  if (!map && p2p) map = createSegment(label, nonce, size, why, 0, fdOut);
   return map;
 }
 
-ShmMapping createSegment(const std::string& name, int size, std::string& why, size_t p2pChunk) {
+ShmMapping createSegment(const std::string& label, const std::string& nonce, int size, std::string& why,
+                         size_t p2pChunk, Fd& fdOut) {
   const size_t n = static_cast<size_t>(size);
   size_t chunk = std::clamp(kBudget / (n * kDepth), kMinChunk, kMaxChunk) & ~size_t{4095};
   // Flags: the collectives' counters, then per rank a doorbell, then per channel `written`
@@ -215,9 +238,9 @@ ShmMapping createSegment(const std::string& name, int size, std::string& why, si
   size_t dataOffset = (kHeaderBytes + flagsBytes + 4095) & ~size_t{4095};
   size_t p2pOffset = dataOffset + n * kDepth * chunk;
   size_t total = p2pOffset + (p2pChunk ? n * (n - 1) * kP2pDepth * (kPieceHeader + p2pChunk) : 0);
-  Fd fd{::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600)};
+  Fd fd{::memfd_create(label.c_str(), MFD_CLOEXEC)};
   if (fd.fd < 0) {
-    why = fmt::format("shm_open({}): {}", name, std::strerror(errno));
+    why = fmt::format("memfd_create: {}", std::strerror(errno));
     return {};
   }
   int err = ::ftruncate(fd.fd, static_cast<off_t>(total)) == 0 ? 0 : errno;
@@ -225,58 +248,72 @@ ShmMapping createSegment(const std::string& name, int size, std::string& why, si
   void* p = err ? MAP_FAILED : ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
   if (!err && p == MAP_FAILED) err = errno;
   if (err) {
-    ::shm_unlink(name.c_str());
-    why = fmt::format("cannot size or map {} ({} bytes): {}", name, total, std::strerror(err));
+    why = fmt::format("cannot size or map the segment ({} bytes): {}", total, std::strerror(err));
     return {};
   }
   ShmMapping map(p, total);
-  auto* layout = new (map.data()) ShmTransport::Layout{kMagic,   static_cast<uint32_t>(size), static_cast<uint32_t>(kDepth),
-                                                       chunk,    dataOffset, total, p2pOffset, p2pChunk,
-                                                       static_cast<uint32_t>(kP2pDepth)};
-  (void)layout;
+  auto* layout = new (map.data()) ShmTransport::Layout{.magic = kMagic,
+                                                       .size = static_cast<uint32_t>(size),
+                                                       .depth = static_cast<uint32_t>(kDepth),
+                                                       .chunk = chunk,
+                                                       .dataOffset = dataOffset,
+                                                       .totalBytes = total,
+                                                       .p2pOffset = p2pOffset,
+                                                       .p2pChunk = p2pChunk,
+                                                       .p2pDepth = static_cast<uint32_t>(kP2pDepth),
+                                                       .nonce = {}};
+  nonceBytes(nonce, layout->nonce);
   auto* flags = reinterpret_cast<ShmTransport::Flag*>(map.data() + kHeaderBytes);
   for (size_t i = 0; i < numFlags; ++i) {
     new (&flags[i].value) std::atomic<uint32_t>(0);
     new (&flags[i].waiters) std::atomic<uint32_t>(0);
   }
+  std::swap(fdOut.fd, fd.fd);
   return map;
 }
 
 // Both map with MAP_POPULATE: the page tables are filled at set-up, so the first passes
 // through the staging ring do not pay a page fault per 4 KiB in every process.
-ShmMapping openSegment(const std::string& name, int size, std::string& why) {
-  Fd fd{::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0)};
+// `where` is rank 0's "/proc/<pid>/fd/<fd>", `label` the name rank 0 gave the memfd. What it
+// opens is checked before it is mapped (a memfd of that name, a regular file) and after (the
+// layout and this communicator's nonce): the pid may be another process's by now.
+ShmMapping openSegment(const std::string& where, const std::string& label, const std::string& nonce, int size,
+                       std::string& why) {
+  char target[512];
+  const ssize_t len = ::readlink(where.c_str(), target, sizeof(target) - 1);
+  if (len < 0) {
+    why = fmt::format("cannot open rank 0's segment at {}: {}", where, std::strerror(errno));
+    return {};
+  }
+  const std::string got(target, static_cast<size_t>(len)), expect = "/memfd:" + label;
+  if (got.compare(0, expect.size(), expect) != 0) {
+    why = fmt::format("{} is not rank 0's segment (it is {})", where, got);
+    return {};
+  }
+  Fd fd{::open(where.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)};
+  const int openErr = errno;
   struct stat st {};
-  if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0 || static_cast<size_t>(st.st_size) < kHeaderBytes) {
-    why = fmt::format("cannot open {}: {}", name, std::strerror(errno));
+  if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) < kHeaderBytes) {
+    why = fmt::format("cannot open rank 0's segment at {}: {}", where,
+                      fd.fd < 0 ? std::strerror(openErr) : "not a segment");
     return {};
   }
   size_t total = static_cast<size_t>(st.st_size);
   void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
   if (p == MAP_FAILED) {
-    why = fmt::format("cannot map {}: {}", name, std::strerror(errno));
+    why = fmt::format("cannot map rank 0's segment at {}: {}", where, std::strerror(errno));
     return {};
   }
   ShmMapping map(p, total);
   auto* l = reinterpret_cast<const ShmTransport::Layout*>(map.data());
-  if (l->magic != kMagic || l->size != static_cast<uint32_t>(size) || l->totalBytes != total) {
-    why = fmt::format("{} is not this communicator's segment", name);
+  char ours[kNonceBytes];
+  nonceBytes(nonce, ours);
+  if (l->magic != kMagic || l->size != static_cast<uint32_t>(size) || l->totalBytes != total ||
+      std::memcmp(l->nonce, ours, kNonceBytes) != 0) {
+    why = fmt::format("{} is not this communicator's segment", where);
     return {};
   }
   return map;
-}
-
-// The segment rank 0 has created and not yet unlinked (create(), step 2 to 3), for
-// removePendingSharedMemory(). A fixed buffer, so that a signal path can read it.
-static char gPendingName[256];
-static std::atomic<bool> gPending{false};
-
-static void setPending(const std::string& name) {
-  gPending.store(false);
-  const size_t n = std::min(name.size(), sizeof(gPendingName) - 1);
-  std::memcpy(gPendingName, name.data(), n);
-  gPendingName[n] = '\0';
-  gPending.store(true);
 }
 
 }  // namespace
@@ -306,25 +343,14 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
   auto ids = gather("shm/host/");
   if (!std::all_of(ids.begin(), ids.end(), [&](const std::string& v) { return v == ids[0]; })) return nullptr;
 
-  // 2. Rank 0 creates the segment and publishes its name ("" when it could not).
-  std::string name = fmt::format("/dtrain-{}-{}", sanitize(s.prefix), hex(s.nonce));
+  // 2. Rank 0 creates the segment and publishes where to open it ("" when it could not).
+  const std::string label = fmt::format("dtrain-{}", sanitize(s.prefix));
   std::string why = "rank 0 could not create the segment";
   ShmMapping map;
-  // Rank 0's segment goes however its set-up ends: a store error below too, not only a stop.
-  struct UnlinkOnThrow {
-    const std::string& name;
-    bool armed;
-    ~UnlinkOnThrow() {
-      if (armed && std::uncaught_exceptions() > 0) {
-        ::shm_unlink(name.c_str());
-        gPending.store(false);
-      }
-    }
-  } unlinkOnThrow{name, s.rank == 0};
+  Fd created{-1};  // rank 0's descriptor: open until every rank has mapped (or set-up failed)
   if (s.rank == 0) {
-    setPending(name);  // (before it exists: a stop during its creation removes it too)
-    map = createSegment(name, s.size, why);
-    s.store->set(s.prefix + "shm/name", map ? name : std::string());
+    map = createSegment(label, s.nonce, s.size, why, created);
+    s.store->set(s.prefix + "shm/name", map ? fmt::format("/proc/{}/fd/{}", ::getpid(), created.fd) : std::string());
   } else {
     std::string published;
     try {
@@ -333,24 +359,15 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
     } catch (const TimeoutError& e) {
       throw PeerLostError(fmt::format("communicator: shared-memory set-up: {}", e.what()));
     }
-    if (!published.empty()) map = openSegment(published, s.size, why);
+    if (!published.empty()) map = openSegment(published, label, s.nonce, s.size, why);
   }
 
   // 3. Everyone reports; shm is used only if every rank mapped it. Once all have reported,
-  // every mapping exists, so the name can go: nothing stays in /dev/shm even if a rank is
-  // SIGKILLed later (every rank unlinks, in case rank 0 dies first; ENOENT is fine).
-  // "0: why" stays in the store for diagnosis (`dtrain store get`) when a rank falls back.
+  // rank 0 closes its descriptor (`created`, however create() ends): from then on only the
+  // mappings hold the memory, which goes with the last of them. "0: why" stays in the store
+  // for diagnosis (`dtrain store get`) when a rank falls back.
   s.store->set(s.prefix + "shm/mapped/" + std::to_string(s.rank), map ? std::string("1") : "0: " + why);
-  std::vector<std::string> oks;
-  try {
-    oks = gather("shm/mapped/");
-  } catch (...) {
-    ::shm_unlink(name.c_str());
-    if (s.rank == 0) gPending.store(false);
-    throw;
-  }
-  ::shm_unlink(name.c_str());
-  if (s.rank == 0) gPending.store(false);
+  std::vector<std::string> oks = gather("shm/mapped/");
   if (!map || !std::all_of(oks.begin(), oks.end(), [](const std::string& v) { return v == "1"; })) return nullptr;
   return std::unique_ptr<ShmTransport>(new ShmTransport(s, std::move(map)));
 }
@@ -786,11 +803,3 @@ void ShmTransport::allgather(const char* send, char* recv, size_t block, Clock::
 }
 
 }  // namespace dtrain::comm::detail
-
-namespace dtrain::comm {
-
-void removePendingSharedMemory() {
-  if (detail::gPending.exchange(false)) ::shm_unlink(detail::gPendingName);
-}
-
-}  // namespace dtrain::comm

@@ -1,12 +1,13 @@
 #pragma once
 // Same-host shared-memory data path of the "tcp" backend (see docs/collectives.md).
 //
-// One POSIX shared-memory segment per communicator holds, per rank, a control block of
-// sequence counters and a ring of `depth` staging buffers of `chunk` bytes (8 x 256 KiB). Collectives are
-// cut into chunks; chunk g of the communicator's life uses buffer g % depth of every slot, and
-// its steps are published through monotonic 32-bit counters (posted / reduced / consumed),
-// so copies, reductions and copy-outs of different chunks overlap and the segment stays a
-// few MiB whatever the message size.
+// One shared-memory segment per communicator (a memfd that rank 0 creates and the others
+// open through /proc/<pid>/fd, so nothing is ever left in /dev/shm) holds, per rank, a
+// control block of sequence counters and a ring of `depth` staging buffers of `chunk` bytes
+// (8 x 256 KiB). Collectives are cut into chunks; chunk g of the communicator's life uses
+// buffer g % depth of every slot, and its steps are published through monotonic 32-bit
+// counters (posted / reduced / consumed), so copies, reductions and copy-outs of different
+// chunks overlap and the segment stays a few MiB whatever the message size.
 //
 // Reductions reproduce the TCP path's operand order exactly (ring order per ring segment
 // for large messages, recursive-doubling tree order for small ones, the same segment
@@ -42,8 +43,8 @@ namespace dtrain::comm::detail {
 // network namespace (so netns-simulated "hosts" on one machine count as different hosts).
 std::string hostIdentity();
 
-// Owns one mapping of a shared-memory object (and nothing in /dev/shm: names are unlinked
-// as soon as every rank has mapped them). Move-only.
+// Owns one mapping of a shared-memory object (an anonymous memfd: nothing in /dev/shm).
+// Move-only.
 class ShmMapping {
  public:
   ShmMapping() = default;
@@ -72,7 +73,7 @@ class ShmTransport {
   struct Setup {
     store::Store* store = nullptr;
     std::string prefix;    // store key prefix of this communicator ("comm/<name>/")
-    std::string nonce;     // the communicator's random nonce (goes into the segment name)
+    std::string nonce;     // the communicator's random nonce (written into the segment, checked by its openers)
     bool enabled = true;   // CommOptions::shm; a rank that opts out makes every rank use TCP
     int rank = 0, size = 1;
     Clock::time_point deadline;

@@ -179,12 +179,4 @@ std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOp
 // True when this build has the NCCL backend.
 bool ncclAvailable();
 
-// Removes the name of the shared-memory segment this process created for a communicator
-// whose set-up has not finished (the name goes once every rank has mapped the segment). For a
-// process about to _exit in the middle of that set-up (dtrain train on a stop signal):
-// otherwise the segment, several MB of RAM, stays in /dev/shm until the host reboots.
-// Async-signal-safe; nothing to do when no set-up is under way. The latest set-up of the
-// process is the one tracked (a worker sets its communicators up one at a time).
-void removePendingSharedMemory();
-
 }  // namespace dtrain::comm
