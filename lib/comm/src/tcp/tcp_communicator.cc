@@ -41,6 +41,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kHelloMagic = 0x44545243;  // "DTRC"
 constexpr size_t kMaxSendPerCall = 1 << 20;
+// The longest single poll: a wait past it wakes, finds its deadline not reached, and polls
+// again (an hour; poll's int milliseconds hold 24.8 days).
+constexpr long long kMaxPollMs = 3600 * 1000;
 
 class FutureWork final : public Work {
  public:
@@ -488,7 +491,8 @@ void TcpCommunicator::connectMesh() {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wakeAt - now).count();
     std::vector<pollfd> fds{{lfd, POLLIN, 0}};
     for (const auto& q : pending) fds.push_back({q.fd, POLLIN, 0});
-    int r = left > 0 ? ::poll(fds.data(), fds.size(), static_cast<int>(left)) : 0;
+    // (capped: a timeout past 24.8 days of milliseconds wrapped negative, which polls for ever)
+    int r = left > 0 ? ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(left, kMaxPollMs))) : 0;
     if (r < 0 && errno == EINTR) continue;  // a signal handler ran: the deadline still holds
     if (r <= 0 && Clock::now() >= deadline) {
       std::vector<std::string> missing;
@@ -805,8 +809,9 @@ void TcpCommunicator::Transfer::run() {
         p[np++] = {sfd, POLLOUT, 0};
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
-    int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(left)) : 0;
+    int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(std::min<long long>(left, kMaxPollMs))) : 0;
     if (r < 0 && errno == EINTR) continue;
+    if (r == 0 && Clock::now() < deadline_) continue;  // (a capped poll ended before the deadline)
     if (r <= 0) {
       std::string progress;
       if (to_ >= 0) progress = fmt::format("sent {} of {} bytes to rank {}", sent_, slen_, to_);
