@@ -404,27 +404,24 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
     // launcher passes it on to every node's agent, whose environment is not this one)
     const bool shareSwitch = train::dataShareEnabled();
     const bool share = s.nodes.empty() && shareSwitch;
-    train::SharedDatasets parsed = train::openSharedDatasets(*s.trainer, stopIfSignalled, share && dataImage);
-    const std::unique_ptr<train::Dataset>&trainSet = parsed.sets.train, &evalSet = parsed.sets.eval;
-    if (dataImage) *dataImage = std::move(parsed.image);
     // A pipe (mkfifo, a process substitution) is read once, here: only the data image can
     // carry it to the workers, who would otherwise each wait for data that never comes.
     // (validate and --dry-run read it once and start nothing)
-    if (const auto [pointer, path] = train::onceReadableDataFile(*s.trainer);
-        !pointer.empty() && !runId.empty() && !a.dry_run) {
-      std::string why;
-      if (!s.nodes.empty())
-        why = "the hosts of a multi-node job each read the data files";
-      else if (!shareSwitch)
-        why = "with DTRAIN_DATA_SHARE=0 every worker reads the data files itself";
-      else if (dataImage && !dataImage->fd)
-        why = fmt::format("the launcher could not share its parse with the workers ({})", dataImage->problem);
-      if (!why.empty())
-        throw SpecError(
-            fmt::format("{}: {}: \"{}\" is not a regular file (a pipe?) and can be read only once, and {}; "
-                        "give a regular file",
-                        s.source, pointer, path, why));
-    }
+    const auto [pipePointer, pipePath] = train::onceReadableDataFile(*s.trainer);
+    const bool pipeMatters = !pipePointer.empty() && !runId.empty() && !a.dry_run;
+    auto refusePipe = [&](const std::string& why) {
+      throw SpecError(fmt::format("{}: {}: \"{}\" is not a regular file (a pipe?) and can be read only once, and {}; "
+                                  "give a regular file",
+                                  s.source, pipePointer, pipePath, why));
+    };
+    // (before reading it: a pipe no one writes yet would hold the refusal until someone did)
+    if (pipeMatters && !s.nodes.empty()) refusePipe("the hosts of a multi-node job each read the data files");
+    if (pipeMatters && !shareSwitch) refusePipe("with DTRAIN_DATA_SHARE=0 every worker reads the data files itself");
+    train::SharedDatasets parsed = train::openSharedDatasets(*s.trainer, stopIfSignalled, share && dataImage);
+    const std::unique_ptr<train::Dataset>&trainSet = parsed.sets.train, &evalSet = parsed.sets.eval;
+    if (dataImage) *dataImage = std::move(parsed.image);
+    if (pipeMatters && dataImage && !dataImage->fd)
+      refusePipe(fmt::format("the launcher could not share its parse with the workers ({})", dataImage->problem));
     if (dataImage && !dataImage->problem.empty())
       std::cerr << "dtrain: warning: each worker parses the data files itself: the launcher could not share its "
                    "parse ("

@@ -210,7 +210,8 @@ expect_eq "$(grep -c "^\\[rank 0\\] trainer: data mapped from this host's data i
 expect_no_grep "parsed from the files" "$T/out" "no restarted worker parses the files itself"
 # A data file that is a pipe is read once, by the launcher: a local job's workers get it
 # through the data image; where they would each read it again (DTRAIN_DATA_SHARE=0, several
-# hosts) the job is refused at once (exit 2), rather than workers waiting for rows for good.
+# hosts) the job is refused at once (exit 2), rather than workers waiting for rows for good,
+# and before the launcher reads it.
 head -200 "$T/train.csv" > "$T/small.csv"
 mkfifo "$T/data.fifo"
 cat > "$T/fifo.json" <<JSON
@@ -220,10 +221,10 @@ JSON
 (cat "$T/small.csv" > "$T/data.fifo" &)
 timeout 60 "$DTRAIN" run "$T/fifo.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a pipe as the data file: the workers map the launcher's read"
 expect_grep "^\[rank 0\] trainer: data mapped from this host's data image" "$T/out" "a pipe as the data file: through the image"
+# (no one writing the pipe: the refusal comes before any read, which would wait for a writer)
 for how in share0 hosts; do
-  (cat "$T/small.csv" > "$T/data.fifo" &)
-  if [ $how = share0 ]; then DTRAIN_DATA_SHARE=0 timeout 60 "$DTRAIN" run "$T/fifo.json" >"$T/out" 2>"$T/err"
-  else timeout 60 "$DTRAIN" run "$T/fifo.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err"; fi
+  if [ $how = share0 ]; then DTRAIN_DATA_SHARE=0 timeout 20 "$DTRAIN" run "$T/fifo.json" >"$T/out" 2>"$T/err"
+  else timeout 20 "$DTRAIN" run "$T/fifo.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err"; fi
   expect_eq "$?" 2 "a pipe as the data file, $how: exit 2"
   expect_grep "^dtrain: error: $T/fifo.json: /trainer/data/path: \"$T/data.fifo\" is not a regular file \(a pipe\?\) and can be read only once, and .*; give a regular file$" "$T/err" "a pipe as the data file, $how: refused, naming it"
 done

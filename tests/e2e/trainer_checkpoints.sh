@@ -87,6 +87,10 @@ expect_eq "$?" 0 "csv run"
 "$DTRAIN" run "$T/c2.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "another data file: exit 2"
 expect_grep "^dtrain: error: $T/c2.json: /trainer/checkpoint/dir: .* the data changed \(checkpoint: csv $T/d1.csv, label column label, header, seed 1; this spec: csv $T/d2.csv, label column label, header, seed 1\); use another" "$T/err" "another data file: says the data changed"
+# The same file written another way is the same file (absolute paths are normalised too).
+spec "$T/c1b.json" "$T/ck-c" "[4, 16, 3]" "{\"type\": \"csv\", \"path\": \"$T//./d1.csv\"}"
+"$DTRAIN" run "$T/c1b.json" >"$T/out" 2>&1
+expect_eq "$?" 0 "the same data file by another absolute path resumes"
 "$DTRAIN" run "$T/c1.json" >"$T/out" 2>&1
 expect_eq "$?" 0 "the same data file resumes"
 

@@ -255,6 +255,31 @@ TEST(Pipeline, ResumeFromStageCheckpointsIsBitIdentical) {
 // The manifest names the newest step all stages wrote and the layout; another layout on the
 // same directory is refused on every rank (not a silent fresh start); a damaged manifest is
 // only a warning.
+// A manifest write that fails says the OS's reason (checkpointWriteRefusal puts it first) and
+// leaves no partial .tmp: its .tmp is a link to /dev/full, where every write is ENOSPC.
+TEST(Pipeline, ManifestWriteFailureSaysWhyAndLeavesNoTmp) {
+  const std::string dir = ::testing::TempDir() + "/dtrain_manifest_full_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_symlink("/dev/full", dir + "/manifest.json.tmp");
+  spec::PipelineManifest m;
+  m.step = 4;
+  m.stages = 2;
+  m.stage_layers = {1, 1};
+  m.files = {"stage-0-of-2/ckpt-0000000004.bin", "stage-1-of-2/ckpt-0000000004.bin"};
+  try {
+    spec::writePipelineManifest(dir + "/manifest.json", m);
+    FAIL() << "a write to /dev/full succeeded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write " + dir + "/manifest.json.tmp: No space left on device"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(dir + "/manifest.json.tmp")));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/manifest.json"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
   std::string dir = ::testing::TempDir() + "/dtrain_pipe_manifest_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);

@@ -387,6 +387,20 @@ TEST(Checkpoint, TemporaryFilesOfWritesCutShortAreRemoved) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + n)) << n;
 }
 
+// A run that resumed from an older step (its newer checkpoints damaged, so skipped) keeps its
+// own newest 3: the newer files are neither counted nor deleted (before, the 3 damaged ones
+// were the "newest 3 kept" and every checkpoint of this run but the last was pruned).
+TEST(Checkpoint, PruningLeavesCheckpointsOfLaterStepsAlone) {
+  auto dir = tempDir("later-steps");
+  for (long long step : {1100, 1200, 1250}) saveCheckpoint(dir, TrainState{1, step, 0, 0, 2, {1, 2, 3}, {0, 0, 0}});
+  for (long long step = 100; step <= 450; step += 50)
+    saveCheckpoint(dir, TrainState{1, step, 0, 0, 2, {1, 2, 3}, {0, 0, 0}});
+  std::vector<long long> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(std::stoll(e.path().stem().string().substr(5)));
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<long long>{350, 400, 450, 1100, 1200, 1250}));
+}
+
 TEST(Checkpoint, DamagedNewestIsSkippedAndConfigChangesAreRefused) {
   auto dir = tempDir("damaged");
   TrainState a{1, 10, 0, 640, 2, {1, 2, 3}, {0, 0, 0}}, b{1, 20, 0, 1280, 2, {4, 5, 6}, {0, 0, 0}};
@@ -571,11 +585,12 @@ TEST(Checkpoint, PruneKeepsTheNewestValidOnesAndLeavesJunkAlone) {
                                             "ckpt-0000009997.bin", "ckpt-0000009998.bin", "ckpt-0000009999.bin"}));
   ASSERT_EQ(warnings.size(), 3u);  // once per junk file, not at every save
   EXPECT_NE(warnings[0].find("is named like a checkpoint but is not a dtrain checkpoint"), std::string::npos);
-  // keep 1 with a newer-numbered valid file: the one just written stays all the same.
+  // keep 1 with newer-numbered valid files: the one just written stays, and those of later
+  // steps (a run that resumed before them) are neither counted nor deleted.
   TrainState s{1, 2, 0, 0, 1, {1, 2}, {0, 0}, {}};
   saveCheckpoint(dir, s, 1);
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt-0000000002.bin"));
-  EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt-0000000003.bin"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt-0000000003.bin"));
 }
 
 TEST(Checkpoint, WriteReadsBackAndAFailedWriteLeavesNoPartialFile) {

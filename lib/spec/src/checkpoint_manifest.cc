@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/fd.h"
 
 namespace dtrain::spec {
 namespace {
@@ -38,13 +40,26 @@ void writePipelineManifest(const std::string& path, const PipelineManifest& m) {
                       {"config_hash", m.config_hash},
                       {"files", m.files}};
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << j.dump(2) << "\n";
-    if (!f.flush()) throw IoError(fmt::format("checkpoint manifest: cannot write {}", tmp));
+  const std::string text = j.dump(2) + "\n";
+  // With write(2), not a stream: a full disk is said as the OS says it ("No space left on
+  // device", which checkpointWriteRefusal puts first), and a failed write leaves no partial
+  // file behind (an ofstream said only "cannot write" and left the .tmp).
+  try {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
+    if (!fd) throwErrno("checkpoint manifest: cannot create " + tmp);
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t w = ::write(fd.get(), text.data() + done, text.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throwErrno("checkpoint manifest: cannot write " + tmp);
+      done += static_cast<size_t>(w);
+    }
+    if (::fsync(fd.get()) != 0) throwErrno("checkpoint manifest: fsync " + tmp);
+    fd.reset();
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("checkpoint manifest: rename " + tmp);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
   }
-  fsyncPath(tmp, O_RDONLY);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("checkpoint manifest: rename " + tmp);
   std::string dir = std::filesystem::path(path).parent_path().string();
   fsyncPath(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
 }

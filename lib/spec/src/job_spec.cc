@@ -667,7 +667,16 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
         c.fail(QP + "/stage_layers", fmt::format("adds up to {} layers; the model has {} weight layers", sum, weightLayers));
     }
   }
-  if (par.micro_batches == 0) par.micro_batches = par.pipeline_stages;
+  if (par.micro_batches == 0) {
+    // Not given: P, or the next count up that divides the batch (P 3 with batch 32: 4), so
+    // that a default never refuses the spec; at least P keeps every stage busy.
+    par.micro_batches = par.pipeline_stages;
+    while (par.micro_batches < ts.batch_size && ts.batch_size % par.micro_batches != 0) ++par.micro_batches;
+    if (ts.batch_size % par.micro_batches != 0)
+      c.fail(P + "/batch_size", fmt::format("{} is smaller than /trainer/parallel/pipeline_stages {}: a pipeline needs "
+                                            "a micro-batch per stage at least; use a batch_size of {} or more",
+                                            ts.batch_size, par.pipeline_stages, par.pipeline_stages));
+  }
   if (ts.batch_size % par.micro_batches != 0)
     c.fail(P + "/parallel/micro_batches", fmt::format("{} does not divide /trainer/batch_size {}; each micro-batch must be "
                                                       "a whole number of samples", par.micro_batches, ts.batch_size));
@@ -743,8 +752,12 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
 // it is checked; `cwd` only moves the workers' command. Made absolute after the checks, so
 // workers started in `cwd` or on other hosts read the same files (and messages keep the
 // path as the user wrote it).
+// Absolute and lexically normal, given either way: "/d/./x.csv" and "/d//x.csv" are the
+// file "/d/x.csv" is (a checkpoint's config names its data files by these paths, and the
+// same file written another way was refused as "the data changed").
 void makeAbsolute(std::string& path) {
-  if (!path.empty() && path.front() != '/') path = std::filesystem::absolute(path).lexically_normal().string();
+  if (path.empty()) return;
+  path = (path.front() == '/' ? std::filesystem::path(path) : std::filesystem::absolute(path)).lexically_normal().string();
 }
 
 void makePathsAbsolute(JobSpec& spec) {

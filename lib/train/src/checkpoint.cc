@@ -732,7 +732,11 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   fsyncPath(dir, O_RDONLY | O_DIRECTORY);
   // Prune: only files that are checkpoints count toward `keep` and may go; the one just
   // written always stays. Anything else named like one (junk, another tool's file) is left
-  // alone: counting it deleted every real checkpoint right after it was written.
+  // alone: counting it deleted every real checkpoint right after it was written. So are
+  // checkpoints of later steps than this one: this run resumed from an older step, so the
+  // resume skipped them (damaged, or another config's), and counted as the newest they took
+  // the place of this run's own (3 damaged files kept, and every good one but the newest
+  // deleted). (A pipeline stage sent back to the stages' common step writes those steps again.)
   static std::mutex warnedMu;
   static std::set<std::string> warned;
   int valid = 0;
@@ -749,6 +753,7 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
                          file.string(), std::max(keep, 1)));
       continue;
     }
+    if (step > s.step) continue;
     if (++valid > std::max(keep, 1)) fs::remove(file, ec);
   }
   // A write cut short (the writer killed mid-write: a restart, a lost node) leaves its
