@@ -181,6 +181,12 @@ std::string unexpectedArguments(CLI::App& app, const std::string& hint, const st
         std::vector<std::string> known;  // (long names only: any one-letter flag is "close")
         for (const CLI::Option* o : cur->get_options())
           for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+        // One of the command's own options, left over: it came after "--", which ends them
+        // (`store set -- -k v --endpoint X`: "did you mean --endpoint?" named the same flag).
+        if (std::find(known.begin(), known.end(), word) != known.end())
+          return fmt::format("{}{} comes after \"--\", which ends the options (what follows is taken as "
+                             "arguments); put {} before \"--\"",
+                             path.empty() ? "" : path + ": ", word, word);
         const std::string m = word.rfind("--", 0) == 0 ? closestMatch(word, known) : std::string();
         return fmt::format("{}unknown option {}{}; see dtrain {}--help", path.empty() ? "" : path + ": ", word,
                            m.empty() ? "" : fmt::format(" (did you mean {}?)", m), path.empty() ? "" : path + " ");

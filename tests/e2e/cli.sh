@@ -345,6 +345,9 @@ expect_grep "a spec and a command cannot both be given" "$T/err" "a spec is reco
 expect_eq "$(cat "$T/err")" "dtrain: error: store get: unknown option --tmeout (did you mean --timeout?); see dtrain store get --help" "store get --tmeout: did you mean"
 "$DTRAIN" bench allreduce --nproc-per-nod 2 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench --nproc-per-nod: exit 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: bench allreduce: unknown option --nproc-per-nod (did you mean --nproc-per-node?); see dtrain bench allreduce --help" "bench --nproc-per-nod: did you mean"
+# One of its own options after "--" (which ends them): said so, not "did you mean" the same flag.
+"$DTRAIN" store set --endpoint 127.0.0.1:1 -- -k v --timeout 3 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store set -- ... --timeout: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: store set: --timeout comes after \"--\", which ends the options (what follows is taken as arguments); put --timeout before \"--\"" "store set -- ... --timeout: put it before --"
 "$DTRAIN" train --foo x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "train --foo: exit 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: train: unknown option --foo; see dtrain train --help" "train --foo: named"
 # dtrain train by hand with a DTRAIN_STORE_ADDR left in the shell: that variable is named (it

@@ -303,13 +303,21 @@ TEST_F(TcpStoreTest, WrongTokenAndUnreachableAreDistinct) {
   TcpStoreOptions o;
   o.port = 1;  // nothing listens there
   o.token = kToken;
-  o.connect_timeout = 300ms;
+  o.connect_timeout = 1500ms;
+  const auto tried = std::chrono::steady_clock::now();
   try {
     TcpStore s(o);
     FAIL();
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("store 127.0.0.1:1: cannot connect"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("store 127.0.0.1:1: cannot connect: Connection refused (gave up after 1.5 s)"),
+              std::string::npos)
+        << e.what();
   }
+  // It tries for the time it says (it gave up when the next back-off, 800 ms here, would pass
+  // the deadline: after ~0.7 s), with a last attempt at the deadline.
+  const auto took = std::chrono::steady_clock::now() - tried;
+  EXPECT_GE(took, 1450ms);
+  EXPECT_LT(took, 2500ms);
 }
 
 // A server that accepts but never answers (stopped, or a host cut off behind a proxy) holds a

@@ -217,8 +217,9 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
     }
     std::string got = c.out.substr(0, c.out.find('\n'));
     std::string lastErr;
+    // (trimmed: ssh ends its own messages in CRLF when it has a terminal, which showed as \x0d)
     for (const auto& l : split(c.err, '\n'))
-      if (!l.empty()) lastErr = l;
+      if (!trim(l).empty()) lastErr = trim(l);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code == 255) {
       problems.push_back({c.node, fmt::format("{} ({}): ssh failed: {}", c.node->host, c.node->origin,

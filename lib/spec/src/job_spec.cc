@@ -1720,6 +1720,8 @@ std::string describe(const JobSpec& raw) {
                       !spec.nproc_auto ? "" : spec.nproc_auto_note.empty() ? " (auto)" : " (auto: " + spec.nproc_auto_note + ")");
   os << fmt::format("log_dir:            {}\n", spec.log_dir.empty() ? "(none)" : spec.log_dir);
   os << fmt::format("max_restarts:       {}\n", spec.max_restarts);
+  if (spec.max_restarts > 0)
+    os << fmt::format("restart_backoff_s:  {} (doubling with each restart, at most 60 s)\n", spec.restart_backoff_s);
   if (!spec.nodes.empty()) os << fmt::format("nodes range:        {}..{} (min_nodes..max_nodes)\n", spec.min_nodes, spec.max_nodes);
   if (spec.worker_timeout_s > 0) os << fmt::format("worker_timeout_s:   {}\n", spec.worker_timeout_s);
   os << fmt::format("shutdown_timeout_s: {}\n", spec.shutdown_timeout_s);
@@ -1736,6 +1738,8 @@ std::string describe(const JobSpec& raw) {
 
   if (!spec.rendezvous.addr.empty()) os << fmt::format("rendezvous.addr:    {}\n", spec.rendezvous.addr);
   if (!spec.rendezvous.master_addr.empty()) os << fmt::format("master_addr:        {}\n", spec.rendezvous.master_addr);
+  os << fmt::format("heartbeat timeout:  {} s (a node whose agent is silent this long is lost)\n",
+                    spec.rendezvous.heartbeat_timeout_s);
   os << fmt::format("nodes:              {}{}\n", spec.nodes.size(),
                     spec.hostfile.empty() ? "" : fmt::format(" (from {})", spec.hostfile));
   for (size_t i = 0; i < spec.nodes.size(); ++i) {

@@ -130,7 +130,10 @@ void TcpStore::openSocket(bool once, Clock::time_point deadline, std::chrono::mi
         if (fd < 0) continue;
         int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (rc != 0 && errno == EINPROGRESS) {
-          auto attemptDeadline = std::min(deadline, Clock::now() + kAttemptLimit);
+          // (at least 100 ms: the last attempt, made at the deadline, must still hear a refusal)
+          auto attemptDeadline =
+              std::min(std::max<Clock::time_point>(deadline, Clock::now() + std::chrono::milliseconds(100)),
+                       Clock::now() + kAttemptLimit);
           if (waitFd(fd, POLLOUT, attemptDeadline)) {
             int err = 0;
             socklen_t len = sizeof(err);
@@ -155,10 +158,13 @@ void TcpStore::openSocket(bool once, Clock::time_point deadline, std::chrono::mi
     if (fd_ >= 0) return;
     if (permanent) throw IoError(fmt::format("store {}: cannot connect: {}", endpoint(), lastError));
     if (once) throw IoError(fmt::format("store {}: cannot connect: {} (one attempt, no retries)", endpoint(), lastError));
-    if (Clock::now() + backoff >= deadline)
+    // (a last attempt at the deadline: giving up when the next back-off would pass it ended
+    // up to a second early, while the message said the whole time)
+    const auto now = Clock::now();
+    if (now >= deadline)
       throw IoError(fmt::format("store {}: cannot connect: {} (gave up after {:.3g} s)", endpoint(), lastError,
                                 opts_.connect_timeout.count() / 1000.0));
-    std::this_thread::sleep_for(backoff);
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
 }
