@@ -47,6 +47,9 @@ run)
   L=${OUT:-/tmp/dtrain_gpu_check}/gpu_check
   mkdir -p "$L"
   exec > >(tee "$L/run.log") 2>&1
+  TEE=$!
+  # (every exit waits for tee: its last lines would be lost with the script's end)
+  trap 'exec >&- 2>&-; wait "$TEE"' EXIT
   R=/tmp/dtrain_bundle
   rm -rf "$R" && mkdir -p "$R" && tar -C "$R" -xJf .devcarry/bundle.tar.xz || { echo "no bundle: .devcarry not carried?"; exit 98; }
   # Preflight, seconds: what would make every GPU test skip or every step fail, said at once

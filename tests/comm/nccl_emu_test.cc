@@ -325,7 +325,7 @@ TEST_F(NcclEmu, FailedEnqueueBreaksTheCommunicatorAndLeavesTheFailureForPeers) {
   } catch (const PeerLostError& e) {
     // NCCL's own reason joins its error class, on one line.
     EXPECT_HAS(e.what(),
-               "send on rank 1: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details) [NCCL: "
+               "send on rank 1: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details) [NCCL's last warning: "
                "socketProgress: Connection closed by remote peer]; the NCCL communicator was aborted");
   }
   EXPECT_THROW(cs[1]->send(b->data(), 8, 0), PeerLostError);

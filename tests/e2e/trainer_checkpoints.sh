@@ -87,10 +87,6 @@ expect_eq "$?" 0 "csv run"
 "$DTRAIN" run "$T/c2.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "another data file: exit 2"
 expect_grep "^dtrain: error: $T/c2.json: /trainer/checkpoint/dir: .* the data changed \(checkpoint: csv $T/d1.csv, label column label, header, seed 1; this spec: csv $T/d2.csv, label column label, header, seed 1\); use another" "$T/err" "another data file: says the data changed"
-# The same file written another way is the same file (absolute paths are normalised too).
-spec "$T/c1b.json" "$T/ck-c" "[4, 16, 3]" "{\"type\": \"csv\", \"path\": \"$T//./d1.csv\"}"
-"$DTRAIN" run "$T/c1b.json" >"$T/out" 2>&1
-expect_eq "$?" 0 "the same data file by another absolute path resumes"
 "$DTRAIN" run "$T/c1.json" >"$T/out" 2>&1
 expect_eq "$?" 0 "the same data file resumes"
 
@@ -193,7 +189,7 @@ sys.exit(libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 
   fail "renameat2 RENAME_EXCHANGE"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 2 "checkpoint dir replaced mid-run: exit 2"
-expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-gone was removed and made again while this job ran " "$T/gone.err" "checkpoint dir replaced mid-run: said"
+expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-gone is another directory than when this job started \(moved away, and another put in its place\)" "$T/gone.err" "checkpoint dir replaced mid-run: said"
 expect_eq "$(ls "$T/ck-gone" | wc -l)" 0 "nothing written into the new directory"
 # An existing directory on a read-only mount: "cannot be written" (not "cannot be created").
 mkdir -p "$T/romnt"

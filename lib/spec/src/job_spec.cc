@@ -668,14 +668,21 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
     }
   }
   if (par.micro_batches == 0) {
-    // Not given: P, or the next count up that divides the batch (P 3 with batch 32: 4), so
-    // that a default never refuses the spec; at least P keeps every stage busy.
-    par.micro_batches = par.pipeline_stages;
-    while (par.micro_batches < ts.batch_size && ts.batch_size % par.micro_batches != 0) ++par.micro_batches;
-    if (ts.batch_size % par.micro_batches != 0)
+    // Not given: P, or the next count up to 4P that divides the batch (P 3 with batch 32: 4);
+    // at least P keeps every stage busy, and past 4P (a prime batch size would have made
+    // every sample a micro-batch of its own) the choice is the user's.
+    const int stages = par.pipeline_stages;
+    if (ts.batch_size < stages)
       c.fail(P + "/batch_size", fmt::format("{} is smaller than /trainer/parallel/pipeline_stages {}: a pipeline needs "
                                             "a micro-batch per stage at least; use a batch_size of {} or more",
-                                            ts.batch_size, par.pipeline_stages, par.pipeline_stages));
+                                            ts.batch_size, stages, stages));
+    par.micro_batches = stages;
+    while (par.micro_batches < 4 * stages && ts.batch_size % par.micro_batches != 0) ++par.micro_batches;
+    if (ts.batch_size % par.micro_batches != 0)
+      c.fail(P + "/parallel/micro_batches",
+             fmt::format("not given, and no count from {} (pipeline_stages) to {} divides /trainer/batch_size {}; set "
+                         "micro_batches to a divisor of batch_size, or change batch_size",
+                         stages, 4 * stages, ts.batch_size));
   }
   if (ts.batch_size % par.micro_batches != 0)
     c.fail(P + "/parallel/micro_batches", fmt::format("{} does not divide /trainer/batch_size {}; each micro-batch must be "
@@ -752,12 +759,11 @@ std::vector<NodeSpec> parseNodes(const Checker& c, const json& arr) {
 // it is checked; `cwd` only moves the workers' command. Made absolute after the checks, so
 // workers started in `cwd` or on other hosts read the same files (and messages keep the
 // path as the user wrote it).
-// Absolute and lexically normal, given either way: "/d/./x.csv" and "/d//x.csv" are the
-// file "/d/x.csv" is (a checkpoint's config names its data files by these paths, and the
-// same file written another way was refused as "the data changed").
+// An absolute path is kept as written: checkpoints hash their data files' paths as the spec
+// gave them (normalising "/d//x.csv" would refuse every checkpoint written before), and
+// "/link/../x" means what the kernel makes of it, which lexically_normal does not know.
 void makeAbsolute(std::string& path) {
-  if (path.empty()) return;
-  path = (path.front() == '/' ? std::filesystem::path(path) : std::filesystem::absolute(path)).lexically_normal().string();
+  if (!path.empty() && path.front() != '/') path = std::filesystem::absolute(path).lexically_normal().string();
 }
 
 void makePathsAbsolute(JobSpec& spec) {

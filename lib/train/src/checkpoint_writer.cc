@@ -1,5 +1,6 @@
 #include "checkpoint_writer.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -24,28 +25,35 @@ CheckpointWriter::CheckpointWriter(bool async, std::function<void()> heartbeat,
 }
 
 std::string CheckpointWriter::rootProblem() const {
-  if (root_.empty()) return "";
-  struct stat st {};
-  if (::stat(root_.c_str(), &st) != 0)
-    return errno == ENOENT && rootKnown_ ? checkpointDirRemovedRefusal(root_) : "";
-  if (rootKnown_ && (st.st_dev != rootDev_ || st.st_ino != rootIno_))
-    return fmt::format(
-        "trainer: /trainer/checkpoint/dir: {} was removed and made again while this job ran (it is another "
-        "directory now, perhaps another job's); the checkpoints this job wrote are gone, and writing beside "
-        "another job's would mix the two: run the job again, or set another /trainer/checkpoint/dir",
-        root_);
+  if (root_.empty() || !rootFd_) return "";
+  // Against the directory held open, not against a remembered (st_dev, st_ino): the fd keeps
+  // the inode (and its mount) alive, so a FUSE or autofs file system that would otherwise
+  // forget it and hand out a new number, or expire the mount, cannot look like a new one.
+  struct stat held {};
+  struct stat now {};
+  if (::fstat(rootFd_.get(), &held) != 0) return "";
+  if (::stat(root_.c_str(), &now) != 0)
+    return errno == ENOENT || held.st_nlink == 0 ? checkpointDirRemovedRefusal(root_) : "";
+  if (now.st_dev != held.st_dev || now.st_ino != held.st_ino)
+    return held.st_nlink == 0
+               ? fmt::format(
+                     "trainer: /trainer/checkpoint/dir: {} was removed and made again while this job ran (it is "
+                     "another directory now, perhaps another job's); the checkpoints this job wrote are gone, and "
+                     "writing beside another job's would mix the two: run the job again, or set another "
+                     "/trainer/checkpoint/dir",
+                     root_)
+               : fmt::format(
+                     "trainer: /trainer/checkpoint/dir: {} is another directory than when this job started (moved "
+                     "away, and another put in its place); writing there would pass by the lock that keeps one job per "
+                     "directory: run the job again, or set another /trainer/checkpoint/dir",
+                     root_);
   return "";
 }
 
 void CheckpointWriter::checkRoot() {
   if (const std::string why = rootProblem(); !why.empty()) throw SpecError(why);
-  struct stat st {};
-  if (!rootKnown_ && !root_.empty() && ::stat(root_.c_str(), &st) == 0) {
-    // (not there yet: the first save makes it, and the next check takes its identity)
-    rootKnown_ = true;
-    rootDev_ = st.st_dev;
-    rootIno_ = st.st_ino;
-  }
+  // (not there yet: the first save makes it, and the next check holds it)
+  if (!rootFd_ && !root_.empty()) rootFd_ = Fd(::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
 }
 
 CheckpointWriter::~CheckpointWriter() {

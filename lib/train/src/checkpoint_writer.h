@@ -14,12 +14,10 @@
 // - The destructor waits for a write in flight and drops its error: an exception that unwinds
 //   the trainer (a lost peer) still leaves the checkpoint of the last good step on disk.
 // - `root`, the job's checkpoint directory (trainer.checkpoint.dir): a write starts only while
-//   it is the directory it was when the writer was made. One removed while the job ran ends
+//   it is the directory it was when the writer was made (held open from then on). One removed while the job ran ends
 //   the job (SpecError, exit 2) instead of being made again by the save: that bypassed the
 //   one-job-per-directory lock (a second job then took the directory, resumed from this
 //   one's files, and each pruned the other's).
-#include <sys/types.h>
-
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -30,6 +28,7 @@
 #include <vector>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/fd.h"
 #include "dtrain/train/checkpoint.h"
 
 namespace dtrain::train::detail {
@@ -67,9 +66,7 @@ class CheckpointWriter {
   std::function<void()> heartbeat_;
   std::function<void(const std::string&)> warn_;
   std::string root_;
-  bool rootKnown_ = false;  // root_ existed: rootDev_ and rootIno_ are its identity
-  dev_t rootDev_ = 0;
-  ino_t rootIno_ = 0;
+  Fd rootFd_;  // root_ as it was when first seen (O_DIRECTORY): what it must still be
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -672,6 +672,11 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
     if (d == 0 && header[1] != common) loadStage(common);
     worldComm.allgatherHost(header, headers.data(), kHeaderWords, comm::DataType::kInt64);
   }
+  // The training set's rows (word 10) are 0 in a stage file from before they were kept: not
+  // a disagreement, the other stages' count holds for all.
+  int64_t rows = 0;
+  for (int s = 0; s < P; ++s) rows = std::max(rows, stageHeader(s)[10]);
+  for (int s = 0; s < P; ++s) stageHeader(s)[10] = rows;
   for (int s = 0; s < P; ++s) {
     const int64_t* h = stageHeader(s);
     if (h[0] == -1)

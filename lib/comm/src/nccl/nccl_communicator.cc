@@ -58,17 +58,18 @@ std::string secondsText(Duration d) { return fmt::format("{:.3g} s", static_cast
   }
 }
 
-// NCCL's own words for its latest failure (" [NCCL: Duplicate GPU detected: rank 1 and rank 0
-// both on CUDA device 0]"), "" when it has none: ncclGetErrorString names only the class
-// ("invalid usage (run with NCCL_DEBUG=WARN for details)"), and a one-off run on a GPU
-// machine should not need a second one with NCCL_DEBUG to say why. (NCCL keeps one such
-// text per process, whatever communicator the argument names.)
+// NCCL's own words for its latest failure (" [NCCL's last warning: Duplicate GPU detected:
+// rank 1 and rank 0 both on CUDA device 0]"), "" when it has none: ncclGetErrorString names
+// only the class ("invalid usage (run with NCCL_DEBUG=WARN for details)"), and a one-off run
+// on a GPU machine should not need a second one with NCCL_DEBUG to say why. NCCL keeps one
+// such text per process, whatever communicator the argument names, so it may be an earlier
+// warning's: labelled as what it is.
 std::string ncclDetail() {
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
   const char* s = ncclGetLastError(nullptr);
   if (s && *s) {
     std::string t = oneLine(trim(s));
-    if (!t.empty()) return fmt::format(" [NCCL: {}]", t);
+    if (!t.empty()) return fmt::format(" [NCCL's last warning: {}]", t);
   }
 #endif
   return "";

@@ -238,7 +238,14 @@ ShmMapping createSegment(const std::string& label, const std::string& nonce, int
   size_t dataOffset = (kHeaderBytes + flagsBytes + 4095) & ~size_t{4095};
   size_t p2pOffset = dataOffset + n * kDepth * chunk;
   size_t total = p2pOffset + (p2pChunk ? n * (n - 1) * kP2pDepth * (kPieceHeader + p2pChunk) : 0);
-  Fd fd{::memfd_create(label.c_str(), MFD_CLOEXEC)};
+  // Sealed non-executable where the kernel knows the flag (6.3+): with vm.memfd_noexec=2
+  // (6.3-6.5) a memfd without it is refused, and newer kernels log a warning for one.
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
+  int made = ::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_NOEXEC_SEAL);
+  if (made < 0 && errno == EINVAL) made = ::memfd_create(label.c_str(), MFD_CLOEXEC);  // (older kernels)
+  Fd fd{made};
   if (fd.fd < 0) {
     why = fmt::format("memfd_create: {}", std::strerror(errno));
     return {};
@@ -368,7 +375,24 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
   // for diagnosis (`dtrain store get`) when a rank falls back.
   s.store->set(s.prefix + "shm/mapped/" + std::to_string(s.rank), map ? std::string("1") : "0: " + why);
   std::vector<std::string> oks = gather("shm/mapped/");
-  if (!map || !std::all_of(oks.begin(), oks.end(), [](const std::string& v) { return v == "1"; })) return nullptr;
+  if (!map || !std::all_of(oks.begin(), oks.end(), [](const std::string& v) { return v == "1"; })) {
+    // On one host and still not shared memory: said once, by rank 0 (a silent fallback to
+    // TCP costs a large share of the all-reduce's speed; docs/collectives.md says why it may).
+    if (s.rank == 0) {
+      std::string name = s.prefix;  // "comm/<name>/"
+      if (name.rfind("comm/", 0) == 0) name = name.substr(5);
+      if (!name.empty() && name.back() == '/') name.pop_back();
+      for (size_t r = 0; r < oks.size(); ++r)
+        if (oks[r] != "1") {
+          std::fprintf(stderr,
+                       "dtrain: warning: communicator \"%s\": the ranks are on one host but use TCP, not shared "
+                       "memory: rank %zu: %s\n",
+                       name.c_str(), r, oks[r].size() > 3 ? oks[r].substr(3).c_str() : oks[r].c_str());
+          break;
+        }
+    }
+    return nullptr;
+  }
   return std::unique_ptr<ShmTransport>(new ShmTransport(s, std::move(map)));
 }
 

@@ -808,7 +808,8 @@ void TcpCommunicator::Transfer::run() {
       else
         p[np++] = {sfd, POLLOUT, 0};
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+    // (rounded up: under a millisecond left is a 1 ms poll, not a spin)
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
     int r = left > 0 ? ::poll(p, static_cast<nfds_t>(np), static_cast<int>(std::min<long long>(left, kMaxPollMs))) : 0;
     if (r < 0 && errno == EINTR) continue;
     if (r == 0 && Clock::now() < deadline_) continue;  // (a capped poll ended before the deadline)
