@@ -112,4 +112,18 @@ inline LostRankRun lostRankRun(int n, int victim, bool stop, const CommOptions& 
   return out;
 }
 
+// A pipeline of point-to-point transfers round the ring, 0 -> 1 -> ... -> n-1 -> 0, of
+// `bytes` each (larger than socket buffers and channels: each rank waits on its neighbour).
+inline void p2pRing(Communicator& c, size_t bytes) {
+  const int r = c.rank(), n = c.size();
+  std::vector<char> b(bytes);
+  if (r == 0) {
+    c.send(b.data(), b.size(), 1);
+    c.recv(b.data(), b.size(), n - 1);
+  } else {
+    c.recv(b.data(), b.size(), r - 1);
+    c.send(b.data(), b.size(), (r + 1) % n);
+  }
+}
+
 }  // namespace dtrain::comm::testing

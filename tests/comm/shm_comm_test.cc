@@ -341,15 +341,7 @@ TEST(ShmComm, AStoppedRankIsNamedByEveryRankThatWaitsOnIt) {
       {"p2p chain",  // 0 -> 1 -> 2 -> 3 -> 0, more than a channel holds
        [](Communicator& c) {
          ASSERT_EQ(std::string(c.p2pTransport()), "shm");
-         const int r = c.rank(), n = c.size();
-         std::vector<char> b(4u << 20);
-         if (r == 0) {
-           c.send(b.data(), b.size(), 1);
-           c.recv(b.data(), b.size(), n - 1);
-         } else {
-           c.recv(b.data(), b.size(), r - 1);
-           c.send(b.data(), b.size(), (r + 1) % n);
-         }
+         testing::p2pRing(c, 4u << 20);
        }},
   };
   for (const auto& [what, op] : ops) {

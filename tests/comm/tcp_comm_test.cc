@@ -560,15 +560,7 @@ std::vector<std::pair<std::string, std::function<void(Communicator&)>>> chainedO
       {"barrier", [](Communicator& c) { c.barrier(); }},
       {"p2p chain",  // a pipeline: 0 -> 1 -> 2 -> 3 -> 0, larger than socket buffers and channels
        [](Communicator& c) {
-         const int r = c.rank(), n = c.size();
-         std::vector<char> b(4u << 20);
-         if (r == 0) {
-           c.send(b.data(), b.size(), 1);
-           c.recv(b.data(), b.size(), n - 1);
-         } else {
-           c.recv(b.data(), b.size(), r - 1);
-           c.send(b.data(), b.size(), (r + 1) % n);
-         }
+         testing::p2pRing(c, 4u << 20);
        }},
   };
 }
