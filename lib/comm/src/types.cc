@@ -132,22 +132,19 @@ namespace {
 // min and max in which a NaN from any rank wins, as it does for sum (and as torch.minimum and
 // torch.maximum do): std::min and std::max answer by operand order when one side is NaN, so
 // a NaN was kept or dropped by which rank held it and where the ring's order put it. Equal
-// to std::min/std::max otherwise.
+// to std::min/std::max otherwise. Two selects, no branches: the loops stay vectorised (with
+// early returns max ran at 0.76-0.90x of std::max's speed from 256 KiB up).
 template <typename T>
 T minOf(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (x != x) return x;
-    if (y != y) return y;
-  }
-  return y < x ? y : x;
+  const T r = y < x ? y : x;  // x when either is NaN
+  if constexpr (std::is_floating_point_v<T>) return y != y ? y : r;
+  return r;
 }
 template <typename T>
 T maxOf(T x, T y) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (x != x) return x;
-    if (y != y) return y;
-  }
-  return x < y ? y : x;
+  const T r = x < y ? y : x;  // x when either is NaN
+  if constexpr (std::is_floating_point_v<T>) return y != y ? y : r;
+  return r;
 }
 
 template <typename T>
