@@ -762,6 +762,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   } else {
     launch::LocalJobOptions lo;
     lo.remove_if_killed = {runDir.path};
+    if (checkpointLock) lo.refuse_restart = [&] { return train::checkpointLockLost(*s.trainer, checkpointLock); };
     if (dataImage.fd) {
       lo.inherit_fds.emplace_back(train::kDataImageEnv, dataImage.fd.get());
       lo.refresh_fds = [&](int attempt) {

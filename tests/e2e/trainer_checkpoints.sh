@@ -191,6 +191,20 @@ wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 2 "checkpoint dir replaced mid-run: exit 2"
 expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-gone is another directory than when this job started \(moved away, and another put in its place\)" "$T/gone.err" "checkpoint dir replaced mid-run: said"
 expect_eq "$(ls "$T/ck-gone" | wc -l)" 0 "nothing written into the new directory"
+# Removed, and a worker fails before the next save (no periodic saves here): the launcher does
+# not restart the workers, who would make the directory again without the job's lock.
+sed 's/"every_steps": 4/"every_steps": 0/; s/"log_every_steps": 1000/"log_every_steps": 1000000/' "$T/gone-long.json" > "$T/gone-nosave.json"
+"$DTRAIN" run "$T/gone-nosave.json" >"$T/gone.out" 2>"$T/gone.err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do grep -q "trainer:" "$T/gone.out" 2>/dev/null && break; sleep 0.05; done
+mv "$T/ck-gone" "$T/ck-gone.old" && rm -rf "$T/ck-gone.old"
+sleep 0.2
+pkill -KILL -P "$DTRAIN_PID" -f "dtrain train"  # (this job's workers: the launcher's children)
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 137 "checkpoint dir removed, then a worker killed: the job ends as that failure"
+expect_grep "cause: +not restarted: /trainer/checkpoint/dir $T/ck-gone was removed while the job ran; " "$T/gone.err" "checkpoint dir removed, then a worker killed: not restarted, says why"
+if grep -q "event restart" "$T/gone.err"; then fail "checkpoint dir removed, then a worker killed: restarted"; else pass "checkpoint dir removed, then a worker killed: no restart"; fi
+[ -e "$T/ck-gone" ] && fail "the removed checkpoint dir was made again by a restart" || pass "no restart made the removed checkpoint dir again"
 # An existing directory on a read-only mount: "cannot be written" (not "cannot be created").
 mkdir -p "$T/romnt"
 if mount -t tmpfs -o ro,size=64k tmpfs "$T/romnt" 2>/dev/null; then

@@ -336,6 +336,7 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const Loca
         r.stopped_during = fmt::format("the teardown before restart {} of {}", attempt + 1, spec.max_restarts);
     }
     bool failed = r.first_failure >= 0 && !r.received_signal;
+    bool refused = false;  // a restart the caller's refuse_restart stopped
     if (failed) {
       const auto& f = r.workers[static_cast<size_t>(r.first_failure)];
       std::string what = exitReason(f);
@@ -343,9 +344,14 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const Loca
         events.push_back({detail::utcNow(), attempt, "worker_hung", f.error_message, f.host, f.global_rank});
         console().write(STDERR_FILENO, spec::formatEvent(events.back()) + "\n");
       }
+      const std::string refusal =
+          !restartCannotHelp(f) && attempt < spec.max_restarts && options.refuse_restart ? options.refuse_restart() : "";
       if (restartCannotHelp(f)) {
         // Every attempt would fail the same way, so the budget is not spent on it.
         r.failure_message = notRestartedReason(f, spec);
+      } else if (!refusal.empty()) {
+        r.failure_message = refusal;
+        refused = true;
       } else if (attempt < spec.max_restarts) {
         events.push_back({detail::utcNow(), attempt + 1, "restart",
                           fmt::format("rank {} {}; restart {} of {}", f.global_rank, what, attempt + 1, spec.max_restarts),
@@ -358,7 +364,8 @@ RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const Loca
     }
     r.restarts = attempt;
     r.events = events;
-    if (!failed || attempt >= spec.max_restarts || restartCannotHelp(r.workers[static_cast<size_t>(r.first_failure)])) {
+    if (!failed || refused || attempt >= spec.max_restarts ||
+        restartCannotHelp(r.workers[static_cast<size_t>(r.first_failure)])) {
       // A stop signal held since the last attempt ended changes nothing: said, not dropped.
       held.drain([&](int sig) {
         console().write(STDERR_FILENO,

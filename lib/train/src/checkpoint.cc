@@ -623,6 +623,21 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
   return std::move(lock.fd);
 }
 
+std::string checkpointLockLost(const spec::TrainerSpec& t, const Fd& lock) {
+  if (!lock || t.checkpoint.dir.empty()) return "";
+  struct stat held {};
+  struct stat now {};
+  if (::fstat(lock.get(), &held) != 0) return "";
+  const std::string path = (fs::path(t.checkpoint.dir) / ".dtrain.lock").string();
+  const bool same = ::stat(path.c_str(), &now) == 0 && now.st_dev == held.st_dev && now.st_ino == held.st_ino;
+  if (same && held.st_nlink > 0) return "";
+  return fmt::format(
+      "not restarted: /trainer/checkpoint/dir {} was {} while the job ran; the checkpoints in it are gone for this "
+      "job, and restarted workers would make it again without the lock that keeps one job per directory: run the "
+      "job again, or set another /trainer/checkpoint/dir",
+      t.checkpoint.dir, held.st_nlink == 0 ? "removed" : "moved away or replaced");
+}
+
 std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail) {
   return fmt::format("trainer: {}; {}", detail.empty() ? fmt::format("the newest checkpoint in {} was written by a "
                                                                      "different trainer config (model, data, optimizer "

@@ -113,6 +113,10 @@ struct LocalJobOptions {
   // that attempt's number; what it returns replaces inherit_fds from then on (a data image
   // made again for data files that changed). Called on the launcher's thread.
   std::function<std::vector<std::pair<std::string, int>>(int attempt)> refresh_fds;
+  // Asked before a restart (the failed attempt's workers are gone): a reason not to make it
+  // ("" = restart). The job then ends as the failure that would have been restarted, with
+  // this reason as its message. Called on the launcher's thread.
+  std::function<std::string()> refuse_restart;
 };
 RunResult runLocalJob(spec::JobSpec& spec, const std::string& run_id, const LocalJobOptions& options = {});
 

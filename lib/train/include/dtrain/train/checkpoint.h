@@ -101,6 +101,13 @@ std::string resumeLine(const std::string& path, const int64_t header[5], int wor
 // on stderr, and an empty Fd.
 [[nodiscard]] Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, double lockWaitS = 0);
 
+// Why the job must not restart its workers with the lock `lock` (prepareCheckpointDir's):
+// t.checkpoint.dir was removed, or moved away, since it was taken, so its lock file is no
+// longer the one held. The workers would make the directory again and train beside whatever
+// job took it meanwhile (the writer stops a running job at its next save; this covers a
+// worker that failed first). "" when the lock is still the directory's, or none is held.
+std::string checkpointLockLost(const spec::TrainerSpec& t, const Fd& lock);
+
 // What saveCheckpoint writes, the arrays by reference: the trainer's own buffers are written
 // as they are (a TrainState built for the write copied the weights and optimizer state).
 struct CheckpointView {
