@@ -1,5 +1,6 @@
 #include "dtrain/common/files.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -142,6 +143,33 @@ TEST(OwnedFiles, StaleOnesAreRemovedAndNothingElse) {
   EXPECT_TRUE(fs::exists(otherStem));
   EXPECT_TRUE(fs::is_symlink(link));
   EXPECT_TRUE(fs::exists(target / "keep"));
+}
+
+// The four ways a held directory and its path part, as the checkpoint writer and the
+// launcher's restart check tell them apart.
+TEST(PathStillNames, SameRemovedMovedReplacedOther) {
+  const fs::path base = fs::temp_directory_path() / fmt::format("dtrain-hold-{}", ::getpid());
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const std::string d = (base / "d").string(), away = (base / "away").string();
+  auto hold = [&] {
+    fs::create_directories(d);
+    return Fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  };
+  Fd a = hold();
+  EXPECT_EQ(pathStillNames(a, d), PathHold::kSame);
+  fs::remove(d);
+  EXPECT_EQ(pathStillNames(a, d), PathHold::kRemoved);
+  fs::create_directories(d);
+  EXPECT_EQ(pathStillNames(a, d), PathHold::kReplaced);
+  fs::remove(d);
+  Fd b = hold();
+  fs::rename(d, away);
+  EXPECT_EQ(pathStillNames(b, d), PathHold::kMovedAway);
+  fs::create_directories(d);
+  EXPECT_EQ(pathStillNames(b, d), PathHold::kOther);
+  EXPECT_EQ(pathStillNames(Fd(), d), PathHold::kSame);  // nothing held: nothing to conclude
+  fs::remove_all(base);
 }
 
 }  // namespace

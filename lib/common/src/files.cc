@@ -237,6 +237,18 @@ void removeStaleOwnedFiles(const std::filesystem::path& dir, std::initializer_li
   }
 }
 
+PathHold pathStillNames(const Fd& held, const std::string& path) {
+  struct stat h {};
+  struct stat now {};
+  if (!held || ::fstat(held.get(), &h) != 0) return PathHold::kSame;
+  if (::stat(path.c_str(), &now) != 0) {
+    if (errno != ENOENT && h.st_nlink > 0) return PathHold::kSame;
+    return h.st_nlink == 0 ? PathHold::kRemoved : PathHold::kMovedAway;
+  }
+  if (now.st_dev == h.st_dev && now.st_ino == h.st_ino) return PathHold::kSame;
+  return h.st_nlink == 0 ? PathHold::kReplaced : PathHold::kOther;
+}
+
 DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name) {
   DirectoryLock out;
   const std::string path = (std::filesystem::path(dir) / name).string();

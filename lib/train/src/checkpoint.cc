@@ -625,17 +625,14 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
 
 std::string checkpointLockLost(const spec::TrainerSpec& t, const Fd& lock) {
   if (!lock || t.checkpoint.dir.empty()) return "";
-  struct stat held {};
-  struct stat now {};
-  if (::fstat(lock.get(), &held) != 0) return "";
-  const std::string path = (fs::path(t.checkpoint.dir) / ".dtrain.lock").string();
-  const bool same = ::stat(path.c_str(), &now) == 0 && now.st_dev == held.st_dev && now.st_ino == held.st_ino;
-  if (same && held.st_nlink > 0) return "";
+  const PathHold hold = pathStillNames(lock, (fs::path(t.checkpoint.dir) / ".dtrain.lock").string());
+  if (hold == PathHold::kSame) return "";
+  const bool removed = hold == PathHold::kRemoved || hold == PathHold::kReplaced;
   return fmt::format(
       "not restarted: /trainer/checkpoint/dir {} was {} while the job ran; the checkpoints in it are gone for this "
       "job, and restarted workers would make it again without the lock that keeps one job per directory: run the "
       "job again, or set another /trainer/checkpoint/dir",
-      t.checkpoint.dir, held.st_nlink == 0 ? "removed" : "moved away or replaced");
+      t.checkpoint.dir, removed ? "removed" : "moved away or replaced");
 }
 
 std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail) {
@@ -826,8 +823,9 @@ std::string checkpointWriteRefusal(const std::string& dir, long long step, const
                      step, dir, os, detail);
 }
 
-std::string trainRowsRefusal(const spec::TrainerSpec& t, uint64_t rows, uint64_t checkpointRows,
-                             const std::string& checkpoint) {
+std::string trainRowsMismatch(const spec::TrainerSpec& t, uint64_t rows, uint64_t checkpointRows,
+                              const std::string& checkpoint) {
+  if (checkpointRows == 0 || checkpointRows == rows) return "";
   const std::string why =
       t.data.type == "synthetic"
           ? std::string("the data changed")

@@ -1,12 +1,12 @@
 #include "checkpoint_writer.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 
-#include <cerrno>
 #include <chrono>
 
 #include <fmt/format.h>
+
+#include "dtrain/common/files.h"
 
 namespace dtrain::train::detail {
 
@@ -26,27 +26,27 @@ CheckpointWriter::CheckpointWriter(bool async, std::function<void()> heartbeat,
 
 std::string CheckpointWriter::rootProblem() const {
   if (root_.empty() || !rootFd_) return "";
-  // Against the directory held open, not against a remembered (st_dev, st_ino): the fd keeps
-  // the inode (and its mount) alive, so a FUSE or autofs file system that would otherwise
-  // forget it and hand out a new number, or expire the mount, cannot look like a new one.
-  struct stat held {};
-  struct stat now {};
-  if (::fstat(rootFd_.get(), &held) != 0) return "";
-  if (::stat(root_.c_str(), &now) != 0)
-    return errno == ENOENT || held.st_nlink == 0 ? checkpointDirRemovedRefusal(root_) : "";
-  if (now.st_dev != held.st_dev || now.st_ino != held.st_ino)
-    return held.st_nlink == 0
-               ? fmt::format(
-                     "trainer: /trainer/checkpoint/dir: {} was removed and made again while this job ran (it is "
-                     "another directory now, perhaps another job's); the checkpoints this job wrote are gone, and "
-                     "writing beside another job's would mix the two: run the job again, or set another "
-                     "/trainer/checkpoint/dir",
-                     root_)
-               : fmt::format(
-                     "trainer: /trainer/checkpoint/dir: {} is another directory than when this job started (moved "
-                     "away, and another put in its place); writing there would pass by the lock that keeps one job per "
-                     "directory: run the job again, or set another /trainer/checkpoint/dir",
-                     root_);
+  // (against the directory held open: the fd keeps the inode and its mount alive, so a FUSE
+  // or autofs file system cannot hand it a new number and look like another directory)
+  switch (pathStillNames(rootFd_, root_)) {
+    case PathHold::kSame:
+      return "";
+    case PathHold::kRemoved:
+    case PathHold::kMovedAway:
+      return checkpointDirRemovedRefusal(root_);
+    case PathHold::kReplaced:
+      return fmt::format(
+          "trainer: /trainer/checkpoint/dir: {} was removed and made again while this job ran (it is another "
+          "directory now, perhaps another job's); the checkpoints this job wrote are gone, and writing beside another "
+          "job's would mix the two: run the job again, or set another /trainer/checkpoint/dir",
+          root_);
+    case PathHold::kOther:
+      return fmt::format(
+          "trainer: /trainer/checkpoint/dir: {} is another directory than when this job started (moved away, and "
+          "another put in its place); writing there would pass by the lock that keeps one job per directory: run the "
+          "job again, or set another /trainer/checkpoint/dir",
+          root_);
+  }
   return "";
 }
 

@@ -715,9 +715,11 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   site.at(detail::AllocationSite::kBatch);
   const uint64_t N = trainSet->size();
   // (every rank: each read the data and has the stages' common header)
-  if (header[0] == 1 && header[10] > 0 && static_cast<uint64_t>(header[10]) != N)
-    throw SpecError(trainRowsRefusal(ts, N, static_cast<uint64_t>(header[10]),
-                                     d == 0 && !ckptPath.empty() ? ckptPath : "the stages' checkpoint"));
+  if (header[0] == 1)
+    if (const std::string why = trainRowsMismatch(ts, N, static_cast<uint64_t>(header[10]),
+                                                  d == 0 && !ckptPath.empty() ? ckptPath : "the stages' checkpoint");
+        !why.empty())
+      throw SpecError(why);
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(D);
   const uint64_t stepsPerEpoch = N / globalBatch;
   if (stepsPerEpoch == 0)

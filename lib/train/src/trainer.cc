@@ -127,9 +127,9 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
 
   // Resume: rank 0 finds the newest intact checkpoint and broadcasts it, so ranks need no
   // shared file system. header = {status, step, epoch, cursor, world, the LR schedule's state
-  // (5 words), the training set's rows when it was written (0: not kept)}; status -1 = config mismatch, -2 = a pipeline's checkpoints in the directory
-  // (every rank fails with the same message): this trainer would not find them and would
-  // train from step 0 beside them.
+  // (5 words), the training set's rows when it was written (0: not kept)}; status -1 = config
+  // mismatch, -2 = a pipeline's checkpoints in the directory (every rank fails with the same
+  // message): this trainer would not find them and would train from step 0 beside them.
   int64_t header[11] = {};
   std::string ckptPath, mismatch, layout;
   if (rank == 0 && !ts.checkpoint.dir.empty())
@@ -190,9 +190,11 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
                                 "batch_size {} x {} workers); use more samples or a smaller batch",
                                 N, globalBatch, B, world));
   // (every rank: each read the data and has rank 0's header)
-  if (header[0] == 1 && header[10] > 0 && static_cast<uint64_t>(header[10]) != N)
-    throw SpecError(trainRowsRefusal(ts, N, static_cast<uint64_t>(header[10]),
-                                     rank == 0 ? ckptPath : "the checkpoint rank 0 resumes from"));
+  if (header[0] == 1)
+    if (const std::string why = trainRowsMismatch(ts, N, static_cast<uint64_t>(header[10]),
+                                                  rank == 0 ? ckptPath : "the checkpoint rank 0 resumes from");
+        !why.empty())
+      throw SpecError(why);
   long long step = header[1];
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);

@@ -85,6 +85,17 @@ struct DirectoryLock {
 // Tries once, never waits. The directory must exist.
 DirectoryLock tryLockDirectory(const std::string& dir, const std::string& name = ".dtrain.lock");
 
+// Whether `path` still names the file `held` has open (a lock file, a directory opened
+// O_DIRECTORY), compared with the open file itself rather than a remembered (st_dev, st_ino),
+// which FUSE or autofs may change for a file nobody holds. kRemoved: the path names nothing
+// and the file has no name left; kMovedAway: the path names nothing, the file lives on under
+// another name; kReplaced: the path names another file and the held one has no name left
+// (removed and made again); kOther: the path names another file, the held one still has a
+// name (moved away, another put in its place). An error that decides nothing (EACCES, an
+// fstat that fails) reads as kSame.
+enum class PathHold { kSame, kRemoved, kMovedAway, kReplaced, kOther };
+PathHold pathStillNames(const Fd& held, const std::string& path);
+
 // The directory dtrain makes its temporary files in (workers' error files, a trainer job's
 // spec snapshot and result file): the first of TMPDIR, TMP, TEMP and TEMPDIR that is set and
 // not empty (the variables std::filesystem::temp_directory_path reads), else /tmp. Absolute:

@@ -135,9 +135,9 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
 
 // Why a checkpoint written when the training set had `checkpointRows` rows cannot be
 // resumed with `rows` (the data file changed, or eval_path was added or removed): the line
-// the trainer's SpecError carries.
-std::string trainRowsRefusal(const spec::TrainerSpec& t, uint64_t rows, uint64_t checkpointRows,
-                             const std::string& checkpoint);
+// the trainer's SpecError carries; "" when the counts agree or the checkpoint kept none (0).
+std::string trainRowsMismatch(const spec::TrainerSpec& t, uint64_t rows, uint64_t checkpointRows,
+                              const std::string& checkpoint);
 
 // The file saveCheckpoint writes for `step` in `dir`.
 std::string checkpointPath(const std::string& dir, long long step);
