@@ -220,6 +220,31 @@ sed -i 's/"max_steps": 20/"max_steps": 25/' "$R/pp.json"
 expect_eq "$?" 0 "reconcile: resumes"
 expect_grep "the stage checkpoints in $R/ck end at different steps \(15 to 20\); resuming all stages from step 10" "$R/out" "reconcile: back to the newest step every stage holds intact"
 expect_grep "resuming from $R/ck/stage-0-of-2/ckpt-0000000010.bin: step 10" "$R/out" "reconcile: from step 10"
+# A run stopped while its first checkpoint was being written: stage 0 holds step 5, stage
+# 1 only its temporary file. Every stage starts from step 0, as a fresh run would (before:
+# every restart and rerun refused, "no step in common"), and ends with a fresh run's weights.
+F="$T/firstckpt"; mkdir -p "$F"
+lay_spec "$F/fresh.json" "$F/ck-fresh" 2
+"$DTRAIN" run "$F/fresh.json" --summary-json "$F/fresh.sum" >"$F/out" 2>&1
+expect_eq "$?" 0 "first checkpoint: the straight run"
+lay_spec "$F/pp.json" "$F/ck" 2
+sed -i 's/"max_steps": 10/"max_steps": 5/' "$F/pp.json"
+"$DTRAIN" run "$F/pp.json" >"$F/out" 2>&1
+expect_eq "$?" 0 "first checkpoint: a run to step 5"
+mv "$F/ck/stage-1-of-2/ckpt-0000000005.bin" "$F/ck/stage-1-of-2/ckpt-0000000005.bin.tmp"
+rm -f "$F/ck/manifest.json"
+lay_spec "$F/pp.json" "$F/ck" 2
+"$DTRAIN" run "$F/pp.json" --summary-json "$F/pp.sum" >"$F/out" 2>&1
+expect_eq "$?" 0 "first checkpoint: a stage without one starts all over"
+expect_grep "the stage checkpoints in $F/ck have no step in common \(stage 0 at step 5, stage 1 has none\): every stage starts from step 0" "$F/out" "first checkpoint: the warning names what each stage holds"
+expect_no_grep "resuming from" "$F/out" "first checkpoint: nothing resumed"
+expect_eq "$(hash_of "$F/pp.sum")" "$(hash_of "$F/fresh.sum")" "first checkpoint: a fresh run's weights"
+# Each stage holds steps, none of them in common: refused, naming what each holds.
+rm -f "$R/ck/stage-0-of-2/ckpt-0000000015.bin" "$R/ck/stage-0-of-2/ckpt-0000000020.bin" "$R/ck/stage-1-of-2/ckpt-0000000025.bin"
+"$DTRAIN" run "$R/pp.json" >"$R/out" 2>&1
+expect_eq "$?" 2 "no common step: refused"
+expect_grep "^dtrain: error: $R/pp.json: /trainer/checkpoint/dir: the stage checkpoints in $R/ck have no step in common \(stage 0 at step 25, stage 1 at step 20\); remove them" "$R/out" "no common step: refused before the launch, naming each stage's step"
+expect_no_grep "rank 0" "$R/out" "no common step: no worker started"
 DTRAIN_DEBUG_KILL_AT="1:x" "$DTRAIN" run "$T/ref/job.json" >"$T/badkill" 2>&1
 expect_grep "DTRAIN_DEBUG_KILL_AT: expected RANK:STEP or RANK:STEP:MICRO" "$T/badkill" "malformed fault injection is named"
 finish

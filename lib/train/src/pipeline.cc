@@ -640,10 +640,28 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   }
   if (!ts.checkpoint.dir.empty()) worldComm.broadcastHost(&otherLayout, 1, comm::DataType::kInt64, 0);
   if (otherLayout == 1) throw SpecError(checkpointLayoutRefusal(ts, layoutError));
-  if (d == 0 && !stageDir.empty()) loadStage(-1);
+  // (the fresh weights and optimizer state, kept in the host buffers until the stages agree:
+  // should some stage hold nothing, the stages that loaded a step go back to them)
+  if (d == 0 && !stageDir.empty()) {
+    model.storeParams(hostParams.data());
+    model.storeState(state.data());
+    loadStage(-1);
+  }
   std::vector<int64_t> headers(kHeaderWords * static_cast<size_t>(world));
   worldComm.allgatherHost(header, headers.data(), kHeaderWords, comm::DataType::kInt64);
   auto stageHeader = [&](int s) { return headers.data() + kHeaderWords * static_cast<size_t>(lay.rankOf(0, s)); };
+  // What each stage held on start (status, newest step), for the messages below.
+  std::vector<std::pair<int64_t, int64_t>> held;
+  for (int s = 0; s < P; ++s) held.emplace_back(stageHeader(s)[0], stageHeader(s)[1]);
+  auto describeHeld = [&] {
+    std::string out;
+    for (int s = 0; s < P; ++s)
+      out += fmt::format("{}stage {} {}", s == 0 ? "" : ", ", s,
+                         held[static_cast<size_t>(s)].first == 1
+                             ? fmt::format("at step {}", held[static_cast<size_t>(s)].second)
+                             : std::string("has none"));
+    return out;
+  };
   // A run stopped between two stages' writes leaves some stages one checkpoint ahead: all
   // go back to the newest step every stage has (each keeps its last 3). Until they agree: a
   // stage's file at that step may be damaged (skipped), which sends every stage further back
@@ -677,18 +695,37 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   int64_t rows = 0;
   for (int s = 0; s < P; ++s) rows = std::max(rows, stageHeader(s)[10]);
   for (int s = 0; s < P; ++s) stageHeader(s)[10] = rows;
-  for (int s = 0; s < P; ++s) {
-    const int64_t* h = stageHeader(s);
-    if (h[0] == -1)
+  for (int s = 0; s < P; ++s)
+    if (stageHeader(s)[0] == -1)
       throw SpecError(checkpointRefusal(
           ts, fmt::format("the newest checkpoint in {}/stage-{}-of-{} was written by a different trainer config (model, "
                           "data, optimizer, seed or stage partition changed)",
                           ts.checkpoint.dir, s, P)));
-    if (std::memcmp(h, headers.data(), kHeaderWords * sizeof(int64_t)) != 0)
-      throw SpecError(fmt::format("trainer: the stage checkpoints in {} disagree (stage 0 at step {}, stage {} at step {}) "
-                                  "and have no step in common; remove them or use another /trainer/checkpoint/dir",
-                                  ts.checkpoint.dir, headers[1], s, h[1]));
+  // A stage that held no intact checkpoint on start (the run stopped, or its disk filled,
+  // before that stage's first one was written): there is no step to resume from, and every
+  // stage starts from step 0 as a fresh run does (the data-parallel trainer does the same
+  // with an empty directory); refusing would leave the job unable to ever restart. The
+  // other stages' files of that first step are rewritten as training passes it again.
+  bool someHeldNone = false;
+  for (const auto& h : held) someHeldNone = someHeldNone || h.first == 0;
+  if (someHeldNone && std::any_of(held.begin(), held.end(), [](const auto& h) { return h.first == 1; })) {
+    if (rank == 0)
+      opts.warning(fmt::format("the stage checkpoints in {} have no step in common ({}): every stage starts from "
+                               "step 0",
+                               ts.checkpoint.dir, describeHeld()));
+    if (d == 0 && header[0] == 1) {
+      model.loadParams(hostParams.data());
+      model.loadState(state.data());
+    }
+    std::fill(headers.begin(), headers.end(), 0);
+    ckptPath.clear();
   }
+  for (int s = 0; s < P; ++s)
+    if (std::memcmp(stageHeader(s), headers.data(), kHeaderWords * sizeof(int64_t)) != 0)
+      throw SpecError(fmt::format("trainer: the stage checkpoints in {} have no intact step in common ({} on start; "
+                                  "each stage's older ones were tried); remove them or use another "
+                                  "/trainer/checkpoint/dir",
+                                  ts.checkpoint.dir, describeHeld()));
   for (size_t k = 0; k < kHeaderWords; ++k) header[k] = headers[k];
   if (D > 1 && header[0] == 1) {
     if (stageGroup->direct()) {
