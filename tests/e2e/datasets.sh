@@ -106,6 +106,14 @@ expect_grep 'bad.csv: it is gzip-compressed: gunzip it first' "$T/err" "a gzip-c
 # with its fix.
 csv_refused 'f1,f2,label,f3,f4\n1,2,0,3,4\n1,2,0,3\n' "bad.csv:3: has 4 columns, expected 5 \(as the header\); fix or drop the row" "a short row"
 csv_refused 'f1,f2,label,f3,f4\n1,2,0.5,3,4\n' 'bad.csv:2: label 0.5 is not a class index in 0..2 \(the model.s output width\); labels are class indices \(0, 1, ...\): fix it, or use /trainer/model/loss "mse"' "a fractional label"
+# A string of digits is a header name where a column bears it; a JSON number is an index
+# (before, "4" indexed column 4 even with a column named "4", training on the wrong labels).
+{ echo f1,4,f2,f3,f4; for i in $(seq 80); do echo "1,$((i % 3)),2,3,7"; done; } > "$T/bad.csv"
+sed 's|"label_column": "label"|"label_column": "4"|' "$T/bad.json" > "$T/digitname.json"
+"$DTRAIN" validate "$T/digitname.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "label_column \"4\" names the column \"4\""
+sed 's|"label_column": "label"|"label_column": 4|' "$T/bad.json" > "$T/digitindex.json"
+"$DTRAIN" validate "$T/digitindex.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "label_column 4 is column 4"
+expect_grep 'bad.csv:2: label 7 is not a class index' "$T/err" "label_column 4: column 4's labels read"
 printf 'f1,f2,label,f3,f4\n1,2,0,3,4\n' > "$T/bad.csv"
 sed 's|"label_column": "label"|"label_column": "2", "header": false|' "$T/bad.json" > "$T/nohdr.json"
 "$DTRAIN" validate "$T/nohdr.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a header the spec does not say: exit 2"

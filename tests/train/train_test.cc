@@ -741,6 +741,39 @@ TEST(Data, CsvCellsReadAsStrtodReadsThem) {
   std::filesystem::remove(path);
 }
 
+// A JSON number is a column index; a string a header name, even one of digits (the header
+// "a,4,b,c" with label_column "4" labels by column 1, not column 4: before, any string of
+// digits was an index, and such a file trained on the wrong column, silently). Digits that
+// name no column still index, as specs from before wrote indexes.
+TEST(Data, CsvLabelColumnStringIsAHeaderNameANumberAnIndex) {
+  const std::string path = ::testing::TempDir() + "/dtrain_lc_" + std::to_string(::getpid()) + ".csv";
+  std::ofstream(path) << "a,4,b,c,d\n0,1,0,0,2\n0,0,0,0,1\n";
+  spec::TrainerSpec t = small(4);
+  t.model.layers = {4, 8, 3};
+  t.data.type = "csv";
+  t.data.path = path;
+  auto firstLabels = [&] {
+    auto d = openDatasets(t).train;
+    std::vector<int> out;
+    for (uint64_t r = 0; r < d->size(); ++r) {
+      float x[4];
+      int label = -1;
+      d->sample(r, x, &label, nullptr);
+      out.push_back(label);
+    }
+    return out;
+  };
+  t.data.label_column = "4";
+  t.data.label_column_is_index = false;
+  EXPECT_EQ(firstLabels(), (std::vector<int>{1, 0}));  // the column named "4"
+  t.data.label_column_is_index = true;
+  EXPECT_EQ(firstLabels(), (std::vector<int>{2, 1}));  // column 4
+  t.data.label_column = "3";
+  t.data.label_column_is_index = false;
+  EXPECT_EQ(firstLabels(), (std::vector<int>{0, 0}));  // no column named "3": column 3
+  std::filesystem::remove(path);
+}
+
 // Lines are read in 64 KiB pieces: a row longer than a piece reads whole, and a file with no
 // line ends is refused at the line limit (1 MiB here) instead of being read into one string.
 TEST(Data, CsvLinesLongerThanAPieceReadAndAFileWithoutLineEndsIsRefused) {

@@ -531,6 +531,7 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
       const json& lc = d["label_column"];
       if (!lc.is_number() && !lc.is_string())
         c.fail(P + "/data/label_column", fmt::format("expected a header name or a 0-based column index, got {}", typeName(lc)));
+      ts.data.label_column_is_index = lc.is_number();
       ts.data.label_column = lc.is_number() ? std::to_string(c.integer(lc, P + "/data/label_column", 0, 1 << 20, "a column index"))
                                             : c.str(lc, P + "/data/label_column", false);
     }
@@ -1512,7 +1513,8 @@ std::string serializeForNode(const JobSpec& spec) {
       if (!t.data.eval_labels_path.empty()) d["eval_labels_path"] = t.data.eval_labels_path;
     }
     if (t.data.type == "csv") {
-      d["label_column"] = t.data.label_column;  // an index stays its decimal string, read the same way
+      // (an index stays a number: a string would be a header name first)
+      d["label_column"] = t.data.label_column_is_index ? json(std::stoll(t.data.label_column)) : json(t.data.label_column);
       d["header"] = t.data.header;
     }
     d["prefetch"] = t.data.prefetch ? json(*t.data.prefetch) : json("auto");

@@ -263,9 +263,12 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
   long long lineNo = 0;
   int labelCol = -1, columns = -1;
   const std::string& lc = t.data.label_column;
-  bool lcIsIndex = !lc.empty() && std::all_of(lc.begin(), lc.end(), ::isdigit);
+  // A JSON number is an index; a string is a header name, or an index where its digits name
+  // no column (a spec from before numbers were told apart; a file without a header).
+  const bool lcDigits = !lc.empty() && std::all_of(lc.begin(), lc.end(), ::isdigit);
+  bool lcIsIndex = t.data.label_column_is_index;
   // (an index too large for any file: "does not exist" below, like any other missing column)
-  if (lcIsIndex) labelCol = lc.size() > 9 ? std::numeric_limits<int>::max() : std::stoi(lc);
+  auto indexOf = [&] { return lc.size() > 9 ? std::numeric_limits<int>::max() : std::stoi(lc); };
   // A compressed file (data.csv.gz) read as text would be refused for its first "line" of
   // binary: said as what it is.
   if (in.peek() == 0x1f) {
@@ -291,9 +294,12 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
       throw SpecError(fmt::format("{}:1: {}", path, kCrOnlyLines));
     auto names = split(line, ',');
     columns = static_cast<int>(names.size());
+    if (!lcIsIndex && lcDigits)
+      lcIsIndex = std::none_of(names.begin(), names.end(), [&](const std::string& n) { return trim(n) == lc; });
+    if (lcIsIndex) labelCol = indexOf();
     // A file without a header read as one: its first row would be taken for the names and
     // trained without, silently. Names that are all numbers are that row.
-    if (lcIsIndex && columns > 1 && std::all_of(names.begin(), names.end(), [](const std::string& n) {
+    if ((lcIsIndex || lcDigits) && columns > 1 && std::all_of(names.begin(), names.end(), [](const std::string& n) {
           const std::string c = trim(n);
           char* end = nullptr;
           return !c.empty() && (std::strtod(c.c_str(), &end), end == c.c_str() + c.size());
@@ -321,8 +327,12 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
                         "/trainer/data/label_column to one of them or to a 0-based column index{}",
                         path, oneLine(lc), found, separatorHint(line)));
     }
-  } else if (!lcIsIndex) {
-    throw SpecError(fmt::format("{}: without a header, /trainer/data/label_column must be a column index", path));
+  } else if (!lcIsIndex && !lcDigits) {
+    throw SpecError(fmt::format("{}: without a header, /trainer/data/label_column must be a column index (a JSON "
+                                "number, as in \"label_column\": 0)",
+                                path));
+  } else {
+    labelCol = indexOf();
   }
   // The rows: cells are parsed in place (no string per cell) with from_chars, strtod only for
   // what it alone reads (a leading '+', hex); 5x faster than split + strtod on a 100 MB file,
@@ -579,8 +589,9 @@ uint64_t alignUp(uint64_t v) { return (v + kImageAlign - 1) / kImageAlign * kIma
 // the parse says what is wrong).
 std::string fingerprint(const spec::TrainerSpec& t) {
   const auto& d = t.data;
-  std::string f = fmt::format("type={};inputs={};outputs={};loss={};label_column={};header={}", d.type,
-                              t.model.layers.front(), t.model.layers.back(), t.model.loss, d.label_column, d.header);
+  std::string f = fmt::format("type={};inputs={};outputs={};loss={};label_column={}{};header={}", d.type,
+                              t.model.layers.front(), t.model.layers.back(), t.model.loss, d.label_column,
+                              d.label_column_is_index ? "#" : "", d.header);
   for (const std::string* path : {&d.path, &d.labels_path, &d.eval_path, &d.eval_labels_path}) {
     if (path->empty()) {
       f += ";-";

@@ -69,6 +69,10 @@ struct TrainerSpec {
     std::string path, labels_path;            // training set
     std::string eval_path, eval_labels_path;  // held-out set (optional)
     std::string label_column = "label";       // csv: header name, or a 0-based index
+    // label_column came as a JSON number: a 0-based index, even where the header has a column
+    // of that name. A string is a header name first: digits name a column index only where
+    // no column bears them as its name (or the file has no header).
+    bool label_column_is_index = false;
     bool header = true;                       // csv: first line names the columns
     // Load the next batch on a thread of its own while a step computes; unset = "auto" (on for
     // GPU math, and for CPU math when the node has a core beyond the workers' BLAS threads).
