@@ -38,4 +38,30 @@ expect_grep "trainer" "$T/out" "the piped spec was read whole"
 "$DTRAIN" run --hostfile <(echo "localhost slots=2") --dry-run -- true >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "a hostfile from <(...) is read"
 expect_eq "$(grep -c " true$" "$T/out")" 2 "2 ranks from the piped hostfile"
+# What exec cannot take (before: validate and --dry-run passed, then every worker failed
+# 126 with "fix the command, PATH or cwd"): one argument or environment string over 128 KiB,
+# or all of them over ARG_MAX; each named where it was given, exit 2, nothing started.
+big=$(head -c 140000 /dev/zero | tr '\0' x)
+printf '{"command": ["true"], "env": {"BIG": "%s"}}\n' "$big" > "$T/bigenv.json"
+"$DTRAIN" validate "$T/bigenv.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 140 KB env value: exit 2"
+expect_grep "^dtrain: error: $T/bigenv.json: /env/BIG: the value of BIG is 140000 bytes, and Linux passes at most 131067 bytes in one environment string" "$T/err" "a 140 KB env value: named, with the limit"
+"$DTRAIN" run "$T/bigenv.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 140 KB env value: run refuses"
+printf 'A=1\nBIG=%s\n' "$big" > "$T/big.env"
+printf '{"command": ["true"], "env_file": "%s"}\n' "$T/big.env" > "$T/bigenvfile.json"
+"$DTRAIN" validate "$T/bigenvfile.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 140 KB env_file value: exit 2"
+expect_grep "^dtrain: error: $T/big.env:2: the value of BIG is 140000 bytes" "$T/err" "a 140 KB env_file value: file and line"
+printf '{"command": ["echo", "%s"]}\n' "$big" > "$T/bigarg.json"
+"$DTRAIN" run --dry-run "$T/bigarg.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 140 KB argument: exit 2"
+expect_grep "^dtrain: error: $T/bigarg.json: /command/1: is 140000 bytes, and Linux passes at most 131071 bytes in one argument" "$T/err" "a 140 KB argument: named"
+python3 - "$T/manyargs.json" <<'PY'
+import json, sys
+json.dump({"command": ["true"] + ["y" * 100000] * 40}, open(sys.argv[1], "w"))
+PY
+"$DTRAIN" validate "$T/manyargs.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "4 MB of arguments: exit 2"
+expect_grep "^dtrain: error: $T/manyargs.json: /command and /env: the workers' command and environment come to about [0-9]+ KiB \(3906 KiB of them /command.*over the [0-9]+ KiB exec takes on this host" "$T/err" "4 MB of arguments: said, with the sizes"
+# (the kernel's measure: a quarter of the stack limit, at most 6 MiB)
+if (ulimit -s 65536) 2>/dev/null; then
+  (ulimit -s 65536; "$DTRAIN" validate "$T/manyargs.json" >"$T/out" 2>"$T/err")
+  expect_eq "$?" 0 "4 MB of arguments under a 64 MiB stack limit: accepted"
+fi
 finish

@@ -1,6 +1,7 @@
 #include "dtrain/spec/job_spec.h"
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -156,7 +157,16 @@ std::string masterOverrideWarning(const std::string& where, const std::string& n
 // worker, after the launch). The problem and the fix, "" when fine or for other names.
 // Also DTRAIN_COMM_SHM, dtrain's switch its workers read: 0 or 1 (and the other spellings
 // envSwitch takes), said here rather than by every worker after the launch.
+// Linux's limit on one string of exec's argv or environment (MAX_ARG_STRLEN, 32 pages), the
+// NUL included: a longer one fails every worker's exec with E2BIG.
+constexpr size_t kMaxArgStrlen = 131072;
+
 std::string envValueProblem(const std::string& name, const std::string& value) {
+  if (name.size() + value.size() + 2 > kMaxArgStrlen)
+    return fmt::format("the value of {} is {} bytes, and Linux passes at most {} bytes in one environment string "
+                       "(NAME=value, MAX_ARG_STRLEN): no worker could start; put large values in a file and pass "
+                       "its path",
+                       name, value.size(), kMaxArgStrlen - name.size() - 2);
   if (name == "DTRAIN_COMM_SHM") {
     try {
       (void)parseSwitch(name, value);
@@ -1273,11 +1283,59 @@ int autoProcsPerNode(std::string* note) {
   return cpus.usable;
 }
 
+namespace {
+
+// What exec takes, said before any worker fails on it: one argument at most MAX_ARG_STRLEN
+// (the environment's strings are checked where they are given, with their file and line),
+// and the command and environment together within ARG_MAX (sysconf: a quarter of the stack
+// limit, `ulimit -s`), where the environment the workers inherit from dtrain's counts too,
+// with room for what dtrain adds (RANK, MASTER_ADDR, ...). Another host's limit and
+// environment may differ: this host's is the measure.
+void checkExecSize(const JobSpec& spec, const std::string& source) {
+  const bool adHoc = spec.source.empty() || spec.source == "command line";
+  auto argName = [&](size_t i) {
+    return adHoc ? fmt::format("the command after --, argument {}", i) : fmt::format("{}: /command/{}", source, i);
+  };
+  size_t total = 0;
+  for (size_t i = 0; i < spec.command.size(); ++i) {
+    const size_t n = spec.command[i].size() + 1;
+    if (n > kMaxArgStrlen)
+      throw SpecError(fmt::format("{}: is {} bytes, and Linux passes at most {} bytes in one argument (MAX_ARG_STRLEN): "
+                                  "no worker could start; put it in a file and pass the file's path",
+                                  argName(i), n - 1, kMaxArgStrlen - 1));
+    total += n + sizeof(char*);
+  }
+  size_t specEnv = 0;
+  for (const auto& [k, v] : spec.env) specEnv += k.size() + v.size() + 2 + sizeof(char*);
+  size_t inherited = 0;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) inherited += std::strlen(*e) + 1 + sizeof(char*);
+  constexpr size_t kDtrainVars = 16 * 1024;
+  // (the kernel's own measure, fs/exec.c: a quarter of the stack limit, at most 6 MiB, at
+  // least 128 KiB; glibc's sysconf says 128 KiB for an unlimited stack, where 6 MiB goes)
+  struct rlimit stack {};
+  long argMax = 6L << 20;
+  if (::getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY)
+    argMax = std::max<long>(131072, std::min<long>(argMax, static_cast<long>(stack.rlim_cur / 4)));
+  total += specEnv + inherited + kDtrainVars;
+  if (total > static_cast<size_t>(argMax))
+    throw SpecError(fmt::format(
+        "{}: the workers' command and environment come to about {} KiB ({} KiB of them /command, {} KiB /env and "
+        "env_file, {} KiB dtrain's own environment, which workers inherit), over the {} KiB exec takes on this host "
+        "(a quarter of `ulimit -s`, at most 6 MiB): no worker could start; put large values in files, or raise the stack "
+        "limit",
+        adHoc ? std::string("the command after --") : source + ": /command and /env", total / 1024,
+        (total - specEnv - inherited - kDtrainVars) / 1024, specEnv / 1024, inherited / 1024,
+        static_cast<size_t>(argMax) / 1024));
+}
+
+}  // namespace
+
 void resolve(JobSpec& spec, const Overrides& given) {
   if (spec.nproc_auto) spec.nproc_per_node = autoProcsPerNode(&spec.nproc_auto_note);
   // (hosts: each agent counts its own; this host's quota says nothing about them)
   if (!spec.nodes.empty()) spec.nproc_auto_note.clear();
   const std::string source = spec.source.empty() ? "command line" : spec.source;
+  checkExecSize(spec, source);
   // Each message names where the value came from: the flag, else the spec's field.
   const std::string nodesFrom = given.nnodes ? "--nnodes" : "";
   const char* maxName = given.nnodes ? "--nnodes" : "max_nodes";  // in the fix
