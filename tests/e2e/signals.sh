@@ -422,4 +422,13 @@ expect_eq "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(
 rm -f "$T/done"
 expect_eq "$(python3 "$T/late.py" "$T" 0 "$T/done" "$DTRAIN" run --summary-json "$T/nobody.fifo" -- sh -c "touch $T/done; exit 3")" \
   "exit 3 at once" "late SIGTERM while the summary waits on a FIFO no one reads: a failure's code stands"
+# Under a terminal (script gives dtrain one, in the foreground), a worker that asks for a
+# password on /dev/tty: each worker has a session of its own and no controlling terminal, so
+# getpass falls back to stdin (/dev/null) and fails at once (before: each worker, a background
+# group of the terminal's session, was stopped by SIGTTIN, and the job hung silently).
+if command -v script >/dev/null; then
+  timeout 60 script -qec "$DTRAIN run --nproc-per-node 2 -- /usr/bin/python3 -c \"import os, getpass; assert os.getsid(0) == os.getpid(); getpass.getpass('pw: ')\"" /dev/null >"$T/tty.out" 2>&1
+  expect_eq "$?" 1 "a worker reading /dev/tty under a terminal fails instead of hanging"
+  expect_grep "EOFError" "$T/tty.out" "getpass found no terminal and said so"
+fi
 finish

@@ -109,7 +109,7 @@ int childMain(void* p) {
   // or a library's) must never run here, on our memory: every caught signal goes back to
   // SIG_DFL, and SIGPIPE, which dtrain ignores, too, as a worker expects. What arrives for
   // those before exec was meant for dtrain (sent to its process group, which the child is
-  // in until setpgid), so it is dropped below rather than delivered with the default action;
+  // in until setsid), so it is dropped below rather than delivered with the default action;
   // so are terminal stop signals, which would stop the child while we wait for its exec.
   sigset_t drop;
   sigemptyset(&drop);
@@ -123,8 +123,12 @@ int childMain(void* p) {
     ::sigaction(sig, &dfl, nullptr);
     if (sig != SIGPIPE) sigaddset(&drop, sig);
   }
-  // Its own process group, so that dtrain can signal a worker with everything it started.
-  if (::setpgid(0, 0) != 0) childFail(a, "dtrain: error: cannot start a worker: setpgid: ", errno, 126);
+  // Its own session, and so its own process group, so that dtrain can signal a worker with
+  // everything it started. A session rather than only a group (as torchrun's
+  // start_new_session): without a controlling terminal, a worker that opens /dev/tty (getpass,
+  // an ssh password prompt) gets ENXIO and its library's fallback, where a background group of
+  // dtrain's session read it and was stopped by SIGTTIN, silently and for good.
+  if (::setsid() < 0) childFail(a, "dtrain: error: cannot start a worker: setsid: ", errno, 126);
   // The child dies with dtrain; the getppid check closes the race where dtrain died before
   // prctl ran.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -304,8 +308,8 @@ Spawned spawnProcess(const SpawnOptions& opts) {
     errno = cloneErrno;
     throwErrno("clone");
   }
-  // The child put itself in its own process group before exec (setpgid from here would
-  // fail with EACCES now that it has exec'ed).
+  // The child put itself in its own session and process group before exec (setpgid from
+  // here would fail with EACCES now that it has exec'ed).
   Spawned s;
   statusW.reset();
   int childErrno = 0;

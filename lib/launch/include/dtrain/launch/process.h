@@ -35,7 +35,7 @@ struct Spawned {
   Fd in;   // write end of the child's stdin (stdin_pipe only)
   Fd out;  // read end of the child's stdout
   Fd err;  // read end of the child's stderr (none with merge_stderr)
-  // The child never ran the program: exec (or the setup before it: cwd, setpgid, dup2)
+  // The child never ran the program: exec (or the setup before it: cwd, setsid, dup2)
   // failed, with start_errno (0 = it ran). It has exited 127/126 after one line on its
   // stderr. start_failed: for a reason another attempt would meet again (not found, not
   // executable, bad cwd), not for a passing one (ETXTBSY, ENOMEM, EAGAIN, EMFILE).
