@@ -320,7 +320,9 @@ int dtrainMain(int argc, char** argv) {
   run->add_option("spec", runArgs.spec_path, "Job spec (JSON)");
   run->add_flag("--dry-run", runArgs.dry_run, "Print the plan and run nothing");
   run->add_option("--summary-json", runArgs.summary_json,
-                  "Write the outcome as JSON to this file (status, exit code, ranks, trainer)");
+                     "Write the outcome as JSON to this file (status, exit code, ranks, trainer); - for stdout")
+      // ("-" is stdout, as for most tools: it made a file named "-")
+      ->transform([](const std::string& v) { return v == "-" ? std::string("/dev/stdout") : v; });
   app::addOverrideFlags(run, runArgs);
 
   RunArgs valArgs;
@@ -399,7 +401,14 @@ int dtrainMain(int argc, char** argv) {
     // (`--master_port 29501` -> spec "29501"), so this is not about a command. Dashed words
     // after a command word (`python3 train.py --epochs 3`) are that command's.
     auto opt = extra.begin();
-    if (opt->size() > 1 && (*opt)[0] == '-') {
+    // (the word CLI11 took for the spec may be a program given before the option:
+    // `dtrain run train.py --lr 0.1`, whose --lr is the program's; one after it is the
+    // option's value)
+    const auto specAt = std::find(args.begin(), args.end(), runArgs.spec_path);
+    const bool commandFirst = !runArgs.spec_path.empty() && specAt < std::find(args.begin(), args.end(), *opt) &&
+                              std::filesystem::path(runArgs.spec_path).extension() != ".json" &&
+                              !isSpecFile(runArgs.spec_path);
+    if (opt->size() > 1 && (*opt)[0] == '-' && !commandFirst) {
       const std::string word = opt->substr(0, opt->find('='));
       if (const std::string hint = foreignFlagHint(word); !hint.empty()) return usageError("run: " + hint);
       std::vector<std::string> known;

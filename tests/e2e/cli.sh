@@ -113,6 +113,9 @@ expect_eq "$(cat "$T/out")" "" "nothing ran"
 # torchrun's `torchrun train.py x`: the fix already has the python3 dtrain would ask for next.
 "$DTRAIN" run --nproc_per_node=2 "$T/train.py" x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a script without -- exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"$T/train.py x\"; to run a program, put its command after --: dtrain run [options] -- python3 $T/train.py x" "a script without --: the fix runs it with python3"
+# The script's own option right after it (before: "unknown option --lr; see dtrain run --help").
+"$DTRAIN" run --nproc_per_node 2 "$T/train.py" --lr 0.1 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a script and its option without -- exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: run: unexpected arguments \"$T/train.py --lr 0.1\"; to run a program, put its command after --: dtrain run [options] -- python3 $T/train.py --lr 0.1" "a script and its option without --: the fix keeps the option"
 # torchrun's options that dtrain does not take: what to do instead, never the value taken
 # for a spec ("unexpected arguments \"29501 --master_port\"" before).
 "$DTRAIN" run --nproc_per_node 2 --master_port 29501 -- python3 "$T/train.py" >"$T/out" 2>"$T/err"

@@ -60,6 +60,11 @@ echo "earlier line" >"$T/stdout.log"
 expect_eq "$(head -2 "$T/stdout.log" | tr '\n' '|')" "earlier line|[rank 0] hello|" "/dev/stdout: the log and the workers' output kept"
 tail -n +3 "$T/stdout.log" >"$T/stdout.json"
 expect_eq "$(jq_ "$T/stdout.json" "d['status']")" "succeeded" "/dev/stdout: the summary after the output"
+# "-" is stdout (before: a file named "-" in the working directory).
+(cd "$T" && "$DTRAIN" run --summary-json - -- echo hi >"$T/dash.log" 2>"$T/err"); expect_eq "$?" 0 "--summary-json -: exit 0"
+tail -n +2 "$T/dash.log" >"$T/dash.json"
+expect_eq "$(jq_ "$T/dash.json" "d['status']")" "succeeded" "--summary-json -: the summary on stdout"
+[ ! -e "$T/-" ] && pass "--summary-json -: no file named -" || fail "--summary-json -: made a file named -"
 [ -L /dev/stdout ] || [ -c /dev/stdout ] && pass "/dev/stdout untouched" || fail "/dev/stdout was replaced"
 ls "$T" | grep -q '\.tmp' && fail "temporary files left: $(ls "$T")" || pass "no temporary files left"
 
