@@ -238,6 +238,55 @@ std::string argumentMismatch(const std::string& what, const std::vector<std::str
 
 // True when `path` is a job spec: a .json file, or a file that parses as one. For the
 // words after it, which are then a command given beside a spec, not a command without --.
+// The command being parsed, as the user typed it ("store get", "bench allreduce"): the deepest
+// subcommand CLI11 has taken.
+CLI::App* parsedCommand(CLI::App& app, std::string* path) {
+  CLI::App* cur = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (CLI::App* sub : cur->get_subcommands()) {
+      if (!sub->parsed()) continue;
+      *path += (path->empty() ? "" : " ") + sub->get_name();
+      cur = sub;
+      deeper = true;
+      break;
+    }
+  }
+  return cur;
+}
+
+// CLI11's "Could not convert: --timeout = x", said with the command, what the option takes
+// and where its help is; "" when the message is not that.
+std::string conversionError(CLI::App& app, const std::string& what) {
+  const std::string prefix = "Could not convert: ";
+  const size_t eq = what.find(" = ");
+  if (what.rfind(prefix, 0) != 0 || eq == std::string::npos) return "";
+  const std::string name = what.substr(prefix.size(), eq - prefix.size()), value = what.substr(eq + 3);
+  std::string path;
+  CLI::App* cmd = parsedCommand(app, &path);
+  const CLI::Option* o = cmd->get_option_no_throw(name);
+  const std::string type = o ? o->get_type_name() : std::string();
+  const std::string takes = type == "INT" || type == "UINT" ? "an integer" : type == "FLOAT" ? "a number" : "another value";
+  return fmt::format("{}{}: expected {}, got \"{}\"; see dtrain {}--help", path.empty() ? "" : path + ": ", name, takes,
+                     value, path.empty() ? "" : path + " ");
+}
+
+// CLI11's "key is required" (a positional) or "--endpoint is required", with the command and
+// its help; `hint` (storeParseHint) replaces the pointer to --help when given.
+std::string requiredError(CLI::App& app, const std::string& what, const std::string& hint) {
+  std::string path;
+  parsedCommand(app, &path);
+  const size_t is = what.find(" is required");
+  std::string said = what;
+  if (is != std::string::npos && what.rfind("--", 0) != 0) {
+    std::string name = what.substr(0, is);
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+    said = fmt::format("the {} argument is missing", name);
+  }
+  return fmt::format("{}{}{}", path.empty() ? "" : path + ": ", said,
+                     hint.empty() ? fmt::format("; see dtrain {}--help", path.empty() ? "" : path + " ") : hint);
+}
+
 bool isSpecFile(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;
@@ -300,6 +349,7 @@ int dtrainMain(int argc, char** argv) {
     if (args[i] == "--summary-json" && i + 1 < args.size()) cliSummary = args[i + 1];
     if (args[i].rfind("--summary-json=", 0) == 0) cliSummary = args[i].substr(15);
   }
+  if (cliSummary == "-") cliSummary = "/dev/stdout";
   auto usageError = [&](const std::string& what) {
     if (isRun) app::enterRunEnd(kExitUsage);
     launch::console().write(STDERR_FILENO, "dtrain: error: " + oneLine(what) + "\n");  // (main() writes it out)
@@ -376,6 +426,12 @@ int dtrainMain(int argc, char** argv) {
     if (const std::string said = argumentMismatch(e.what(), args); !said.empty()) return usageError(said);
     std::string hint = app::storeParseHint(args);
     return usageError(std::string(e.what()) + (hint.empty() ? "; see dtrain --help" : hint));
+  } catch (const CLI::ConversionError& e) {
+    if (const std::string said = conversionError(app, e.what()); !said.empty()) return usageError(said);
+    return usageError(std::string(e.what()) + "; see dtrain --help");
+  } catch (const CLI::RequiredError& e) {
+    std::string hint = app::storeParseHint(args);
+    return usageError(requiredError(app, e.what(), hint));
   } catch (const CLI::ParseError& e) {
     std::string hint = app::storeParseHint(args);
     return usageError(std::string(e.what()) + (hint.empty() ? "; see dtrain --help" : hint));

@@ -384,4 +384,13 @@ expect_eq "$(wc -l < "$T/err")" 1 "a spec path with a newline: one line"
 expect_grep "nothing to validate: --nproc-per-node took \".*nl.json\" for its value; give --nproc-per-node a value" "$T/err" "--nproc-per-node without its value: said"
 "$DTRAIN" validate --shutdown-timeout 0x10 "$SRC/configs/quickstart.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--shutdown-timeout 0x10: exit 2"
 expect_grep '^dtrain: error: --shutdown-timeout: expected seconds, got "0x10"$' "$T/err" "--shutdown-timeout 0x10: said"
+# CLI11's own words, said with the command, what the option takes and its help.
+"$DTRAIN" bench allreduce --timeout x >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench --timeout x: exit 2"
+expect_eq "$(cat "$T/err")" 'dtrain: error: bench allreduce: --timeout: expected a number, got "x"; see dtrain bench allreduce --help' "bench --timeout x: the option and what it takes"
+"$DTRAIN" store get >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store get without a key: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: store get: the KEY argument is missing; see dtrain store get --help" "store get without a key: the argument and the command's help"
+for b in localhost ""; do
+  DTRAIN_STORE_TOKEN=0123456789abcdef0123 timeout 10 "$DTRAIN" store serve --bind "$b" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store serve --bind '$b': exit 2"
+  expect_grep "^dtrain: error: --bind: .* is not an IP address; give one: 127.0.0.1 \(this host only\), 0.0.0.0" "$T/err" "store serve --bind '$b': the flag and the fix"
+done
 finish
