@@ -60,4 +60,7 @@ expect_eq "$(cat "$T/out3")" "[rank 0] v" "a worker's \$DTRAIN_BIN store get, dt
 OMP_NUM_THREADS=7 "$DTRAIN" run --nproc-per-node 2 -- sh -c 'echo "omp=$OMP_NUM_THREADS"' >"$T/out2" 2>"$T/err2"
 expect_grep "^\[rank 1\] omp=7$" "$T/out2" "user OMP_NUM_THREADS kept"
 if grep -q OMP_NUM_THREADS "$T/err2"; then fail "notice printed although the user set OMP_NUM_THREADS"; else pass "no notice"; fi
+# Under mpirun: the MPI rank dtrain inherited is not passed to every worker; MPI settings are.
+OMPI_COMM_WORLD_RANK=5 PMI_RANK=5 OMPI_MCA_btl=self "$DTRAIN" run --no-prefix -- sh -c 'echo "${OMPI_COMM_WORLD_RANK-unset} ${PMI_RANK-unset} $OMPI_MCA_btl"' >"$T/mpi.out" 2>&1
+expect_eq "$(cat "$T/mpi.out")" "unset unset self" "an inherited MPI identity is dropped, MPI settings kept"
 finish

@@ -17,6 +17,15 @@ std::string defaultOmpThreads(const EnvMap& base, const spec::JobSpec& spec, con
 EnvMap workerEnv(const EnvMap& base, const spec::JobSpec& spec, const Plan& plan, const WorkerSlot& slot,
                  const EnvOptions& opts) {
   EnvMap env = base;
+  // dtrain run under mpirun or srun --mpi: that launch's identity of dtrain's process, the same
+  // in every worker, would make an MPI library (mpi4py, an MPI-built torch or Horovod) take each
+  // worker for that one rank of mpirun's world. Dropped (the spec's env may still set them).
+  for (auto it = env.begin(); it != env.end();) {
+    const std::string& k = it->first;
+    const bool mpiIdentity = k.rfind("OMPI_COMM_WORLD_", 0) == 0 || k == "PMI_RANK" || k == "PMI_SIZE" ||
+                             k == "PMI_LOCAL_RANK" || k == "PMI_LOCAL_SIZE" || k == "PMIX_RANK";
+    it = mpiIdentity ? env.erase(it) : std::next(it);
+  }
   auto set = [&](const char* k, const std::string& v) { env[k] = v; };
   auto num = [&](const char* k, long v) { env[k] = std::to_string(v); };
   num("RANK", slot.global_rank);
