@@ -72,6 +72,20 @@ expect_eq "$(grep -c '^      | ' "$T/summary")" 5 "the tail less the whole trace
 expect_grep "^      \| loading data$" "$T/summary" "the tail keeps the worker's own line"
 expect_eq "$(grep '^      | ' "$T/summary" | head -4 | tr -d '\n')" "      | Traceback (most recent call last):      |   File \"/x/dl.py\", line 3, in fetch      |     urlopen(u)      | ConnectionError: download failed, will retry" "the tail keeps a traceback the script printed itself (a handled exception), header and frames"
 
+# The headline shows a message's control characters and stray bytes as the summary does
+# (before: ESC as a space in the headline, \x1b below it; a byte that is no UTF-8 raw).
+cat > "$T/esc.sh" <<'SH'
+printf '{"message": {"message": "RuntimeError: bad \xff byte \\u001b[1mbold", "extraInfo": {"py_callstack": "", "timestamp": "1"}}}' > "$TORCHELASTIC_ERROR_FILE"
+printf '{"message": {"message": "RuntimeError: a \\u001b[1mbold\\tword", "extraInfo": {"py_callstack": "", "timestamp": "1"}}}' > "$TORCHELASTIC_ERROR_FILE.ok"
+[ -n "$GOOD" ] && mv "$TORCHELASTIC_ERROR_FILE.ok" "$TORCHELASTIC_ERROR_FILE"
+exit 1
+SH
+GOOD=1 "$DTRAIN" run -- sh "$T/esc.sh" >"$T/out" 2>"$T/err"
+expect_grep '^dtrain: job .* failed: rank 0 exited with code 1 \(RuntimeError: a \\x1b\[1mbold word\)$' "$T/err" "headline: ESC as \\x1b, a tab as a space"
+expect_grep '^    error:      RuntimeError: a \\x1b\[1mbold	word$' "$T/err" "summary: ESC as \\x1b, the tab kept"
+"$DTRAIN" run -- sh "$T/esc.sh" >"$T/out" 2>"$T/err"
+expect_eq "$(grep -c "$(printf '\377')" "$T/err")" 0 "a byte that is no UTF-8 never reaches the console raw"
+expect_grep '^dtrain: job .* failed: rank 0 exited with code 1 \(.*bad \\xff byte' "$T/err" "headline: the byte as \\xff"
 # A program that does not exist is refused before any worker starts (exit 2, with the fix;
 # torchrun's habit of naming the script alone gets its python3).
 "$DTRAIN" run --nproc-per-node 2 -- /nonexistent/prog >"$T/out" 2>"$T/err"

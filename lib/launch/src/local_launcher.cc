@@ -952,12 +952,15 @@ int outsideStopSignal(const WorkerExit& w) {
 std::string exitReason(const WorkerExit& w) {
   if (w.hung) return "hung";  // its message is the watchdog's, said by the worker_hung event
   std::string out = w.signal ? "killed by " + signalName(w.signal) : fmt::format("exited with code {}", w.exit_code);
-  // One line whatever the worker wrote: the first non-blank one, control characters as spaces.
+  // One line whatever the worker wrote: the first non-blank one, tabs and a CRLF's '\r' as
+  // spaces, other control characters and bytes that are no UTF-8 in \xNN form, as the
+  // summary's lines show them (visible() below).
   std::string msg;
   for (const auto& l : split(w.error_message, '\n')) {
     msg = l;
     for (char& c : msg)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+      if (c == '\t' || c == '\r') c = ' ';
+    msg = oneLine(msg);
     msg.erase(0, msg.find_first_not_of(' '));
     msg.erase(msg.find_last_not_of(' ') + 1);
     if (!msg.empty()) break;
@@ -986,18 +989,19 @@ std::string notRestartedReason(const WorkerExit& w, const spec::JobSpec& spec, c
 namespace {
 
 // A line of a worker's error file as the summary prints it: control characters other than
-// tab in \xNN form, so that an escape sequence in an exception's message (a colour left
-// on, a cursor move) never reaches the terminal raw. A line's own '\r' (CRLF) is dropped.
+// tab, and bytes that are no UTF-8 (oneLine), in \xNN form, so that an escape sequence in an
+// exception's message (a colour left on, a cursor move) never reaches the terminal raw. A
+// line's own '\r' (CRLF) is dropped.
 std::string visible(std::string_view line) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   std::string out;
   out.reserve(line.size());
-  for (char ch : line) {
-    const auto c = static_cast<unsigned char>(ch);
-    if ((c < 0x20 && c != '\t') || c == 0x7f)
-      out += fmt::format("\\x{:02x}", c);
-    else
-      out += ch;
+  for (size_t start = 0;;) {
+    const size_t tab = line.find('\t', start);
+    out += oneLine(line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start));
+    if (tab == std::string_view::npos) break;
+    out += '\t';
+    start = tab + 1;
   }
   return out;
 }
