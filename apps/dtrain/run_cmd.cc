@@ -500,7 +500,6 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
 volatile sig_atomic_t gEndExitCode = 0;
 bool gInRunEnd = false;
 int gLateStop = 0;  // the first stop signal that came in the end, 0 for none
-bool gStoppedJob = false;  // a stop signal ended the job (its teardown) before the end
 std::optional<std::chrono::steady_clock::time_point> gLateStopAt;
 
 sigset_t stopSignals() {
@@ -569,24 +568,11 @@ bool lateStopCame() {
 // writes them, after the workers are gone. True when done; false when a stop signal
 // (SIGINT, SIGTERM, SIGHUP: timeout(1), a second Ctrl-C) cut the wait short (see the end of
 // a run above): then dtrain gives the rest up and ends, with the job's exit code.
-// A job a stop signal ended has been asked to end: its console gets what it holds while it
-// takes it, and is given up once it has taken nothing for 1 s (a reader that stalled; before,
-// a single `kill` left dtrain waiting on it for good, the signal that stopped the job having
-// come before this wait).
 bool flushConsole() {
-  size_t lastPending = launch::console().pending();
-  auto lastProgress = std::chrono::steady_clock::now();
-  return launch::console().flush([&] {
-    const auto now = std::chrono::steady_clock::now();
-    if (gStoppedJob) {
-      const size_t pending = launch::console().pending();
-      if (pending < lastPending) lastProgress = now;
-      lastPending = pending;
-      if (now - lastProgress >= std::chrono::seconds(1)) return true;
-    }
+  return launch::console().flush([] {
     if (!lateStopCame()) return false;
     if (!gInRunEnd) return true;
-    return now - *gLateStopAt >= std::chrono::milliseconds(200);
+    return std::chrono::steady_clock::now() - *gLateStopAt >= std::chrono::milliseconds(200);
   });
 }
 
@@ -793,7 +779,6 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // timeout(1) sends its SIGTERM to its process group as well as to dtrain) changes nothing
   // and cuts short only the waits that may block for good (enterRunEnd).
   enterRunEnd(r.exit_code);
-  if (r.received_signal) gStoppedJob = true;
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);

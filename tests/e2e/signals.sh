@@ -422,12 +422,6 @@ expect_eq "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(
 rm -f "$T/done"
 expect_eq "$(python3 "$T/late.py" "$T" 0 "$T/done" "$DTRAIN" run --summary-json "$T/nobody.fifo" -- sh -c "touch $T/done; exit 3")" \
   "exit 3 at once" "late SIGTERM while the summary waits on a FIFO no one reads: a failure's code stands"
-# One SIGTERM while the console is stalled and the job runs: the job is torn down, and the
-# console is given up once it has taken nothing for 1 s (before: dtrain waited on it for good,
-# until a second signal).
-rm -f "$T/done"
-expect_eq "$(python3 "$T/late.py" "$T" 1 "$T/done" "$DTRAIN" run -- sh -c "touch $T/done; exec sleep 60")" "exit 143 at once" \
-  "one SIGTERM with a stalled console ends the job and dtrain"
 # Under a terminal (script gives dtrain one, in the foreground), a worker that asks for a
 # password on /dev/tty: each worker has a session of its own and no controlling terminal, so
 # getpass falls back to stdin (/dev/null) and fails at once (before: each worker, a background
