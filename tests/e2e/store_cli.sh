@@ -162,6 +162,31 @@ expect_grep "^dtrain: error: --token-file /nonexist/tok: cannot create the token
 "$DTRAIN" store serve --port 0 --token-file "$T" 2>"$T/err"; expect_eq "$?" 2 "serve: token file is a directory -> 2"
 expect_grep "is a directory; give the token file" "$T/err" "serve: directory named as such"
 
+# A store that stops answering (SIGSTOPped: the kernel still takes connections) holds a
+# client no longer than it asked: a get at its --timeout plus a second's grace (exit 3), the
+# handshake at --connect-timeout (exit 4), each naming the endpoint.
+"$DTRAIN" store serve --port 0 --token-file "$T/tok" >"$T/stop.out" 2>&1 &
+STOPPED=$!
+trap 'kill $SERVE 2>/dev/null; kill -CONT $STOPPED 2>/dev/null; kill $STOPPED 2>/dev/null; cleanup' EXIT
+for _ in $(seq 50); do grep -q "serving on" "$T/stop.out" && break; sleep 0.1; done
+SEP=$(sed -n 's/^dtrain store: serving on //p' "$T/stop.out")
+SS() { "$DTRAIN" store "$@" --endpoint "$SEP" --token-file "$T/tok"; }
+took_ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+( start=$(date +%s%N); SS get nokey --timeout 1 --connect-timeout 1 2>"$T/err"; echo "$? $(took_ms $start)" >"$T/rc" ) &
+GETTER=$!
+sleep 0.5; kill -STOP $STOPPED  # while the get waits
+wait $GETTER
+read -r rc ms <"$T/rc"
+expect_eq "$rc" 3 "get --timeout 1 on a store stopped while it waits -> 3"
+[ "$ms" -ge 1000 ] && [ "$ms" -lt 4000 ] && pass "stopped store: get ended after its timeout and the grace (${ms} ms)" || fail "stopped store: get took ${ms} ms"
+expect_grep "^dtrain: error: store $SEP: no reply within 2 s \(the 1 s wait and 1 s grace\): the server did not answer" "$T/err" "stopped store: the get's error names the endpoint"
+start=$(date +%s%N)
+SS set k v --connect-timeout 1 2>"$T/err"; expect_eq "$?" 4 "set --connect-timeout 1 on a stopped store -> 4"
+ms=$(took_ms $start)
+[ "$ms" -ge 900 ] && [ "$ms" -lt 3000 ] && pass "stopped store: handshake given up at --connect-timeout (${ms} ms)" || fail "stopped store: set took ${ms} ms"
+expect_grep "^dtrain: error: store $SEP: the server accepted the connection but did not answer the handshake within 1 s" "$T/err" "stopped store: the handshake's error names the endpoint"
+kill -CONT $STOPPED; kill -TERM $STOPPED; wait $STOPPED
+
 kill -TERM $SERVE; wait $SERVE; expect_eq "$?" 0 "serve stops on SIGTERM with 0"
 
 # Workers meet through the job's store, found from DTRAIN_STORE_* alone.

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -341,7 +342,7 @@ TEST_F(TcpStoreTest, RequestTimeoutBoundsASilentServer) {
     TcpStore s(o);
     FAIL();
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("no reply in time"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("did not answer the handshake within 0.3 s"), std::string::npos) << e.what();
   }
   auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(took, 250);  // (poll's millisecond rounding)
@@ -1109,6 +1110,103 @@ TEST_F(TcpStoreTest, FullStoreAnswersQuotaNotASilentClose) {
   TcpStore c(co);
   freeOne.join();
   c.ping();
+}
+
+// A listener that takes the connection and never answers (a SIGSTOPped store; here one
+// nobody accepts from) is given up on at the connect timeout, not request_timeout (30 s)
+// later; the error names the endpoint and says the server did not answer.
+TEST(TcpStoreDeadlines, SilentServerInTheHandshakeEndsAtTheConnectTimeout) {
+  int port = 0;
+  int lfd = listenLoopback(port);  // the kernel completes connections; nobody accepts them
+  TcpStoreOptions o;
+  o.port = port;
+  o.token = kToken;
+  o.connect_timeout = 700ms;  // request_timeout stays 30 s
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    TcpStore s(o);
+    ADD_FAILURE() << "connected to a silent server";
+  } catch (const AuthError& e) {
+    ADD_FAILURE() << "reported as a token problem: " << e.what();
+  } catch (const IoError& e) {
+    EXPECT_TRUE(mentions(e, fmt::format("store 127.0.0.1:{}: the server accepted the connection but did not answer "
+                                        "the handshake within",
+                                        port)
+                                .c_str()))
+        << e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 650ms);
+  EXPECT_LT(took, 2s);
+  ::close(lfd);
+}
+
+// A store that authenticates, takes a GET and then stops answering (SIGSTOPped after the
+// handshake) ends the call about its timeout later (the wait plus wait_grace), as a timeout
+// that names the endpoint; the connection is dropped and later calls say why.
+TEST(TcpStoreDeadlines, WaitOnAServerThatStopsAnsweringEndsAfterItsTimeout) {
+  std::atomic<int> requests{0};
+  FakeServer stopped([&](int fd) {
+    wire::Reply c;
+    c.op = Op::kChallenge;
+    c.num = wire::kVersion;
+    c.value = randomBytes(wire::kNonceSize);
+    if (!writeFd(fd, wire::encodeReply(c))) return;
+    auto a = readFrameFd(fd);
+    if (!a) return;
+    wire::Request auth = wire::decodeRequest(std::string_view(*a).substr(4), wire::Limits{});
+    wire::Reply p;
+    p.op = Op::kProof;
+    p.value = auth::serverProof(kToken, c.value, auth.values.at(0));
+    if (!writeFd(fd, wire::encodeReply(p))) return;
+    while (readFrameFd(fd)) ++requests;  // and never a reply
+  });
+  TcpStoreOptions o = optionsFor(stopped.port());
+  o.request_timeout = 30s;
+  o.timeout = 300ms;
+  TcpStore s(o);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    s.get("k");
+    ADD_FAILURE() << "a reply from nowhere";
+  } catch (const TimeoutError& e) {
+    EXPECT_TRUE(mentions(e, fmt::format("store 127.0.0.1:{}: no reply within 1.3 s (the 0.3 s wait and 1 s grace): the "
+                                        "server did not answer",
+                                        stopped.port())
+                                .c_str()))
+        << e.what();
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 1250ms);
+  EXPECT_LT(took, 3s);
+  EXPECT_EQ(requests.load(), 1);
+  try {
+    s.ping();
+    ADD_FAILURE() << "a dropped connection was used";
+  } catch (const IoError& e) {
+    EXPECT_TRUE(mentions(e, "not connected: the connection was dropped earlier (no reply in time)")) << e.what();
+  }
+}
+
+// The grace is there so that the server's own TIMEOUT, sent at its deadline, wins: a wait
+// that times out on the server is answered by it (its message, the connection kept), also
+// with no grace beyond a few milliseconds and a wait of zero.
+TEST_F(TcpStoreTest, TheServersTimeoutArrivesBeforeTheClientGivesUp) {
+  TcpStoreOptions o;
+  o.port = server_->port();
+  o.token = kToken;
+  o.wait_grace = 100ms;
+  TcpStore c(o);
+  for (auto t : {0ms, 1ms, 50ms, 300ms}) {
+    try {
+      c.wait({"never"}, t);
+      ADD_FAILURE() << "no key, yet no timeout";
+    } catch (const TimeoutError& e) {
+      EXPECT_TRUE(mentions(e, "waiting for key 'never'")) << t.count() << " ms: " << e.what();
+      EXPECT_FALSE(mentions(e, "did not answer")) << t.count() << " ms: " << e.what();
+    }
+    c.ping();  // still connected
+  }
 }
 
 // A MULTI_GET whose reply would exceed the frame limit is refused with TOO_LARGE before

@@ -88,10 +88,19 @@ struct TcpStoreOptions {
   std::string token;
   Duration connect_timeout{std::chrono::seconds(30)};  // retries with backoff until then; zero: one attempt
   Duration timeout = kDefaultTimeout;                  // default for get/wait/multiGet
-  // How long a reply (and the handshake's challenge) may take beyond the server-side wait
-  // before the connection is dropped as lost. A caller with a deadline of its own (the
-  // agent's heartbeat: the store gone for 5 s) sets it lower.
+  // How long the reply to a request that does not wait (set, add, check, ...) may take
+  // before the connection is dropped as lost; it also caps the handshake and wait_grace. A
+  // caller with a deadline of its own (the agent's heartbeat: the store gone for 5 s) sets
+  // it lower. The handshake must also end by connect_timeout (at least 0.5 s after the
+  // TCP connection is made): a server that accepts and stays silent (stopped, hung) is
+  // given up on then, not request_timeout later.
   Duration request_timeout{std::chrono::seconds(30)};
+  // How long past a server-side wait (get, wait, multiGet with a timeout) the client waits
+  // for the server's reply before giving up on the server (a TimeoutError that drops the
+  // connection). The server answers TIMEOUT at its deadline; this grace lets that typed
+  // answer arrive first instead of racing it, and it bounds a wait on a server that
+  // stopped answering to about its timeout, not timeout + request_timeout.
+  Duration wait_grace{std::chrono::seconds(1)};
 };
 
 // Client. One connection, one request at a time (calls are serialized by a mutex, so a
@@ -130,17 +139,20 @@ class TcpStore final : public Store {
   wire::Reply readReply(std::chrono::steady_clock::time_point deadline);
   // Closes the connection and returns the error to throw.
   IoError dropConnection(const std::string& why);
+  // "not connected", with why the connection was dropped when it was.
+  IoError notConnected() const;
   void connect();
   // Opens the TCP connection (fd_), retrying until `deadline` unless `once`.
   void openSocket(bool once, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds& backoff);
-  // Mutual authentication on fd_; then every frame is sealed (sendMac_) and checked
-  // (recvMac_). Throws AuthError, StoreBusyError or IoError; the caller closes fd_.
-  void handshake();
+  // Mutual authentication on fd_, done by `deadline`; then every frame is sealed (sendMac_)
+  // and checked (recvMac_). Throws AuthError, StoreBusyError or IoError; the caller closes fd_.
+  void handshake(std::chrono::steady_clock::time_point deadline);
 
   TcpStoreOptions opts_;
   std::mutex mu_;
   int fd_ = -1;
   std::optional<auth::FrameMac> sendMac_, recvMac_;  // set by a completed handshake
+  std::string dropped_;                              // why the connection was dropped, for the calls that follow
 };
 
 // 32 random bytes from the kernel.
