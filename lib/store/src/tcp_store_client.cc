@@ -121,9 +121,13 @@ void TcpStore::connect() {
       ::close(fd_);
       fd_ = -1;
       if (once) throw StoreBusyError(fmt::format("{} (one attempt, no retries)", e.what()));
-      if (Clock::now() + backoff >= deadline)
+      // Retried until the deadline, with a last attempt at it, as openSocket does: giving up
+      // when the next back-off would pass the deadline ended up to a second early, while
+      // the message said the whole connect timeout.
+      const auto now = Clock::now();
+      if (now >= deadline)
         throw StoreBusyError(fmt::format("{} (gave up after {:.3g} s)", e.what(), opts_.connect_timeout.count() / 1000.0));
-      std::this_thread::sleep_for(backoff);
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     } catch (...) {
       ::close(fd_);
