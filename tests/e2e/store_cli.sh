@@ -58,6 +58,23 @@ PY
   expect_grep "the server did not prove that it knows the job token, so it is not this job's store" "$T/err" "impostor named as not the store"
   wait $FAKE
   expect_grep "requests after the handshake: 0" "$T/fake.out" "no request sent to the impostor"
+  # Another service at the endpoint (an HTTP server) is named as not a dtrain store, with what
+  # it sent, exit 5 as for any listener that is not the store (not "frame of 1213486160 bytes").
+  python3 - "$T/http.port" >/dev/null 2>&1 <<'PY' &
+import os, socket, sys
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(4)
+open(sys.argv[1] + ".tmp", "w").write(str(ls.getsockname()[1])); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+c, _ = ls.accept()
+c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"); c.close()
+PY
+  HTTPD=$!
+  wait_for "$T/http.port"
+  HEP="127.0.0.1:$(cat "$T/http.port")"
+  "$DTRAIN" store get k --endpoint "$HEP" --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 5 "an HTTP server at the endpoint -> 5"
+  expect_grep "^dtrain: error: store $HEP did not answer as a dtrain store \(is this a dtrain store\? it sent \"HTTP/1.1 400 Bad Request" "$T/err" "HTTP server named as not a store"
+  one_line_err() { expect_eq "$(wc -l <"$T/err")" 1 "$1: one line"; }
+  one_line_err "HTTP server"
+  wait $HTTPD
 fi
 chmod 644 "$T/bad"
 "$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/bad" 2>"$T/err"; expect_eq "$?" 2 "token file readable by others -> 2"

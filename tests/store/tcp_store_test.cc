@@ -676,6 +676,14 @@ std::string challengeFrame(uint16_t version) {
   return wire::encodeReply(c);
 }
 
+std::string challengeFrameWithNonce(const std::string& nonce) {
+  wire::Reply c;
+  c.op = Op::kChallenge;
+  c.num = wire::kVersion;
+  c.value = nonce;
+  return wire::encodeReply(c);
+}
+
 TcpStoreOptions optionsFor(int port, const std::string& token = kToken) {
   TcpStoreOptions o;
   o.port = port;
@@ -854,6 +862,56 @@ TEST_F(TcpStoreTest, RelayThatAltersNothingIsTransparent) {
 }
 
 bool mentions(const std::exception& e, const char* what) { return std::string(e.what()).find(what) != std::string::npos; }
+
+// Another service at the store's address (an HTTP server answering "HTTP/1.1 400") is named
+// as not a dtrain store, showing what it sent: an AuthError (`dtrain store` exit 5, as for
+// any listener that is not the job's store), not "frame of 1213486160 bytes exceeds limit".
+TEST(TcpStoreImpostor, AServiceThatIsNotAStoreIsNamedAsSuch) {
+  FakeServer http([](int fd) { writeFd(fd, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"); });
+  try {
+    TcpStore s(optionsFor(http.port()));
+    ADD_FAILURE() << "an HTTP server was taken for the store";
+  } catch (const AuthError& e) {
+    EXPECT_TRUE(
+        mentions(e, fmt::format("store 127.0.0.1:{} did not answer as a dtrain store (is this a dtrain store? it "
+                                "sent \"HTTP/1.1 400 Bad Request\\x0d\\nConten...\" where the store's handshake "
+                                "was expected",
+                                http.port())
+                        .c_str()))
+        << e.what();
+  }
+  // A frame of the right shape that is not the challenge, and a challenge without a nonce.
+  for (const std::string& first : {wire::encodeReply(wire::Reply{}), challengeFrameWithNonce("")}) {
+    FakeServer other([&](int fd) {
+      writeFd(fd, first);
+      while (readFrameFd(fd)) {
+      }
+    });
+    try {
+      TcpStore s(optionsFor(other.port()));
+      ADD_FAILURE() << "a server that is not a store was taken for the store";
+    } catch (const AuthError& e) {
+      EXPECT_TRUE(mentions(e, "did not answer as a dtrain store (is this a dtrain store?")) << e.what();
+    }
+  }
+}
+
+// What a server says in the handshake is shown whole and escaped: a NUL in its ERROR's text
+// cut the message there (std::runtime_error keeps a C string), and a newline or a terminal
+// control would reach the user's terminal.
+TEST(TcpStoreImpostor, TextFromTheServerIsEscaped) {
+  FakeServer weird([](int fd) {
+    if (!writeFd(fd, challengeFrame(wire::kVersion)) || !readFrameFd(fd)) return;
+    writeFd(fd, wire::encodeReply(
+                    wire::errorReply(ErrorCode::kMalformed, std::string("line1\nred\x1b[31m") + '\0' + "nul")));
+  });
+  try {
+    TcpStore s(optionsFor(weird.port()));
+    ADD_FAILURE() << "connected";
+  } catch (const IoError& e) {
+    EXPECT_TRUE(mentions(e, "handshake refused: line1\\nred\\x1b[31m\\x00nul (malformed frame)")) << e.what();
+  }
+}
 
 // A relay that flips one byte of a reply (here in a value) is caught by the client: the
 // call fails, the connection is dropped, and the altered value is never returned.

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/store/tcp_store.h"
 
 namespace dtrain::store {
@@ -63,6 +64,16 @@ class NoReplyInTime : public IoError {
 };
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The peer answered the handshake with something that is not the store's protocol (an HTTP
+// server's "HTTP/1.1 400", an SSH banner): another service at that address, which retrying
+// cannot fix, so an AuthError (`dtrain store` exit 5), as a listener without the token is.
+AuthError notAStore(const std::string& ep, const std::string& what) {
+  return AuthError(
+      fmt::format("store {} did not answer as a dtrain store (is this a dtrain store? {}); check the "
+                  "address and port (rendezvous.addr, --endpoint, DTRAIN_STORE_ADDR/PORT)",
+                  ep, what));
+}
 
 }  // namespace
 
@@ -207,17 +218,22 @@ namespace {
 
 // An ERROR in place of the handshake's next frame, as the error a caller can act on. These
 // frames carry no MAC (there is no session key yet): a relay could forge one, but all it
-// gains is a failed connection, which it can have by closing it.
+// gains is a failed connection, which it can have by closing it. Its text, from a peer not
+// yet known to be the store, is escaped (a NUL would cut the message short, a newline or
+// a terminal control would reach the user's terminal).
 [[noreturn]] void throwHandshakeError(const std::string& ep, const wire::Reply& r) {
   switch (r.code) {
     case ErrorCode::kAuthFailed:
       throw AuthError(fmt::format("store {}: authentication failed: wrong token; check DTRAIN_STORE_TOKEN or --token-file", ep));
     case ErrorCode::kVersion:
-      throw AuthError(fmt::format("store {}: {}; use the same dtrain release for the store and its clients", ep, r.message));
+      throw AuthError(fmt::format("store {}: {}; use the same dtrain release for the store and its clients", ep,
+                                  oneLine(r.message)));
     case ErrorCode::kQuota:
-      throw StoreBusyError(fmt::format("store {}: the store cannot take this connection now: {}", ep, r.message));
+      throw StoreBusyError(
+          fmt::format("store {}: the store cannot take this connection now: {}", ep, oneLine(r.message)));
     default:
-      throw IoError(fmt::format("store {}: handshake refused: {} ({})", ep, r.message, wire::errorCodeName(r.code)));
+      throw IoError(
+          fmt::format("store {}: handshake refused: {} ({})", ep, oneLine(r.message), wire::errorCodeName(r.code)));
   }
 }
 
@@ -229,14 +245,15 @@ void TcpStore::handshake(Clock::time_point deadline) {
   wire::Reply challenge = readReply(deadline);
   if (challenge.op == Op::kError) throwHandshakeError(endpoint(), challenge);
   if (challenge.op != Op::kChallenge)
-    throw IoError(fmt::format("store {}: server did not start with a challenge; is this a dtrain store?", endpoint()));
+    throw notAStore(endpoint(), fmt::format("it started with a frame of opcode {}, not the store's challenge",
+                                            static_cast<int>(challenge.op)));
   if (challenge.num != wire::kVersion)
     throw AuthError(fmt::format("store {}: the server speaks store protocol version {}, this dtrain speaks version {}; "
                                 "use the same dtrain release for the store and its clients",
                                 endpoint(), challenge.num, wire::kVersion));
   if (challenge.value.size() != wire::kNonceSize)
-    throw IoError(fmt::format("store {}: the server's challenge holds a {}-byte nonce, not {}; is this a dtrain store?",
-                              endpoint(), challenge.value.size(), wire::kNonceSize));
+    throw notAStore(endpoint(), fmt::format("its challenge holds a {}-byte nonce, not {}", challenge.value.size(),
+                                            wire::kNonceSize));
   const std::string& serverNonce = challenge.value;
   const std::string clientNonce = randomBytes(wire::kNonceSize);
   wire::Request auth{Op::kAuth, {}, {clientNonce, auth::clientProof(opts_.token, serverNonce, clientNonce)}, wire::kVersion};
@@ -309,7 +326,7 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
         try {
           want += wire::decodeHeader(buf, lim);
         } catch (const wire::WireError& e) {
-          throw dropConnection(fmt::format("bad reply: {}", e.what()));
+          throwBadReply(buf, e.what());
         }
       }
       continue;
@@ -334,8 +351,24 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
   try {
     return wire::decodeReply(body, lim);
   } catch (const wire::WireError& e) {
-    throw dropConnection(fmt::format("bad reply: {}", e.what()));
+    throwBadReply(buf, e.what());
   }
+}
+
+void TcpStore::throwBadReply(std::string seen, const std::string& why) {
+  if (recvMac_) throw dropConnection(fmt::format("bad reply: {}", why));
+  // In the handshake: what the peer sent, as far as it is here, shows what it is.
+  constexpr size_t kShown = 32;
+  if (seen.size() <= kShown) {
+    char more[kShown + 1];
+    ssize_t n = ::recv(fd_, more, kShown + 1 - seen.size(), MSG_DONTWAIT);
+    if (n > 0) seen.append(more, static_cast<size_t>(n));
+  }
+  const bool cut = seen.size() > kShown;
+  seen.resize(std::min(seen.size(), kShown));
+  dropConnection(fmt::format("bad reply: {}", why));
+  throw notAStore(endpoint(), fmt::format("it sent \"{}{}\" where the store's handshake was expected: {}",
+                                          oneLine(seen), cut ? "..." : "", why));
 }
 
 // One request, one reply. A request that does not wait gets request_timeout; one that waits
@@ -376,7 +409,8 @@ wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
 namespace {
 
 [[noreturn]] void raise(const std::string& ep, const wire::Reply& r) {
-  std::string msg = fmt::format("store {}: {}", ep, r.message);
+  // (escaped: a NUL in the store's text would cut the message short where it is printed)
+  std::string msg = fmt::format("store {}: {}", ep, oneLine(r.message));
   switch (r.code) {
     case ErrorCode::kTimeout: throw TimeoutError(msg);
     // The server's message already says what was wrong; the code's name would repeat it.

@@ -141,6 +141,10 @@ class TcpStore final : public Store {
   IoError dropConnection(const std::string& why);
   // "not connected", with why the connection was dropped when it was.
   IoError notConnected() const;
+  // A reply that does not decode: drops the connection and throws an IoError; in the
+  // handshake an AuthError saying the peer is not a dtrain store, showing what it sent
+  // (`seen`, and what more is already here).
+  [[noreturn]] void throwBadReply(std::string seen, const std::string& why);
   void connect();
   // Opens the TCP connection (fd_), retrying until `deadline` unless `once`.
   void openSocket(bool once, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds& backoff);
