@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -79,6 +80,11 @@ namespace {
 constexpr auto kAuthFailureDelay = std::chrono::milliseconds(100);
 // A session's buffers keep at most this much room between frames.
 constexpr size_t kKeptBuffer = 64 * 1024;
+// Read chunks: small until the session authenticates (its frames are at most
+// wire::kMaxHandshakeFrame), so that a flood of connections that never authenticate costs
+// little memory each; then large enough for big frames to arrive in few reads.
+constexpr size_t kHandshakeChunk = 256;
+constexpr size_t kChunk = 16 * 1024;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -149,6 +155,9 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void readMore() {
     if (closed_) return;
+    // (no read is pending here: the chunk can be replaced)
+    const size_t want = authed_ ? kChunk : kHandshakeChunk;
+    if (chunk_.size() != want) std::vector<char>(want).swap(chunk_);
     auto self = shared_from_this();
     sock_.async_read_some(asio::buffer(chunk_), [this, self](boost::system::error_code ec, size_t n) {
       if (ec) return close();
@@ -554,7 +563,7 @@ class Session : public std::enable_shared_from_this<Session> {
   tcp::socket sock_;
   asio::steady_timer waitTimer_;
   std::shared_ptr<Session> waitHold_;  // self while waiting; see startWait
-  std::array<char, 16 * 1024> chunk_{};
+  std::vector<char> chunk_;            // kHandshakeChunk or kChunk bytes, see readMore
   size_t accounted_ = 0;  // our share of srv_.buffered
   size_t heldRoom_ = 0;   // and of srv_.held
 
@@ -628,7 +637,11 @@ void TcpStoreServer::Impl::accept() {
     while (!pending.empty() && pending.size() >= std::max<size_t>(opts.max_unauthenticated, 1)) pending.front()->evict();
     sock.set_option(tcp::no_delay(true), ec);
     ++connections;
-    auto s = std::make_shared<Session>(*this, std::move(sock));
+    // Not make_shared: `sessions` holds weak references until the next sweep, and with
+    // make_shared they would keep each closed session's memory (its object and buffers
+    // are in the same block as the counts) until then; under a flood of connections that
+    // is hundreds of MB, which the allocator then keeps. Apart, only the counts linger.
+    std::shared_ptr<Session> s(new Session(*this, std::move(sock)));
     sessions.push_back(s);
     s->start();
     accept();
