@@ -32,6 +32,8 @@ using wire::Op;
 
 const std::string kToken = "test-token-0123456789";
 
+bool mentions(const std::exception& e, const char* what) { return std::string(e.what()).find(what) != std::string::npos; }
+
 class TcpStoreTest : public ::testing::Test {
  protected:
   void SetUp() override { startServer({}); }
@@ -521,6 +523,49 @@ TEST_F(TcpStoreTest, EndedWaitsLeaveNothingBehind) {
   EXPECT_EQ(server_->waiterEntryCount(), 0u);
 }
 
+// A wait holds its keys (and a copy of each missing one in the table of waiters) while it
+// lasts: counted in max_buffered_bytes, so connections waiting for ever on 4096 keys of 4 KiB
+// each (33 MB apiece) cannot exhaust memory. Past the budget a wait is answered QUOTA and the
+// connection goes on; an ended wait gives its bytes back.
+TEST_F(TcpStoreTest, WaitsOnLargeKeysCountInTheBudget) {
+  TcpStoreServerOptions o;
+  o.max_buffered_bytes = 4u << 20;
+  startServer(o);
+  const size_t idle = server_->heldBytes();
+  auto keys = [](char tag, int n) {
+    std::vector<std::string> k;
+    for (int i = 0; i < n; ++i) k.push_back(std::string(1, tag) + std::to_string(i) + std::string(4000, 'k'));
+    return k;
+  };
+  // 300 keys of 4 KiB: about 2.4 MB held while waiting, for ever.
+  auto a = std::make_unique<Raw>(server_->port());
+  a->auth();
+  a->send(wire::encodeRequest({Op::kWait, keys('a', 300), {}, -1}));
+  for (int i = 0; i < 200 && server_->waiterEntryCount() < 300; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(server_->waiterEntryCount(), 300u);
+  EXPECT_GE(server_->heldBytes(), idle + 2 * 300 * 4000);
+  // Another such wait would go over 4 MiB: refused, the connection kept.
+  auto b = client();
+  try {
+    b->wait(keys('b', 300), 10s);
+    FAIL() << "a wait over the budget was taken";
+  } catch (const TimeoutError& e) {
+    FAIL() << e.what();
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(mentions(e, "a wait on these 300 keys would hold")) << e.what();
+    EXPECT_TRUE(mentions(e, "wait on fewer keys at a time")) << e.what();
+  }
+  b->ping();
+  EXPECT_THROW(b->wait({"small"}, 1ms), TimeoutError);  // small waits always pass
+  // The first wait ends (its connection closes): its bytes go, and the other wait is taken.
+  a.reset();
+  for (int i = 0; i < 200 && server_->waiterEntryCount() != 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server_->waiterEntryCount(), 0u);
+  EXPECT_THROW(b->wait(keys('b', 300), 50ms), TimeoutError);
+  for (int i = 0; i < 200 && server_->heldBytes() > idle + 256 * 1024; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_LE(server_->heldBytes(), idle + 256 * 1024);
+}
+
 // Connections that once sent or fetched a large value do not keep its room: 8 idle
 // connections after 4 MiB each held 32 MiB (64 with the replies), outside any budget.
 TEST_F(TcpStoreTest, IdleConnectionsKeepNoLargeBuffers) {
@@ -862,8 +907,6 @@ TEST_F(TcpStoreTest, RelayThatAltersNothingIsTransparent) {
   EXPECT_EQ(s.add("n", 2), 2);
   EXPECT_EQ(s.multiGet({"k", "n"}), (std::vector<Bytes>{"v", "2"}));
 }
-
-bool mentions(const std::exception& e, const char* what) { return std::string(e.what()).find(what) != std::string::npos; }
 
 // Another service at the store's address (an HTTP server answering "HTTP/1.1 400") is named
 // as not a dtrain store, showing what it sent: an AuthError (`dtrain store` exit 5, as for

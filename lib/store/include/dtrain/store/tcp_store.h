@@ -42,9 +42,10 @@ struct TcpStoreServerOptions {
   // (with QUOTA). Honest clients authenticate within a round trip, so only a flood of
   // connections that never authenticate is dropped, and it cannot take authenticated slots.
   size_t max_unauthenticated = 256;
-  // Bytes of unfinished frames and unread replies held across all authenticated connections:
-  // many clients each sending most of a maximal frame, or asking for large values and not
-  // reading them, cannot exhaust memory (a reply past it is answered QUOTA). Unauthenticated connections do
+  // Bytes of unfinished frames, unread replies and waits' keys held across all authenticated
+  // connections: many clients each sending most of a maximal frame, asking for large values
+  // and not reading them, or waiting on many large keys, cannot exhaust memory (a reply or a
+  // wait past it is answered QUOTA). Unauthenticated connections do
   // not count (each holds at most a 128-byte frame, wire::kMaxHandshakeFrame), so they
   // cannot spend this budget for the job's own clients.
   size_t max_buffered_bytes = 256u << 20;
