@@ -58,6 +58,23 @@ PY
   expect_grep "the server did not prove that it knows the job token, so it is not this job's store" "$T/err" "impostor named as not the store"
   wait $FAKE
   expect_grep "requests after the handshake: 0" "$T/fake.out" "no request sent to the impostor"
+  # Another service at the endpoint (an HTTP server) is named as not a dtrain store, with what
+  # it sent, exit 5 as for any listener that is not the store (not "frame of 1213486160 bytes").
+  python3 - "$T/http.port" >/dev/null 2>&1 <<'PY' &
+import os, socket, sys
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(4)
+open(sys.argv[1] + ".tmp", "w").write(str(ls.getsockname()[1])); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+c, _ = ls.accept()
+c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"); c.close()
+PY
+  HTTPD=$!
+  wait_for "$T/http.port"
+  HEP="127.0.0.1:$(cat "$T/http.port")"
+  "$DTRAIN" store get k --endpoint "$HEP" --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 5 "an HTTP server at the endpoint -> 5"
+  expect_grep "^dtrain: error: store $HEP did not answer as a dtrain store \(is this a dtrain store\? it sent \"HTTP/1.1 400 Bad Request" "$T/err" "HTTP server named as not a store"
+  one_line_err() { expect_eq "$(wc -l <"$T/err")" 1 "$1: one line"; }
+  one_line_err "HTTP server"
+  wait $HTTPD
 fi
 chmod 644 "$T/bad"
 "$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/bad" 2>"$T/err"; expect_eq "$?" 2 "token file readable by others -> 2"
@@ -161,6 +178,31 @@ fi
 expect_grep "^dtrain: error: --token-file /nonexist/tok: cannot create the token file: its directory does not exist; check the path$" "$T/err" "serve names the token path"
 "$DTRAIN" store serve --port 0 --token-file "$T" 2>"$T/err"; expect_eq "$?" 2 "serve: token file is a directory -> 2"
 expect_grep "is a directory; give the token file" "$T/err" "serve: directory named as such"
+
+# A store that stops answering (SIGSTOPped: the kernel still takes connections) holds a
+# client no longer than it asked: a get at its --timeout plus a second's grace (exit 3), the
+# handshake at --connect-timeout (exit 4), each naming the endpoint.
+"$DTRAIN" store serve --port 0 --token-file "$T/tok" >"$T/stop.out" 2>&1 &
+STOPPED=$!
+trap 'kill $SERVE 2>/dev/null; kill -CONT $STOPPED 2>/dev/null; kill $STOPPED 2>/dev/null; cleanup' EXIT
+for _ in $(seq 50); do grep -q "serving on" "$T/stop.out" && break; sleep 0.1; done
+SEP=$(sed -n 's/^dtrain store: serving on //p' "$T/stop.out")
+SS() { "$DTRAIN" store "$@" --endpoint "$SEP" --token-file "$T/tok"; }
+took_ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+( start=$(date +%s%N); SS get nokey --timeout 1 --connect-timeout 1 2>"$T/err"; echo "$? $(took_ms $start)" >"$T/rc" ) &
+GETTER=$!
+sleep 0.5; kill -STOP $STOPPED  # while the get waits
+wait $GETTER
+read -r rc ms <"$T/rc"
+expect_eq "$rc" 3 "get --timeout 1 on a store stopped while it waits -> 3"
+[ "$ms" -ge 1000 ] && [ "$ms" -lt 4000 ] && pass "stopped store: get ended after its timeout and the grace (${ms} ms)" || fail "stopped store: get took ${ms} ms"
+expect_grep "^dtrain: error: store $SEP: no reply within 2 s \(the 1 s wait and 1 s grace\): the server did not answer" "$T/err" "stopped store: the get's error names the endpoint"
+start=$(date +%s%N)
+SS set k v --connect-timeout 1 2>"$T/err"; expect_eq "$?" 4 "set --connect-timeout 1 on a stopped store -> 4"
+ms=$(took_ms $start)
+[ "$ms" -ge 900 ] && [ "$ms" -lt 3000 ] && pass "stopped store: handshake given up at --connect-timeout (${ms} ms)" || fail "stopped store: set took ${ms} ms"
+expect_grep "^dtrain: error: store $SEP: the server accepted the connection but did not answer the handshake within 1 s" "$T/err" "stopped store: the handshake's error names the endpoint"
+kill -CONT $STOPPED; kill -TERM $STOPPED; wait $STOPPED
 
 kill -TERM $SERVE; wait $SERVE; expect_eq "$?" 0 "serve stops on SIGTERM with 0"
 

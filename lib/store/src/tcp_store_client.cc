@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/store/tcp_store.h"
 
 namespace dtrain::store {
@@ -38,6 +39,9 @@ std::string randomBytes(size_t n) {
 namespace {
 
 constexpr auto kAttemptLimit = std::chrono::seconds(5);  // one connect attempt
+// The handshake gets at least this long after the TCP connection is made, however close to
+// the connect deadline that was: a store that came up at the last moment can still answer.
+constexpr auto kHandshakeFloor = std::chrono::milliseconds(500);
 constexpr size_t kMaxHandshakeReply = 1 + 2 + 4 + 64 * 1024;  // ERROR: code, message (decodeReply's limit)
 
 // Waits for fd to be ready until deadline; false on timeout.
@@ -50,6 +54,25 @@ bool waitFd(int fd, short events, Clock::time_point deadline) {
     if (r > 0) return true;
     if (r < 0 && errno != EINTR) throwErrno("poll");
   }
+}
+
+// A read or write deadline passed: the server did not answer (or read) in time. The
+// connection is already dropped; call() and handshake() say what it means for their caller.
+class NoReplyInTime : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The peer answered the handshake with something that is not the store's protocol (an HTTP
+// server's "HTTP/1.1 400", an SSH banner): another service at that address, which retrying
+// cannot fix, so an AuthError (`dtrain store` exit 5), as a listener without the token is.
+AuthError notAStore(const std::string& ep, const std::string& what) {
+  return AuthError(
+      fmt::format("store {} did not answer as a dtrain store (is this a dtrain store? {}); check the "
+                  "address and port (rendezvous.addr, --endpoint, DTRAIN_STORE_ADDR/PORT)",
+                  ep, what));
 }
 
 }  // namespace
@@ -73,6 +96,11 @@ std::string TcpStore::localAddress() const {
   return host;
 }
 
+IoError TcpStore::notConnected() const {
+  if (dropped_.empty()) return IoError(fmt::format("store {}: not connected", endpoint()));
+  return IoError(fmt::format("store {}: not connected: the connection was dropped earlier ({})", endpoint(), dropped_));
+}
+
 std::string TcpStore::endpoint() const { return fmt::format("{}:{}", opts_.host, opts_.port); }
 
 void TcpStore::connect() {
@@ -83,17 +111,34 @@ void TcpStore::connect() {
   auto backoff = std::chrono::milliseconds(20);
   while (true) {
     openSocket(once, deadline, backoff);
+    // Bounded by the connect deadline, not request_timeout: a server that accepts and stays
+    // silent (SIGSTOPped, hung) is given up on when the caller said, not 30 s later.
+    const auto opened = Clock::now();
+    const auto handshakeDeadline =
+        std::min(std::max<Clock::time_point>(deadline, opened + kHandshakeFloor), opened + opts_.request_timeout);
     try {
-      handshake();
+      try {
+        handshake(handshakeDeadline);
+        dropped_.clear();
+      } catch (const NoReplyInTime&) {
+        throw IoError(fmt::format(
+            "store {}: the server accepted the connection but did not answer the handshake within {:.3g} s: it is "
+            "stopped, hung or overloaded, or it is not a dtrain store; check the process listening there",
+            endpoint(), seconds(handshakeDeadline - opened)));
+      }
       return;
     } catch (const StoreBusyError& e) {
       // A store full for now is retried as one that is not up yet: connections free up.
       ::close(fd_);
       fd_ = -1;
       if (once) throw StoreBusyError(fmt::format("{} (one attempt, no retries)", e.what()));
-      if (Clock::now() + backoff >= deadline)
+      // Retried until the deadline, with a last attempt at it, as openSocket does: giving up
+      // when the next back-off would pass the deadline ended up to a second early, while
+      // the message said the whole connect timeout.
+      const auto now = Clock::now();
+      if (now >= deadline)
         throw StoreBusyError(fmt::format("{} (gave up after {:.3g} s)", e.what(), opts_.connect_timeout.count() / 1000.0));
-      std::this_thread::sleep_for(backoff);
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     } catch (...) {
       ::close(fd_);
@@ -173,40 +218,47 @@ namespace {
 
 // An ERROR in place of the handshake's next frame, as the error a caller can act on. These
 // frames carry no MAC (there is no session key yet): a relay could forge one, but all it
-// gains is a failed connection, which it can have by closing it.
+// gains is a failed connection, which it can have by closing it. Its text, from a peer not
+// yet known to be the store, is escaped (a NUL would cut the message short, a newline or
+// a terminal control would reach the user's terminal).
 [[noreturn]] void throwHandshakeError(const std::string& ep, const wire::Reply& r) {
   switch (r.code) {
     case ErrorCode::kAuthFailed:
       throw AuthError(fmt::format("store {}: authentication failed: wrong token; check DTRAIN_STORE_TOKEN or --token-file", ep));
     case ErrorCode::kVersion:
-      throw AuthError(fmt::format("store {}: {}; use the same dtrain release for the store and its clients", ep, r.message));
+      throw AuthError(fmt::format("store {}: {}; use the same dtrain release for the store and its clients", ep,
+                                  oneLine(r.message)));
     case ErrorCode::kQuota:
-      throw StoreBusyError(fmt::format("store {}: the store cannot take this connection now: {}", ep, r.message));
+      throw StoreBusyError(
+          fmt::format("store {}: the store cannot take this connection now: {}", ep, oneLine(r.message)));
     default:
-      throw IoError(fmt::format("store {}: handshake refused: {} ({})", ep, r.message, wire::errorCodeName(r.code)));
+      throw IoError(
+          fmt::format("store {}: handshake refused: {} ({})", ep, oneLine(r.message), wire::errorCodeName(r.code)));
   }
 }
 
 }  // namespace
 
-void TcpStore::handshake() {
+void TcpStore::handshake(Clock::time_point deadline) {
   // Challenge from the server; our nonce and proof of the token over both nonces back; the
   // server's proof over both, which a listener without the token cannot give.
-  wire::Reply challenge = readReply(Clock::now() + opts_.request_timeout);
+  wire::Reply challenge = readReply(deadline);
   if (challenge.op == Op::kError) throwHandshakeError(endpoint(), challenge);
   if (challenge.op != Op::kChallenge)
-    throw IoError(fmt::format("store {}: server did not start with a challenge; is this a dtrain store?", endpoint()));
+    throw notAStore(endpoint(), fmt::format("it started with a frame of opcode {}, not the store's challenge",
+                                            static_cast<int>(challenge.op)));
   if (challenge.num != wire::kVersion)
     throw AuthError(fmt::format("store {}: the server speaks store protocol version {}, this dtrain speaks version {}; "
                                 "use the same dtrain release for the store and its clients",
                                 endpoint(), challenge.num, wire::kVersion));
   if (challenge.value.size() != wire::kNonceSize)
-    throw IoError(fmt::format("store {}: the server's challenge holds a {}-byte nonce, not {}; is this a dtrain store?",
-                              endpoint(), challenge.value.size(), wire::kNonceSize));
+    throw notAStore(endpoint(), fmt::format("its challenge holds a {}-byte nonce, not {}", challenge.value.size(),
+                                            wire::kNonceSize));
   const std::string& serverNonce = challenge.value;
   const std::string clientNonce = randomBytes(wire::kNonceSize);
   wire::Request auth{Op::kAuth, {}, {clientNonce, auth::clientProof(opts_.token, serverNonce, clientNonce)}, wire::kVersion};
-  wire::Reply r = call(auth, Duration::zero());
+  sendRequest(auth, deadline);
+  wire::Reply r = readReply(deadline);
   if (r.op == Op::kError) throwHandshakeError(endpoint(), r);
   if (r.op != Op::kProof || !auth::macEqual(r.value, auth::serverProof(opts_.token, serverNonce, clientNonce)))
     throw AuthError(fmt::format(
@@ -224,11 +276,12 @@ IoError TcpStore::dropConnection(const std::string& why) {
   fd_ = -1;
   sendMac_.reset();
   recvMac_.reset();
+  dropped_ = why;
   return IoError(fmt::format("store {}: {}", endpoint(), why));
 }
 
 void TcpStore::sendRequest(const wire::Request& req, std::chrono::steady_clock::time_point deadline) {
-  if (fd_ < 0) throw IoError(fmt::format("store {}: not connected", endpoint()));
+  if (fd_ < 0) throw notConnected();
   std::string frame = wire::encodeRequest(req);
   if (sendMac_) frame = sendMac_->seal(std::move(frame));
   size_t sent = 0;
@@ -240,7 +293,8 @@ void TcpStore::sendRequest(const wire::Request& req, std::chrono::steady_clock::
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!waitFd(fd_, POLLOUT, deadline)) throw dropConnection("timed out sending a request");
+      if (!waitFd(fd_, POLLOUT, deadline))
+        throw NoReplyInTime(dropConnection("timed out sending a request: the server does not read it").what());
       continue;
     }
     throw dropConnection(fmt::format("connection lost: {}", std::strerror(errno)));
@@ -248,7 +302,7 @@ void TcpStore::sendRequest(const wire::Request& req, std::chrono::steady_clock::
 }
 
 wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) {
-  if (fd_ < 0) throw IoError(fmt::format("store {}: not connected", endpoint()));
+  if (fd_ < 0) throw notConnected();
   std::string buf;
   size_t want = wire::kHeaderSize;
   bool haveHeader = false;
@@ -262,13 +316,17 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
     char tmp[65536];
     ssize_t n = ::recv(fd_, tmp, std::min(sizeof(tmp), want - buf.size()), 0);
     if (n > 0) {
+      // The store answered: the rest of its reply (up to 16 MiB on a slow link) gets
+      // request_timeout, however little of a wait's grace is left. (Not in the handshake,
+      // whose frames are small and whose peer is not known to be the store yet.)
+      if (buf.empty() && recvMac_) deadline = std::max(deadline, Clock::now() + opts_.request_timeout);
       buf.append(tmp, static_cast<size_t>(n));
       if (!haveHeader && buf.size() == wire::kHeaderSize) {
         haveHeader = true;
         try {
           want += wire::decodeHeader(buf, lim);
         } catch (const wire::WireError& e) {
-          throw dropConnection(fmt::format("bad reply: {}", e.what()));
+          throwBadReply(buf, e.what());
         }
       }
       continue;
@@ -276,7 +334,7 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
     if (n == 0) throw dropConnection("connection closed by the store server");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!waitFd(fd_, POLLIN, deadline)) throw dropConnection("no reply in time");
+      if (!waitFd(fd_, POLLIN, deadline)) throw NoReplyInTime(dropConnection("no reply in time").what());
       continue;
     }
     throw dropConnection(fmt::format("connection lost: {}", std::strerror(errno)));
@@ -293,20 +351,55 @@ wire::Reply TcpStore::readReply(std::chrono::steady_clock::time_point deadline) 
   try {
     return wire::decodeReply(body, lim);
   } catch (const wire::WireError& e) {
-    throw dropConnection(fmt::format("bad reply: {}", e.what()));
+    throwBadReply(buf, e.what());
   }
 }
 
-// One request, one reply. The deadline is the server-side wait plus a margin
-// (request_timeout), so the server's own typed timeout normally arrives first.
+void TcpStore::throwBadReply(std::string seen, const std::string& why) {
+  if (recvMac_) throw dropConnection(fmt::format("bad reply: {}", why));
+  // In the handshake: what the peer sent, as far as it is here, shows what it is.
+  constexpr size_t kShown = 32;
+  if (seen.size() <= kShown) {
+    char more[kShown + 1];
+    ssize_t n = ::recv(fd_, more, kShown + 1 - seen.size(), MSG_DONTWAIT);
+    if (n > 0) seen.append(more, static_cast<size_t>(n));
+  }
+  const bool cut = seen.size() > kShown;
+  seen.resize(std::min(seen.size(), kShown));
+  dropConnection(fmt::format("bad reply: {}", why));
+  throw notAStore(endpoint(), fmt::format("it sent \"{}{}\" where the store's handshake was expected: {}",
+                                          oneLine(seen), cut ? "..." : "", why));
+}
+
+// One request, one reply. A request that does not wait gets request_timeout; one that waits
+// on the server (GET, WAIT, MULTI_GET) gets its wait plus wait_grace, so that the server's
+// own typed TIMEOUT, sent at its deadline, arrives first, while a server that stopped
+// answering holds the caller about as long as it asked to wait, not request_timeout more.
 wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
-  Duration budget = opts_.request_timeout;
+  const bool waits = req.op == Op::kGet || req.op == Op::kWait || req.op == Op::kMultiGet;
   // Past a century the sum below could overflow the clock; such a wait is unbounded anyway.
-  bool unbounded = serverWait == kNoTimeout || serverWait > Duration(std::chrono::hours(24 * 365 * 100));
-  if (!unbounded && serverWait > Duration::zero()) budget += serverWait;
-  auto deadline = unbounded ? Clock::time_point::max() : Clock::now() + budget;
-  sendRequest(req, deadline);
-  wire::Reply r = readReply(deadline);
+  const bool unbounded =
+      waits && (serverWait < Duration::zero() || serverWait > Duration(std::chrono::hours(24 * 365 * 100)));
+  const Duration grace = std::min(opts_.wait_grace, opts_.request_timeout);
+  const Duration budget = waits ? serverWait + grace : opts_.request_timeout;
+  const auto deadline = unbounded ? Clock::time_point::max() : Clock::now() + budget;
+  wire::Reply r;
+  try {
+    sendRequest(req, deadline);
+    r = readReply(deadline);
+  } catch (const NoReplyInTime&) {
+    if (!waits)
+      throw IoError(
+          fmt::format("store {}: no reply within {:.3g} s: the server did not answer (stopped, hung or cut "
+                      "off?); connection dropped",
+                      endpoint(), seconds(budget)));
+    // The wait's time is up as far as the caller is concerned: a timeout, as the server's
+    // own would have been, but the connection is gone (its late reply would be out of step).
+    throw TimeoutError(
+        fmt::format("store {}: no reply within {:.3g} s (the {:.3g} s wait and {:.3g} s grace): the "
+                    "server did not answer (stopped, hung or cut off?); connection dropped",
+                    endpoint(), seconds(budget), seconds(serverWait), seconds(grace)));
+  }
   // The store closes the connection after this error: our request reached it altered.
   if (r.op == Op::kError && r.code == ErrorCode::kIntegrity)
     throw dropConnection(fmt::format("the store found our request altered on the way ({}); connection dropped", r.message));
@@ -316,7 +409,8 @@ wire::Reply TcpStore::call(const wire::Request& req, Duration serverWait) {
 namespace {
 
 [[noreturn]] void raise(const std::string& ep, const wire::Reply& r) {
-  std::string msg = fmt::format("store {}: {}", ep, r.message);
+  // (escaped: a NUL in the store's text would cut the message short where it is printed)
+  std::string msg = fmt::format("store {}: {}", ep, oneLine(r.message));
   switch (r.code) {
     case ErrorCode::kTimeout: throw TimeoutError(msg);
     // The server's message already says what was wrong; the code's name would repeat it.

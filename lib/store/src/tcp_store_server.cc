@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -79,6 +80,15 @@ namespace {
 constexpr auto kAuthFailureDelay = std::chrono::milliseconds(100);
 // A session's buffers keep at most this much room between frames.
 constexpr size_t kKeptBuffer = 64 * 1024;
+// Read chunks: small until the session authenticates (its frames are at most
+// wire::kMaxHandshakeFrame), so that a flood of connections that never authenticate costs
+// little memory each; then large enough for big frames to arrive in few reads.
+constexpr size_t kHandshakeChunk = 256;
+constexpr size_t kChunk = 16 * 1024;
+// What a wait holds beyond its keys' bytes: a std::string per key in the session's list,
+// and per missing key a node of state.waiters (the key's copy, a weak_ptr, the hash).
+constexpr size_t kWaitKeyOverhead = sizeof(std::string);
+constexpr size_t kWaiterEntryOverhead = sizeof(std::string) + sizeof(std::weak_ptr<Session>) + 32;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -140,6 +150,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto keep = std::move(waitHold_);
     if (waiting_) dropWaiterEntries();
     waiting_ = false;
+    releaseWait();
     boost::system::error_code ec;
     waitTimer_.cancel();
     sock_.shutdown(tcp::socket::shutdown_both, ec);
@@ -149,6 +160,9 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void readMore() {
     if (closed_) return;
+    // (no read is pending here: the chunk can be replaced)
+    const size_t want = authed_ ? kChunk : kHandshakeChunk;
+    if (chunk_.size() != want) std::vector<char>(want).swap(chunk_);
     auto self = shared_from_this();
     sock_.async_read_some(asio::buffer(chunk_), [this, self](boost::system::error_code ec, size_t n) {
       if (ec) return close();
@@ -456,8 +470,21 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void startWait(wire::Request& q) {
+    // A wait holds its keys, and a copy of each missing one in state.waiters, for as long as
+    // it lasts (4096 keys of 4 KiB: 33 MB, for ever with timeout -1): counted in the budget
+    // of bytes in flight, as unfinished frames and unread replies are, and refused past it
+    // as a large reply is (small ones always pass: they cannot wedge the job's barriers).
+    const size_t cost = waitCost(q.keys);
+    if (cost > kKeptBuffer && srv_.buffered + cost > srv_.opts.max_buffered_bytes)
+      return error(
+          ErrorCode::kQuota,
+          fmt::format("a wait on these {} keys would hold {} bytes, and the server holds more than {} bytes of "
+                      "requests, replies and waits in flight; retry later, or wait on fewer keys at a time",
+                      q.keys.size(), cost, srv_.opts.max_buffered_bytes));
     waitOp_ = q.op;
     waitKeys_ = std::move(q.keys);
+    waitBytes_ = cost;
+    account();
     waiting_ = true;
     // A waiting session has no read pending (the next frame is read after this reply) and
     // state.waiters holds it weakly; without a timer (timeout_ms = -1) nothing else would
@@ -485,7 +512,10 @@ class Session : public std::enable_shared_from_this<Session> {
         std::vector<std::string> missing;
         for (const auto& k : waitKeys_)
           if (!srv_.state.map.count(k)) missing.push_back(k);
-        error(ErrorCode::kTimeout, describeWaitTimeout(waitFor_, missing));
+        std::string why = describeWaitTimeout(waitFor_, missing);
+        missing.clear();
+        releaseWait();
+        error(ErrorCode::kTimeout, std::move(why));
       });
     }
   }
@@ -507,15 +537,39 @@ class Session : public std::enable_shared_from_this<Session> {
       // 16 MiB value would be 64 GiB. One over the frame limit is refused as too large.
       size_t length = 1 + 4 + (sendMac_ ? auth::kMacSize : 0);
       for (const auto& k : waitKeys_) length += 4 + st.map.at(k).size();
-      if (length > srv_.opts.limits.max_frame)
+      if (length > srv_.opts.limits.max_frame) {
+        const size_t count = waitKeys_.size();
+        releaseWait();
         return error(ErrorCode::kTooLarge, fmt::format("the values of these {} keys make a reply of {} bytes, over the "
                                                        "frame limit of {}; get them in smaller batches",
-                                                       waitKeys_.size(), length, srv_.opts.limits.max_frame));
+                                                       count, length, srv_.opts.limits.max_frame));
+      }
       r.op = Op::kValues;
       r.values.reserve(waitKeys_.size());
       for (const auto& k : waitKeys_) r.values.push_back(st.map.at(k));
     }
+    releaseWait();  // (before the reply, whose own budget check then sees the room)
     reply(r);
+  }
+
+  // The memory a wait on `keys` holds while it lasts (see startWait): each key in
+  // waitKeys_, and each distinct missing one again in state.waiters.
+  size_t waitCost(const std::vector<std::string>& keys) const {
+    size_t cost = 0;
+    std::unordered_set<std::string_view> seen;
+    for (const auto& k : keys) {
+      cost += k.size() + kWaitKeyOverhead;
+      if (!srv_.state.map.count(k) && seen.insert(k).second) cost += k.size() + kWaiterEntryOverhead;
+    }
+    return cost;
+  }
+
+  // The wait is over (answered, timed out, closed; its waiter entries already dropped): its
+  // keys go, and their bytes leave the budget.
+  void releaseWait() {
+    std::vector<std::string>().swap(waitKeys_);
+    waitBytes_ = 0;
+    account();
   }
 
   // This session's entry for `key` in state.waiters, once (a wait on 4096 keys, or a key
@@ -554,7 +608,7 @@ class Session : public std::enable_shared_from_this<Session> {
   tcp::socket sock_;
   asio::steady_timer waitTimer_;
   std::shared_ptr<Session> waitHold_;  // self while waiting; see startWait
-  std::array<char, 16 * 1024> chunk_{};
+  std::vector<char> chunk_;            // kHandshakeChunk or kChunk bytes, see readMore
   size_t accounted_ = 0;  // our share of srv_.buffered
   size_t heldRoom_ = 0;   // and of srv_.held
 
@@ -562,8 +616,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void account() {
     // (sizes: the room beyond them is at most the string's doubling while a frame arrives,
     // and is given back after each frame and reply, see kKeptBuffer)
-    const size_t mine = authed_ ? in_.size() + out_.size() : 0;
-    const size_t room = authed_ ? in_.capacity() + out_.capacity() : 0;
+    const size_t mine = authed_ ? in_.size() + out_.size() + waitBytes_ : 0;
+    const size_t room = authed_ ? in_.capacity() + out_.capacity() + waitBytes_ : 0;
     srv_.buffered = srv_.buffered - accounted_ + mine;
     srv_.held = srv_.held - heldRoom_ + room;
     srv_.heldBytes = srv_.held;
@@ -583,7 +637,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool frameStarted_ = false, waiting_ = false;
   Clock::time_point connected_, lastActivity_, frameStart_;
   Op waitOp_ = Op::kWait;
-  std::vector<std::string> waitKeys_;
+  std::vector<std::string> waitKeys_;  // while waiting_ (released when the wait ends)
+  size_t waitBytes_ = 0;               // what the wait holds, in srv_.buffered (waitCost)
   Duration waitFor_{0};
 
  public:
@@ -628,7 +683,11 @@ void TcpStoreServer::Impl::accept() {
     while (!pending.empty() && pending.size() >= std::max<size_t>(opts.max_unauthenticated, 1)) pending.front()->evict();
     sock.set_option(tcp::no_delay(true), ec);
     ++connections;
-    auto s = std::make_shared<Session>(*this, std::move(sock));
+    // Not make_shared: `sessions` holds weak references until the next sweep, and with
+    // make_shared they would keep each closed session's memory (its object and buffers
+    // are in the same block as the counts) until then; under a flood of connections that
+    // is hundreds of MB, which the allocator then keeps. Apart, only the counts linger.
+    std::shared_ptr<Session> s(new Session(*this, std::move(sock)));
     sessions.push_back(s);
     s->start();
     accept();

@@ -42,9 +42,10 @@ struct TcpStoreServerOptions {
   // (with QUOTA). Honest clients authenticate within a round trip, so only a flood of
   // connections that never authenticate is dropped, and it cannot take authenticated slots.
   size_t max_unauthenticated = 256;
-  // Bytes of unfinished frames and unread replies held across all authenticated connections:
-  // many clients each sending most of a maximal frame, or asking for large values and not
-  // reading them, cannot exhaust memory (a reply past it is answered QUOTA). Unauthenticated connections do
+  // Bytes of unfinished frames, unread replies and waits' keys held across all authenticated
+  // connections: many clients each sending most of a maximal frame, asking for large values
+  // and not reading them, or waiting on many large keys, cannot exhaust memory (a reply or a
+  // wait past it is answered QUOTA). Unauthenticated connections do
   // not count (each holds at most a 128-byte frame, wire::kMaxHandshakeFrame), so they
   // cannot spend this budget for the job's own clients.
   size_t max_buffered_bytes = 256u << 20;
@@ -88,10 +89,19 @@ struct TcpStoreOptions {
   std::string token;
   Duration connect_timeout{std::chrono::seconds(30)};  // retries with backoff until then; zero: one attempt
   Duration timeout = kDefaultTimeout;                  // default for get/wait/multiGet
-  // How long a reply (and the handshake's challenge) may take beyond the server-side wait
-  // before the connection is dropped as lost. A caller with a deadline of its own (the
-  // agent's heartbeat: the store gone for 5 s) sets it lower.
+  // How long the reply to a request that does not wait (set, add, check, ...) may take
+  // before the connection is dropped as lost; it also caps the handshake and wait_grace. A
+  // caller with a deadline of its own (the agent's heartbeat: the store gone for 5 s) sets
+  // it lower. The handshake must also end by connect_timeout (at least 0.5 s after the
+  // TCP connection is made): a server that accepts and stays silent (stopped, hung) is
+  // given up on then, not request_timeout later.
   Duration request_timeout{std::chrono::seconds(30)};
+  // How long past a server-side wait (get, wait, multiGet with a timeout) the client waits
+  // for the server's reply before giving up on the server (a TimeoutError that drops the
+  // connection). The server answers TIMEOUT at its deadline; this grace lets that typed
+  // answer arrive first instead of racing it, and it bounds a wait on a server that
+  // stopped answering to about its timeout, not timeout + request_timeout.
+  Duration wait_grace{std::chrono::seconds(1)};
 };
 
 // Client. One connection, one request at a time (calls are serialized by a mutex, so a
@@ -130,17 +140,24 @@ class TcpStore final : public Store {
   wire::Reply readReply(std::chrono::steady_clock::time_point deadline);
   // Closes the connection and returns the error to throw.
   IoError dropConnection(const std::string& why);
+  // "not connected", with why the connection was dropped when it was.
+  IoError notConnected() const;
+  // A reply that does not decode: drops the connection and throws an IoError; in the
+  // handshake an AuthError saying the peer is not a dtrain store, showing what it sent
+  // (`seen`, and what more is already here).
+  [[noreturn]] void throwBadReply(std::string seen, const std::string& why);
   void connect();
   // Opens the TCP connection (fd_), retrying until `deadline` unless `once`.
   void openSocket(bool once, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds& backoff);
-  // Mutual authentication on fd_; then every frame is sealed (sendMac_) and checked
-  // (recvMac_). Throws AuthError, StoreBusyError or IoError; the caller closes fd_.
-  void handshake();
+  // Mutual authentication on fd_, done by `deadline`; then every frame is sealed (sendMac_)
+  // and checked (recvMac_). Throws AuthError, StoreBusyError or IoError; the caller closes fd_.
+  void handshake(std::chrono::steady_clock::time_point deadline);
 
   TcpStoreOptions opts_;
   std::mutex mu_;
   int fd_ = -1;
   std::optional<auth::FrameMac> sendMac_, recvMac_;  // set by a completed handshake
+  std::string dropped_;                              // why the connection was dropped, for the calls that follow
 };
 
 // 32 random bytes from the kernel.
