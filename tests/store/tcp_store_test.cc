@@ -740,6 +740,18 @@ TcpStoreOptions optionsFor(int port, const std::string& token = kToken) {
   return o;
 }
 
+// Connecting to a server on `port` (not a store, or one that refuses the handshake) throws E
+// saying `what`.
+template <class E>
+void expectConnectRefused(int port, const char* what) {
+  try {
+    TcpStore s(optionsFor(port));
+    ADD_FAILURE() << "connected to port " << port;
+  } catch (const E& e) {
+    EXPECT_TRUE(mentions(e, what)) << e.what();
+  }
+}
+
 // A listener without the job's token that "accepts" any AUTH (the audit's attack: it then
 // served its own job/spec, and the agent ran its command) is refused in the handshake, before
 // the client sends any request, whatever it answers in place of the server's proof.
@@ -932,12 +944,7 @@ TEST(TcpStoreImpostor, AServiceThatIsNotAStoreIsNamedAsSuch) {
       while (readFrameFd(fd)) {
       }
     });
-    try {
-      TcpStore s(optionsFor(other.port()));
-      ADD_FAILURE() << "a server that is not a store was taken for the store";
-    } catch (const AuthError& e) {
-      EXPECT_TRUE(mentions(e, "did not answer as a dtrain store (is this a dtrain store?")) << e.what();
-    }
+    expectConnectRefused<AuthError>(other.port(), "did not answer as a dtrain store (is this a dtrain store?");
   }
 }
 
@@ -950,12 +957,7 @@ TEST(TcpStoreImpostor, TextFromTheServerIsEscaped) {
     writeFd(fd, wire::encodeReply(
                     wire::errorReply(ErrorCode::kMalformed, std::string("line1\nred\x1b[31m") + '\0' + "nul")));
   });
-  try {
-    TcpStore s(optionsFor(weird.port()));
-    ADD_FAILURE() << "connected";
-  } catch (const IoError& e) {
-    EXPECT_TRUE(mentions(e, "handshake refused: line1\\nred\\x1b[31m\\x00nul (malformed frame)")) << e.what();
-  }
+  expectConnectRefused<IoError>(weird.port(), "handshake refused: line1\\nred\\x1b[31m\\x00nul (malformed frame)");
 }
 
 // A relay that flips one byte of a reply (here in a value) is caught by the client: the
