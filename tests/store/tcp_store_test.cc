@@ -731,6 +731,21 @@ std::string challengeFrameWithNonce(const std::string& nonce) {
   return wire::encodeReply(c);
 }
 
+// A fake server's half of the handshake: a challenge sent, the client's AUTH read back.
+// nullopt when the client went away first.
+struct AuthRead {
+  std::string nonce;
+  wire::Request auth;
+};
+std::optional<AuthRead> challengeAndReadAuth(int fd) {
+  AuthRead r{randomBytes(wire::kNonceSize), {}};
+  if (!writeFd(fd, challengeFrameWithNonce(r.nonce))) return std::nullopt;
+  auto a = readFrameFd(fd);
+  if (!a) return std::nullopt;
+  r.auth = wire::decodeRequest(std::string_view(*a).substr(4), wire::Limits{});
+  return r;
+}
+
 TcpStoreOptions optionsFor(int port, const std::string& token = kToken) {
   TcpStoreOptions o;
   o.port = port;
@@ -784,15 +799,8 @@ TEST(TcpStoreImpostor, ServerWithoutTheTokenIsRefused) {
   for (const auto& [what, answer] : answers) {
     std::atomic<int> requestsSeen{0};
     FakeServer fake([&, answer = answer](int fd) {
-      wire::Reply c;
-      c.op = Op::kChallenge;
-      c.num = wire::kVersion;
-      c.value = randomBytes(wire::kNonceSize);
-      if (!writeFd(fd, wire::encodeReply(c))) return;
-      auto a = readFrameFd(fd);
-      if (!a) return;
-      wire::Request auth = wire::decodeRequest(std::string_view(*a).substr(4), wire::Limits{});
-      if (!writeFd(fd, answer(c.value, auth))) return;
+      auto h = challengeAndReadAuth(fd);
+      if (!h || !writeFd(fd, answer(h->nonce, h->auth))) return;
       // Then it would serve its own job/spec to whatever is asked.
       while (auto f = readFrameFd(fd)) {
         ++requestsSeen;
@@ -1301,17 +1309,11 @@ TEST(TcpStoreDeadlines, SilentServerInTheHandshakeEndsAtTheConnectTimeout) {
 TEST(TcpStoreDeadlines, WaitOnAServerThatStopsAnsweringEndsAfterItsTimeout) {
   std::atomic<int> requests{0};
   FakeServer stopped([&](int fd) {
-    wire::Reply c;
-    c.op = Op::kChallenge;
-    c.num = wire::kVersion;
-    c.value = randomBytes(wire::kNonceSize);
-    if (!writeFd(fd, wire::encodeReply(c))) return;
-    auto a = readFrameFd(fd);
-    if (!a) return;
-    wire::Request auth = wire::decodeRequest(std::string_view(*a).substr(4), wire::Limits{});
+    auto h = challengeAndReadAuth(fd);
+    if (!h) return;
     wire::Reply p;
     p.op = Op::kProof;
-    p.value = auth::serverProof(kToken, c.value, auth.values.at(0));
+    p.value = auth::serverProof(kToken, h->nonce, h->auth.values.at(0));
     if (!writeFd(fd, wire::encodeReply(p))) return;
     while (readFrameFd(fd)) ++requests;  // and never a reply
   });
