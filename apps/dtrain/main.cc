@@ -266,7 +266,9 @@ std::string conversionError(CLI::App& app, const std::string& what) {
   CLI::App* cmd = parsedCommand(app, &path);
   const CLI::Option* o = cmd->get_option_no_throw(name);
   const std::string type = o ? o->get_type_name() : std::string();
-  const std::string takes = type == "INT" || type == "UINT" ? "an integer" : type == "FLOAT" ? "a number" : "another value";
+  const std::string takes = type == "INT" || type == "UINT" ? "an integer"
+                            : type == "FLOAT"               ? "a number"
+                                                            : "another value";
   return fmt::format("{}{}: expected {}, got \"{}\"; see dtrain {}--help", path.empty() ? "" : path + ": ", name, takes,
                      value, path.empty() ? "" : path + " ");
 }
@@ -370,7 +372,7 @@ int dtrainMain(int argc, char** argv) {
   run->add_option("spec", runArgs.spec_path, "Job spec (JSON)");
   run->add_flag("--dry-run", runArgs.dry_run, "Print the plan and run nothing");
   run->add_option("--summary-json", runArgs.summary_json,
-                     "Write the outcome as JSON to this file (status, exit code, ranks, trainer); - for stdout")
+                  "Write the outcome as JSON to this file (status, exit code, ranks, trainer); - for stdout")
       // ("-" is stdout, as for most tools: it made a file named "-")
       ->transform([](const std::string& v) { return v == "-" ? std::string("/dev/stdout") : v; });
   app::addOverrideFlags(run, runArgs);

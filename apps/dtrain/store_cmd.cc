@@ -127,10 +127,10 @@ int serve() {
   // clear, and the server binds one address)
   in6_addr ip{};
   if (::inet_pton(AF_INET, a.bind.c_str(), &ip) != 1 && ::inet_pton(AF_INET6, a.bind.c_str(), &ip) != 1)
-    throw SpecError(fmt::format("--bind: {} is not an IP address; give one: 127.0.0.1 (this host only), 0.0.0.0 "
-                                "(every interface, for remote nodes) or one of this host's addresses",
-                                a.bind.empty() ? std::string("the value is empty (an unset variable?), which")
-                                               : "\"" + a.bind + "\""));
+    throw SpecError(fmt::format(
+        "--bind: {} is not an IP address; give one: 127.0.0.1 (this host only), 0.0.0.0 "
+        "(every interface, for remote nodes) or one of this host's addresses",
+        a.bind.empty() ? std::string("the value is empty (an unset variable?), which") : "\"" + a.bind + "\""));
   o.bind = a.bind;
   o.port = static_cast<int>(parseInteger(a.port, "--port", 0, 65535));
   o.token = token(true);
@@ -145,7 +145,8 @@ int serve() {
   store::TcpStoreServer server(o);
   server.start();
   std::cout << fmt::format("dtrain store: serving on {}:{}",
-                           a.bind.find(':') == std::string::npos ? a.bind : "[" + a.bind + "]", server.port()) << std::endl;
+                           a.bind.find(':') == std::string::npos ? a.bind : "[" + a.bind + "]", server.port())
+            << std::endl;
   int sig = 0;
   sigwait(&set, &sig);
   server.stop();

@@ -96,10 +96,12 @@ TEST(WorkerEnv, SpecEnvWins) {
 TEST(WorkerEnv, InheritedMpiIdentityIsDropped) {
   spec::JobSpec s = twoWorkers();
   Plan p = makeLocalPlan(s, "r", 1);
-  const EnvMap base = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"PMI_RANK", "3"},
-                       {"PMIX_RANK", "3"},           {"OMPI_MCA_btl", "tcp,self"},  {"SLURM_JOB_ID", "7"}};
+  const EnvMap base = {
+      {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"PMI_RANK", "3"}, {"PMIX_RANK", "3"},
+      {"OMPI_MCA_btl", "tcp,self"},  {"SLURM_JOB_ID", "7"}};
   EnvMap env = workerEnv(base, s, p, p.workers[1], {});
-  for (const char* k : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK"}) EXPECT_EQ(env.count(k), 0u) << k;
+  for (const char* k : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK"})
+    EXPECT_EQ(env.count(k), 0u) << k;
   EXPECT_EQ(env.at("OMPI_MCA_btl"), "tcp,self");  // (settings, not identity, pass)
   EXPECT_EQ(env.at("SLURM_JOB_ID"), "7");
   EXPECT_EQ(env.at("RANK"), "1");

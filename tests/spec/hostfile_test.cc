@@ -1053,7 +1053,8 @@ TEST(SerializeForNode, CsvDataRoundTrips) {
   EXPECT_TRUE(parseJobSpec(serializeForNode(s), "x").trainer->data.label_column_is_index);
   // A string of digits is a header name first (data.cc): it stays a string on other nodes.
   JobSpec digits = parseJobSpec(R"({"trainer": {"model": {"layers": [2, 2]},
-      "data": {"type": "csv", "path": ")" + train.path() + R"(", "label_column": "2"}}})",
+      "data": {"type": "csv", "path": ")" +
+                                    train.path() + R"(", "label_column": "2"}}})",
                                 "job.json");
   EXPECT_FALSE(digits.trainer->data.label_column_is_index);
   expectRoundTrip(digits);

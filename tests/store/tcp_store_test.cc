@@ -32,7 +32,9 @@ using wire::Op;
 
 const std::string kToken = "test-token-0123456789";
 
-bool mentions(const std::exception& e, const char* what) { return std::string(e.what()).find(what) != std::string::npos; }
+bool mentions(const std::exception& e, const char* what) {
+  return std::string(e.what()).find(what) != std::string::npos;
+}
 
 class TcpStoreTest : public ::testing::Test {
  protected:

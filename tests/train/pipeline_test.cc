@@ -525,8 +525,8 @@ TEST(Pipeline, StageCheckpointsFromDifferentStepsResumeFromTheCommonStep) {
   EXPECT_EQ(again.results[0].steps, 12);
 
   // Stages each holding steps, none in common: refused on every rank, naming what each held.
-  for (const char* f : {"/stage-0-of-2/ckpt-0000000004.bin", "/stage-0-of-2/ckpt-0000000008.bin",
-                        "/stage-1-of-2/ckpt-0000000012.bin"})
+  for (const char* f :
+       {"/stage-0-of-2/ckpt-0000000004.bin", "/stage-0-of-2/ckpt-0000000008.bin", "/stage-1-of-2/ckpt-0000000012.bin"})
     ASSERT_TRUE(std::filesystem::remove(dir + f)) << f;
   auto store = std::make_shared<store::HashStore>();
   std::vector<std::thread> ts;

@@ -163,10 +163,11 @@ constexpr size_t kMaxArgStrlen = 131072;
 
 std::string envValueProblem(const std::string& name, const std::string& value) {
   if (name.size() + value.size() + 2 > kMaxArgStrlen)
-    return fmt::format("the value of {} is {} bytes, and Linux passes at most {} bytes in one environment string "
-                       "(NAME=value, MAX_ARG_STRLEN): no worker could start; put large values in a file and pass "
-                       "its path",
-                       name, value.size(), kMaxArgStrlen - name.size() - 2);
+    return fmt::format(
+        "the value of {} is {} bytes, and Linux passes at most {} bytes in one environment string "
+        "(NAME=value, MAX_ARG_STRLEN): no worker could start; put large values in a file and pass "
+        "its path",
+        name, value.size(), kMaxArgStrlen - name.size() - 2);
   if (name == "DTRAIN_COMM_SHM") {
     try {
       (void)parseSwitch(name, value);
@@ -1300,9 +1301,10 @@ void checkExecSize(const JobSpec& spec, const std::string& source) {
   for (size_t i = 0; i < spec.command.size(); ++i) {
     const size_t n = spec.command[i].size() + 1;
     if (n > kMaxArgStrlen)
-      throw SpecError(fmt::format("{}: is {} bytes, and Linux passes at most {} bytes in one argument (MAX_ARG_STRLEN): "
-                                  "no worker could start; put it in a file and pass the file's path",
-                                  argName(i), n - 1, kMaxArgStrlen - 1));
+      throw SpecError(
+          fmt::format("{}: is {} bytes, and Linux passes at most {} bytes in one argument (MAX_ARG_STRLEN): "
+                      "no worker could start; put it in a file and pass the file's path",
+                      argName(i), n - 1, kMaxArgStrlen - 1));
     total += n + sizeof(char*);
   }
   size_t specEnv = 0;
@@ -1321,7 +1323,8 @@ void checkExecSize(const JobSpec& spec, const std::string& source) {
     throw SpecError(fmt::format(
         "{}: the workers' command and environment come to about {} KiB ({} KiB of them /command, {} KiB /env and "
         "env_file, {} KiB dtrain's own environment, which workers inherit), over the {} KiB exec takes on this host "
-        "(a quarter of `ulimit -s`, at most 6 MiB): no worker could start; put large values in files, or raise the stack "
+        "(a quarter of `ulimit -s`, at most 6 MiB): no worker could start; put large values in files, or raise the "
+        "stack "
         "limit",
         adHoc ? std::string("the command after --") : source + ": /command and /env", total / 1024,
         (total - specEnv - inherited - kDtrainVars) / 1024, specEnv / 1024, inherited / 1024,
@@ -1572,7 +1575,8 @@ std::string serializeForNode(const JobSpec& spec) {
     }
     if (t.data.type == "csv") {
       // (an index stays a number: a string would be a header name first)
-      d["label_column"] = t.data.label_column_is_index ? json(std::stoll(t.data.label_column)) : json(t.data.label_column);
+      d["label_column"] =
+          t.data.label_column_is_index ? json(std::stoll(t.data.label_column)) : json(t.data.label_column);
       d["header"] = t.data.header;
     }
     d["prefetch"] = t.data.prefetch ? json(*t.data.prefetch) : json("auto");

@@ -628,22 +628,24 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
     for (int p = 0; p < stages; ++p)
       for (const auto& [step, path] : listCheckpoints(fmt::format("{}/stage-{}-of-{}", dir, p, stages))) {
         TrainState st;
-        if (readCheckpointFile(path, st, /*peek=*/true, nullptr, step).empty()) held[static_cast<size_t>(p)].push_back(step);
+        if (readCheckpointFile(path, st, /*peek=*/true, nullptr, step).empty())
+          held[static_cast<size_t>(p)].push_back(step);
       }
     const bool allHold = std::all_of(held.begin(), held.end(), [](const auto& h) { return !h.empty(); });
     bool common = false;
     for (long long step : held.front())
-      common = common || std::all_of(held.begin(), held.end(), [&](const auto& h) {
-                 return std::find(h.begin(), h.end(), step) != h.end();
-               });
+      common = common || std::all_of(held.begin(), held.end(),
+                                     [&](const auto& h) { return std::find(h.begin(), h.end(), step) != h.end(); });
     if (allHold && !common) {
       std::string each;
       for (int p = 0; p < stages; ++p)
-        each += fmt::format("{}stage {} at step {}", p == 0 ? "" : ", ", p,
-                            *std::max_element(held[static_cast<size_t>(p)].begin(), held[static_cast<size_t>(p)].end()));
-      throw SpecError(fmt::format("{}: the stage checkpoints in {} have no step in common ({}); remove them or use "
-                                  "another /trainer/checkpoint/dir",
-                                  where, dir, each));
+        each +=
+            fmt::format("{}stage {} at step {}", p == 0 ? "" : ", ", p,
+                        *std::max_element(held[static_cast<size_t>(p)].begin(), held[static_cast<size_t>(p)].end()));
+      throw SpecError(
+          fmt::format("{}: the stage checkpoints in {} have no step in common ({}); remove them or use "
+                      "another /trainer/checkpoint/dir",
+                      where, dir, each));
     }
   }
   return std::move(lock.fd);

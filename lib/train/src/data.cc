@@ -328,9 +328,10 @@ std::shared_ptr<TableSet> loadCsv(const spec::TrainerSpec& t, const std::string&
                         path, oneLine(lc), found, separatorHint(line)));
     }
   } else if (!lcIsIndex && !lcDigits) {
-    throw SpecError(fmt::format("{}: without a header, /trainer/data/label_column must be a column index (a JSON "
-                                "number, as in \"label_column\": 0)",
-                                path));
+    throw SpecError(
+        fmt::format("{}: without a header, /trainer/data/label_column must be a column index (a JSON "
+                    "number, as in \"label_column\": 0)",
+                    path));
   } else {
     labelCol = indexOf();
   }
@@ -589,9 +590,9 @@ uint64_t alignUp(uint64_t v) { return (v + kImageAlign - 1) / kImageAlign * kIma
 // the parse says what is wrong).
 std::string fingerprint(const spec::TrainerSpec& t) {
   const auto& d = t.data;
-  std::string f = fmt::format("type={};inputs={};outputs={};loss={};label_column={}{};header={}", d.type,
-                              t.model.layers.front(), t.model.layers.back(), t.model.loss, d.label_column,
-                              d.label_column_is_index ? "#" : "", d.header);
+  std::string f =
+      fmt::format("type={};inputs={};outputs={};loss={};label_column={}{};header={}", d.type, t.model.layers.front(),
+                  t.model.layers.back(), t.model.loss, d.label_column, d.label_column_is_index ? "#" : "", d.header);
   for (const std::string* path : {&d.path, &d.labels_path, &d.eval_path, &d.eval_labels_path}) {
     if (path->empty()) {
       f += ";-";

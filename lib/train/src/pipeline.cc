@@ -710,9 +710,10 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   for (const auto& h : held) someHeldNone = someHeldNone || h.first == 0;
   if (someHeldNone && std::any_of(held.begin(), held.end(), [](const auto& h) { return h.first == 1; })) {
     if (rank == 0)
-      opts.warning(fmt::format("the stage checkpoints in {} have no step in common ({}): every stage starts from "
-                               "step 0",
-                               ts.checkpoint.dir, describeHeld()));
+      opts.warning(
+          fmt::format("the stage checkpoints in {} have no step in common ({}): every stage starts from "
+                      "step 0",
+                      ts.checkpoint.dir, describeHeld()));
     if (d == 0 && header[0] == 1) {
       model.loadParams(hostParams.data());
       model.loadState(state.data());
@@ -722,10 +723,11 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   }
   for (int s = 0; s < P; ++s)
     if (std::memcmp(stageHeader(s), headers.data(), kHeaderWords * sizeof(int64_t)) != 0)
-      throw SpecError(fmt::format("trainer: the stage checkpoints in {} have no intact step in common ({} on start; "
-                                  "each stage's older ones were tried); remove them or use another "
-                                  "/trainer/checkpoint/dir",
-                                  ts.checkpoint.dir, describeHeld()));
+      throw SpecError(
+          fmt::format("trainer: the stage checkpoints in {} have no intact step in common ({} on start; "
+                      "each stage's older ones were tried); remove them or use another "
+                      "/trainer/checkpoint/dir",
+                      ts.checkpoint.dir, describeHeld()));
   for (size_t k = 0; k < kHeaderWords; ++k) header[k] = headers[k];
   if (D > 1 && header[0] == 1) {
     if (stageGroup->direct()) {
