@@ -431,4 +431,43 @@ if command -v script >/dev/null; then
   expect_eq "$?" 1 "a worker reading /dev/tty under a terminal fails instead of hanging"
   expect_grep "EOFError" "$T/tty.out" "getpass found no terminal and said so"
 fi
+# One Ctrl-C on a terminal to `timeout 60 dtrain run`: timeout(1) passes the SIGINT on to
+# dtrain and to its process group, so that it arrives two or three times at once; those are
+# echoes of the one Ctrl-C, not the second that kills the workers now (before: SIGKILL at once,
+# and no final checkpoint). The trainer then stops with its final checkpoint.
+cat > "$T/ctrlc.py" <<'PY'
+# ctrlc.py ARGV...: ARGV on a terminal (a pty); one Ctrl-C once $READY shows; the output, then
+# the exit status.
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+out, sent, t0 = b"", False, time.time()
+while time.time() - t0 < 60:
+    r, _, _ = select.select([fd], [], [], 0.1)
+    if r:
+        try: chunk = os.read(fd, 65536)
+        except OSError: break
+        if not chunk: break
+        out += chunk
+    if not sent and os.environ["READY"].encode() in out:
+        os.write(fd, b"\x03"); sent = True
+else:
+    os.kill(pid, 9)
+_, st = os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors="replace").replace("\r", "\n"))
+print("status", os.waitstatus_to_exitcode(st))
+PY
+cat > "$T/cc.json" <<JSON
+{"name": "cc", "nproc_per_node": 2, "shutdown_timeout_s": 20, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [16, 64, 4]}, "data": {"type": "synthetic", "train_samples": 4096, "eval_samples": 128},
+  "batch_size": 16, "epochs": 2000, "log_every_steps": 50, "checkpoint": {"dir": "$T/cc-ck", "every_steps": 1000000}}}
+JSON
+for i in 1 2 3; do
+  rm -rf "$T/cc-ck"
+  READY="step 50/" python3 "$T/ctrlc.py" timeout 120 "$DTRAIN" run "$T/cc.json" >"$T/cc.out" 2>&1
+  expect_grep "^status 130$" "$T/cc.out" "one Ctrl-C under timeout(1) ($i): exit 130"
+  expect_no_grep "killing the workers now" "$T/cc.out" "one Ctrl-C under timeout(1) ($i): timeout's echoes are not a second Ctrl-C"
+  expect_grep "SIGINT: stopping at step [0-9]+ of [0-9]+; final checkpoint written" "$T/cc.out" "one Ctrl-C under timeout(1) ($i): the final checkpoint"
+done
 finish

@@ -180,12 +180,17 @@ long long monotonicMs() {
 }
 
 // The same signal as the first, within kEchoMs, and either SIGHUP or sent by kill() from the
-// same process: one request delivered twice. A second Ctrl-C (the terminal's, SI_KERNEL) or a
-// signal from another process always counts.
+// same process: one request delivered twice; or, within 1 s, sent by kill() from dtrain's
+// parent where the first came from elsewhere: a wrapper (timeout(1), a script's trap) passing
+// on the terminal's Ctrl-C that reached dtrain too (detail::interruptEcho). A second Ctrl-C (the terminal's, SI_KERNEL) or a signal
+// from another process always counts.
 bool isEcho(int sig, const siginfo_t* info, long long nowMs) {
-  if (sig != gFirstHeldStop || nowMs - gFirstAtMs >= kEchoMs) return false;
-  if (sig == SIGHUP) return true;
-  return info && info->si_code == SI_USER && gFirstCode == SI_USER && info->si_pid == gFirstPid;
+  if (sig != gFirstHeldStop) return false;
+  const bool byKill = info && info->si_code == SI_USER;
+  const bool sameSender = byKill && gFirstCode == SI_USER && info->si_pid == gFirstPid;
+  if (byKill && !sameSender && info->si_pid == ::getppid() && nowMs - gFirstAtMs < 1000) return true;
+  if (nowMs - gFirstAtMs >= kEchoMs) return false;
+  return sig == SIGHUP || sameSender;
 }
 
 void onHeldStop(int sig, siginfo_t* info, void*) {
@@ -246,7 +251,8 @@ HeldStopSignals::HeldStopSignals() : scope_(std::make_unique<detail::SignalScope
   for (int s : kStopSignals) {
     struct sigaction cur {};
     ::sigaction(s, nullptr, &cur);
-    if (cur.sa_handler == detail::onSignal) ::sigaction(s, &sa, nullptr);  // (not SIGHUP left ignored: nohup)
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == detail::onSignalInfo)
+      ::sigaction(s, &sa, nullptr);  // (not SIGHUP left ignored: nohup)
   }
 }
 

@@ -30,6 +30,38 @@ inline void onSignal(int sig) {
   errno = saved;
 }
 
+// A SIGINT that repeats the one before it rather than asking again (where a second means
+// "kill the workers now"): timeout(1), or a wrapper script's trap, passes the terminal's
+// Ctrl-C on to dtrain (and to its own process group), so that one Ctrl-C arrives two or three
+// times within microseconds. An echo: within 1 s of the SIGINT it repeats, sent by kill() from
+// dtrain's parent (the wrapper) where that one came from elsewhere (the terminal), or, within
+// 0.1 s, from the very process that sent that one. A second Ctrl-C on the terminal
+// (SI_KERNEL) always counts, as does a kill from elsewhere, or from the parent 0.1 s on.
+// Async-signal-safe; the state is the handler's alone.
+inline struct {
+  long long at_ms = -1;
+  int code = 0;
+  pid_t pid = 0;
+} gLastInterrupt;
+
+inline bool interruptEcho(const siginfo_t* info) {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  const long long now = static_cast<long long>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+  const long long since = gLastInterrupt.at_ms < 0 ? -1 : now - gLastInterrupt.at_ms;
+  const bool byKill = info != nullptr && info->si_code == SI_USER;
+  const bool sameSender = gLastInterrupt.code == SI_USER && byKill && info->si_pid == gLastInterrupt.pid;
+  const bool echo = since >= 0 && byKill &&
+                    ((since < 1000 && !sameSender && info->si_pid == ::getppid()) || (since < 100 && sameSender));
+  if (!echo) gLastInterrupt = {now, info ? info->si_code : 0, info ? info->si_pid : 0};
+  return echo;
+}
+
+inline void onSignalInfo(int sig, siginfo_t* info, void*) {
+  if (sig == SIGINT && interruptEcho(info)) return;
+  onSignal(sig);
+}
+
 // The line a user sees when a signal starts the teardown (stderr of the console owner): what
 // happens next, when, and how to cut the grace period short.
 inline std::string shutdownNotice(const std::string& signal, size_t workers, const char* what, const std::string& sent,
@@ -62,9 +94,9 @@ class SignalScope {
       throwErrno("pipe");
     }
     struct sigaction sa {};
-    sa.sa_handler = onSignal;
+    sa.sa_sigaction = onSignalInfo;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP | SA_SIGINFO;
     for (size_t i = 0; i < std::size(kSignals); ++i) {
       ::sigaction(kSignals[i], nullptr, &old_[i]);
       // SIGHUP ignored when dtrain started stays ignored: that is what `nohup dtrain run`
