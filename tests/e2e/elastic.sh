@@ -145,6 +145,26 @@ expect_eq "$rc" 1 "node lost during startup: the job fails"
 expect_grep "event node_lost \(round 0\) host 127.0.0.1" "$T/err" "node lost during startup: round 0 on stderr"
 expect_eq "$(jq_ "$T/s6.json" "[(e['kind'], e['round']) for e in d['events']]")" "[('node_lost', 0)]" "node lost during startup: round 0 in the summary"
 
+# ... and one frozen there (SIGSTOP: a hung mount, a swapping host) is lost by its heartbeat
+# like a running one (before: a starting agent's heartbeat was not watched, and the job waited
+# for it for good), and the elastic job goes on without it, then with it again.
+cat > "$T/frz.json" <<JSON
+{"name": "frz", "max_restarts": 1, "min_nodes": 1, "restart_backoff_s": 0.5, "shutdown_timeout_s": 3,
+ "rendezvous": {"heartbeat_timeout_s": 3, "timeout_s": 20},
+ "command": ["sh", "-c", "echo \$WORLD_SIZE > $T/frz.\$DTRAIN_ROUND.\$RANK; sleep 3"]}
+JSON
+DTRAIN_TEST_REPORT_DELAY=127.0.0.1:4000@0 timeout -k 5 60 "$DTRAIN" run "$T/frz.json" --hosts localhost:1,127.0.0.1:1 \
+  --summary-json "$T/s7.json" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do [ -e "$T/frz.0.0" ] && break; sleep 0.1; done
+agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1)
+kill -STOP "$agent"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+kill -CONT "$agent" 2>/dev/null; kill -9 "$agent" 2>/dev/null
+expect_eq "$rc" 0 "agent frozen while starting: the job ends, and succeeds"
+expect_grep "event node_lost \(round 0\) host 127.0.0.1: .*lost: no heartbeat for 3 s" "$T/err" "agent frozen while starting: lost by its heartbeat"
+expect_eq "$(jq_ "$T/s7.json" "[e['kind'] for e in d['events']][:3]")" "['node_lost', 'host_excluded', 'restart']" "agent frozen while starting: the events"
+
 # A worker that fails before another node has reported starting the round still restarts
 # the job (its failure used to be dropped as a consequence of the restart, and the job then
 # waited forever on the other node's healthy workers). The hook holds localhost's report back.

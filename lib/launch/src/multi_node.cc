@@ -115,6 +115,11 @@ struct Node {
   int failures = 0;     // times lost: the cooldown grows with it
   Clock::time_point retryAt{};
   std::string lostReason;  // set when we kill it (heartbeat silent)
+  // Its heartbeat counter when its agent was spawned, and whether it has moved on since: a
+  // starting agent is watched from its first beat (one frozen before it reports would
+  // otherwise hold the job for good), not before (ssh and the agent's checks take their time).
+  std::string beatAtSpawn;
+  bool beating = false;
   std::vector<WorkerExit> exits;  // of its workers in its latest round
 };
 
@@ -416,6 +421,12 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   n.err = Pipe{std::move(child.err), {}};
   n.state = NodeState::kStarting;
   n.lostReason.clear();
+  n.beating = false;
+  n.beatAtSpawn.clear();
+  try {
+    if (hearts_) n.beatAtSpawn = hearts_->counter(n.name);
+  } catch (const std::exception&) {
+  }
   n.exits.clear();  // of a round it was lost in; not the summary's
   send(n, "token " + token_);
 }
@@ -963,15 +974,23 @@ void MultiNodeRunner::timers() {
   if (now >= nextHeartbeatCheck_) {
     nextHeartbeatCheck_ = now + std::chrono::milliseconds(500);
     std::vector<std::string> names;
-    for (const auto& n : nodes_)
-      if (connected(n)) names.push_back(n.name);
+    auto watched = [](const Node& n) { return connected(n) || (n.running && n.state == NodeState::kStarting && n.beating); };
+    for (auto& n : nodes_) {
+      if (n.running && n.state == NodeState::kStarting && !n.beating) {
+        try {
+          n.beating = hearts_->counter(n.name) != n.beatAtSpawn;
+        } catch (const std::exception&) {
+        }
+      }
+      if (watched(n)) names.push_back(n.name);
+    }
     std::vector<std::string> dead;
     try {
       dead = hearts_->dead(names);
     } catch (const std::exception&) {
     }
     for (auto& n : nodes_) {
-      if (!connected(n) || std::find(dead.begin(), dead.end(), n.name) == dead.end()) continue;
+      if (!watched(n) || std::find(dead.begin(), dead.end(), n.name) == dead.end()) continue;
       n.lostReason = fmt::format("no heartbeat for {:.3g} s (rendezvous.heartbeat_timeout_s)", spec_.rendezvous.heartbeat_timeout_s);
       ::kill(-n.pid, SIGKILL);
     }

@@ -149,6 +149,11 @@ void HeartbeatMonitor::beat(store::Store& store, const std::string& run_id, cons
   store.add("rdzv/" + run_id + "/hb/" + node, 1);
 }
 
+std::string HeartbeatMonitor::counter(const std::string& node) {
+  const std::string key = "rdzv/" + run_id_ + "/hb/" + node;
+  return store_->check({key}) ? store_->get(key) : std::string();
+}
+
 std::vector<std::string> HeartbeatMonitor::dead(const std::vector<std::string>& nodes) {
   auto now = Clock::now();
   std::vector<std::string> keys;

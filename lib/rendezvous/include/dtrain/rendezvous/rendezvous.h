@@ -89,6 +89,9 @@ class HeartbeatMonitor {
   static void beat(store::Store& store, const std::string& run_id, const std::string& node);
   // Reads every node's counter; returns the names silent for longer than the timeout.
   std::vector<std::string> dead(const std::vector<std::string>& nodes);
+  // A node's counter as it stands ("" before its first beat): whether an agent started
+  // again has begun to beat is told by a change from what it was at the start.
+  std::string counter(const std::string& node);
 
  private:
   struct Seen {
