@@ -77,4 +77,10 @@ done
 "$DTRAIN" run "$d/job.json" --summary-json "$d/sum.json" >"$d/out" 2>&1
 expect_eq "$?" 0 "resume after 8 kills during checkpoint writes"
 expect_eq "$(hash_of "$d/sum.json")" "$(hash_of "$d/ref.sum")" "bit-identical to the uninterrupted run"
+# A trainer that can restart without a checkpoint dir would start over at each restart: said.
+printf '{"max_restarts": 2, "trainer": {"model": {"layers": [4, 3]}, "max_steps": 2}}\n' > "$T/nock.json"
+"$DTRAIN" validate "$T/nock.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "restartable trainer without a checkpoint dir: valid"
+expect_grep "^dtrain: warning: $T/nock.json: /trainer/checkpoint/dir is not set, so every restart \(max_restarts 2\) starts the training over from step 0" "$T/err" "restartable trainer without a checkpoint dir: warned"
+"$DTRAIN" validate --hosts localhost:1,127.0.0.1:1 --nnodes 1:2 "$T/nock.json" >"$T/out" 2>"$T/err"
+expect_grep "max_restarts 2, and a node joining or lost between min_nodes 1 and max_nodes 2\) starts the training over" "$T/err" "elastic trainer without a checkpoint dir: the node range named"
 finish

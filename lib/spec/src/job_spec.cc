@@ -1367,6 +1367,18 @@ void resolve(JobSpec& spec, const Overrides& given) {
     throw SpecError(fmt::format("{}: {} node(s) asked for but {} host(s) given; list more hosts (hostfile, "
                                 "nodes, --hosts) or lower {}",
                                 field(nodesFrom, "/max_nodes"), spec.max_nodes, hosts, maxName));
+  // A trainer that can restart (a failure's, a node's joining or leaving) without a checkpoint
+  // directory trains from step 0 again each time, the progress of every attempt before lost:
+  // said once, before the launch.
+  if (spec.trainer && spec.trainer->checkpoint.dir.empty() && (spec.max_restarts > 0 || spec.min_nodes < spec.max_nodes))
+    spec.warnings["no checkpoint dir"] = fmt::format(
+        "{}: /trainer/checkpoint/dir is not set, so every restart ({}) starts the training over from step 0; set "
+        "it to resume from the last checkpoint",
+        source,
+        spec.min_nodes < spec.max_nodes
+            ? fmt::format("max_restarts {}, and a node joining or lost between min_nodes {} and max_nodes {}",
+                          spec.max_restarts, spec.min_nodes, spec.max_nodes)
+            : fmt::format("max_restarts {}", spec.max_restarts));
   const std::string ranksFrom = field(given.local_ranks_filter ? "--local-ranks-filter" : "", "/console_ranks");
   if (spec.nodes.empty()) {
     for (int r : spec.console_ranks) {
