@@ -1142,7 +1142,10 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           // In the back-off before a restart its event announced (or while its round forms):
           // the job ends by the signal, after that failure, and says both in one headline (as
           // on one node).
-          result_.stopped_during = fmt::format("{} restart {} of {}", pending_ ? "the back-off before" : "the start of",
+          result_.stopped_during = fmt::format("{} restart {} of {}",
+                                               pending_ && minNodesDeadline_ ? "the wait for hosts (min_nodes) before"
+                                               : pending_                    ? "the back-off before"
+                                                                             : "the start of",
                                                result_.restarts, spec_.max_restarts);
           if (restartWorker_)
             failedWorker_ = restartWorker_;
