@@ -636,7 +636,11 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
     return;
   }
-  int left = memberCount();
+  // (members whose agent still runs: another one lost at the same moment, reaped with this
+  // one and about to be said, is not left)
+  reap();
+  int left = 0;
+  for (const auto& node : nodes_) left += node.member && node.running;
   if (spec_.max_restarts == 0 || result_.restarts >= spec_.max_restarts) {
     std::string msg = lost;
     if (spec_.max_restarts > 0)
