@@ -636,6 +636,17 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
     return;
   }
+  if (restarting_ && (restartWorker_ || !restartCause_.empty())) {
+    // The round a restart opened for an incident is still forming (not every member has
+    // started its workers): a node lost now is part of that incident (one frozen by it, a
+    // host that swaps: its peer's watchdog fired first, its heartbeat went silent later, and
+    // it could not answer the round), and the round forms again without it; no second
+    // restart, as for a loss before the round opened.
+    event("host_excluded", eventRound(),
+          fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
+    scheduleRestart(0, since);
+    return;
+  }
   // (members whose agent still runs: another one lost at the same moment, reaped with this
   // one and about to be said, is not left)
   reap();
