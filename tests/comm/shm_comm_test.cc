@@ -457,7 +457,7 @@ TEST(ShmComm, LostOrSilentPeerDuringRecvOverSharedMemory) {
     }
     EXPECT_EQ(p2p, "shm");
     if (silent) {
-      EXPECT_NE(error.find("recv on rank 0: lost rank 1: no progress within the 0.5 s timeout (received 0 of 100 bytes "
+      EXPECT_NE(error.find("recv on rank 0: lost rank 1: not done within the 0.5 s per-operation timeout (received 0 of 100 bytes "
                            "from rank 1 over shared memory)"),
                 std::string::npos)
           << error;

@@ -538,7 +538,7 @@ TEST(TcpComm, SilentPeerTimesOutWithinTheTimeout) {
   auto took = std::chrono::steady_clock::now() - start;
   release.set_value();
   r1.join();
-  EXPECT_NE(error.find("lost rank 1: no progress within the 0.5 s timeout"), std::string::npos) << error;
+  EXPECT_NE(error.find("lost rank 1: not done within the 0.5 s per-operation timeout"), std::string::npos) << error;
   EXPECT_GE(took, 450ms);
   EXPECT_LT(took, 1500ms);
 }
@@ -592,7 +592,7 @@ TEST(TcpComm, AStoppedRankIsNamedByEveryRankThatWaitsOnIt) {
   }
   // The message says through whom: rank 0 waited on rank 3 in the ring.
   auto run = testing::lostRankRun(4, 2, true, o, chainedOps()[0].second);
-  EXPECT_NE(run.errors[0].find("allreduce on rank 0: lost rank 2: no progress within the 1 s timeout (rank 0 waited "
+  EXPECT_NE(run.errors[0].find("allreduce on rank 0: lost rank 2: not done within the 1 s per-operation timeout (rank 0 waited "
                                "on rank 3, which waits on rank 2; sent "),
             std::string::npos)
       << run.errors[0];
@@ -653,7 +653,7 @@ TEST(TcpComm, StoreFailuresWhileFollowingWaitsFallBackToTheAwaitedRank) {
         << run.errors[static_cast<size_t>(r)];
     EXPECT_LT(run.took[static_cast<size_t>(r)], 2500ms) << "rank " << r;
   }
-  EXPECT_NE(run.errors[3].find("allreduce on rank 3: lost rank 2: no progress within the 1 s timeout (sent "),
+  EXPECT_NE(run.errors[3].find("allreduce on rank 3: lost rank 2: not done within the 1 s per-operation timeout (sent "),
             std::string::npos)
       << run.errors[3];
 }
