@@ -83,4 +83,22 @@ printf '{"max_restarts": 2, "trainer": {"model": {"layers": [4, 3]}, "max_steps"
 expect_grep "^dtrain: warning: $T/nock.json: /trainer/checkpoint/dir is not set, so every restart \(max_restarts 2\) starts the training over from step 0" "$T/err" "restartable trainer without a checkpoint dir: warned"
 "$DTRAIN" validate --hosts localhost:1,127.0.0.1:1 --nnodes 1:2 "$T/nock.json" >"$T/out" 2>"$T/err"
 expect_grep "max_restarts 2, and a node joining or lost between min_nodes 1 and max_nodes 2\) starts the training over" "$T/err" "elastic trainer without a checkpoint dir: the node range named"
+# The first hostfile node lost: the node that runs rank 0 from then on takes the checkpoint
+# directory's lock (before: none held it, and a second job on the directory was let in, the
+# two removing each other's temporary files).
+cat > "$T/lk.json" <<JSON
+{"name": "lk", "max_restarts": 2, "min_nodes": 1, "restart_backoff_s": 0.5, "shutdown_timeout_s": 5,
+ "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [16, 64, 4]}, "data": {"type": "synthetic", "train_samples": 4096, "eval_samples": 128},
+  "batch_size": 16, "epochs": 2000, "log_every_steps": 64, "checkpoint": {"dir": "$T/lk-ck", "every_steps": 64}}}
+JSON
+timeout -k 5 120 "$DTRAIN" run "$T/lk.json" --hosts localhost:1,127.0.0.1:1 >"$T/lk.out" 2>"$T/lk.err" &
+DTRAIN_PID=$!
+for _ in $(seq 300); do grep -q "step 640/" "$T/lk.out" 2>/dev/null && break; sleep 0.1; done
+kill -9 "$(pgrep -f "^$DTRAIN agent .*--node localhost( |$)" | head -1)"
+for _ in $(seq 300); do grep -q "^\[127.0.0.1 rank 0\] resuming" "$T/lk.out" 2>/dev/null && break; sleep 0.1; done
+"$DTRAIN" run "$T/lk.json" --nproc-per-node 1 >"$T/lk2.out" 2>&1; rc=$?
+kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; DTRAIN_PID=
+expect_eq "$rc" 2 "first node lost: a second job on the checkpoint directory is refused"
+expect_grep "/trainer/checkpoint/dir: \"$T/lk-ck\" is in use by another dtrain job" "$T/lk2.out" "first node lost: the new rank 0's node holds the lock"
 finish

@@ -580,6 +580,20 @@ int runAgent(const AgentOptions& opts) {
             }
         }
         st->set(masterKey, fmt::format("{}\t{}", addr, launch::pickFreePort(spec.rendezvous.port)));
+        // Node 0 of a later round on another host than the first (that one was lost): its
+        // rank 0 writes the checkpoints now, here, so this agent takes the directory's lock
+        // and checks it can write there, as the first node's did; else a second job was let
+        // onto the directory. Not waited for, nor fatal: a lock still held (the lost node's
+        // agent, frozen with it on a shared file system; or another job) is said, and the
+        // job goes on, as it would have.
+        if (spec.trainer && !spec.trainer->checkpoint.dir.empty() && !checkpointLock) {
+          try {
+            checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source, 0);
+          } catch (const SpecError& e) {
+            std::cerr << "warning: node " << opts.node << " runs rank 0 of round " << round.round
+                      << " and could not take the checkpoint directory for this job: " << e.what() << std::endl;
+          }
+        }
       }
       auto master = split(st->get(masterKey), '\t');
       DTRAIN_CHECK(master.size() == 2);
