@@ -767,5 +767,72 @@ TEST(TcpComm, ParsesNames) {
   EXPECT_THROW(parseReduceOp("prod"), SpecError);
 }
 
+// CommOptions::check (DTRAIN_COMM_CHECK=1): ranks that call different collectives, or the
+// same with another count, type, op or root, fail alike with one message naming each rank's
+// call; without it they went on in silence (over shared memory a shorter allreduce left the
+// longer one's tail unreduced, and an allreduce of float64 against float32 gave garbage).
+TEST(TcpComm, CheckModeRefusesRanksThatDisagreeOnACollective) {
+  for (bool shm : {false, true}) {
+    CommOptions o;
+    o.shm = shm;
+    o.check = true;
+    o.timeout = 5s;
+    // Agreeing ranks: the operations run as ever, several in a row (posts of earlier ones
+    // removed as they go).
+    onRanks(3, [&](Communicator& c) {
+      for (int i = 0; i < 5; ++i) {
+        std::vector<float> v(10, 1.0f);
+        c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+        ASSERT_EQ(v[9], 3.0f);
+        c.barrier();
+      }
+    }, o);
+    auto disagree = [&](const std::function<void(Communicator&)>& fn) { return testing::runRanks(2, fn, o); };
+    auto errors = disagree([](Communicator& c) {
+      std::vector<float> v(c.rank() == 0 ? 10 : 20, 1.0f);
+      c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    });
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NE(errors[static_cast<size_t>(r)].find(fmt::format(
+                    "allreduce on rank {}: the ranks disagree on operation #0 of communicator \"default\" "
+                    "(DTRAIN_COMM_CHECK): rank 0 allreduce of 10 float (sum); rank 1 allreduce of 20 float (sum); "
+                    "every rank must issue",
+                    r)),
+                std::string::npos)
+          << "shm " << shm << ": " << errors[static_cast<size_t>(r)];
+    errors = disagree([](Communicator& c) {
+      double v[4] = {1, 2, 3, 4};
+      c.allreduce(v, 4, c.rank() == 0 ? DataType::kFloat64 : DataType::kFloat32,
+                  c.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax);
+    });
+    EXPECT_NE(errors[1].find("rank 0 allreduce of 4 double (sum); rank 1 allreduce of 4 float (max)"), std::string::npos)
+        << errors[1];
+    errors = disagree([](Communicator& c) {
+      int32_t v = c.rank();
+      c.broadcast(&v, 1, DataType::kInt32, c.rank());
+    });
+    EXPECT_NE(errors[0].find("rank 0 broadcast of 1 int32 from rank 0; rank 1 broadcast of 1 int32 from rank 1"),
+              std::string::npos)
+        << errors[0];
+    errors = disagree([](Communicator& c) {
+      std::vector<float> v(4, 1.0f);
+      if (c.rank() == 0) c.barrier();
+      c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    });
+    EXPECT_NE(errors[1].find("rank 0 barrier of 0 int32; rank 1 allreduce of 4 float (sum)"), std::string::npos)
+        << errors[1];
+    // A rank that issues no more: the other is told which one, at its deadline.
+    o.timeout = 500ms;
+    errors = disagree([](Communicator& c) {
+      if (c.rank() == 1) return;
+      c.barrier();
+    });
+    EXPECT_NE(errors[0].find("barrier on rank 0: lost rank 1: it did not issue operation #0 (barrier of 0 int32) within "
+                             "the 0.5 s timeout"),
+              std::string::npos)
+        << errors[0];
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::comm

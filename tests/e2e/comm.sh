@@ -223,4 +223,16 @@ kill "$LISTEN"; wait "$LISTEN" 2>/dev/null
 shm_segments >"$T/shm.after"
 expect_eq "$(comm -13 "$T/shm.before" "$T/shm.after" | tr '\n' ' ')" "" "set-up: rank 0 SIGKILLed in the middle leaves nothing in /dev/shm"
 unset DTRAIN_COMM_SHM
+# DTRAIN_COMM_CHECK=1 through dtrain run: a trainer whose ranks agree trains as without it,
+# to the same weights, every collective checked.
+cat > "$T/chk.json" <<JSON
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [16, 32, 4]}, "data": {"train_samples": 512, "eval_samples": 64},
+  "batch_size": 16, "epochs": 1, "log_every_steps": 1000, "device": "cpu"}}
+JSON
+"$DTRAIN" run "$T/chk.json" --summary-json "$T/chk0.sum" >"$T/out" 2>&1; expect_eq "$?" 0 "a trainer run"
+"$DTRAIN" run "$T/chk.json" --env DTRAIN_COMM_CHECK=1 --summary-json "$T/chk1.sum" >"$T/out" 2>&1
+expect_eq "$?" 0 "a trainer run with DTRAIN_COMM_CHECK=1"
+w() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['trainer']['weights_sha256'])" "$1"; }
+expect_eq "$(w "$T/chk1.sum")" "$(w "$T/chk0.sum")" "DTRAIN_COMM_CHECK=1: the same weights"
 finish

@@ -126,6 +126,7 @@ std::unique_ptr<Communicator> createFromEnvironment(const CommOptions& opts) {
   auto tcp = std::make_shared<store::TcpStore>(so);
   CommOptions o = opts;
   if (envSwitch("DTRAIN_COMM_SHM") == false) o.shm = false;  // (1 leaves opts.shm as it is)
+  if (envSwitch("DTRAIN_COMM_CHECK") == true) o.check = true;
   if (o.advertise_addr.empty()) o.advertise_addr = tcp->localAddress();
   const char* run = std::getenv("DTRAIN_RUN_ID");
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");

@@ -86,37 +86,62 @@ class TcpCommunicator final : public Communicator {
   // The operations' bodies, as callables taking the operation's deadline; run() by execute()
   // on whichever thread holds the execution slot. Arguments are checked here, at issue time,
   // so a bad one throws SpecError from the call itself and leaves the communicator usable.
-  auto allreduceOp(void* data, size_t count, DataType t, ReduceOp op) {
-    return [=, this](Clock::time_point dl) {
-      if (shm_) return shm_->allreduce(static_cast<char*>(data), count, t, op, opts_.small_message_bytes, dl);
-      allreduce(static_cast<char*>(data), count, t, op, dl);
+  // CommOptions::check: `fn` runs once every rank has issued this same operation (see
+  // agree()); otherwise as it is.
+  template <typename F>
+  auto checked(F fn, const char* op, size_t count, DataType t, const char* detail = "") {
+    std::string what = opts_.check ? fmt::format("{} of {} {}{}", op, count, name(t), detail) : std::string();
+    return [this, fn = std::move(fn), what = std::move(what)](Clock::time_point dl) {
+      if (!what.empty()) agree(what, dl);
+      fn(dl);
     };
+  }
+  void agree(const std::string& what, Clock::time_point dl);
+  uint64_t checked_ = 0;  // operations checked so far (the execution slot's)
+
+  auto allreduceOp(void* data, size_t count, DataType t, ReduceOp op) {
+    return checked(
+        [=, this](Clock::time_point dl) {
+          if (shm_) return shm_->allreduce(static_cast<char*>(data), count, t, op, opts_.small_message_bytes, dl);
+          allreduce(static_cast<char*>(data), count, t, op, dl);
+        },
+        "allreduce", count, t, opts_.check ? fmt::format(" ({})", name(op)).c_str() : "");
   }
   auto broadcastOp(void* data, size_t count, DataType t, int root) {
     checkPeer(root, "broadcast root", /*allowSelf=*/true);
-    return [=, this](Clock::time_point dl) {
-      if (shm_) return shm_->broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
-      broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
-    };
+    return checked(
+        [=, this](Clock::time_point dl) {
+          if (shm_) return shm_->broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
+          broadcast(static_cast<char*>(data), count * elementSize(t), root, dl);
+        },
+        "broadcast", count, t, opts_.check ? fmt::format(" from rank {}", root).c_str() : "");
   }
   auto allgatherOp(const void* send, void* recv, size_t count, DataType t) {
-    return [=, this](Clock::time_point dl) {
-      if (shm_) return shm_->allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
-      allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
-    };
+    return checked(
+        [=, this](Clock::time_point dl) {
+          if (shm_)
+            return shm_->allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
+          allgather(static_cast<const char*>(send), static_cast<char*>(recv), count * elementSize(t), dl);
+        },
+        "allgather", count, t);
   }
   auto reduceScatterOp(const void* send, void* recv, size_t recvCount, DataType t, ReduceOp op) {
-    return [=, this](Clock::time_point dl) {
-      if (shm_) return shm_->reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
-      reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
-    };
+    return checked(
+        [=, this](Clock::time_point dl) {
+          if (shm_)
+            return shm_->reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
+          reduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), recvCount, t, op, dl);
+        },
+        "reduce_scatter", recvCount, t, opts_.check ? fmt::format(" ({})", name(op)).c_str() : "");
   }
   auto barrierOp() {
-    return [this](Clock::time_point dl) {
-      if (shm_) return shm_->barrier(dl);
-      int32_t v = 0;
-      recursiveDoubling(reinterpret_cast<char*>(&v), 1, DataType::kInt32, ReduceOp::kSum, dl);
-    };
+    return checked(
+        [this](Clock::time_point dl) {
+          if (shm_) return shm_->barrier(dl);
+          int32_t v = 0;
+          recursiveDoubling(reinterpret_cast<char*>(&v), 1, DataType::kInt32, ReduceOp::kSum, dl);
+        },
+        "barrier", 0, DataType::kInt32);
   }
   // A message is an 8-byte length header and the payload, written with one sendmsg (one
   // TCP segment for small messages) and read with one recvmsg where they have arrived.
@@ -698,6 +723,50 @@ TcpCommunicator::Blame TcpCommunicator::blame(int peer, bool stalled) {
     b.via += fmt::format(", which {} rank {}", b.stalled ? "waits on" : "lost", next);
     b.rank = next;
   }
+}
+
+// Each rank posts what it is about to do as the communicator's operation #n and reads every
+// rank's: ranks that disagree (another count, type, op or root, or another operation) would
+// otherwise go on with wrong or diverging results and say nothing (over shared memory a
+// shorter allreduce simply leaves the longer one's tail unreduced). All ranks read the same
+// posts, so all refuse alike, with SpecError (a program's mistake: no restart fixes it). A rank
+// that never posts #n (it issues nothing more, or has died) is named as lost at the deadline.
+// A rank's post #n-1 is removed once #n has been read from every rank: all have read #n-1 then.
+void TcpCommunicator::agree(const std::string& what, Clock::time_point dl) {
+  const uint64_t n = checked_++;
+  auto key = [&](uint64_t op, int r) { return fmt::format("comm/{}/check/{}/{}", opts_.name, op, r); };
+  store_->set(key(n, rank_), what);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(key(n, r));
+  const auto left = std::max(Duration(1), std::chrono::duration_cast<Duration>(dl - Clock::now()));
+  try {
+    store_->wait(keys, left);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r)
+      if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+    throw PeerLostError(fmt::format("{} on rank {}: lost rank {}: it did not issue operation #{} ({}) within the {} "
+                                    "timeout (DTRAIN_COMM_CHECK; ranks not there: {})",
+                                    currentOp_, rank_, missing.empty() ? -1 : missing.front(), n, what,
+                                    secondsText(opts_.timeout), fmt::join(missing, ", ")));
+  }
+  const std::vector<store::Bytes> posts = store_->multiGet(keys);
+  if (n > 0) store_->deleteKey(key(n - 1, rank_));
+  std::vector<std::pair<std::string, std::vector<int>>> groups;  // what, the ranks doing it
+  for (int r = 0; r < size_; ++r) {
+    const std::string& p = posts[static_cast<size_t>(r)];
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == p; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {p, {}});
+    g->second.push_back(r);
+  }
+  if (groups.size() == 1) return;
+  std::vector<std::string> said;
+  for (const auto& [p, ranks] : groups)
+    said.push_back(fmt::format("rank{} {} {}", ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), oneLine(p)));
+  throw SpecError(fmt::format("{} on rank {}: the ranks disagree on operation #{} of communicator \"{}\" "
+                              "(DTRAIN_COMM_CHECK): {}; every rank must issue the same collectives in the same "
+                              "order, with the same count, type, op and root",
+                              currentOp_, rank_, n, opts_.name, fmt::join(said, "; ")));
 }
 
 void TcpCommunicator::lost(int peer, bool stalled, const std::string& detail) {

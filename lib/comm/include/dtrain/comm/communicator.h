@@ -155,6 +155,13 @@ struct CommOptions {
   // same backend (NCCL and TCP ranks would never meet) and fails at once, naming the ranks,
   // when they differ and this does not allow the fallback.
   bool tcp_fallback = false;
+  // tcp backend: before each collective every rank posts what it is about to do (operation,
+  // count, type, op, root) through the store and checks that all agree; a mismatch fails
+  // every rank at once with SpecError naming each rank's call, where it would otherwise give
+  // wrong or diverging results in silence. Costs a store round trip or two per collective: a
+  // debugging aid (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL). createFromEnvironment:
+  // DTRAIN_COMM_CHECK=1 turns it on.
+  bool check = false;
 };
 
 // Checks a group() rank list against a communicator of `size` ranks and returns this rank's
