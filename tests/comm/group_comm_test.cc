@@ -221,6 +221,31 @@ std::vector<std::string> agree(const std::vector<std::pair<std::string, bool>>& 
   return out;
 }
 
+// A rank that never comes to the set-up (not started, or failed before it) is named on every
+// rank that waited for it, not the store key they waited on.
+TEST(BackendAgreement, ARankThatNeverComesIsNamed) {
+  auto store = std::make_shared<store::HashStore>();
+  store->setTimeout(std::chrono::milliseconds(300));
+  std::vector<std::string> out(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)  // (rank 2 of 3 never comes)
+    ts.emplace_back([&, r] {
+      try {
+        agreeOnBackend(*store, r, 3, CommOptions{});
+      } catch (const PeerLostError& e) {
+        out[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(out[static_cast<size_t>(r)].rfind(fmt::format("communicator \"default\" set-up on rank {}: lost rank 2: "
+                                                             "rank 2 did not join (not started, or failed before it): ",
+                                                             r),
+                                                 0),
+              0u)
+        << out[static_cast<size_t>(r)];
+}
+
 TEST(BackendAgreement, SameOffersKeepTheirBackend) {
   EXPECT_EQ(agree({{"nccl", false}, {"nccl", false}, {"nccl", true}}), (std::vector<std::string>(3, "nccl")));
   EXPECT_EQ(agree({{"tcp", false}, {"tcp", true}}), (std::vector<std::string>(2, "tcp")));

@@ -767,6 +767,23 @@ TEST(TcpComm, ParsesNames) {
   EXPECT_THROW(parseReduceOp("prod"), SpecError);
 }
 
+// A rank that never comes to the mesh's set-up is named (before: the store key waited on).
+TEST(TcpComm, ARankThatNeverComesToTheSetUpIsNamed) {
+  auto store = std::make_shared<store::HashStore>();
+  CommOptions o = tcpOnly();
+  o.timeout = 300ms;
+  try {
+    createTcpCommunicator(store, 0, 2, o);
+    ADD_FAILURE() << "set up without rank 1";
+  } catch (const PeerLostError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("communicator \"default\" set-up on rank 0: lost rank 1: it did not publish "
+                                          "its address (not started, or failed before it): ",
+                                          0),
+              0u)
+        << e.what();
+  }
+}
+
 // CommOptions::check (DTRAIN_COMM_CHECK=1): ranks that call different collectives, or the
 // same with another count, type, op or root, fail alike with one message naming each rank's
 // call; without it they went on in silence (over shared memory a shorter allreduce left the

@@ -70,13 +70,33 @@ int envInt(const char* name, const char* hint) {
 std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOptions& opts) {
   if (size <= 1) return opts.backend;
   const std::string prefix = "comm/" + opts.name + "/backend/";
+  // A rank that never comes (not started, or failed before it got here) is named, not the
+  // store key the others waited for.
+  auto timedOut = [&](const TimeoutError& e) {
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < size; ++r)
+        if (!store.check({prefix + std::to_string(r)})) missing.push_back(r);
+    } catch (const std::exception&) {
+    }
+    if (missing.empty()) throw e;
+    return PeerLostError(fmt::format("communicator \"{}\" set-up on rank {}: lost rank {}: rank{} {} did not join "
+                                     "(not started, or failed before it): {}",
+                                     opts.name, rank, missing.front(), missing.size() == 1 ? "" : "s",
+                                     detail::rankList(missing), e.what()));
+  };
   // An offer: the backend, and "+tcp" when this rank accepts tcp instead.
   const std::string offer = opts.backend + (opts.tcp_fallback && opts.backend != "tcp" ? "+tcp" : "");
   store.set(prefix + std::to_string(rank), offer);
   if (rank == 0) {
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-    const std::vector<std::string> offers = store.multiGet(keys);
+    std::vector<std::string> offers;
+    try {
+      offers = store.multiGet(keys);
+    } catch (const TimeoutError& e) {
+      throw timedOut(e);
+    }
     std::map<std::string, std::vector<int>> byBackend;  // backend -> ranks asking for it
     bool allAcceptTcp = true;
     for (int r = 0; r < size; ++r) {
@@ -103,7 +123,12 @@ std::string agreeOnBackend(store::Store& store, int rank, int size, const CommOp
     }
     store.set(prefix + "decision", decision);
   }
-  const std::string decision = store.get(prefix + "decision");
+  std::string decision;
+  try {
+    decision = store.get(prefix + "decision");
+  } catch (const TimeoutError& e) {
+    throw timedOut(e);
+  }
   if (!decision.empty() && decision[0] == '!') throw SpecError(decision.substr(1));
   return decision;
 }

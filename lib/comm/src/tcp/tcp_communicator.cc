@@ -451,7 +451,13 @@ void TcpCommunicator::connectMesh() {
   // Connect to every higher rank; they accept. Connections complete in the listen backlog,
   // so the order cannot deadlock.
   for (int j = rank_ + 1; j < size_; ++j) {
-    store_->wait({prefix + "addr/" + std::to_string(j)}, std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+    try {
+      store_->wait({prefix + "addr/" + std::to_string(j)}, std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+    } catch (const TimeoutError& e) {
+      throw PeerLostError(fmt::format("communicator \"{}\" set-up on rank {}: lost rank {}: it did not publish its "
+                                      "address (not started, or failed before it): {}",
+                                      opts_.name, rank_, j, e.what()));
+    }
     auto parts = split(store_->get(prefix + "addr/" + std::to_string(j)), '\t');
     if (parts.size() != 2) throw PeerLostError(fmt::format("communicator: rank {} published a bad address", j));
     addrinfo h{};
