@@ -98,6 +98,11 @@ for _ in $(seq 300); do grep -q "step 640/" "$T/lk.out" 2>/dev/null && break; sl
 kill -9 "$(pgrep -f "^$DTRAIN agent .*--node localhost( |$)" | head -1)"
 for _ in $(seq 300); do grep -q "^\[127.0.0.1 rank 0\] resuming" "$T/lk.out" 2>/dev/null && break; sleep 0.1; done
 "$DTRAIN" run "$T/lk.json" --nproc-per-node 1 >"$T/lk2.out" 2>&1; rc=$?
+# ... and the first host, tried again, joins (its agent no longer waits for the lock at its
+# start, which the other node held for this very job: it took it at its round's start).
+for _ in $(seq 300); do grep -q "event node_joined .* host localhost" "$T/lk.err" 2>/dev/null && break; sleep 0.1; done
+expect_grep "event node_joined .* host localhost" "$T/lk.err" "first node lost: it comes back and joins"
+expect_no_grep "did not come back" "$T/lk.err" "first node lost: its return is not refused for the lock"
 kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; DTRAIN_PID=
 expect_eq "$rc" 2 "first node lost: a second job on the checkpoint directory is refused"
 expect_grep "/trainer/checkpoint/dir: \"$T/lk-ck\" is in use by another dtrain job" "$T/lk2.out" "first node lost: the new rank 0's node holds the lock"

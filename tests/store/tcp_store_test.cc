@@ -1322,6 +1322,7 @@ TEST(TcpStoreDeadlines, WaitOnAServerThatStopsAnsweringEndsAfterItsTimeout) {
   TcpStoreOptions o = optionsFor(stopped.port());
   o.request_timeout = 30s;
   o.timeout = 300ms;
+  o.wait_grace = 1s;  // (5 s by default)
   TcpStore s(o);
   auto start = std::chrono::steady_clock::now();
   try {

@@ -426,7 +426,9 @@ int runAgent(const AgentOptions& opts) {
       // a local job; else the run's work is lost at its first save.
       // (an agent started again here, after this host was lost, may find its predecessor still
       // tearing down with the lock: waited for over that teardown's grace)
-      if (opts.order == 0)
+      // (a host coming back, --wait, takes it at the start of a round that makes it node 0,
+      // below: another node may hold it for this job until that round)
+      if (opts.order == 0 && !opts.wait)
         checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source, spec.shutdown_timeout_s + 5);
       // This host's data files, parsed once here for its workers (the data image), as the
       // launcher does for a local job: bad or missing data on this host is said now, as this
@@ -580,20 +582,23 @@ int runAgent(const AgentOptions& opts) {
             }
         }
         st->set(masterKey, fmt::format("{}\t{}", addr, launch::pickFreePort(spec.rendezvous.port)));
-        // Node 0 of a later round on another host than the first (that one was lost): its
-        // rank 0 writes the checkpoints now, here, so this agent takes the directory's lock
-        // and checks it can write there, as the first node's did; else a second job was let
-        // onto the directory. Not waited for, nor fatal: a lock still held (the lost node's
-        // agent, frozen with it on a shared file system; or another job) is said, and the
-        // job goes on, as it would have.
+        // Node 0 of a later round on another host than the first (that one was lost, or has
+        // come back): its rank 0 writes the checkpoints now, here, so this agent takes the
+        // directory's lock and checks it can write there, as the first node's did; else a
+        // second job was let onto the directory. Waited for briefly (the node 0 of the round
+        // before lets it go as this round starts, below), never fatal: a lock still held (the
+        // lost node's agent, frozen with it on a shared file system; or another job) is
+        // said, and the job goes on, as it would have.
         if (spec.trainer && !spec.trainer->checkpoint.dir.empty() && !checkpointLock) {
           try {
-            checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source, 0);
-          } catch (const SpecError& e) {
+            checkpointLock = train::prepareCheckpointDir(*spec.trainer, spec.source, 5);
+          } catch (const std::exception& e) {
             std::cerr << "warning: node " << opts.node << " runs rank 0 of round " << round.round
                       << " and could not take the checkpoint directory for this job: " << e.what() << std::endl;
           }
         }
+      } else {
+        checkpointLock.reset();  // (rank 0 writes elsewhere this round: that node's agent takes it)
       }
       auto master = split(st->get(masterKey), '\t');
       DTRAIN_CHECK(master.size() == 2);

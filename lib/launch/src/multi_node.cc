@@ -420,6 +420,9 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   n.out = Pipe{std::move(child.out), {}};
   n.err = Pipe{std::move(child.err), {}};
   n.state = NodeState::kStarting;
+  // (no round of this agent's yet: a host tried again is not taken for one that ran in the
+  // round of an incident, which nodeLost excuses once)
+  n.round = -1;
   n.lostReason.clear();
   n.beating = false;
   n.beatAtSpawn.clear();
@@ -636,12 +639,14 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
     return;
   }
-  if (restarting_ && (restartWorker_ || !restartCause_.empty())) {
+  if (restarting_ && (restartWorker_ || !restartCause_.empty()) && n.round == activeRound_) {
     // The round a restart opened for an incident is still forming (not every member has
-    // started its workers): a node lost now is part of that incident (one frozen by it, a
-    // host that swaps: its peer's watchdog fired first, its heartbeat went silent later, and
-    // it could not answer the round), and the round forms again without it; no second
-    // restart, as for a loss before the round opened.
+    // started its workers), and this node ran in the round of the incident and has not
+    // started the new one: its loss is part of that incident (one frozen by it, a host that
+    // swaps: its peer's watchdog fired first, its heartbeat went silent later, and it could
+    // not answer the round), and the round forms again without it; no second restart, as
+    // for a loss before the round opened. (A host that came back meanwhile and is lost again
+    // is not: a host that keeps failing spends restarts, so the budget ends it.)
     event("host_excluded", eventRound(),
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
     scheduleRestart(0, since);

@@ -1309,8 +1309,16 @@ void checkExecSize(const JobSpec& spec, const std::string& source) {
   }
   size_t specEnv = 0;
   for (const auto& [k, v] : spec.env) specEnv += k.size() + v.size() + 2 + sizeof(char*);
+  // (dtrain's own environment is what local workers inherit; remote ones inherit their agent's,
+  // which that agent measures. A variable the spec sets replaces the inherited one.)
+  const bool anyLocal =
+      spec.nodes.empty() || std::any_of(spec.nodes.begin(), spec.nodes.end(), [](const NodeSpec& n) { return n.local; });
   size_t inherited = 0;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) inherited += std::strlen(*e) + 1 + sizeof(char*);
+  for (char** e = environ; anyLocal && e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq != nullptr && spec.env.count(std::string(*e, static_cast<size_t>(eq - *e)))) continue;
+    inherited += std::strlen(*e) + 1 + sizeof(char*);
+  }
   constexpr size_t kDtrainVars = 16 * 1024;
   // (the kernel's own measure, fs/exec.c: a quarter of the stack limit, at most 6 MiB, at
   // least 128 KiB; glibc's sysconf says 128 KiB for an unlimited stack, where 6 MiB goes)

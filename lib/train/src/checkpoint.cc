@@ -621,31 +621,35 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
     }
   }
   // Stages that each hold steps, none of them in common, would be refused by the trainer on
-  // every rank (pipeline.cc): said here. Peeked files only, so a damaged one counts as held;
-  // verified ones could only share fewer steps. (A stage with none starts all over: fine.)
+  // every rank (pipeline.cc): said here. (A stage with none starts all over: fine.)
   if (stages > 1) {
-    std::vector<std::vector<long long>> held(static_cast<size_t>(stages));
-    for (int p = 0; p < stages; ++p)
-      for (const auto& [step, path] : listCheckpoints(fmt::format("{}/stage-{}-of-{}", dir, p, stages))) {
-        TrainState st;
-        if (readCheckpointFile(path, st, /*peek=*/true, nullptr, step).empty())
-          held[static_cast<size_t>(p)].push_back(step);
-      }
-    const bool allHold = std::all_of(held.begin(), held.end(), [](const auto& h) { return !h.empty(); });
-    bool common = false;
-    for (long long step : held.front())
-      common = common || std::all_of(held.begin(), held.end(),
-                                     [&](const auto& h) { return std::find(h.begin(), h.end(), step) != h.end(); });
-    if (allHold && !common) {
+    // (peeked first; a refusal is made on files read whole only, as the trainer reads them: a
+    // stage whose files are all damaged holds none, and every stage then starts over)
+    auto heldSteps = [&](bool peek) {
+      std::vector<std::vector<long long>> held(static_cast<size_t>(stages));
+      for (int p = 0; p < stages; ++p)
+        for (const auto& [step, path] : listCheckpoints(fmt::format("{}/stage-{}-of-{}", dir, p, stages))) {
+          TrainState st;
+          if (readCheckpointFile(path, st, peek, nullptr, step).empty()) held[static_cast<size_t>(p)].push_back(step);
+        }
+      return held;
+    };
+    auto noCommonStep = [&](const std::vector<std::vector<long long>>& held) {
+      if (!std::all_of(held.begin(), held.end(), [](const auto& h) { return !h.empty(); })) return false;
+      for (long long step : held.front())
+        if (std::all_of(held.begin(), held.end(),
+                        [&](const auto& h) { return std::find(h.begin(), h.end(), step) != h.end(); }))
+          return false;
+      return true;
+    };
+    if (std::vector<std::vector<long long>> held = heldSteps(true); noCommonStep(held) && noCommonStep(held = heldSteps(false))) {
       std::string each;
       for (int p = 0; p < stages; ++p)
-        each +=
-            fmt::format("{}stage {} at step {}", p == 0 ? "" : ", ", p,
-                        *std::max_element(held[static_cast<size_t>(p)].begin(), held[static_cast<size_t>(p)].end()));
-      throw SpecError(
-          fmt::format("{}: the stage checkpoints in {} have no step in common ({}); remove them or use "
-                      "another /trainer/checkpoint/dir",
-                      where, dir, each));
+        each += fmt::format("{}stage {} at step {}", p == 0 ? "" : ", ", p,
+                            *std::max_element(held[static_cast<size_t>(p)].begin(), held[static_cast<size_t>(p)].end()));
+      throw SpecError(fmt::format("{}: the stage checkpoints in {} have no step in common ({}); remove them or use "
+                                  "another /trainer/checkpoint/dir",
+                                  where, dir, each));
     }
   }
   return std::move(lock.fd);

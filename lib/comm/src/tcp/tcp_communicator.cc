@@ -744,17 +744,30 @@ void TcpCommunicator::agree(const std::string& what, Clock::time_point dl) {
   store_->set(key(n, rank_), what);
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(key(n, r));
-  const auto left = std::max(Duration(1), std::chrono::duration_cast<Duration>(dl - Clock::now()));
-  try {
-    store_->wait(keys, left);
-  } catch (const TimeoutError&) {
+  // Waited for in short slices: a store client shared with other communicators (group()) is
+  // not held by one wait for the operation's whole timeout.
+  for (;;) {
+    const auto left = std::chrono::duration_cast<Duration>(dl - Clock::now());
+    try {
+      store_->wait(keys, std::clamp(left, Duration(1), Duration(std::chrono::milliseconds(100))));
+      break;
+    } catch (const TimeoutError&) {
+      if (Clock::now() < dl) continue;
+    }
     std::vector<int> missing;
-    for (int r = 0; r < size_; ++r)
-      if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+    try {
+      for (int r = 0; r < size_; ++r)
+        if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+    } catch (const std::exception& e) {
+      throw PeerLostError(fmt::format("{} on rank {}: the store failed while the ranks' posts of operation #{} were "
+                                      "awaited (DTRAIN_COMM_CHECK): {}",
+                                      currentOp_, rank_, n, e.what()));
+    }
+    if (missing.empty()) break;  // (all came at the deadline)
     throw PeerLostError(fmt::format("{} on rank {}: lost rank {}: it did not issue operation #{} ({}) within the {} "
                                     "timeout (DTRAIN_COMM_CHECK; ranks not there: {})",
-                                    currentOp_, rank_, missing.empty() ? -1 : missing.front(), n, what,
-                                    secondsText(opts_.timeout), fmt::join(missing, ", ")));
+                                    currentOp_, rank_, missing.front(), n, what, secondsText(opts_.timeout),
+                                    fmt::join(missing, ", ")));
   }
   const std::vector<store::Bytes> posts = store_->multiGet(keys);
   if (n > 0) store_->deleteKey(key(n - 1, rank_));

@@ -158,7 +158,7 @@ struct CommOptions {
   // tcp backend: before each collective every rank posts what it is about to do (operation,
   // count, type, op, root) through the store and checks that all agree; a mismatch fails
   // every rank at once with SpecError naming each rank's call, where it would otherwise give
-  // wrong or diverging results in silence. Costs a store round trip or two per collective: a
+  // wrong or diverging results in silence. Costs four store round trips per collective: a
   // debugging aid (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL). createFromEnvironment:
   // DTRAIN_COMM_CHECK=1 turns it on.
   bool check = false;

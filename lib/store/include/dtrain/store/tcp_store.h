@@ -100,8 +100,10 @@ struct TcpStoreOptions {
   // for the server's reply before giving up on the server (a TimeoutError that drops the
   // connection). The server answers TIMEOUT at its deadline; this grace lets that typed
   // answer arrive first instead of racing it, and it bounds a wait on a server that
-  // stopped answering to about its timeout, not timeout + request_timeout.
-  Duration wait_grace{std::chrono::seconds(1)};
+  // stopped answering to about its timeout, not timeout + request_timeout. Seconds, not
+  // less: a reply late by a loaded launcher host or a TCP retransmit must not cost the
+  // connection (the client does not reconnect).
+  Duration wait_grace{std::chrono::seconds(5)};
 };
 
 // Client. One connection, one request at a time (calls are serialized by a mutex, so a
