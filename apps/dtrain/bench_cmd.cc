@@ -21,6 +21,7 @@
 #include "dtrain/launch/multi_node.h"
 #include "dtrain/launch/output.h"
 #include "dtrain/launch/plan.h"
+#include "dtrain/spec/error_file.h"
 #include "dtrain/spec/job_spec.h"
 #include "output_file.h"
 #include "version.h"
@@ -319,7 +320,16 @@ void addBenchCommands(CLI::App& app) {
 int runBenchCommand() {
   for (auto& [sub, c] : gArgs.subs) {
     if (!sub->parsed()) continue;
-    return gArgs.worker ? worker(c) : launch(c, sub);
+    if (!gArgs.worker) return launch(c, sub);
+    try {
+      return worker(c);
+    } catch (const std::exception& e) {
+      // Under dtrain run, the error file is what the failure's headline and summary say of
+      // this rank (before: "rank 0 exited with code 1" and nothing more); main says it on
+      // stderr.
+      if (const char* f = std::getenv("TORCHELASTIC_ERROR_FILE"); f && *f) spec::writeWorkerErrorFile(f, {e.what(), ""});
+      throw;
+    }
   }
   return -1;
 }

@@ -235,4 +235,15 @@ JSON
 expect_eq "$?" 0 "a trainer run with DTRAIN_COMM_CHECK=1"
 w() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['trainer']['weights_sha256'])" "$1"; }
 expect_eq "$(w "$T/chk1.sum")" "$(w "$T/chk0.sum")" "DTRAIN_COMM_CHECK=1: the same weights"
+# dtrain bench with a rank SIGSTOPped: the job's headline says why rank 0 failed (the bench
+# worker leaves its error file, as the trainer does; before: "exited with code 1" alone).
+timeout 60 "$DTRAIN" bench allreduce --nproc-per-node 3 --timeout 2 -b 1M -e 1M -n 1000000 -w 1 >"$T/bs.out" 2>"$T/bs.err" &
+BP=$!
+for _ in $(seq 100); do grep -q "bytes" "$T/bs.out" 2>/dev/null && break; sleep 0.1; done
+DP=$(pgrep -P "$BP" -x dtrain); KIDS=($(pgrep -P "$DP" -x dtrain))
+kill -STOP "${KIDS[1]}"
+wait "$BP"; rc=$?
+kill -CONT "${KIDS[1]}" 2>/dev/null
+expect_eq "$rc" 1 "bench with a stopped rank: exit 1"
+expect_grep "^dtrain: job 'bench-allreduce' failed: rank [02] exited with code 1 \(allreduce on rank [02]: lost rank 1: not done within the 2 s per-operation timeout" "$T/bs.err" "bench with a stopped rank: the headline says why"
 finish
