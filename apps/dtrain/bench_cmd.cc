@@ -327,7 +327,7 @@ int runBenchCommand() {
       // Under dtrain run, the error file is what the failure's headline and summary say of
       // this rank (before: "rank 0 exited with code 1" and nothing more); main says it on
       // stderr.
-      if (const char* f = std::getenv("TORCHELASTIC_ERROR_FILE"); f && *f) spec::writeWorkerErrorFile(f, {e.what(), ""});
+      spec::leaveWorkerError(e.what());
       throw;
     }
   }

@@ -236,8 +236,6 @@ std::string argumentMismatch(const std::string& what, const std::vector<std::str
   return "";
 }
 
-// True when `path` is a job spec: a .json file, or a file that parses as one. For the
-// words after it, which are then a command given beside a spec, not a command without --.
 // The command being parsed, as the user typed it ("store get", "bench allreduce"): the deepest
 // subcommand CLI11 has taken.
 CLI::App* parsedCommand(CLI::App& app, std::string* path) {
@@ -289,6 +287,8 @@ std::string requiredError(CLI::App& app, const std::string& what, const std::str
                      hint.empty() ? fmt::format("; see dtrain {}--help", path.empty() ? "" : path + " ") : hint);
 }
 
+// True when `path` is a job spec: a .json file, or a file that parses as one. For the
+// words after it, which are then a command given beside a spec, not a command without --.
 bool isSpecFile(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;

@@ -146,7 +146,7 @@ int runTrainCommand() {
   } catch (const std::exception& e) {
     // Under a launcher (dtrain run, torchrun), the error file is what its report and summary
     // say about this rank, as a Python worker's @record leaves it; main says it on stderr.
-    if (const char* f = std::getenv("TORCHELASTIC_ERROR_FILE"); f && *f) spec::writeWorkerErrorFile(f, {e.what(), ""});
+    spec::leaveWorkerError(e.what());
     throw;
   }
 }

@@ -114,9 +114,9 @@ volatile sig_atomic_t gFirstHeldStop = 0;    // the first stop signal held, 0 be
 volatile sig_atomic_t gFirstCode = 0;
 volatile pid_t gFirstPid = 0;
 volatile long long gFirstAtMs = 0;
-// A copy of the first signal that arrives this soon after it is its echo, not a second
-// request: timeout(1) sends its SIGTERM to dtrain and then to its own process group (dtrain
-// again), and a closed terminal's SIGHUP comes from the kernel and then from the shell.
+// A SIGHUP that arrives this soon after the first is its echo, not a second request: a closed
+// terminal's comes from the kernel and then from the shell (other signals' echoes:
+// detail::repeatsSignal).
 constexpr long long kEchoMs = 100;
 struct sigaction gOldAlarm {};
 bool gAlarmInstalled = false;  // (not touched by handlers)
@@ -173,24 +173,15 @@ void endByDefault(int sig, const LineBuffer& line, void (*ours)(int, siginfo_t*,
   ::raise(sig);
 }
 
-long long monotonicMs() {
-  timespec t{};
-  ::clock_gettime(CLOCK_MONOTONIC, &t);  // (async-signal-safe)
-  return static_cast<long long>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
-}
+using detail::monotonicMs;
 
-// The same signal as the first, within kEchoMs, and either SIGHUP or sent by kill() from the
-// same process: one request delivered twice; or, within 1 s, sent by kill() from dtrain's
-// parent where the first came from elsewhere: a wrapper (timeout(1), a script's trap) passing
-// on the terminal's Ctrl-C that reached dtrain too (detail::interruptEcho). A second Ctrl-C (the terminal's, SI_KERNEL) or a signal
-// from another process always counts.
+// The same signal as the first, and either a SIGHUP within kEchoMs (a closed terminal's, from
+// the kernel and then from the shell) or a repeat of it (detail::repeatsSignal: timeout(1)'s
+// second copy, a wrapper passing on the terminal's Ctrl-C): one request delivered twice.
 bool isEcho(int sig, const siginfo_t* info, long long nowMs) {
   if (sig != gFirstHeldStop) return false;
-  const bool byKill = info && info->si_code == SI_USER;
-  const bool sameSender = byKill && gFirstCode == SI_USER && info->si_pid == gFirstPid;
-  if (byKill && !sameSender && info->si_pid == ::getppid() && nowMs - gFirstAtMs < 1000) return true;
-  if (nowMs - gFirstAtMs >= kEchoMs) return false;
-  return sig == SIGHUP || sameSender;
+  if (sig == SIGHUP && nowMs - gFirstAtMs < kEchoMs) return true;
+  return detail::repeatsSignal(info, gFirstCode, gFirstPid, nowMs - gFirstAtMs);
 }
 
 void onHeldStop(int sig, siginfo_t* info, void*) {

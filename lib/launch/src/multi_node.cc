@@ -630,26 +630,24 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     held_.reset();
   }
   event("node_lost", eventRound(), lost, n.name);
-  if (pending_) {
-    // A restart is already on its way for this incident (a worker's failure came first:
-    // its peers on the lost node were the cause or a consequence). One incident, one
-    // restart: the next round starts without this node. (Not so for a round still forming,
-    // restarting_ without pending_: it waits for this node, so it must be reopened.)
+  auto excluded = [&] {
     event("host_excluded", eventRound(),
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
-    return;
-  }
-  if (restarting_ && (restartWorker_ || !restartCause_.empty()) && n.round == activeRound_) {
-    // The round a restart opened for an incident is still forming (not every member has
-    // started its workers), and this node ran in the round of the incident and has not
-    // started the new one: its loss is part of that incident (one frozen by it, a host that
-    // swaps: its peer's watchdog fired first, its heartbeat went silent later, and it could
-    // not answer the round), and the round forms again without it; no second restart, as
-    // for a loss before the round opened. (A host that came back meanwhile and is lost again
-    // is not: a host that keeps failing spends restarts, so the budget ends it.)
-    event("host_excluded", eventRound(),
-          fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
-    scheduleRestart(0, since);
+  };
+  // One incident, one restart. A restart already on its way for this incident (pending_: a
+  // worker's failure came first; its peers on the lost node were the cause or a consequence):
+  // the next round starts without this node. The round such a restart opened still forming
+  // (restarting_; not every member has started its workers), this node having run in the
+  // incident's round and not started the new one: its loss is part of that incident (one
+  // frozen by it, a host that swaps: its peer's watchdog fired first, its heartbeat went
+  // silent later, and it could not answer the round), and the round, which waits for it,
+  // forms again without it. (A host that came back meanwhile and is lost again is not: a host
+  // that keeps failing spends restarts, so the budget ends it.)
+  const bool formingForIncident =
+      !pending_ && restarting_ && (restartWorker_ || !restartCause_.empty()) && n.round == activeRound_;
+  if (pending_ || formingForIncident) {
+    excluded();
+    if (formingForIncident) scheduleRestart(0, since);
     return;
   }
   // (members whose agent still runs: another one lost at the same moment, reaped with this
@@ -664,8 +662,7 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     finalFailure(msg, kExitFailure);
     return;
   }
-  event("host_excluded", eventRound(), fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures),
-        n.name);
+  excluded();
   ++result_.restarts;
   event("restart", openRound_ + 1,
         fmt::format("{}; {} node(s) left (min_nodes {}); restart {} of {}", lost, left, spec_.min_nodes,

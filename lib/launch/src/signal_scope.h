@@ -30,14 +30,28 @@ inline void onSignal(int sig) {
   errno = saved;
 }
 
-// A SIGINT that repeats the one before it rather than asking again (where a second means
-// "kill the workers now"): timeout(1), or a wrapper script's trap, passes the terminal's
-// Ctrl-C on to dtrain (and to its own process group), so that one Ctrl-C arrives two or three
-// times within microseconds. An echo: within 1 s of the SIGINT it repeats, sent by kill() from
-// dtrain's parent (the wrapper) where that one came from elsewhere (the terminal), or, within
-// 0.1 s, from the very process that sent that one. A second Ctrl-C on the terminal
-// (SI_KERNEL) always counts, as does a kill from elsewhere, or from the parent 0.1 s on.
-// Async-signal-safe; the state is the handler's alone.
+// Milliseconds on the monotonic clock (async-signal-safe).
+inline long long monotonicMs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<long long>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
+
+// Whether a signal (`info`) that comes `sinceMs` after the same one (sent as `firstCode` by
+// `firstPid`) repeats it rather than asking again: within 0.1 s, sent by kill() from the very
+// process that sent that one (timeout(1) signals dtrain and then its own process group,
+// dtrain again); or, within 1 s, sent by kill() from dtrain's parent where that one came from
+// elsewhere: a wrapper (timeout(1), a script's trap) passing on the terminal's Ctrl-C that
+// reached dtrain too. A second Ctrl-C on the terminal (SI_KERNEL) always counts, as does a
+// kill from elsewhere. Async-signal-safe.
+inline bool repeatsSignal(const siginfo_t* info, int firstCode, pid_t firstPid, long long sinceMs) {
+  if (info == nullptr || info->si_code != SI_USER || sinceMs < 0) return false;
+  const bool sameSender = firstCode == SI_USER && info->si_pid == firstPid;
+  return sameSender ? sinceMs < 100 : sinceMs < 1000 && info->si_pid == ::getppid();
+}
+
+// The run's SIGINT, where a second one means "kill the workers now": an echo (repeatsSignal)
+// of the last one that counted is dropped. The state is the handler's alone.
 inline struct {
   long long at_ms = -1;
   int code = 0;
@@ -45,14 +59,9 @@ inline struct {
 } gLastInterrupt;
 
 inline bool interruptEcho(const siginfo_t* info) {
-  timespec t{};
-  ::clock_gettime(CLOCK_MONOTONIC, &t);
-  const long long now = static_cast<long long>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
-  const long long since = gLastInterrupt.at_ms < 0 ? -1 : now - gLastInterrupt.at_ms;
-  const bool byKill = info != nullptr && info->si_code == SI_USER;
-  const bool sameSender = gLastInterrupt.code == SI_USER && byKill && info->si_pid == gLastInterrupt.pid;
-  const bool echo = since >= 0 && byKill &&
-                    ((since < 1000 && !sameSender && info->si_pid == ::getppid()) || (since < 100 && sameSender));
+  const long long now = monotonicMs();
+  const bool echo = gLastInterrupt.at_ms >= 0 &&
+                    repeatsSignal(info, gLastInterrupt.code, gLastInterrupt.pid, now - gLastInterrupt.at_ms);
   if (!echo) gLastInterrupt = {now, info ? info->si_code : 0, info ? info->si_pid : 0};
   return echo;
 }

@@ -1,6 +1,7 @@
 #include "dtrain/spec/error_file.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -48,6 +49,10 @@ bool writeWorkerErrorFile(const std::string& path, const WorkerError& err) {
   out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   out.flush();
   return static_cast<bool>(out);
+}
+
+void leaveWorkerError(const std::string& message) {
+  if (const char* f = std::getenv("TORCHELASTIC_ERROR_FILE"); f && *f) writeWorkerErrorFile(f, {message, ""});
 }
 
 }  // namespace dtrain::spec

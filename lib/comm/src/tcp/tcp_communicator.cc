@@ -799,14 +799,15 @@ void TcpCommunicator::lost(int peer, bool stalled, const std::string& detail) {
   // (the deadline is the operation's, from its start: data may have been moving, only too
   // slowly, so "no progress" would blame a healthy peer on a slow link)
   const std::string noProgress = fmt::format("not done within the {} per-operation timeout", secondsText(opts_.timeout));
+  const char* ask = "; is it stopped or overloaded, or the timeout too short for this size?";
   std::string why;
   if (b.rank == peer) {
-    why = stalled ? fmt::format("{} ({}); is it stopped or overloaded, or the timeout too short for this size?", noProgress, detail) : detail;
+    why = stalled ? fmt::format("{} ({}){}", noProgress, detail, ask) : detail;
   } else {
     why = fmt::format("{} (rank {} waited on rank {}{}; {}){}", b.stalled ? noProgress : "connection closed or reset",
                       rank_, peer, b.via,
                       stalled ? detail : fmt::format("rank {} failed and closed its connections", peer),
-                      b.stalled ? "; is it stopped or overloaded, or the timeout too short for this size?" : "");
+                      b.stalled ? ask : "");
   }
   std::string msg = fmt::format("{} on rank {}: lost rank {}: {}", currentOp_, rank_, b.rank, why);
   // A peer that gave up on someone else closes its sockets too; say what it saw.

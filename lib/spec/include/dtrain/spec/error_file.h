@@ -20,4 +20,8 @@ std::optional<WorkerError> readWorkerErrorFile(const std::string& path);
 // the file cannot be written): the worker is failing already, and says so on stderr too.
 bool writeWorkerErrorFile(const std::string& path, const WorkerError& err);
 
+// A failing worker of dtrain's own (the trainer, a bench rank): `message` to the error file
+// its launcher named in TORCHELASTIC_ERROR_FILE, if it named one.
+void leaveWorkerError(const std::string& message);
+
 }  // namespace dtrain::spec
