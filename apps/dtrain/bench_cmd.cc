@@ -48,6 +48,16 @@ struct BenchArgs {
 
 BenchArgs gArgs;
 
+// A value's SpecError, said after the flag that gave it (as every other flag's is).
+template <typename F>
+auto withFlag(const char* flag, F parse) {
+  try {
+    return parse();
+  } catch (const SpecError& e) {
+    throw SpecError(fmt::format("{}: {}", flag, e.what()));
+  }
+}
+
 comm::BenchOptions benchOptions(comm::Collective c) {
   auto& a = gArgs;
   comm::BenchOptions o;
@@ -56,7 +66,7 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   o.max_bytes = parseSize(a.maxBytes, "-e/--maxbytes");
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
     throw SpecError(fmt::format("-b/-e: need 0 < minbytes <= maxbytes, got {} and {}", a.minBytes, a.maxBytes));
-  o.dtype = comm::parseDataType(a.dtype);
+  o.dtype = withFlag("-d/--datatype", [&] { return comm::parseDataType(a.dtype); });
   // A size below one element measures nothing: -e 3 with floats was an empty table, "OK" and
   // exit 0 (and -b 3 quietly started at 4).
   const size_t es = comm::elementSize(o.dtype);
@@ -70,7 +80,8 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   a.factor = static_cast<size_t>(parseIntFlag("-f/--stepfactor", a.factorText, 2, 1 << 20));
   a.iters = parseIntFlag("-n/--iters", a.itersText, 1, 1000000000);
   a.warmup = parseIntFlag("-w/--warmup_iters", a.warmupText, 0, 1000000000);
-  (void)envSwitch("DTRAIN_COMM_SHM");  // (its ranks read it: said once, here)
+  // (its ranks read them: said once, here)
+  for (const char* v : {"DTRAIN_COMM_SHM", "DTRAIN_COMM_CHECK"}) (void)envSwitch(v);
   if (a.backend != "tcp" && a.backend != "nccl")
     throw SpecError(fmt::format("--backend: expected tcp or nccl, got \"{}\"", a.backend));
   // (from 1 ms: below, the communicator's millisecond deadline was 0 and every rank failed at
@@ -80,7 +91,7 @@ comm::BenchOptions benchOptions(comm::Collective c) {
   o.factor = a.factor;
   o.iters = a.iters;
   o.warmup = a.warmup;
-  o.op = comm::parseReduceOp(a.op);
+  o.op = withFlag("-o/--op", [&] { return comm::parseReduceOp(a.op); });
   return o;
 }
 

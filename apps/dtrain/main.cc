@@ -275,10 +275,16 @@ std::string conversionError(CLI::App& app, const std::string& what) {
 // its help; `hint` (storeParseHint) replaces the pointer to --help when given.
 std::string requiredError(CLI::App& app, const std::string& what, const std::string& hint) {
   std::string path;
-  parsedCommand(app, &path);
+  CLI::App* cmd = parsedCommand(app, &path);
   const size_t is = what.find(" is required");
   std::string said = what;
-  if (is != std::string::npos && what.rfind("--", 0) != 0) {
+  if (what.rfind("A subcommand", 0) == 0) {
+    // `dtrain`, `dtrain store`, `dtrain bench` alone: name the commands it takes.
+    std::vector<std::string> shown;
+    for (CLI::App* sub : cmd->get_subcommands([](CLI::App* s) { return !s->get_group().empty(); }))
+      shown.push_back(sub->get_name());
+    said = fmt::format("a command is missing; the commands are {}", fmt::join(shown, ", "));
+  } else if (is != std::string::npos && what.rfind("--", 0) != 0) {
     std::string name = what.substr(0, is);
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
     said = fmt::format("the {} argument is missing", name);

@@ -199,6 +199,26 @@ std::string trainerSpecPath(const std::string& runId, bool dryRun) {
   return (std::filesystem::path(dir) / (ownedFilePrefix(kRunDirStem, runId) + "XXXXXX") / "spec.json").string();
 }
 
+// The log directory a run made for itself beside a busy log_dir, removed again when the run
+// ends having written nothing there (refused before its launch: a checkpoint directory in
+// use, a port taken): a refusal leaves no empty directory behind.
+struct OwnLogDir {
+  std::string path;
+  OwnLogDir() = default;
+  OwnLogDir(const OwnLogDir&) = delete;
+  OwnLogDir& operator=(const OwnLogDir&) = delete;
+  ~OwnLogDir() {
+    if (path.empty()) return;
+    std::error_code ec;
+    std::filesystem::directory_iterator it(path, ec);
+    for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+      if (it->path().filename() != ".dtrain-logs.lock") return;
+    if (ec) return;
+    std::filesystem::remove(std::filesystem::path(path) / ".dtrain-logs.lock", ec);
+    std::filesystem::remove(path, ec);
+  }
+};
+
 // A command job's name, for messages ("job 'train.py' failed"): the program, or for an
 // interpreter the script (or -m module) it runs, as torchrun names its jobs.
 std::string jobNameOf(const std::vector<std::string>& cmd) {
@@ -356,7 +376,8 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   if (jobName) *jobName = s.name;
   // dtrain's own switches, read here, by agents or by workers: a bad value is said now, once,
   // not by every worker after the launch.
-  for (const char* v : {"DTRAIN_COMM_SHM", "DTRAIN_DATA_SHARE", "DTRAIN_MEMORY_CHECK"}) (void)envSwitch(v);
+  for (const char* v : {"DTRAIN_COMM_SHM", "DTRAIN_COMM_CHECK", "DTRAIN_DATA_SHARE", "DTRAIN_MEMORY_CHECK"})
+    (void)envSwitch(v);
   if (!a.nproc.empty()) a.overrides.nproc_per_node = a.nproc;
   if (!a.hostfile.empty()) a.overrides.hostfile = a.hostfile;
   if (!a.hosts.empty()) a.overrides.hosts = a.hosts;
@@ -691,6 +712,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
                                a.summary_json);
     return kExitOk;
   }
+  OwnLogDir ownLogDir;  // (before logLock: removed, when unused, after the lock is let go)
   Fd logLock;  // held until the job ends: the rank logs and metrics in log_dir are this run's
   if (!s.log_dir.empty()) {
     std::error_code ec;
@@ -710,6 +732,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
           "run's logs go to {}\n",
           s.log_dir, lock.holder.empty() ? "its lock is held" : lock.holder, own);
       s.log_dir = own;
+      ownLogDir.path = own;
       lock = tryLockDirectory(own, ".dtrain-logs.lock");
     }
     logLock = std::move(lock.fd);  // (a file system without flock: no lock, as before)

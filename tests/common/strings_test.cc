@@ -1,5 +1,6 @@
 #include "dtrain/common/strings.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -58,6 +59,37 @@ TEST(ParseSeconds, FiniteAndBounded) {
   } catch (const SpecError& e) {
     EXPECT_STREQ(e.what(), "--timeout: expected seconds from 0 to 100, got \"-1\"");
   }
+}
+
+TEST(ParseSize, BinaryUnitsInEitherCase) {
+  EXPECT_EQ(parseSize("4096", "-b"), 4096u);
+  EXPECT_EQ(parseSize("8B", "-b"), 8u);
+  EXPECT_EQ(parseSize("4K", "-b"), 4096u);
+  EXPECT_EQ(parseSize("4k", "-b"), 4096u);  // as nccl-tests takes it
+  EXPECT_EQ(parseSize("4KiB", "-b"), 4096u);
+  EXPECT_EQ(parseSize("256m", "-e"), 256u << 20);
+  EXPECT_EQ(parseSize("1G", "-e"), 1ull << 30);
+  EXPECT_EQ(parseSize("1024T", "-e"), 1ull << 50);  // the largest, as the refusal says
+  for (const char* bad : {"", "K", "-4K", "+4K", " 4K", "4 K", "4X", "4KB", "1.5M", "0x10"}) {
+    try {
+      parseSize(bad, "-b/--minbytes");
+      ADD_FAILURE() << "\"" << bad << "\" was accepted";
+    } catch (const SpecError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                fmt::format("-b/--minbytes: expected a size like 4096, 4K, 256M or 1G, got \"{}\"", bad));
+    }
+  }
+  for (const char* huge : {"1025T", "99999999999999999999", "18446744073709551616K"})
+    EXPECT_THROW(
+        {
+          try {
+            parseSize(huge, "-e");
+          } catch (const SpecError& e) {
+            EXPECT_NE(std::string(e.what()).find("is out of range; sizes go up to 1024T"), std::string::npos) << huge;
+            throw;
+          }
+        },
+        SpecError);
 }
 
 // Messages quote what users give: one line, no terminal controls, no raw binary.

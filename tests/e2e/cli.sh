@@ -7,6 +7,11 @@ expect_grep "^dtrain [0-9]+\.[0-9]+\.[0-9]+ \((CPU|CUDA/NCCL) build, store proto
 "$DTRAIN" run --bogus-flag x.json >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "unknown flag exits 2"
 expect_grep "^dtrain: error: .*bogus" "$T/err" "unknown flag named"
 "$DTRAIN" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "no subcommand exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: a command is missing; the commands are run, validate, store, bench, train; see dtrain --help" "no subcommand: the commands listed"
+"$DTRAIN" store >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store alone exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: store: a command is missing; the commands are serve, set, get, add, wait, check, delete; see dtrain store --help" "store alone: its commands listed"
+"$DTRAIN" bench >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench alone exits 2"
+expect_grep "^dtrain: error: bench: a command is missing; the commands are allreduce, broadcast, allgather, sendrecv; see dtrain bench --help$" "$T/err" "bench alone: its commands listed"
 "$DTRAIN" run >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "nothing to run exits 2"
 expect_grep "nothing to run" "$T/err" "nothing to run message"
 "$DTRAIN" run "$SRC/configs/env_dump.json" -- true 2>"$T/err"; expect_eq "$?" 2 "spec and command exits 2"
@@ -68,6 +73,11 @@ grep -q "s3cr3t\|hf_abc\|ghp_0123\|AKIAIOSF" "$T/out" "$T/err" && fail "validate
   --api-key s3cr3t --key-file /keys/k hf_abcdefghijklmnopqrstuvwxyz0123 --lr 0.1 >"$T/out" 2>"$T/err"
 expect_eq "$(grep '^command:' "$T/out")" "command:            python3 train.py --token=(hidden: 30 characters) https://a:(hidden)@db.example.com/x --api-key (hidden: 6 characters) --key-file /keys/k (hidden: 33 characters, a credential's format) --lr 0.1" \
   "validate hides credentials in the command's arguments, shows the rest"
+# ... and so does the --dry-run plan (also a pre-launch check whose output lands in CI logs).
+"$DTRAIN" run --dry-run -- python3 train.py --token=ghp_abcdefghijklmnopqrstuvwxyz https://a:pw@db.example.com/x \
+  --api-key s3cr3t --lr 0.1 >"$T/out" 2>"$T/err"
+expect_grep " python3 train.py --token=\(hidden: 30 characters\) https://a:\(hidden\)@db.example.com/x --api-key \(hidden: 6 characters\) --lr 0.1$" "$T/out" "the --dry-run plan hides credentials in the command"
+grep -q "s3cr3t\|ghp_abc\|a:pw@" "$T/out" "$T/err" && fail "--dry-run printed a secret" || pass "--dry-run printed no secret"
 "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
 expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
 # auto without GPUs = usable CPU cores (CUDA_VISIBLE_DEVICES hides any).

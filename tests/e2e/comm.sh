@@ -34,6 +34,12 @@ expect_eq "$?" 0 "bench with DTRAIN_COMM_SHM=0 exits 0"
 expect_grep "^# transport: tcp$" "$T/out" "DTRAIN_COMM_SHM=0: TCP transport"
 DTRAIN_COMM_SHM=maybe "$DTRAIN" bench allreduce --nproc-per-node 2 -b 1K -e 1K -n 1 -w 0 >"$T/out" 2>"$T/err"
 [ "$?" -ne 0 ] && pass "bad DTRAIN_COMM_SHM fails" || fail "DTRAIN_COMM_SHM=maybe accepted"
+DTRAIN_COMM_CHECK=maybe "$DTRAIN" bench allreduce --nproc-per-node 2 -b 1K -e 1K -n 1 -w 0 >"$T/out" 2>"$T/err"
+expect_eq "$?:$(cat "$T/err")" "2:dtrain: error: DTRAIN_COMM_CHECK=\"maybe\": expected 0 or 1 (also off/on, false/true, no/yes)" "bad DTRAIN_COMM_CHECK: refused before the ranks start"
+DTRAIN_COMM_CHECK=maybe "$DTRAIN" run --nproc-per-node 2 -- sh -c "touch $T/check-ran" >"$T/out" 2>"$T/err"
+expect_eq "$?:$(cat "$T/err")" "2:dtrain: error: DTRAIN_COMM_CHECK=\"maybe\": expected 0 or 1 (also off/on, false/true, no/yes)" "bad DTRAIN_COMM_CHECK: run refuses it before the launch"
+[ -e "$T/check-ran" ] && fail "bad DTRAIN_COMM_CHECK: a worker ran" || pass "bad DTRAIN_COMM_CHECK: no worker ran"
+"$DTRAIN" run --env DTRAIN_COMM_CHECK=x --nproc-per-node 1 -- true 2>"$T/err"; expect_eq "$?" 2 "--env DTRAIN_COMM_CHECK=x exits 2"
 # avg over 3 ranks divides by 3: checked to the type's rounding, not bit for bit.
 for spec in "broadcast -d int64" "allgather -d half" "allreduce -d bfloat16 -o max" "allreduce -d int32 -o avg" \
             "allreduce -o avg" "allreduce -d half -o avg"; do
@@ -135,6 +141,11 @@ expect_eq "$(python3 -c "import json; d=json.load(open('$T/b2.json')); print(len
 "$DTRAIN" bench allreduce -b 1X 2>"$T/err"; expect_eq "$?" 2 "bad size exits 2"
 expect_grep "expected a size like 4096, 4K" "$T/err" "bad size message"
 "$DTRAIN" bench allreduce -d complex 2>"$T/err"; expect_eq "$?" 2 "bad type exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: -d/--datatype: unknown data type \"complex\"; use float, double, int32, int64, bfloat16 or half" "bad type: the flag named"
+"$DTRAIN" bench allreduce -o prod 2>"$T/err"; expect_eq "$?" 2 "bad reduction exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: -o/--op: unknown reduction \"prod\"; use sum, avg, min or max" "bad reduction: the flag named"
+"$DTRAIN" bench allreduce --nproc-per-node 2 -b 4k -e 8k -n 1 -w 0 >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "sizes in lower case (4k, as nccl-tests)"
+expect_grep "^ +8192 +2048 +float +sum " "$T/out" "-e 8k: 8192 bytes"
 # Counts: one line naming the flag and its range (CLI11's "Could not convert", or a negative
 # -f shown as 18446744073709551614, said neither).
 for bad in "-f|-2|-f/--stepfactor|2 and 1048576" "-f|1.5|-f/--stepfactor|2 and 1048576" "-n|0|-n/--iters|1 and 1000000000" "-w|abc|-w/--warmup_iters|0 and 1000000000"; do

@@ -151,13 +151,20 @@ expect_eq "$(grep -c 'is named like a checkpoint but is not a dtrain checkpoint'
 # directory is free again.
 spec "$T/busy.json" "$T/ck-busy"
 sed 's/"epochs": 2/"epochs": 100000/' "$T/busy.json" > "$T/busy-long.json"
-"$DTRAIN" run "$T/busy-long.json" >"$T/busy1.out" 2>&1 &
+"$DTRAIN" run --log-dir "$T/busy-logs" "$T/busy-long.json" >"$T/busy1.out" 2>&1 &
 DTRAIN_PID=$!
 for _ in $(seq 200); do ls "$T/ck-busy"/ckpt-*.bin >/dev/null 2>&1 && break; sleep 0.05; done
 "$DTRAIN" run "$T/busy.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 2 "a busy checkpoint dir: exit 2"
 one_line "$T/err" "a busy checkpoint dir"
 expect_grep "^dtrain: error: $T/busy.json: /trainer/checkpoint/dir: \"$T/ck-busy\" is in use by another dtrain job \(pid $DTRAIN_PID on " "$T/err" "a busy checkpoint dir: names the holder"
+# ... also when its log_dir was busy too: the log directory it made for itself beside the
+# busy one is not left behind, empty, by the refusal.
+"$DTRAIN" run --log-dir "$T/busy-logs" "$T/busy.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "a busy checkpoint dir and log_dir: exit 2"
+expect_grep "this run's logs go to $T/busy-logs/[0-9a-f]*$" "$T/err" "a busy log_dir: the run said where its logs would go"
+own="$(sed -n "s/.*this run's logs go to //p" "$T/err")"
+[ -n "$own" ] && [ ! -e "$own" ] && pass "a refused run leaves no log directory of its own behind" || fail "a refused run left $own behind"
 kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 143 "a busy checkpoint dir: the first job ran on until stopped"
 "$DTRAIN" run "$T/busy.json" >"$T/out" 2>&1

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "dtrain/common/errors.h"
 
@@ -173,20 +175,22 @@ std::string shellQuote(std::string_view word) {
 }
 
 size_t parseSize(const std::string& text, const std::string& what) {
-  size_t used = 0;
   unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &used);
-  } catch (...) {
-    used = 0;
-  }
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  // (digits first: no sign, no blank; a number beyond 2^64 is out of range below)
+  const size_t used = ptr == text.data() ? 0 : static_cast<size_t>(ptr - text.data());
+  if (ec == std::errc::result_out_of_range) v = std::numeric_limits<unsigned long long>::max();
+  // Binary units, in either case (nccl-tests takes 4k as 4K): K, KiB, k, kib ...
   std::string unit = used ? text.substr(used) : "";
-  unsigned long long mult = unit.empty() || unit == "B"    ? 1
-                            : unit == "K" || unit == "KiB" ? 1024ull
-                            : unit == "M" || unit == "MiB" ? 1024ull * 1024
-                            : unit == "G" || unit == "GiB" ? 1024ull * 1024 * 1024
-                                                           : 0;
-  if (!used || !mult || text[0] == '-')
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() == 3 && unit.compare(1, 2, "IB") == 0) unit.resize(1);
+  unsigned long long mult = unit.empty() || unit == "B" ? 1
+                            : unit == "K"               ? 1ull << 10
+                            : unit == "M"               ? 1ull << 20
+                            : unit == "G"               ? 1ull << 30
+                            : unit == "T"               ? 1ull << 40
+                                                        : 0;
+  if (!used || !mult)
     throw SpecError(fmt::format("{}: expected a size like 4096, 4K, 256M or 1G, got \"{}\"", what, text));
   // Wrapping past 2^64 would turn an absurd size into a small one without a word.
   if (v > (1ull << 50) / mult)

@@ -81,9 +81,7 @@ Plan makeLocalPlan(const spec::JobSpec& spec, const std::string& run_id, int mas
 }
 
 std::string formatPlan(const Plan& plan, const spec::JobSpec& spec) {
-  std::vector<std::string> argv;
-  for (const auto& a : spec.command) argv.push_back(shellQuote(a));
-  std::string cmd = fmt::format("{}", fmt::join(argv, " "));
+  const std::string cmd = spec::shownCommand(spec.command);
   size_t hostW = 4;
   for (const auto& w : plan.workers) hostW = std::max(hostW, w.host.size());
   std::ostringstream os;

@@ -155,8 +155,8 @@ std::string masterOverrideWarning(const std::string& where, const std::string& n
 // MASTER_PORT given by the job must be a port the workers' process group can use: an integer
 // 1..65535 in decimal (torch reads it with int(); 99999 or "notaport" only failed in every
 // worker, after the launch). The problem and the fix, "" when fine or for other names.
-// Also DTRAIN_COMM_SHM, dtrain's switch its workers read: 0 or 1 (and the other spellings
-// envSwitch takes), said here rather than by every worker after the launch.
+// Also DTRAIN_COMM_SHM and DTRAIN_COMM_CHECK, dtrain's switches its workers read: 0 or 1 (and
+// the other spellings envSwitch takes), said here rather than by every worker after the launch.
 // Linux's limit on one string of exec's argv or environment (MAX_ARG_STRLEN, 32 pages), the
 // NUL included: a longer one fails every worker's exec with E2BIG.
 constexpr size_t kMaxArgStrlen = 131072;
@@ -168,7 +168,7 @@ std::string envValueProblem(const std::string& name, const std::string& value) {
         "(NAME=value, MAX_ARG_STRLEN): no worker could start; put large values in a file and pass "
         "its path",
         name, value.size(), kMaxArgStrlen - name.size() - 2);
-  if (name == "DTRAIN_COMM_SHM") {
+  if (name == "DTRAIN_COMM_SHM" || name == "DTRAIN_COMM_CHECK") {
     try {
       (void)parseSwitch(name, value);
     } catch (const SpecError& e) {
@@ -1749,7 +1749,7 @@ static std::string shownEnvValue(const std::string& name, const std::string& v) 
 // A command's words as validate shows them: a credential passed as an argument is hidden like
 // an env value: by its format (hf_..., a URL's password), as --token=VALUE, or as the word
 // after an option named for one (--api-key VALUE; not --key-file PATH: a path is no secret).
-static std::vector<std::string> shownCommand(const std::vector<std::string>& command) {
+static std::vector<std::string> shownWords(const std::vector<std::string>& command) {
   auto secretOption = [](const std::string& w) {
     if (w.size() < 2 || w[0] != '-') return false;
     std::string upper;
@@ -1780,6 +1780,12 @@ static std::vector<std::string> shownCommand(const std::vector<std::string>& com
   return out;
 }
 
+std::string shownCommand(const std::vector<std::string>& command) {
+  std::vector<std::string> words = command;
+  for (auto& w : words) w = oneLine(w);
+  return fmt::format("{}", fmt::join(shownWords(words), " "));
+}
+
 std::string describe(const JobSpec& raw) {
   // One value per line: a newline or a terminal control in a path, a command word or an env
   // value is shown escaped (\n, \x1b), not as a line of its own or sent to the terminal.
@@ -1799,9 +1805,8 @@ std::string describe(const JobSpec& raw) {
       esc(*v);
   }
   std::ostringstream os;
-  const std::vector<std::string> argv = shownCommand(spec.command);
   os << fmt::format("name:               {}\n", spec.name);
-  os << fmt::format("command:            {}\n", fmt::join(argv, " "));
+  os << fmt::format("command:            {}\n", fmt::join(shownWords(spec.command), " "));
   os << fmt::format("cwd:                {}\n", spec.cwd.empty() ? "(current directory)" : spec.cwd);
   if (spec.nproc_auto && !spec.nodes.empty())  // (this host's count says nothing about the others)
     os << "nproc_per_node:     auto (counted on each host: its GPUs, else its usable CPUs)\n";

@@ -101,7 +101,11 @@ IoError TcpStore::notConnected() const {
   return IoError(fmt::format("store {}: not connected: the connection was dropped earlier ({})", endpoint(), dropped_));
 }
 
-std::string TcpStore::endpoint() const { return fmt::format("{}:{}", opts_.host, opts_.port); }
+// As --endpoint takes it back: an IPv6 address in brackets.
+std::string TcpStore::endpoint() const {
+  if (opts_.host.find(':') != std::string::npos) return fmt::format("[{}]:{}", opts_.host, opts_.port);
+  return fmt::format("{}:{}", opts_.host, opts_.port);
+}
 
 void TcpStore::connect() {
   // connect_timeout zero means one attempt (per address), not none: it gets the same time to

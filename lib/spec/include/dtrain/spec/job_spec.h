@@ -280,4 +280,9 @@ void checkPipelineWorld(const JobSpec& spec, const Overrides& given = {});
 // Human-readable dump of the resolved spec (what `dtrain validate` prints).
 std::string describe(const JobSpec& spec);
 
+// A command as validate and the --dry-run plan print it, on one line: words shell-quoted,
+// control characters escaped, credentials hidden (by their format, as --token=VALUE, or as
+// the word after an option named for one: --api-key VALUE).
+std::string shownCommand(const std::vector<std::string>& command);
+
 }  // namespace dtrain::spec
