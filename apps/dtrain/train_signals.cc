@@ -83,8 +83,11 @@ void watch() {
       phaseSince = now;
     }
     const auto grace = milliseconds(gGraceMs.load());
-    // Just before the launcher's SIGKILL (a final checkpoint must fit in the grace period).
-    const auto hard = *t0 + std::max<milliseconds>(grace - milliseconds(1000), kAgreeSlack);
+    // Before the launcher's SIGKILL, so that the worker says why (a final checkpoint must fit
+    // in the grace period): 1 s before it, or half of a grace of 2 s or less. (It was at least
+    // 2 s after the signal: a grace of 3 s or less met the SIGKILL first, and nothing was said.)
+    const auto hard = *t0 + std::max<milliseconds>(grace - milliseconds(1000), grace / 2);
+    const bool late = now >= hard;
     switch (phase) {
       case train::TrainControl::kSetup:      // no step boundary is coming soon; nothing trained to save
       case train::TrainControl::kFinishing:  // the last checkpoint is durable
@@ -92,18 +95,23 @@ void watch() {
       case train::TrainControl::kTraining: {
         const auto between = milliseconds(c.boundary_ms.load());
         const auto bound = std::max(*t0, phaseSince) + kAgreeSlack + 2 * between;
-        if (now < bound) break;
+        if (now < bound && !late) break;
         // (a write in progress finishes first: a checkpoint is never cut short by this bound)
-        if (c.writes.load() > 0 && now < hard) break;
+        if (c.writes.load() > 0 && !late) break;
+        if (late)
+          quit(sig, fmt::format("no final checkpoint: shutdown_timeout_s ({:.3g} s) left no time to agree on one "
+                                "and write it{}; the newest complete checkpoint before it is kept",
+                                grace.count() / 1000.0,
+                                c.writes.load() > 0 ? " (a periodic checkpoint was still being written)" : ""));
         quit(sig, fmt::format("the ranks did not agree on a final checkpoint within {:.1f} s (a peer that does not "
                               "answer: stopped, hung or gone); no final checkpoint",
                               std::chrono::duration<double>(now - *t0).count()));
       }
       case train::TrainControl::kSaving:
-        if (now >= hard)
+        if (late)
           quit(sig,
                fmt::format("the final checkpoint was not written within {:.1f} s (shutdown_timeout_s {:.3g} s, less "
-                           "1 s); the newest complete checkpoint before it is kept",
+                           "a margin); the newest complete checkpoint before it is kept",
                            std::chrono::duration<double>(now - *t0).count(), grace.count() / 1000.0));
         break;
       default:  // kDone: train() returned or threw; the process is exiting

@@ -163,4 +163,21 @@ for d in "dtrain-run-0123456789ab-$place-$$-Ab3dEf" "dtrain-err-0123456789ab-$pl
          "dtrain-runs-0123456789ab-$place-$dead-Ab3dEf" "dtrain-run-aaaaaaaaaaaa-$place-$dead-Ab3dEf" keep/x; do
   [ -e "$T/tmp/$d" ] && pass "$d kept" || fail "$d removed"
 done
+# The guard killed by hand while the job runs: the job loses that protection, nothing else
+# (before: the launcher's last word to the dead guard raised SIGPIPE after the run, and a job
+# that had succeeded exited 141).
+cat >"$T/guard.json" <<JSON
+{"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"}, "trainer": {"model": {"layers": [4, 8, 3]},
+ "data": {"type": "synthetic", "train_samples": 256, "eval_samples": 32}, "batch_size": 16,
+ "epochs": 20000, "log_every_steps": 1000000}}
+JSON
+"$DTRAIN" run "$T/guard.json" >"$T/g.out" 2>"$T/g.err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q "trainer:" "$T/g.out" 2>/dev/null && break; sleep 0.05; done
+guards=$(ps -o pid= -o args= --ppid "$DTRAIN_PID" | awk '$2 == "dtrain-guard" {print $1}')
+[ -n "$guards" ] && pass "the run's guards found" || fail "no dtrain-guard under the launcher"
+kill -KILL $guards 2>/dev/null
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "guards killed by hand: the job still succeeds"
+expect_grep "trained: " "$T/g.out" "guards killed by hand: the training finished"
 finish

@@ -239,6 +239,19 @@ expect_eq "$?" 0 "first checkpoint: a stage without one starts all over"
 expect_grep "the stage checkpoints in $F/ck have no step in common \(stage 0 at step 5, stage 1 has none\): every stage starts from step 0" "$F/out" "first checkpoint: the warning names what each stage holds"
 expect_no_grep "resuming from" "$F/out" "first checkpoint: nothing resumed"
 expect_eq "$(hash_of "$F/pp.sum")" "$(hash_of "$F/fresh.sum")" "first checkpoint: a fresh run's weights"
+# A stage's files lost after the manifest named them (the stage directory removed): refused
+# before the launch, naming the manifest's step and the lost file (before: every stage
+# started over from step 0 with a warning, the steps done thrown away).
+L="$T/lost"; mkdir -p "$L"
+lay_spec "$L/pp.json" "$L/ck" 2
+sed -i 's/"max_steps": 10/"max_steps": 5/' "$L/pp.json"
+"$DTRAIN" run "$L/pp.json" >"$L/out" 2>&1
+expect_eq "$?" 0 "lost stage files: a run to step 5"
+rm -rf "$L/ck/stage-1-of-2"
+"$DTRAIN" run "$L/pp.json" >"$L/out" 2>&1
+expect_eq "$?" 2 "lost stage files: refused"
+expect_grep "^dtrain: error: $L/pp.json: /trainer/checkpoint/dir: $L/ck/manifest.json says every stage wrote step 5, but stage 1 holds no intact checkpoint now \($L/ck/stage-1-of-2/ckpt-0000000005.bin is missing\): restore it, or remove the stage-\*-of-2/ directories and manifest.json in $L/ck to start from step 0$" "$L/out" "lost stage files: the step, the file and the fix"
+expect_no_grep "rank 0" "$L/out" "lost stage files: no worker started"
 # Each stage holds steps, none of them in common: refused, naming what each holds.
 rm -f "$R/ck/stage-0-of-2/ckpt-0000000015.bin" "$R/ck/stage-0-of-2/ckpt-0000000020.bin" "$R/ck/stage-1-of-2/ckpt-0000000025.bin"
 "$DTRAIN" run "$R/pp.json" >"$R/out" 2>&1

@@ -169,6 +169,22 @@ kill -TERM "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 143 "a busy checkpoint dir: the first job ran on until stopped"
 "$DTRAIN" run "$T/busy.json" >"$T/out" 2>&1
 expect_eq "$?" 0 "a busy checkpoint dir: free again once that job ended"
+# The lock file removed while the job runs (it outlives the jobs that held it, and looks
+# stale): a second job gets in and resumes from the first one's files; the first stops at its
+# next checkpoint, which it does not write, exit 2 and no restart (before: both wrote and
+# pruned the directory, and one died saying "free space on it").
+spec "$T/lk.json" "$T/ck-lk"
+sed 's/"epochs": 2/"epochs": 100000/; s/"restart_backoff_s": 0/"restart_backoff_s": 0, "max_restarts": 3/' "$T/lk.json" > "$T/lk-long.json"
+timeout 120 "$DTRAIN" run "$T/lk-long.json" >"$T/lk1.out" 2>"$T/lk1.err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do ls "$T/ck-lk"/ckpt-*.bin >/dev/null 2>&1 && break; sleep 0.05; done
+rm "$T/ck-lk/.dtrain.lock"
+"$DTRAIN" run "$T/lk.json" >"$T/lk2.out" 2>&1
+expect_eq "$?" 0 "lock file removed: a second job gets in"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 2 "lock file removed: the first job stops, exit 2"
+expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-lk/.dtrain.lock was removed or replaced while this job ran, so another job may be writing in $T/ck-lk now" "$T/lk1.err" "lock file removed: the first job says why"
+expect_no_grep "event restart" "$T/lk1.err" "lock file removed: not restarted"
 # The directory removed while the job runs: the writer ends the job (exit 2, no restart), it
 # does not make the directory again (which bypassed the lock: a second job then took it,
 # resumed from the first's files, and each pruned the other's checkpoints).
@@ -184,6 +200,20 @@ expect_eq "$rc" 2 "checkpoint dir removed mid-run: exit 2"
 expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-gone was removed while this job ran; " "$T/gone.err" "checkpoint dir removed mid-run: said"
 if grep -q "event restart" "$T/gone.err"; then fail "checkpoint dir removed mid-run: restarted"; else pass "checkpoint dir removed mid-run: no restart"; fi
 [ -e "$T/ck-gone" ] && fail "the removed checkpoint dir was made again" || pass "the removed checkpoint dir stays removed"
+# Replaced by a file: said as removed, not as "another directory".
+"$DTRAIN" run "$T/gone-long.json" >"$T/gone.out" 2>"$T/gone.err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do ls "$T/ck-gone"/ckpt-*.bin >/dev/null 2>&1 && break; sleep 0.05; done
+# (swapped in one step, as below: a move and a write leave a moment without it)
+echo junk > "$T/ck-file"
+python3 -c 'import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True)
+sys.exit(libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2) != 0)' "$T/ck-file" "$T/ck-gone" ||
+  fail "renameat2 RENAME_EXCHANGE"
+rm -rf "$T/ck-file"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 2 "checkpoint dir replaced by a file mid-run: exit 2"
+expect_grep "trainer: /trainer/checkpoint/dir: $T/ck-gone was removed while this job ran \(something that is not a directory has its name now\); " "$T/gone.err" "checkpoint dir replaced by a file mid-run: said as removed"
+rm -f "$T/ck-gone"
 # Removed and made again (by a second job, or by hand): another directory, said as such.
 "$DTRAIN" run "$T/gone-long.json" >"$T/gone.out" 2>"$T/gone.err" &
 DTRAIN_PID=$!

@@ -113,6 +113,17 @@ expect_grep "^dtrain: job 'sig' failed: rank 1 killed by SIGKILL; 1 other worker
 # 4. A checkpoint directory that fills up mid-run (a 64 KiB tmpfs: the first checkpoint, 33
 # KB, fits; the second does not): exit 2 with one line naming the directory, the OS error
 # and the fix; no restart; the first checkpoint intact.
+# A grace period of 2 s and a final checkpoint that takes longer: the worker gives up before
+# the launcher's SIGKILL and says so (before: its own deadline was at least 2 s after the
+# signal, it met the SIGKILL first, and nothing was said).
+spec "$T/short.json" ", \"max_steps\": 100000, \"checkpoint\": {\"dir\": \"$T/ck-short\"}"
+sed -i 's/"epochs": 1, "max_steps": 150, //' "$T/short.json"
+DTRAIN_DEBUG_CHECKPOINT_DELAY_MS=2500 start short "$T/short.json" --shutdown-timeout 2
+wait_step 5 && kill -TERM "$DTRAIN_PID"
+finish_run
+expect_eq "$RC" 143 "grace 2 s, a slow final checkpoint: exit 143"
+expect_grep "^\[rank 0\] dtrain train: SIGTERM: the final checkpoint was not written within 1\.[0-9] s \(shutdown_timeout_s 2 s, less a margin\); the newest complete checkpoint before it is kept" "$T/short.err" "grace 2 s: rank 0 says why there is no final checkpoint"
+expect_no_grep "SIGKILL" "$T/short.sum" "grace 2 s: no worker needed the SIGKILL"
 mkdir -p "$T/full"
 if mount -t tmpfs -o size=64k tmpfs "$T/full" 2>/dev/null; then
   MNT="$T/full"

@@ -9,6 +9,7 @@
 #include <regex>
 #include <thread>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dtrain/comm/communicator.h"
@@ -329,6 +330,21 @@ TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
       EXPECT_NE(std::string(e.what()).find(said), std::string::npos) << e.what();
     }
   }
+  // Not a manifest's kind of file: said at once (a FIFO blocked the launcher's pre-check until
+  // a writer came; /dev/zero would have been read until memory ran out).
+  std::filesystem::remove(dir + "/manifest.json");
+  ASSERT_EQ(::mkfifo((dir + "/manifest.json").c_str(), 0600), 0);
+  for (const char* said : {"manifest.json: not a regular file; remove it", "bytes, more than a manifest's"}) {
+    try {
+      spec::readPipelineManifest(dir + "/manifest.json");
+      ADD_FAILURE() << "no error for " << said;
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find(said), std::string::npos) << e.what();
+    }
+    std::filesystem::remove(dir + "/manifest.json");
+    std::ofstream(dir + "/manifest.json") << std::string((1 << 20) + 1, ' ');
+  }
+  std::filesystem::remove(dir + "/manifest.json");
   t.max_steps = 16;
   auto resumed = run(2, t);  // warns, resumes from the stage files at step 12
   EXPECT_EQ(resumed.results[0].steps, 16);
@@ -517,9 +533,18 @@ TEST(Pipeline, StageCheckpointsFromDifferentStepsResumeFromTheCommonStep) {
   EXPECT_EQ(resumed.weights, straight.weights);
   EXPECT_EQ(resumed.results[0].steps, 12);
 
-  // A stage without any checkpoint (the run stopped before its first was written): nothing
-  // to resume, every stage starts over, and the run ends as a straight one.
+  // A stage's files lost while the manifest says it wrote step 12: refused on every rank
+  // (rank 0 names the file), not a silent start from step 0.
   std::filesystem::remove_all(dir + "/stage-1-of-2");
+  EXPECT_EQ(refusals(2, t, "trainer: "), 2);
+  EXPECT_EQ(refusals(2, t,
+                     "manifest.json says every stage wrote step 12, but stage 1 holds no intact checkpoint now (" +
+                         dir + "/stage-1-of-2/ckpt-0000000012.bin is missing): restore it, or remove"),
+            1);
+  // A stage without any checkpoint and no manifest (the run stopped before the first save
+  // was complete): nothing to resume, every stage starts over, and the run ends as a
+  // straight one.
+  std::filesystem::remove(dir + "/manifest.json");
   auto again = run(2, t);
   EXPECT_EQ(again.weights, straight.weights);
   EXPECT_EQ(again.results[0].steps, 12);

@@ -1,6 +1,7 @@
 #include "dtrain/launch/orphan_guard.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -101,10 +102,23 @@ void OrphanGuard::unwatch(pid_t pgid) {
 }
 
 void OrphanGuard::send(const std::string& line) {
-  // A line is far below PIPE_BUF: written whole. A guard that died (EPIPE; SIGPIPE is
-  // ignored while a launcher runs) only loses its protection.
-  while (::write(pipe_.get(), line.data(), line.size()) < 0 && errno == EINTR) {
+  // A line is far below PIPE_BUF: written whole. A guard that died (killed by hand: EPIPE)
+  // only loses its protection: SIGPIPE is blocked around the write, and the one it raised
+  // taken back, since a launcher past its run no longer ignores it (such a job that had
+  // succeeded exited 141).
+  sigset_t pipeSig, old;
+  sigemptyset(&pipeSig);
+  sigaddset(&pipeSig, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipeSig, &old);
+  ssize_t n;
+  while ((n = ::write(pipe_.get(), line.data(), line.size())) < 0 && errno == EINTR) {
   }
+  if (n < 0 && errno == EPIPE && !sigismember(&old, SIGPIPE)) {
+    const timespec zero{0, 0};
+    while (::sigtimedwait(&pipeSig, nullptr, &zero) == SIGPIPE) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 }  // namespace dtrain::launch

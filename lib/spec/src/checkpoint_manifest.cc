@@ -1,15 +1,15 @@
 #include "dtrain/spec/checkpoint_manifest.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "dtrain/common/errors.h"
 #include "dtrain/common/fd.h"
@@ -18,6 +18,8 @@ namespace dtrain::spec {
 namespace {
 
 constexpr const char* kFormat = "dtrain-pipeline-checkpoint/1";
+// A manifest names one file per stage: a few KiB even for hundreds of stages.
+constexpr off_t kMaxManifestBytes = 1 << 20;
 
 void fsyncPath(const std::string& path, int flags) {
   int fd = ::open(path.c_str(), flags | O_CLOEXEC);
@@ -65,20 +67,36 @@ void writePipelineManifest(const std::string& path, const PipelineManifest& m) {
 }
 
 std::optional<PipelineManifest> readPipelineManifest(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return std::nullopt;
-  std::stringstream ss;
-  ss << f.rdbuf();
   auto bad = [&](const std::string& why) {
     return SpecError(
         fmt::format("{}: {}; remove it (the stage checkpoints are found without it) or use another "
                     "/trainer/checkpoint/dir",
                     path, why));
   };
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  // Non-blocking, a regular file, of a manifest's size: a FIFO under the name blocked the
+  // launcher's pre-check (and the trainer) until a writer came; /dev/zero read until memory
+  // ran out.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd) return std::nullopt;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return std::nullopt;
+  if (!S_ISREG(st.st_mode)) throw bad("not a regular file");
+  if (st.st_size > kMaxManifestBytes)
+    throw bad(fmt::format("{} bytes, more than a manifest's {} at most", st.st_size, kMaxManifestBytes));
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw bad(fmt::format("cannot be read: {}", std::strerror(errno)));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded())
-    throw bad(ss.str().empty() ? std::string("empty (a save cut short?)")
-                               : std::string("not valid JSON (damaged, or a save cut short?)"));
+    throw bad(text.empty() ? std::string("empty (a save cut short?)")
+                           : std::string("not valid JSON (damaged, or a save cut short?)"));
   if (!j.is_object()) throw bad("not a JSON object");
   if (!j.contains("format") || j["format"] != kFormat) throw bad(fmt::format("/format is not \"{}\"", kFormat));
   PipelineManifest m;

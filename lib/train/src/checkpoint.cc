@@ -546,6 +546,30 @@ std::string checkpointLayoutRefusal(const spec::TrainerSpec& t, const std::strin
                                     : detail);
 }
 
+std::string stageFilesLost(const spec::TrainerSpec& t, const std::vector<bool>& heldNone) {
+  const int P = static_cast<int>(heldNone.size());
+  if (t.checkpoint.dir.empty() || P < 2 || std::all_of(heldNone.begin(), heldNone.end(), [](bool b) { return b; }))
+    return "";
+  const std::string manifestPath = (fs::path(t.checkpoint.dir) / "manifest.json").string();
+  std::optional<spec::PipelineManifest> m;
+  try {
+    m = spec::readPipelineManifest(manifestPath);
+  } catch (const SpecError&) {
+    return "";  // (said by checkpointLayoutMismatch; the stage files decide)
+  }
+  if (!m || m->stages != P || m->step <= 0 || static_cast<int>(m->files.size()) != P) return "";
+  for (int p = 0; p < P; ++p) {
+    if (!heldNone[static_cast<size_t>(p)]) continue;
+    const fs::path file = fs::path(t.checkpoint.dir) / m->files[static_cast<size_t>(p)];
+    std::error_code ec;
+    return fmt::format(
+        "{} says every stage wrote step {}, but stage {} holds no intact checkpoint now ({} is {}): restore "
+        "it, or remove the stage-*-of-{}/ directories and manifest.json in {} to start from step 0",
+        manifestPath, m->step, p, file.string(), fs::exists(file, ec) ? "damaged" : "missing", P, t.checkpoint.dir);
+  }
+  return "";
+}
+
 Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, double lockWaitS) {
   const std::string& dir = t.checkpoint.dir;
   if (dir.empty()) return Fd();
@@ -642,7 +666,17 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
           return false;
       return true;
     };
-    if (std::vector<std::vector<long long>> held = heldSteps(true); noCommonStep(held) && noCommonStep(held = heldSteps(false))) {
+    std::vector<std::vector<long long>> held = heldSteps(true);
+    // A stage holding none while the manifest says it wrote a step: its files were lost.
+    auto heldNone = [&] {
+      std::vector<bool> none;
+      for (const auto& h : held) none.push_back(h.empty());
+      return none;
+    };
+    if (!stageFilesLost(t, heldNone()).empty())
+      if (held = heldSteps(false); !stageFilesLost(t, heldNone()).empty())
+        throw SpecError(fmt::format("{}: {}", where, stageFilesLost(t, heldNone())));
+    if (noCommonStep(held) && noCommonStep(held = heldSteps(false))) {
       std::string each;
       for (int p = 0; p < stages; ++p)
         each += fmt::format("{}stage {} at step {}", p == 0 ? "" : ", ", p,
@@ -659,6 +693,16 @@ std::string checkpointLockLost(const spec::TrainerSpec& t, const Fd& lock) {
   if (!lock || t.checkpoint.dir.empty()) return "";
   const PathHold hold = pathStillNames(lock, (fs::path(t.checkpoint.dir) / ".dtrain.lock").string());
   if (hold == PathHold::kSame) return "";
+  // The directory still there: the lock file alone was removed (it outlives the jobs that
+  // held it and looks stale), or the directory was removed and made again.
+  std::error_code ec;
+  if (fs::is_directory(t.checkpoint.dir, ec))
+    return fmt::format(
+        "not restarted: {}/.dtrain.lock, the lock that keeps one job per directory, was removed or replaced while "
+        "the job ran: another job may be writing in {} now, and restarted workers would overwrite and prune its "
+        "checkpoints: run the job again once no other job uses the directory, or set another "
+        "/trainer/checkpoint/dir",
+        t.checkpoint.dir, t.checkpoint.dir);
   const bool removed = hold == PathHold::kRemoved || hold == PathHold::kReplaced;
   return fmt::format(
       "not restarted: /trainer/checkpoint/dir {} was {} while the job ran; the checkpoints in it are gone for this "

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -10,12 +11,12 @@
 
 namespace dtrain::train::detail {
 
-std::string checkpointDirRemovedRefusal(const std::string& dir) {
+std::string checkpointDirRemovedRefusal(const std::string& dir, const std::string& note) {
   return fmt::format(
-      "trainer: /trainer/checkpoint/dir: {} was removed while this job ran; the checkpoints in it are gone, and "
+      "trainer: /trainer/checkpoint/dir: {} was removed while this job ran{}; the checkpoints in it are gone, and "
       "making it again would pass by the lock that keeps one job per directory (another job may hold it by now): "
       "run the job again to start over in it, or set another /trainer/checkpoint/dir",
-      dir);
+      dir, note);
 }
 
 CheckpointWriter::CheckpointWriter(bool async, std::function<void()> heartbeat,
@@ -26,11 +27,15 @@ CheckpointWriter::CheckpointWriter(bool async, std::function<void()> heartbeat,
 
 std::string CheckpointWriter::rootProblem() const {
   if (root_.empty() || !rootFd_) return "";
+  std::error_code ec;
   // (against the directory held open: the fd keeps the inode and its mount alive, so a FUSE
   // or autofs file system cannot hand it a new number and look like another directory)
-  switch (pathStillNames(rootFd_, root_)) {
+  const PathHold hold = pathStillNames(rootFd_, root_);
+  if ((hold == PathHold::kReplaced || hold == PathHold::kOther) && !std::filesystem::is_directory(root_, ec))
+    return checkpointDirRemovedRefusal(root_, " (something that is not a directory has its name now)");
+  switch (hold) {
     case PathHold::kSame:
-      return "";
+      break;
     case PathHold::kRemoved:
     case PathHold::kMovedAway:
       return checkpointDirRemovedRefusal(root_);
@@ -47,13 +52,27 @@ std::string CheckpointWriter::rootProblem() const {
           "job again, or set another /trainer/checkpoint/dir",
           root_);
   }
+  // The lock file removed (it outlives the jobs that held it, and looks stale): a second job
+  // could take the directory while this one writes, each pruning and sweeping the other's
+  // files. Said at this job's next checkpoint, which it does not write.
+  if (lockFd_ && pathStillNames(lockFd_, lockPath()) != PathHold::kSame)
+    return fmt::format(
+        "trainer: /trainer/checkpoint/dir: {} was removed or replaced while this job ran, so another job may be "
+        "writing in {} now: two jobs would overwrite and prune each other's checkpoints; the checkpoints written "
+        "before are intact: run the job again once no other job uses the directory, or set another "
+        "/trainer/checkpoint/dir (the lock is released when a job ends: leave it alone)",
+        lockPath(), root_);
   return "";
 }
+
+std::string CheckpointWriter::lockPath() const { return root_ + "/.dtrain.lock"; }
 
 void CheckpointWriter::checkRoot() {
   if (const std::string why = rootProblem(); !why.empty()) throw SpecError(why);
   // (not there yet: the first save makes it, and the next check holds it)
   if (!rootFd_ && !root_.empty()) rootFd_ = Fd(::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  // (not there: no job's lock guards the directory, as in a test calling train() itself)
+  if (!lockFd_ && rootFd_) lockFd_ = Fd(::open(lockPath().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
 }
 
 CheckpointWriter::~CheckpointWriter() {

@@ -57,16 +57,19 @@ class CheckpointWriter {
 
  private:
   void flushWarnings();
-  // "" while `root` is the directory it was (or was never there), else the refusal.
+  // "" while `root` is the directory it was (or was never there), and its lock file the one
+  // it was (or was never there), else the refusal.
   std::string rootProblem() const;
   void checkRoot();
   void rethrowAsRootProblem() const;
+  std::string lockPath() const;
 
   const bool async_;
   std::function<void()> heartbeat_;
   std::function<void(const std::string&)> warn_;
   std::string root_;
   Fd rootFd_;  // root_ as it was when first seen (O_DIRECTORY): what it must still be
+  Fd lockFd_;  // root_/.dtrain.lock as first seen (the job's lock, held by its launcher)
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -80,7 +83,7 @@ class CheckpointWriter {
 
 // The refusal for a checkpoint directory removed while the job ran (its write, or the check
 // before it, found it gone).
-std::string checkpointDirRemovedRefusal(const std::string& dir);
+std::string checkpointDirRemovedRefusal(const std::string& dir, const std::string& note = "");
 
 // The trainer's checkpoint job: `view` saved into `dir` (the newest 3 kept), `onBytes` (a
 // test hook; may be empty) called after each write of its bytes. A write that fails (a full

@@ -709,6 +709,22 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   bool someHeldNone = false;
   for (const auto& h : held) someHeldNone = someHeldNone || h.first == 0;
   if (someHeldNone && std::any_of(held.begin(), held.end(), [](const auto& h) { return h.first == 1; })) {
+    // ... unless the manifest says that stage wrote a step: then its files were lost, and
+    // starting over would throw that step away. Rank 0 reads it; every rank refuses alike.
+    std::string lost;
+    int64_t filesLost = 0;
+    if (rank == 0) {
+      std::vector<bool> none;
+      for (const auto& h : held) none.push_back(h.first == 0);
+      lost = stageFilesLost(ts, none);
+      filesLost = lost.empty() ? 0 : 1;
+    }
+    worldComm.broadcastHost(&filesLost, 1, comm::DataType::kInt64, 0);
+    if (filesLost == 1)
+      throw SpecError("trainer: " + (lost.empty() ? fmt::format("a stage's checkpoints in {} were lost after "
+                                                                "manifest.json named them (rank 0 names the file)",
+                                                                ts.checkpoint.dir)
+                                                  : lost));
     if (rank == 0)
       opts.warning(
           fmt::format("the stage checkpoints in {} have no step in common ({}): every stage starts from "

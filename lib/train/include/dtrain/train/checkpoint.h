@@ -78,6 +78,14 @@ std::string checkpointLayoutMismatch(const spec::TrainerSpec& t, const std::func
 // its text on the rank that looked (rank 0), "" on the others.
 std::string checkpointLayoutRefusal(const spec::TrainerSpec& t, const std::string& detail);
 
+// A pipeline job whose stage `heldNone[p]` holds no intact checkpoint while others do: every
+// stage would start over from step 0 (the run stopped before that stage's first save). But
+// when the directory's manifest says every stage wrote a step, that stage's files were lost
+// after the fact (removed, damaged), and starting over would throw the step away without a
+// word. "" when that is not so (no readable manifest of this layout, or it names no step);
+// else one line naming the manifest's step and the lost file, with the fix.
+std::string stageFilesLost(const spec::TrainerSpec& t, const std::vector<bool>& heldNone);
+
 // Rank 0's line on resuming from `path`; header = {status, step, epoch, cursor, world}.
 // `complete`: the checkpoint leaves nothing to train (said so, not "epoch 3" of 2).
 std::string resumeLine(const std::string& path, const int64_t header[5], int world, bool complete,
