@@ -169,15 +169,26 @@ void printResult(const std::string& text, const char* what) {
     throw IoError(fmt::format("cannot write to stdout: {} ({} was not printed whole)", std::strerror(errno), what));
 }
 
-// A file of the run's own, removed when the run ends however it ends.
+// A file of the run's own, removed when the run ends however it ends. With `only_holding`,
+// a directory removed only while it holds nothing but that file (the log directory a run
+// made for itself beside a busy log_dir, and its lock: a run refused before its launch
+// leaves no empty directory behind; one that wrote logs there keeps them).
 struct RemoveOnExit {
   std::string path;
+  std::string only_holding;
   RemoveOnExit() = default;
   RemoveOnExit(const RemoveOnExit&) = delete;
   RemoveOnExit& operator=(const RemoveOnExit&) = delete;
   ~RemoveOnExit() {
+    if (path.empty()) return;
     std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);  // (a file, or a directory and what it holds)
+    if (!only_holding.empty()) {
+      std::filesystem::directory_iterator it(path, ec);
+      for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+        if (it->path().filename() != only_holding) return;
+      if (ec) return;
+    }
+    std::filesystem::remove_all(path, ec);  // (a file, or a directory and what it holds)
   }
 };
 
@@ -198,26 +209,6 @@ std::string trainerSpecPath(const std::string& runId, bool dryRun) {
     dir = tempDirectory();
   return (std::filesystem::path(dir) / (ownedFilePrefix(kRunDirStem, runId) + "XXXXXX") / "spec.json").string();
 }
-
-// The log directory a run made for itself beside a busy log_dir, removed again when the run
-// ends having written nothing there (refused before its launch: a checkpoint directory in
-// use, a port taken): a refusal leaves no empty directory behind.
-struct OwnLogDir {
-  std::string path;
-  OwnLogDir() = default;
-  OwnLogDir(const OwnLogDir&) = delete;
-  OwnLogDir& operator=(const OwnLogDir&) = delete;
-  ~OwnLogDir() {
-    if (path.empty()) return;
-    std::error_code ec;
-    std::filesystem::directory_iterator it(path, ec);
-    for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
-      if (it->path().filename() != ".dtrain-logs.lock") return;
-    if (ec) return;
-    std::filesystem::remove(std::filesystem::path(path) / ".dtrain-logs.lock", ec);
-    std::filesystem::remove(path, ec);
-  }
-};
 
 // A command job's name, for messages ("job 'train.py' failed"): the program, or for an
 // interpreter the script (or -m module) it runs, as torchrun names its jobs.
@@ -712,7 +703,8 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
                                a.summary_json);
     return kExitOk;
   }
-  OwnLogDir ownLogDir;  // (before logLock: removed, when unused, after the lock is let go)
+  RemoveOnExit ownLogDir;  // (before logLock: removed, when unused, after the lock is let go)
+  ownLogDir.only_holding = ".dtrain-logs.lock";
   Fd logLock;  // held until the job ends: the rank logs and metrics in log_dir are this run's
   if (!s.log_dir.empty()) {
     std::error_code ec;
