@@ -535,6 +535,15 @@ void sayLateStop(int sig, bool launched = true) {
                              signalName(sig)));
 }
 
+// A second Ctrl-C during the run killed the workers "now" (RunResult::killed_now): the end
+// treats it as a stop signal that came in the end, unsaid (the run said it), so that a console
+// that does not take dtrain's last lines holds dtrain no longer than one that came late.
+void stopAskedTwice() {
+  if (gLateStop) return;
+  gLateStop = SIGINT;
+  gLateStopAt = std::chrono::steady_clock::now();
+}
+
 }  // namespace
 
 // The outcome is decided: exit code `code` (entered again, the code is updated: a summary that
@@ -794,6 +803,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   // timeout(1) sends its SIGTERM to its process group as well as to dtrain) changes nothing
   // and cuts short only the waits that may block for good (enterRunEnd).
   enterRunEnd(r.exit_code);
+  if (r.killed_now) stopAskedTwice();
   // The verdict first: it is the job's, whatever becomes of the summary file after it.
   std::string verdict;
   if (r.first_failure >= 0 || !r.failure_message.empty()) verdict = launch::formatFailure(r, s);

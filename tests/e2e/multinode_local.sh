@@ -275,7 +275,7 @@ for sig in INT TERM; do
   want=$([ "$sig" = INT ] && echo 130 || echo 143)
   expect_eq "$rc" "$want" "SIG$sig during the pre-flight: exit $want"
   [ "$ms" -lt 1500 ] && pass "SIG$sig during the pre-flight: stopped at once (${ms} ms)" || fail "SIG$sig during the pre-flight took ${ms} ms"
-  expect_grep "^dtrain: SIG$sig: stopped during the pre-flight; killing the ssh check\(s\) of 1 host\(s\); no agent or worker was started$" "$T/err" "SIG$sig during the pre-flight: said"
+  expect_grep "^dtrain: SIG$sig: stopped during the pre-flight; killing the ssh check\(s\) of 1 host\(s\) not done yet \(192.0.2.1\); no agent or worker was started$" "$T/err" "SIG$sig during the pre-flight: said"
   expect_grep "^dtrain: stopped by SIG$sig; exit code $want$" "$T/err" "SIG$sig during the pre-flight: the verdict"
   expect_grep "\"stopped_by\": \"SIG$sig\"" "$T/hang_sum.json" "SIG$sig during the pre-flight: in the summary"
   p=$(cat "$T/proxy.pid"); alive "$p" && { fail "the ssh check's ProxyCommand outlived the stop"; kill -9 "$p"; } || pass "ssh check killed"

@@ -369,6 +369,25 @@ t0=$(date +%s%N)
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc $(( ($(date +%s%N) - t0) / 1000000000 ))" "143 0" "stalled console: a second SIGTERM ends dtrain at once, exit 143"
 kill "$reader" 2>/dev/null; wait "$reader" 2>/dev/null
+# ... and with the workers holding out against the first Ctrl-C: dtrain's own lines on stderr
+# (another file) reach it at once, not behind the stalled stdout, and the second Ctrl-C,
+# which kills the workers "now", also ends dtrain's wait for its console (before: the stop
+# notice sat behind stdout, and it took a third Ctrl-C).
+( exec 3<"$T/stall"; exec sleep 20 ) &
+reader=$!
+"$DTRAIN" run --nproc-per-node 2 -- sh -c 'trap "" INT; while :; do echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; done' \
+  >"$T/stall" 2>"$T/stall.err" &
+DTRAIN_PID=$!
+sleep 1.5
+kill -INT "$DTRAIN_PID"
+sleep 0.5
+expect_grep "^dtrain: SIGINT: stopping 2 workers \(SIGINT to the workers now, SIGKILL after 30 s\); Ctrl-C again to kill now$" "$T/stall.err" "stalled stdout: the stop notice reaches stderr at once"
+kill -INT "$DTRAIN_PID"
+t0=$(date +%s%N)
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc $(( ($(date +%s%N) - t0) / 1000000000 ))" "130 0" "stalled stdout: the second Ctrl-C ends dtrain at once, exit 130"
+expect_grep "^dtrain: stopped by SIGINT; exit code 130$" "$T/stall.err" "stalled stdout: the verdict on stderr"
+kill "$reader" 2>/dev/null; wait "$reader" 2>/dev/null
 # A non-blocking pipe as stdout and stderr (O_NONBLOCK left on a CI runner's pipe), read
 # late: dtrain dropped most lines at EAGAIN, without a word, and exited 0.
 cat > "$T/nonblock.py" <<'PY'

@@ -801,6 +801,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         if (stopping_ && sig == SIGINT && !killed_ && !sameStop) {
           // A second Ctrl-C means "now".
           killed_ = true;
+          result_.killed_now = true;
           signalAll(SIGKILL);
           if (ownConsole) console().write(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
         }

@@ -197,10 +197,14 @@ std::vector<Problem> preflight(const spec::JobSpec& spec, const std::vector<cons
   if (stoppedBy) {
     // Nothing has started anywhere yet: the ssh checks (and what they started: a
     // ProxyCommand) are all there is to stop.
+    // (the hosts whose check has not answered yet: the others' are done, nothing to kill)
+    std::vector<std::string> pending;
+    for (const auto& c : checks)
+      if (c.proc.out || c.proc.err) pending.push_back(c.node->host);
     console().write(STDERR_FILENO,
                     fmt::format("dtrain: {}: stopped during the pre-flight; killing the ssh check(s) of {} "
-                                "host(s); no agent or worker was started\n",
-                                signalName(stoppedBy), checks.size()));
+                                "host(s) not done yet ({}); no agent or worker was started\n",
+                                signalName(stoppedBy), pending.size(), fmt::join(pending, ", ")));
     for (auto& c : checks) ::kill(-c.proc.pid, SIGKILL);
     for (auto& c : checks) ::waitpid(c.proc.pid, nullptr, 0);
     return {};
@@ -1189,6 +1193,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           console().write(STDERR_FILENO, detail::shutdownNotice(signalName(sig), running, "node", signalName(sig),
                                                                 spec_.shutdown_timeout_s, sig == SIGINT));
         } else if (again) {
+          result_.killed_now = true;
           console().write(STDERR_FILENO, "dtrain: killing the workers now (SIGKILL)\n");
         }
         // A second Ctrl-C means "now". Otherwise the agents pass the signal on to the workers

@@ -80,22 +80,31 @@ Console::~Console() {
     stop_ = true;
   }
   work_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (Lane& l : lanes_)
+    if (l.thread.joinable()) l.thread.join();
+}
+
+int Console::laneOf(int fd) {
+  if (fd != STDERR_FILENO) return 0;
+  if (errLane_ < 0) errLane_ = sameOpenFile(STDOUT_FILENO, STDERR_FILENO) ? 0 : 1;
+  return errLane_;
 }
 
 void Console::write(int fd, std::string_view text) {
   if (text.empty()) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!q_.empty() && q_.back().fd == fd && q_.back().text.size() < kChunkMax)
-      q_.back().text.append(text);
+    const int lane = laneOf(fd);
+    std::deque<Chunk>& q = lanes_[lane].q;
+    if (!q.empty() && q.back().fd == fd && q.back().text.size() < kChunkMax)
+      q.back().text.append(text);
     else
-      q_.push_back({fd, std::string(text)});
+      q.push_back({fd, std::string(text)});
     pending_ += text.size();
     if (pending_ >= opts_.backlog_max) held_ = true;
-    if (!thread_.joinable()) thread_ = std::thread([this] { writer(); });
+    if (!lanes_[lane].thread.joinable()) lanes_[lane].thread = std::thread([this, lane] { writer(lane); });
   }
-  work_.notify_one();
+  work_.notify_all();  // (the lane's writer among at most two)
 }
 
 size_t Console::pending() const {
@@ -129,18 +138,19 @@ bool Console::flush(const std::function<bool()>& giveUp) {
   return true;
 }
 
-void Console::writer() {
+void Console::writer(int lane) {
   // Signals are for the thread that handles them (the event loop's self-pipe, or main's
   // blocked set after a run), never this one, which may sit in a write for a long time.
   sigset_t all;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, nullptr);
+  std::deque<Chunk>& q = lanes_[lane].q;
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
-    work_.wait(lk, [&] { return !q_.empty() || stop_; });
-    if (q_.empty()) return;  // stopped, with everything written
-    Chunk c = std::move(q_.front());
-    q_.pop_front();
+    work_.wait(lk, [&] { return !q.empty() || stop_; });
+    if (q.empty()) return;  // stopped, with everything written
+    Chunk c = std::move(q.front());
+    q.pop_front();
     lk.unlock();
     const int err = writeWaiting(c.fd, c.text);
     lk.lock();

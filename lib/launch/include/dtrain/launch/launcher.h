@@ -55,6 +55,9 @@ struct RunResult {
   // received_signal came within kOutsideStopWindow of the first failure, a worker's death by
   // a stop signal from outside (outsideStopSignal): one stop of the whole job (job.cc).
   bool outside_stop = false;
+  // A second Ctrl-C killed the workers at once ("now"): the user wants dtrain gone, also
+  // from its wait for a console that does not take its last lines (run_cmd.cc, the end).
+  bool killed_now = false;
   // Each worker's stderr shared its stdout's pipe (dtrain's stdout and stderr are one file),
   // so its stderr_tail holds its last output lines, of both streams.
   bool merged_output = false;

@@ -135,19 +135,28 @@ class Console {
     int fd;
     std::string text;
   };
-  void writer();
+  // A queue and its writer thread. stderr has a lane of its own when it is not the same open
+  // file as stdout: a stdout that does not take output (a pipe nobody reads) then holds up
+  // dtrain's messages on stderr no longer. On one file (a terminal, 2>&1) one lane keeps
+  // their order.
+  struct Lane {
+    std::deque<Chunk> q;
+    std::thread thread;
+  };
+  int laneOf(int fd);  // (mu_ held)
+  void writer(int lane);
 
   const Options opts_;
   Fd wakeR_, wakeW_;
   mutable std::mutex mu_;
   std::condition_variable work_;  // queued text, or stop_
   std::condition_variable idle_;  // pending_ fell to 0
-  std::deque<Chunk> q_;
+  Lane lanes_[2];
+  int errLane_ = -1;  // stderr's lane, decided at the first write to it
   size_t pending_ = 0;
   bool held_ = false;  // backlogged()
   bool stop_ = false;
   int errors_[3] = {0, 0, 0};
-  std::thread thread_;
 };
 
 // dtrain's own console (its stdout and stderr): every line a launcher or an agent writes
