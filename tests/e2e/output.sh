@@ -417,4 +417,13 @@ expect_eq "$(python3 "$T/nonblock.py" "$DTRAIN")" "0 10000 True" "non-blocking s
 mkdir -p "$T/ll"; echo precious >"$T/victim2"; ln -s "$T/victim2" "$T/ll/.dtrain-logs.lock"
 "$DTRAIN" run --log-dir "$T/ll" -- echo hi >/dev/null 2>"$T/err"; expect_eq "$?" 0 "a symlinked log lock: the run goes on"
 expect_eq "$(cat "$T/victim2")" precious "a symlinked log lock: its target untouched"
+# On a terminal, workers (whose stdout is a pipe to dtrain) get its size in COLUMNS and LINES,
+# less the "[rank N] " prefix: tqdm and rich took 80 columns. The spec's env wins; none when
+# stdout is not a terminal.
+script -qec "stty cols 150 rows 40; $DTRAIN run --nproc-per-node 2 -- sh -c 'echo cols=\$COLUMNS lines=\$LINES'" /dev/null 2>&1 | tr -d '\r' >"$T/cols.out"
+expect_eq "$(grep -c '^\[rank [01]\] cols=141 lines=40$' "$T/cols.out")" 2 "a terminal's width, less the prefix, in COLUMNS; its height in LINES"
+script -qec "stty cols 150 rows 40; $DTRAIN run --no-prefix --env COLUMNS=77 -- sh -c 'echo cols=\$COLUMNS lines=\$LINES'" /dev/null 2>&1 | tr -d '\r' >"$T/cols.out"
+expect_grep "^cols=77 lines=40$" "$T/cols.out" "COLUMNS from the job's env wins"
+"$DTRAIN" run -- sh -c 'echo "cols=${COLUMNS-unset}"' >"$T/cols.out" 2>/dev/null
+expect_eq "$(cat "$T/cols.out")" "[rank 0] cols=unset" "no terminal: no COLUMNS"
 finish

@@ -621,6 +621,11 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   partialOwner_ = nullptr;
   // Workers learn whether a live status line can be shown (the trainer's progress bar).
   if (consoleTty_) base["DTRAIN_CONSOLE_TTY"] = "1";
+  // ... and its size, less the widest "[rank N] " (an agent's workers get the launcher's, in
+  // the shipped spec's env).
+  if (consoleTty_ && !opts_.line_sink)
+    addConsoleSize(base, spec.env,
+                   spec.prefix_output ? fmt::format("[rank {}] ", std::max(0, plan.world_size - 1)).size() : 0);
 
   // Error files live under log_dir when there is one (kept), else in a private temp dir. An
   // agent's always go to a temp dir on its host: log_dir is the launching host's (the path

@@ -1400,6 +1400,20 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   if (!shipped.log_dir.empty()) shipped.log_dir = std::filesystem::absolute(shipped.log_dir).string();
   // Remote workers' output reaches this console: they may draw a progress bar when it is a terminal.
   if (consoleCanRedraw()) shipped.env["DTRAIN_CONSOLE_TTY"] = "1";
+  if (consoleCanRedraw()) {
+    // (the widest "[host rank N] " of the job: the world at its largest, every node's slots)
+    size_t host = 0;
+    int world = 0;
+    for (const auto& n : spec.nodes) {
+      host = std::max(host, n.host.size());
+      world += n.slots > 0 ? n.slots : std::max(1, spec.nproc_per_node);
+    }
+    std::map<std::string, std::string> size;
+    addConsoleSize(size, spec.env,
+                   spec.prefix_output ? fmt::format("[{} rank {}] ", std::string(host, 'h'), std::max(0, world - 1)).size() : 0);
+    for (const auto& [k, v] : size)
+      if (!currentEnvironment().count(k)) shipped.env[k] = v;
+  }
   {
     store::TcpStoreOptions co;
     co.host = "127.0.0.1";

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -183,6 +184,14 @@ bool sameOpenFile(int a, int b);
 // progress bar, unfinished lines): a tty whose TERM is not "dumb" (an editor's shell buffer,
 // some CI log viewers).
 bool consoleCanRedraw();
+
+// COLUMNS and LINES for workers whose output reaches dtrain's terminal through a pipe: they
+// see no terminal of their own, so shutil.get_terminal_size() (tqdm, rich) took 80 columns.
+// The terminal's width less `prefixWidth` (the "[rank N] " before each line), and its
+// height; none where stdout is not a terminal, or where `env` (the workers' environment so
+// far, then the spec's `specEnv`, which wins) already sets them.
+void addConsoleSize(std::map<std::string, std::string>& env, const std::map<std::string, std::string>& specEnv,
+                    size_t prefixWidth);
 
 // Keeps the last N lines.
 class TailBuffer {
