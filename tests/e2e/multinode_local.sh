@@ -557,4 +557,9 @@ for _ in $(seq 100); do alive "$DTRAIN_PID" || break; sleep 0.1; done
 alive "$DTRAIN_PID" && { fail "never-draining console across nodes: dtrain still runs after two SIGTERMs"; kill -9 "$DTRAIN_PID"; } || pass "never-draining console across nodes: two SIGTERMs end dtrain"
 wait "$DTRAIN_PID" 2>/dev/null; DTRAIN_PID=
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+# A line of 1.5 MB across hosts: the agent cuts it at 1 MiB, and its records (a piece, escaped,
+# with a header) pass the launcher whole (before: each piece's record was cut again at the
+# launcher's 64 KiB, and the bytes past the cut were dropped as a malformed record).
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 -- python3 -c 'print("y" * 1500000); print("after")' >"$T/out" 2>"$T/err"
+expect_eq "$?:$(grep -o y "$T/out" | wc -l):$(grep -c ' after$' "$T/out")" "0:3000000:2" "a 1.5 MB line across hosts: every byte arrives"
 finish

@@ -186,7 +186,31 @@ for _ in $(seq 40); do [ -s "$T/out" ] && break; sleep 0.1; done
 expect_eq "$(cat "$T/out")" "[rank 0] loading model..." "file: unfinished line written out after 1 s idle"
 wait "$DTRAIN_PID"; DTRAIN_PID=
 expect_eq "$(cat "$T/out" | tr '\n' '|')" "[rank 0] loading model...|[rank 0]  done|[rank 0] next line|[rank 0] progress 100%|" "file: the rest follows; the bar is one line"
-expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading model...| done|next line|progress 100%|" "log: the same lines"
+expect_eq "$(grep -v '^==== ' "$T/logs4/rank_0.log" | tr '\n' '|')" "loading model... done|next line|progress 100%|" "log: the rank's own file goes on with the rest on the same line"
+# Lines up to 1 MiB reach the console whole (a JSON record of 0.9 MB parsed as one; at 64 KiB
+# it was cut, and the pieces of two ranks interleaved); a longer one is cut on the console,
+# and stays whole in the rank's log. Stderr split off: a line of the other stream ends an
+# unfinished one in the log first.
+cat > "$T/big.py" <<'PY'
+import json, os, sys, time
+r = int(os.environ["RANK"])
+print(json.dumps({"rank": r, "v": "a" * 900000}), flush=True)
+print("b" * 1500000, flush=True)
+print("half ", end="", flush=True); time.sleep(1.3)
+print("err", file=sys.stderr, flush=True); time.sleep(0.2); print("rest", flush=True)
+PY
+"$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs_big" -- python3 "$T/big.py" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "long lines: the job succeeds"
+expect_eq "$(python3 -c "
+import json, sys
+ok = 0
+for l in open(sys.argv[1]):
+    if l.startswith('[rank ') and '{' in l:
+        d = json.loads(l.split('] ', 1)[1]); ok += d['v'] == 'a' * 900000
+print(ok)" "$T/out")" 2 "long lines: a 0.9 MB JSON line of each rank reaches the console whole"
+expect_eq "$(grep -c '^\[rank [01]\] bbbb' "$T/out") $(grep -o b "$T/out" | wc -l)" "4 3000000" "long lines: a 1.5 MB line cut once on the console, nothing lost"
+expect_eq "$(awk 'length($0) == 1500000' "$T/logs_big/rank_1.log" | wc -l)" 1 "long lines: whole in the rank's log"
+expect_eq "$(grep -v '^==== ' "$T/logs_big/rank_1.log" | grep -v '^[{b]' | tr '\n' '|')" "half |err|rest|" "log: a line of the other stream ends the unfinished one first"
 # --log-dir keeps the error files ranks wrote (log_dir/<run id>/attempt_<n>/<rank>/error.json),
 # and no empty directories for the ranks that wrote none, nor for a run without any.
 "$DTRAIN" run --nproc-per-node 2 --log-dir "$T/logs5" -- true >"$T/out" 2>&1

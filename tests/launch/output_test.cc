@@ -35,12 +35,25 @@ TEST(LineSplitter, JoinsChunksIntoLines) {
 TEST(LineSplitter, CutsOverlongLines) {
   LineSplitter s;
   std::vector<std::string> lines;
+  std::vector<bool> cut;
+  auto emit = [&](std::string_view l) {
+    lines.emplace_back(l);
+    cut.push_back(s.cut());
+  };
   std::string big(LineSplitter::kMaxLine * 2 + 5, 'x');
-  s.feed(big, [&](std::string_view l) { lines.emplace_back(l); });
+  s.feed(big, emit);
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0].size(), LineSplitter::kMaxLine);
-  s.finish([&](std::string_view l) { lines.emplace_back(l); });
+  s.feed("\n", emit);
   EXPECT_EQ(lines.back().size(), 5u);
+  // The pieces cut at the maximum do not end their line; the last one does.
+  EXPECT_EQ(cut, (std::vector<bool>{true, true, false}));
+  EXPECT_FALSE(s.cut());
+  // A splitter of another maximum (an agent's records, twice a worker line's).
+  LineSplitter records(16);
+  lines.clear();
+  records.feed(std::string(20, 'r') + "\n", [&](std::string_view l) { lines.emplace_back(l); });
+  EXPECT_EQ(lines, (std::vector<std::string>{std::string(16, 'r'), "rrrr"}));
 }
 
 TEST(LineSplitter, BinaryBytesPassThrough) {
@@ -74,7 +87,12 @@ TEST(LineSplitter, FlushPendingEmitsAnUnfinishedLineOnce) {
   auto emit = [&](std::string_view l) { lines.emplace_back(l); };
   s.feed("loading...", emit);
   EXPECT_EQ(s.pending(), "loading...");
-  s.flushPending(emit);
+  bool cutSeen = false;
+  s.flushPending([&](std::string_view l) {
+    emit(l);
+    cutSeen = s.cut();  // (the line goes on)
+  });
+  EXPECT_TRUE(cutSeen);
   s.flushPending(emit);  // nothing new: nothing emitted
   EXPECT_EQ(lines, (std::vector<std::string>{"loading..."}));
   s.feed("\n", emit);  // ends the flushed line: no empty line

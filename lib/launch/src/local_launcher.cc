@@ -141,6 +141,9 @@ struct Worker {
   Fd log;
   std::string log_path;
   bool log_failed = false;  // a write to it failed: said once
+  // The stream whose line the log file's last line is, not yet ended (a piece that does not
+  // end its line: LineSplitter::cut); null when the file ends with a newline.
+  const Stream* log_open = nullptr;
   TailBuffer tail{20};
   std::string error_file;
   std::string watchdog_file;  // DTRAIN_WATCHDOG_FILE; armed once the worker first touches it
@@ -168,6 +171,8 @@ class LocalLauncher final : public Launcher {
  private:
   void spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec, const EnvMap& base);
   void emitLine(Worker& w, bool isErr, std::string_view line);
+  // Ends the log file's unfinished line (Worker::log_open), if any.
+  void endLogLine(Worker& w);
   bool onConsole(const Worker& w) const;
   // On a terminal: shows a worker's unfinished stdout line (its latest '\r' segment) in
   // place as the status line, until the line is complete.
@@ -284,10 +289,20 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   if (partialOwner_ == &w && !isErr) dropPartial(&w);  // its line is complete: printed below
   if (isErr || merged_) w.tail.push(line);
   if (w.log) {
+    // A piece that does not end its line (cut at the maximum, or an unfinished line shown
+    // after a pause) goes on in the rank's own file, where no other rank's line comes between;
+    // a line of its other stream ends it first.
+    const Stream& s = isErr ? w.err : w.out;
+    if (w.log_open && w.log_open != &s) endLogLine(w);
     std::string rec;
     rec.reserve(line.size() + 1);
     rec.append(line);
-    rec.push_back('\n');
+    if (s.splitter.cut()) {
+      w.log_open = &s;
+    } else {
+      rec.push_back('\n');
+      w.log_open = nullptr;
+    }
     if (!writeAll(w.log.get(), rec) && !w.log_failed) {
       const int err = errno;
       w.log_failed = true;
@@ -299,6 +314,11 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
   rec.append(line);
   rec.push_back('\n');
   writeAboveStatus(isErr ? STDERR_FILENO : STDOUT_FILENO, rec);
+}
+
+void LocalLauncher::endLogLine(Worker& w) {
+  if (w.log_open && w.log && !w.log_failed) writeAll(w.log.get(), "\n");
+  w.log_open = nullptr;
 }
 
 bool LocalLauncher::onConsole(const Worker& w) const {
@@ -861,6 +881,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       bool isErr = s->is_err;
       s->splitter.finish([&](std::string_view l) { emitLine(w, isErr, l); });
     }
+    endLogLine(w);  // (a piece whose worker wrote no more: the next attempt's header starts a line)
     fillExit(w);
     result_.workers.push_back(w.exit);
   }

@@ -82,7 +82,11 @@ std::string remoteCommand(const std::vector<std::string>& argv) {
 
 struct Pipe {
   Fd fd;
-  LineSplitter splitter;
+  // An agent's records: a worker's line (up to LineSplitter::kMaxLine) escaped (a tab, a
+  // newline or a backslash takes two bytes), with its header. At the workers' own maximum a
+  // line cut by the agent made a record the launcher cut again, and the bytes past the cut
+  // (the record's header's worth) were dropped as a malformed record.
+  LineSplitter splitter{2 * LineSplitter::kMaxLine + 4096};
 };
 
 enum class NodeState {
@@ -421,8 +425,8 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   n.running = true;
   n.status = 0;
   n.in = std::move(child.in);
-  n.out = Pipe{std::move(child.out), {}};
-  n.err = Pipe{std::move(child.err), {}};
+  n.out = Pipe{std::move(child.out)};
+  n.err = Pipe{std::move(child.err)};
   n.state = NodeState::kStarting;
   // (no round of this agent's yet: a host tried again is not taken for one that ran in the
   // round of an incident, which nodeLost excuses once)

@@ -20,19 +20,27 @@ namespace dtrain::launch {
 // log files, it is dropped.
 inline constexpr std::string_view kStatusPrefix = "\x1b]dtrain-status;";
 
-// Splits a byte stream into lines. A line longer than kMaxLine is cut into kMaxLine pieces so
-// that a worker printing megabytes without a newline cannot grow dtrain's memory. A '\r' not
-// followed by '\n' starts the line over, as on a terminal (a progress bar redrawing itself):
-// only the last segment is kept, so a bar's thousand updates make one line.
+// Splits a byte stream into lines. A line longer than the splitter's maximum (kMaxLine for a
+// worker's output) is cut into pieces of that size so that a worker printing megabytes
+// without a newline cannot grow dtrain's memory. A '\r' not followed by '\n' starts the line
+// over, as on a terminal (a progress bar redrawing itself): only the last segment is kept, so
+// a bar's thousand updates make one line.
 class LineSplitter {
  public:
-  static constexpr size_t kMaxLine = 64 * 1024;
+  // 1 MiB: a JSON record of metrics or a config dump fits whole (at 64 KiB one was cut, and
+  // the console's pieces no longer parsed).
+  static constexpr size_t kMaxLine = 1u << 20;
+  explicit LineSplitter(size_t maxLine = kMaxLine) : maxLine_(maxLine) {}
+  // While emit runs: whether the piece it got does not end its line (cut at the maximum, or
+  // flushPending's), so that a rank's own log file can go on with the rest on the same line.
+  bool cut() const { return cut_; }
   // Calls emit(line) (without '\n', or "\r\n") for each complete line in data.
   template <typename F>
   void feed(std::string_view data, F&& emit) {
     for (char ch : data) {
       if (ch == '\n') {
         // After flushPending, the newline only ends what was already emitted.
+        cut_ = false;
         if (!(flushed_ && buf_.empty())) emit(std::string_view(buf_));
         buf_.clear();
         cr_ = flushed_ = false;
@@ -42,8 +50,10 @@ class LineSplitter {
         if (cr_) buf_.clear();
         cr_ = flushed_ = false;
         buf_.push_back(ch);
-        if (buf_.size() >= kMaxLine) {
+        if (buf_.size() >= maxLine_) {
+          cut_ = true;
           emit(std::string_view(buf_));
+          cut_ = false;
           buf_.clear();
         }
       }
@@ -56,7 +66,9 @@ class LineSplitter {
   template <typename F>
   void flushPending(F&& emit) {
     if (buf_.empty()) return;
+    cut_ = true;
     emit(std::string_view(buf_));
+    cut_ = false;
     buf_.clear();
     cr_ = false;
     flushed_ = true;
@@ -64,12 +76,15 @@ class LineSplitter {
   // Flushes a final line that had no trailing newline.
   template <typename F>
   void finish(F&& emit) {
+    cut_ = false;
     if (!buf_.empty()) emit(std::string_view(buf_));
     buf_.clear();
     cr_ = flushed_ = false;
   }
 
  private:
+  size_t maxLine_;
+  bool cut_ = false;
   std::string buf_;
   bool cr_ = false;       // a '\r' ended the last segment
   bool flushed_ = false;  // flushPending emitted the line's beginning
