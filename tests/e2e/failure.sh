@@ -205,4 +205,14 @@ expect_grep "^dtrain: job 'slowstop.sh' failed: rank 1 exited with code 3" "$T/e
 expect_grep "^dtrain: SIGINT during the teardown after the failure: the workers still running were killed at once; exit code 3, the failure's$" "$T/err" "Ctrl-C in the final teardown: said"
 if grep -q "stopped by" "$T/err"; then fail "Ctrl-C in the final teardown: said 'stopped by'"; else pass "Ctrl-C in the final teardown: not 'stopped by'"; fi
 expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["status"], d["exit_code"], d["stopped_by"])' "$T/slow.json")" "failed 3 None" "Ctrl-C in the final teardown: the summary"
+# A module missing for the `python3` found on the workers' PATH (a pyenv or venv shim first,
+# without torch; torchrun runs its own interpreter): the summary names that interpreter.
+mkdir -p "$T/fakebin"
+printf '#!/bin/sh\necho "ModuleNotFoundError: No module named '"'"'torch'"'"'" >&2\nexit 1\n' > "$T/fakebin/python3"
+chmod +x "$T/fakebin/python3"
+PATH="$T/fakebin:$PATH" "$DTRAIN" run -- python3 train.py >"$T/out" 2>&1
+expect_eq "$?" 1 "a module missing: exit 1"
+expect_grep "^    hint:       python3 on the workers' PATH is $T/fakebin/python3, which has no module 'torch'; give the path of the interpreter that has it" "$T/out" "a module missing: the interpreter that ran is named"
+"$DTRAIN" run -- "$T/fakebin/python3" train.py >"$T/out" 2>&1
+expect_no_grep "hint:" "$T/out" "an interpreter given by its path: no hint"
 finish

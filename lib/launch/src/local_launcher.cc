@@ -1188,6 +1188,28 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
           "(dist.barrier(), then dist.destroy_process_group())\n",
           zero->when);
   }
+  // A module missing for the interpreter that ran: `python3` found on the workers' PATH is
+  // not always the one with torch (a pyenv or venv shim first on PATH), while torchrun runs its
+  // own. Said with the path it was, and the fix.
+  if (!spec.trainer && spec.nodes.empty() && !spec.command.empty() &&
+      spec.command[0].rfind("python", 0) == 0 && spec.command[0].find('/') == std::string::npos) {
+    std::string module;
+    auto look = [&](const std::string& text) {
+      const size_t at = text.find("ModuleNotFoundError: No module named '");
+      if (at == std::string::npos || !module.empty()) return;
+      const size_t from = at + std::strlen("ModuleNotFoundError: No module named '");
+      const size_t to = text.find('\'', from);
+      if (to != std::string::npos) module = text.substr(from, to - from);
+    };
+    look(f.error_message);
+    for (const auto& l : f.stderr_tail) look(l);
+    if (!module.empty())
+      if (const std::string found = findWorkerProgram(spec.command[0], spec.env, spec.cwd); !found.empty())
+        out += fmt::format(
+            "    hint:       {} on the workers' PATH is {}, which has no module '{}'; give the path of the "
+            "interpreter that has it (e.g. dtrain run -- /usr/bin/python3 ...), or install it there\n",
+            spec.command[0], visible(found), visible(module));
+  }
   // The others' exits, and where their output is: a log directory is not always there.
   if (failed > 1) {
     constexpr int kListed = 8;
