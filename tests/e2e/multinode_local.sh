@@ -562,4 +562,19 @@ kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
 # launcher's 64 KiB, and the bytes past the cut were dropped as a malformed record).
 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 -- python3 -c 'print("y" * 1500000); print("after")' >"$T/out" 2>"$T/err"
 expect_eq "$?:$(grep -o y "$T/out" | wc -l):$(grep -c ' after$' "$T/out")" "0:3000000:2" "a 1.5 MB line across hosts: every byte arrives"
+# A node slow to start its agent (DTRAIN_TEST_JOIN_DELAY stages it): round 0's timeout names
+# the node that did not join, not the one that saw it time out (before: "node localhost:
+# rendezvous round 0 timed out ... (arrived: localhost)", the missing one never named), and
+# the job ends then: the late agent, which runs no workers yet, is killed (it joined later and
+# waited 30 s for a node 0 that was gone).
+echo '{"command": ["true"], "rendezvous": {"timeout_s": 2}}' > "$T/slowjoin.json"
+start=$(date +%s%N)
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:5000 timeout -k 5 60 "$DTRAIN" run "$T/slowjoin.json" --hosts localhost:1,127.0.0.1:1 --summary-json "$T/slowjoin.sum" >"$T/out" 2>"$T/err"
+rc=$?; ms=$(( ($(date +%s%N) - start) / 1000000 ))
+expect_eq "$rc" 1 "a node slow to join: exit 1"
+expect_grep "^dtrain: job 'job' failed: rendezvous round 0 timed out after 2 s: 1 of at least 2 node\(s\) joined \(arrived: localhost\); not joined: 127.0.0.1 \(as node localhost saw it\)$" "$T/err" "a node slow to join: named as not joined"
+[ "$ms" -lt 4500 ] && pass "a node slow to join: the job ends at the timeout (${ms} ms)" || fail "a node slow to join: the job took ${ms} ms"
+sleep 4
+run_id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_id"])' "$T/slowjoin.sum")
+[ -n "$run_id" ] && pgrep -f "agent .*--run-id $run_id" >/dev/null && fail "a node slow to join: its agent left running" || pass "a node slow to join: no agent left"
 finish

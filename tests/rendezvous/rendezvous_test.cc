@@ -132,7 +132,7 @@ TEST(Rendezvous, TimeoutSaysWhoArrived) {
     Rendezvous(store, o, {"a", 1, 0}).join();
     FAIL();
   } catch (const TimeoutError& e) {
-    EXPECT_STREQ(e.what(), "rendezvous round 0 timed out after 0.3 s: 1 of at least 3 node(s) joined (arrived: a); missing: b, c");
+    EXPECT_STREQ(e.what(), "rendezvous round 0 timed out after 0.3 s: 1 of at least 3 node(s) joined (arrived: a); not joined: b, c");
   }
 }
 

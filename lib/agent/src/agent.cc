@@ -229,11 +229,12 @@ std::string storeAddrFromSsh() {
   return parts.empty() ? "" : parts[0];
 }
 
-// Test hook: DTRAIN_TEST_REPORT_DELAY="<node>:<ms>[@<round>]" holds that node's report of a
+// Test hooks: DTRAIN_TEST_REPORT_DELAY="<node>:<ms>[@<round>]" holds that node's report of a
 // started round (only of that round, with @) back, staging a node that is slow to start its
-// workers (tests/e2e/elastic.sh, tests/e2e/elastic_events.sh).
-void reportDelayForTests(const std::string& node, int round) {
-  const char* v = std::getenv("DTRAIN_TEST_REPORT_DELAY");
+// workers (tests/e2e/elastic.sh, tests/e2e/elastic_events.sh); DTRAIN_TEST_JOIN_DELAY, the
+// same for its joining a round (a host slow to start its agent: tests/e2e/multinode_local.sh).
+void delayForTests(const char* var, const std::string& node, int round) {
+  const char* v = std::getenv(var);
   if (!v) return;
   std::string s(v);
   if (auto at = s.rfind('@'); at != std::string::npos) {
@@ -566,6 +567,7 @@ int runAgent(const AgentOptions& opts) {
       self.order = opts.order;
       self.addr = opts.address.empty() ? st->localAddress() : opts.address;
       rendezvous::Rendezvous rdzv(st, ro, self);
+      delayForTests("DTRAIN_TEST_JOIN_DELAY", opts.node, restartCount);
       round = rdzv.join();
 
       // Node 0 names the master: its address as the others reach it, and a port free here.
@@ -628,13 +630,14 @@ int runAgent(const AgentOptions& opts) {
       if (next->kind == Command::kPause) next = control.pop();
       continue;
     } catch (const TimeoutError& e) {
-      rc = fail({"timeout", fmt::format("node {}: {}", opts.node, e.what())});
+      // (the round's, not this node's: the nodes not joined are named, this one only saw it)
+      rc = fail({"timeout", fmt::format("{} (as node {} saw it)", e.what(), opts.node)});
       break;
     } catch (const std::exception& e) {
       rc = fail({"io", fmt::format("node {}: rendezvous failed: {}", opts.node, e.what())});
       break;
     }
-    reportDelayForTests(opts.node, round.round);
+    delayForTests("DTRAIN_TEST_REPORT_DELAY", opts.node, round.round);
     send(proto::record('N', {std::to_string(round.node_rank), std::to_string(round.nnodes),
                              std::to_string(round.world_size), std::to_string(round.rank_offset), plan.master_addr,
                              std::to_string(plan.master_port), std::to_string(round.round),

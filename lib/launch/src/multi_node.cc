@@ -725,8 +725,12 @@ void MultiNodeRunner::tryRestart() {
   ro.run_id = runId_;
   rendezvous::NodeInfo self;
   self.name = "launcher";  // opens rounds, never joins one
-  rendezvous::Rendezvous(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, self).openNextRound(openRound_);
+  rendezvous::Rendezvous rdzv(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, self);
+  rdzv.openNextRound(openRound_);
   ++openRound_;
+  std::vector<std::string> names;
+  for (const Node* n : ready) names.push_back(n->name);
+  rdzv.expect(openRound_, names);
   for (auto& n : nodes_) n.member = false;
   for (Node* n : ready) {
     if (n->state == NodeState::kWaiting)
@@ -874,7 +878,8 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       // (the agent's failures name their node; one that does not, as another dtrain's agent
       // might, gets the name here: a job of many hosts must say which one refused it)
       if (r->fields.size() == 2)
-        finalFailure(r->fields[1].rfind(fmt::format("node {}: ", n.name), 0) == 0
+        finalFailure(r->fields[1].rfind(fmt::format("node {}: ", n.name), 0) == 0 ||
+                             (r->fields[0] == "timeout" && r->fields[1].rfind("rendezvous round ", 0) == 0)
                          ? r->fields[1]
                          : fmt::format("node {}: {}", n.name, r->fields[1]),
                      r->fields[0] == "spec" ? kExitUsage : kExitFailure);
@@ -902,13 +907,14 @@ void MultiNodeRunner::stopAll(const std::string& how) {
   for (auto& n : nodes_) {
     if (!n.running) continue;
     send(n, how);
-    // A remote node not heard from yet runs no workers; its ssh may still be connecting to
-    // a host that does not answer (a lost host being retried), which would hold the job's
-    // end up to ssh's ConnectTimeout. Killed now, as the pre-flight's checks are: an agent
-    // that did start there sees its stdin close and ends. Not when its agent has said
+    // A node not heard from yet runs no workers; its ssh may still be connecting to a host
+    // that does not answer (a lost host being retried), which would hold the job's end up to
+    // ssh's ConnectTimeout, and an agent slow to start (here too) may join the round late and
+    // then wait for a node 0 that is gone. Killed now, as the pre-flight's checks are: an
+    // agent that did start there sees its stdin close and ends. Not when its agent has said
     // something not read yet: its round record, sent as it starts its workers, which are
     // then stopped through the agent with their grace period.
-    if (n.state == NodeState::kStarting && !n.spec->local) {
+    if (n.state == NodeState::kStarting) {
       pollfd p{n.out.fd ? n.out.fd.get() : -1, POLLIN, 0};
       const bool unread = n.out.fd && ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
       if (!unread && n.out.splitter.pending().empty()) ::kill(-n.pid, SIGKILL);
@@ -1077,6 +1083,16 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     console().write(STDERR_FILENO,
                     "dtrain: setting OMP_NUM_THREADS=1 for the workers of nodes that run several, to avoid "
                     "overloading them; set it in the spec's env or with --env to tune\n");
+  {
+    // (the nodes round 0 waits for: a timeout names those that did not join)
+    std::vector<std::string> names;
+    for (const auto& n : nodes_)
+      if (n.member) names.push_back(n.name);
+    rendezvous::RendezvousOptions ro;
+    ro.run_id = runId_;
+    rendezvous::Rendezvous(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, {"launcher"})
+        .expect(0, names);
+  }
   for (auto& n : nodes_)
     if (n.member) spawnAgent(n, /*wait=*/false);
 

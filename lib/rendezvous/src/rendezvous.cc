@@ -47,6 +47,10 @@ void Rendezvous::openNextRound(int closedRound) {
   store_->compareSet(key("open"), cur, std::to_string(closedRound + 1));
 }
 
+void Rendezvous::expect(int round, const std::vector<std::string>& names) {
+  store_->set(roundKey(round, "expected"), fmt::format("{}", fmt::join(names, "\t")));
+}
+
 void Rendezvous::timeout(int round, Duration waited) {
   int64_t count = store_->add(roundKey(round, "count"), 0);
   std::vector<std::string> arrived;
@@ -54,13 +58,16 @@ void Rendezvous::timeout(int round, Duration waited) {
     std::string k = roundKey(round, "node/" + std::to_string(i));
     if (store_->check({k})) arrived.push_back(decodeNode(store_->get(k)).name);
   }
+  std::vector<std::string> expected = opts_.expected;
+  if (expected.empty() && store_->check({roundKey(round, "expected")}))
+    expected = split(store_->get(roundKey(round, "expected")), '\t');
   std::vector<std::string> missing;
-  for (const auto& e : opts_.expected)
+  for (const auto& e : expected)
     if (std::find(arrived.begin(), arrived.end(), e) == arrived.end()) missing.push_back(e);
   std::string msg = fmt::format("rendezvous round {} timed out after {:.3g} s: {} of at least {} node(s) joined",
                                 round, waited.count() / 1000.0, arrived.size(), opts_.min_nodes);
   msg += fmt::format(" (arrived: {})", arrived.empty() ? "none" : fmt::format("{}", fmt::join(arrived, ", ")));
-  if (!missing.empty()) msg += fmt::format("; missing: {}", fmt::join(missing, ", "));
+  if (!missing.empty()) msg += fmt::format("; not joined: {}", fmt::join(missing, ", "));
   throw TimeoutError(msg);
 }
 

@@ -8,6 +8,8 @@
 //   r/<N>/node/<i>     "<name>\t<nproc>\t<order>\t<addr>" of the i-th joiner
 //   r/<N>/closed       compareSet() once: the number of participants (first closer wins)
 //   open               the round late joiners should aim for (bumped by openNextRound)
+//   r/<N>/expected     the names of the nodes meant to join round N, tab-separated (expect):
+//                      a timeout names those that did not
 //   hb/<name>          heartbeat counter of a node
 //
 // Thread-safety: a Rendezvous object is used by one thread; the store may be shared.
@@ -70,6 +72,9 @@ class Rendezvous {
 
   // Opens the next round (elastic restart); joiners of a closed round move there.
   void openNextRound(int closedRound);
+  // Records the nodes meant to join `round` (the launcher's word): a joiner's timeout then
+  // says which of them did not join (besides RendezvousOptions::expected).
+  void expect(int round, const std::vector<std::string>& names);
 
  private:
   std::string key(const std::string& k) const { return "rdzv/" + opts_.run_id + "/" + k; }
