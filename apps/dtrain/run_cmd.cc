@@ -113,20 +113,27 @@ void checkCreatable(const std::string& path, const std::string& what) {
   }
 }
 
+// Where the log directory came from, for its messages: the flag, or the spec's field.
+std::string logDirWhere(const spec::JobSpec& s, const RunArgs& a) {
+  if (a.overrides.log_dir || s.source.empty() || s.source == "command line") return "--log-dir";
+  return s.source + ": /log_dir";
+}
+
 // The run's outputs (log directory, summary file) are checked before anything starts, so a
 // typo in a path is exit 2 at once, not a failure reported after a successful job.
 void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   if (!s.log_dir.empty()) {
-    checkCreatable(s.log_dir, "log_dir (--log-dir)");
+    const std::string where = logDirWhere(s, a);
+    checkCreatable(s.log_dir, where);
     // Another user's directory that anyone may write in, without the sticky bit (/tmp has
     // it): its files could be swapped under this run at any time.
     struct stat d {};
     if (::stat(s.log_dir.c_str(), &d) == 0 && S_ISDIR(d.st_mode) && d.st_uid != ::geteuid() && (d.st_mode & S_IWOTH) &&
         !(d.st_mode & S_ISVTX))
       throw SpecError(
-          fmt::format("log_dir (--log-dir): \"{}\" belongs to another user and anyone may write in it; "
+          fmt::format("{}: \"{}\" belongs to another user and anyone may write in it; "
                       "its files could be replaced under this run: use a directory of your own",
-                      s.log_dir));
+                      where, s.log_dir));
     // Rank logs are appended to: one of this run's ranks left by another user, made
     // read-only, or in the way as a directory or a dangling link would fail the launch after
     // the workers' store is up (exit 1); said here instead.
@@ -149,9 +156,9 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
         why = std::strerror(errno);
       if (!why.empty())
         throw SpecError(
-            fmt::format("log_dir (--log-dir): cannot append to {}: {}; make it writable, remove it, or use "
+            fmt::format("{}: cannot append to {}: {}; make it writable, remove it, or use "
                         "another log_dir",
-                        log.string(), why));
+                        where, log.string(), why));
     }
   }
   // (a local job's; across hosts node 0's agent checks it where rank 0 will write)
@@ -718,7 +725,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   if (!s.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(s.log_dir, ec);
-    if (ec) throw SpecError(fmt::format("log_dir (--log-dir): cannot create \"{}\": {}", s.log_dir, ec.message()));
+    if (ec) throw SpecError(fmt::format("{}: cannot create \"{}\": {}", logDirWhere(s, a), s.log_dir, ec.message()));
     // Runs at once on one log_dir (CI jobs of one spec) would append to the same rank_N.log,
     // line by line, and rewrite each other's metrics.svg: the later one writes in a
     // directory of its own run id instead, and says so. (Runs one after another keep
@@ -727,7 +734,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
     if (lock.busy) {
       const std::string own = (std::filesystem::path(s.log_dir) / runId).string();
       std::filesystem::create_directories(own, ec);
-      if (ec) throw SpecError(fmt::format("log_dir (--log-dir): cannot create \"{}\": {}", own, ec.message()));
+      if (ec) throw SpecError(fmt::format("{}: cannot create \"{}\": {}", logDirWhere(s, a), own, ec.message()));
       std::cerr << fmt::format(
           "dtrain: warning: log_dir (--log-dir) \"{}\" is in use by another dtrain run ({}); this "
           "run's logs go to {}\n",

@@ -64,4 +64,29 @@ if (ulimit -s 65536) 2>/dev/null; then
   (ulimit -s 65536; "$DTRAIN" validate "$T/manyargs.json" >"$T/out" 2>"$T/err")
   expect_eq "$?" 0 "4 MB of arguments under a 64 MiB stack limit: accepted"
 fi
+# What the fuzzing review found passing validate and failing later, or said without its place.
+# A name past what every worker's environment (DTRAIN_JOB_NAME) can take: every worker failed
+# exec with 126 after validate passed.
+python3 -c 'import json,sys; json.dump({"name": "x" * 131056, "command": ["true"]}, open(sys.argv[1], "w"))' "$T/longname.json"
+"$DTRAIN" validate "$T/longname.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 128 KiB job name: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: $T/longname.json: /name: is 131056 bytes; a job name is at most 1024 (every worker gets it in DTRAIN_JOB_NAME, and every message says it): shorten it" "a 128 KiB job name: said, with its place"
+# An IPv6 zone with ':' in it: the slot count of fe80::1%eth0:2 was dropped without a word.
+printf 'fe80::1%%eth0:2\n' > "$T/zone.hosts"
+"$DTRAIN" validate --hostfile "$T/zone.hosts" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "an IPv6 zone with a colon: exit 2"
+expect_grep "zone.hosts:1: \"fe80::1%eth0:2\": \"eth0:2\" after '%' is not an interface name \(a zone is eth0, ib0 or an index\); N workers on an IPv6 address are written \[fe80::1%eth0\]:N" "$T/err" "an IPv6 zone with a colon: the fix"
+printf '[fe80::1%%eth0]:2\n' > "$T/zone.hosts"
+"$DTRAIN" validate --hostfile "$T/zone.hosts" -- true >"$T/out" 2>"$T/err"
+expect_grep "^  node 0: +fe80::1%eth0: 2 slots, ssh$" "$T/out" "[fe80::1%eth0]:2: two slots"
+# A log_dir of the spec's that cannot be made: said as the spec's /log_dir (it said
+# "log_dir (--log-dir)", a flag never given).
+touch "$T/afile"
+printf '{"command": ["true"], "log_dir": "%s/afile/x"}' "$T" > "$T/logdir.json"
+"$DTRAIN" validate "$T/logdir.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a log_dir under a file: exit 2"
+expect_grep "^dtrain: error: $T/logdir.json: /log_dir: \"$T/afile/x\" cannot be created: $T/afile is not a directory" "$T/err" "a log_dir under a file: the spec's field named"
+"$DTRAIN" validate --log-dir "$T/afile/x" -- true >"$T/out" 2>"$T/err"
+expect_grep "^dtrain: error: --log-dir: \"$T/afile/x\" cannot be created" "$T/err" "--log-dir under a file: the flag named"
+# More hosts than a job may have nodes (max_nodes itself is refused past 4096).
+python3 -c 'import sys; open(sys.argv[1], "w").write("".join("10.%d.%d.1\n" % (i // 250, i % 250) for i in range(4097)))' "$T/many.hosts"
+"$DTRAIN" validate --hostfile "$T/many.hosts" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "4097 hosts: exit 2"
+expect_grep "many.hosts: 4097 hosts, and a job runs on at most 4096 nodes" "$T/err" "4097 hosts: said"
 finish

@@ -192,7 +192,7 @@ expect_grep "^dtrain: error: --summary-json: .*directory .*/no/such/dir does not
 "$DTRAIN" run --nproc-per-node 1 --summary-json "$T" -- true 2>"$T/err"; expect_eq "$?" 2 "--summary-json a directory exits 2"
 expect_grep "is a directory; give a file path" "$T/err" "--summary-json directory message"
 "$DTRAIN" run --nproc-per-node 1 --log-dir /etc/passwd/x -- true 2>"$T/err"; expect_eq "$?" 2 "--log-dir under a file exits 2"
-expect_grep "^dtrain: error: log_dir \(--log-dir\): \"/etc/passwd/x\" cannot be created: /etc/passwd is not a directory" "$T/err" "--log-dir under a file explained"
+expect_grep "^dtrain: error: --log-dir: \"/etc/passwd/x\" cannot be created: /etc/passwd is not a directory" "$T/err" "--log-dir under a file explained"
 "$DTRAIN" validate "$SRC/configs/env_dump.json" --log-dir /etc/passwd/x 2>"$T/err"; expect_eq "$?" 2 "validate checks the log dir"
 # CLI11's own words ("1 required TEXT missing", "At Most 1 required but received 2") are
 # said with the option and the fix.

@@ -226,7 +226,7 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && setpriv --reuid=65534 
   RO=$(mktemp -d /tmp/dtrain-ro.XXXXXX) && chmod 1777 "$RO" && touch "$RO/rank_0.log" && chmod 444 "$RO/rank_0.log"
   (cd "$RO" && setpriv --reuid=65534 --regid=65534 --clear-groups "$DT_ABS" run --log-dir "$RO" -- true) >"$T/out" 2>"$T/err"
   expect_eq "$?" 2 "read-only rank log: exit 2 before the launch"
-  expect_grep "^dtrain: error: log_dir \(--log-dir\): cannot append to $RO/rank_0.log: Permission denied" "$T/err" "read-only rank log: named"
+  expect_grep "^dtrain: error: --log-dir: cannot append to $RO/rank_0.log: Permission denied" "$T/err" "read-only rank log: named"
   rm -rf "$RO"
 else
   pass "read-only rank log: skipped (needs root and setpriv, and a binary 'nobody' can run)"

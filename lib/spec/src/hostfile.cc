@@ -82,6 +82,16 @@ std::string hostProblem(const std::string& host) {
                          "host:N means N workers)",
                          printable(h));
     if (IN6_IS_ADDR_UNSPECIFIED(&a)) return fmt::format("\"{}\" is the unspecified address, no host", printable(h));
+    // The zone is an interface's name or index: "fe80::1%eth0:2" meant 2 workers, not a zone
+    // "eth0:2" (the count was dropped, and ssh was given a zone no interface has).
+    if (pct != std::string::npos) {
+      const std::string zone = h.substr(pct + 1);
+      if (!std::all_of(zone.begin(), zone.end(),
+                       [](unsigned char ch) { return std::isalnum(ch) || ch == '_' || ch == '.' || ch == '-'; }))
+        return fmt::format("\"{}\": \"{}\" after '%' is not an interface name (a zone is eth0, ib0 or an index); N "
+                           "workers on an IPv6 address are written [{}]:N",
+                           printable(h), printable(zone), printable(h.substr(0, h.find_first_of(":%", pct + 1))));
+    }
     return "";
   }
   // Digits and dots alone are an IPv4 address, whole: inet_aton reads "1.2" as 1.0.0.2.

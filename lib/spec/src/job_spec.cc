@@ -949,6 +949,12 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
   spec.source = source;
   if (root.contains("name")) {
     spec.name = c.str(root["name"], "/name", false);
+    // Every worker gets it (DTRAIN_JOB_NAME), and every headline says it: a name past Linux's
+    // limit on one environment string failed every worker's exec (126) after validate passed.
+    if (spec.name.size() > kMaxJobName)
+      c.fail("/name", fmt::format("is {} bytes; a job name is at most {} (every worker gets it in DTRAIN_JOB_NAME, and "
+                                  "every message says it): shorten it",
+                                  spec.name.size(), kMaxJobName));
     // The name is part of one-line messages and summaries read by scripts and terminals.
     // (C1 controls too, U+0080..U+009F: UTF-8 C2 80..C2 9F; a terminal takes U+009B as CSI)
     for (size_t i = 0; i < spec.name.size(); ++i) {
@@ -1355,6 +1361,12 @@ void resolve(JobSpec& spec, const Overrides& given) {
   };
   // Elastic range: defaults to the hosts given; it cannot ask for more nodes than there are.
   int hosts = std::max<int>(1, static_cast<int>(spec.nodes.size()));
+  if (hosts > kMaxNodes)
+    throw SpecError(fmt::format("{}: {} hosts, and a job runs on at most {} nodes; split the job, or give fewer hosts",
+                                !spec.hostfile.empty() ? spec.hostfile
+                                : given.hosts          ? std::string("--hosts")
+                                                       : source + ": /nodes",
+                                hosts, kMaxNodes));
   const bool maxGiven = spec.max_nodes != 0;
   if (spec.max_nodes == 0) spec.max_nodes = std::max(hosts, spec.min_nodes);
   if (spec.min_nodes == 0) spec.min_nodes = std::min(hosts, spec.max_nodes);

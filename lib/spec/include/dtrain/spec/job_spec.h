@@ -181,7 +181,8 @@ struct JobSpec {
 
 // Limits shared by the spec and the command line (docs/job-spec.md).
 inline constexpr int kMaxProcsPerNode = 4096;  // nproc_per_node, slots; local ranks are below it
-inline constexpr int kMaxNodes = 4096;         // min_nodes, max_nodes, --nnodes
+inline constexpr int kMaxNodes = 4096;         // min_nodes, max_nodes, --nnodes, hosts
+inline constexpr size_t kMaxJobName = 1024;    // name: bytes
 inline constexpr int kMaxRestarts = 1000000;   // max_restarts, --max-restarts
 
 // A spec refused after its JSON was read and its name taken (the default "job" when it has
