@@ -542,14 +542,12 @@ void sayLateStop(int sig, bool launched = true) {
                              signalName(sig)));
 }
 
-// A second Ctrl-C during the run killed the workers "now" (RunResult::killed_now): the end
-// treats it as a stop signal that came in the end, unsaid (the run said it), so that a console
-// that does not take dtrain's last lines holds dtrain no longer than one that came late.
-void stopAskedTwice() {
-  if (gLateStop) return;
-  gLateStop = SIGINT;
-  gLateStopAt = std::chrono::steady_clock::now();
-}
+// A second Ctrl-C during the run killed the workers "now" (RunResult::killed_now): a console
+// that does not take dtrain's last lines holds dtrain no longer than after a stop signal in
+// the end (flushConsole), unsaid (the run said it). Only that wait: a summary written in
+// place is still written.
+std::optional<std::chrono::steady_clock::time_point> gKilledNowAt;
+void stopAskedTwice() { gKilledNowAt = std::chrono::steady_clock::now(); }
 
 }  // namespace
 
@@ -598,6 +596,8 @@ bool lateStopCame() {
 // a run above): then dtrain gives the rest up and ends, with the job's exit code.
 bool flushConsole() {
   return launch::console().flush([] {
+    if (gKilledNowAt && std::chrono::steady_clock::now() - *gKilledNowAt >= std::chrono::milliseconds(200))
+      return true;
     if (!lateStopCame()) return false;
     if (!gInRunEnd) return true;
     return std::chrono::steady_clock::now() - *gLateStopAt >= std::chrono::milliseconds(200);

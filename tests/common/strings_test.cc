@@ -70,7 +70,7 @@ TEST(ParseSize, BinaryUnitsInEitherCase) {
   EXPECT_EQ(parseSize("256m", "-e"), 256u << 20);
   EXPECT_EQ(parseSize("1G", "-e"), 1ull << 30);
   EXPECT_EQ(parseSize("1024T", "-e"), 1ull << 50);  // the largest, as the refusal says
-  for (const char* bad : {"", "K", "-4K", "+4K", " 4K", "4 K", "4X", "4KB", "1.5M", "0x10"}) {
+  for (const char* bad : {"", "K", "-4K", "+4K", " 4K", "4 K", "4X", "4KB", "1.5M", "0x10", "4bib", "8BiB"}) {
     try {
       parseSize(bad, "-b/--minbytes");
       ADD_FAILURE() << "\"" << bad << "\" was accepted";

@@ -212,7 +212,7 @@ printf '#!/bin/sh\necho "ModuleNotFoundError: No module named '"'"'torch'"'"'" >
 chmod +x "$T/fakebin/python3"
 PATH="$T/fakebin:$PATH" "$DTRAIN" run -- python3 train.py >"$T/out" 2>&1
 expect_eq "$?" 1 "a module missing: exit 1"
-expect_grep "^    hint:       python3 on the workers' PATH is $T/fakebin/python3, which has no module 'torch'; give the path of the interpreter that has it" "$T/out" "a module missing: the interpreter that ran is named"
+expect_grep "^    hint:       python3 on the workers' PATH is $T/fakebin/python3, which has no module 'torch'; if another interpreter has it, give its path" "$T/out" "a module missing: the interpreter that ran is named"
 "$DTRAIN" run -- "$T/fakebin/python3" train.py >"$T/out" 2>&1
 expect_no_grep "hint:" "$T/out" "an interpreter given by its path: no hint"
 finish

@@ -132,7 +132,9 @@ expect_grep "node localhost: $L/dp.json: /trainer/parallel/pipeline_stages: $L/c
 if grep -q "event restart" "$L/err"; then fail "layout: across hosts: restarted"; else pass "layout: across hosts: no restart"; fi
 "$DTRAIN" run --nproc-per-node 2 -- "$DTRAIN" train "$L/dp.json" >"$L/out" 2>&1
 expect_eq "$?" 2 "layout: the trainer's own check (workers started as a command): exit 2"
-expect_grep "^\[rank 0\] .*trainer: /trainer/parallel/pipeline_stages: $toDp" "$L/out" "layout: rank 0 names the layouts"
+# (every rank with rank 0's detail: whichever exits first makes the headline)
+expect_grep "^\[rank 1\] .*trainer: /trainer/parallel/pipeline_stages: $toDp" "$L/out" "layout: rank 1 names the layouts too"
+expect_grep "^dtrain: job .* failed: rank [01] exited with code 2 \(trainer: /trainer/parallel/pipeline_stages: $L/ck-pp/stage-0-of-2/ckpt-0000000010.bin \(step 10\) was written by a pipeline" "$L/out" "layout: the headline names the layouts"
 ls "$L/ck-pp"/ckpt-*.bin >/dev/null 2>&1 && fail "layout: the trainer wrote beside the pipeline's checkpoints" || pass "layout: the trainer wrote nothing"
 # The other way: the data-parallel trainer's checkpoints, then a pipeline job.
 lay_spec "$L/dp2.json" "$L/ck-dp" 1
@@ -148,7 +150,7 @@ expect_eq "$(cat "$L/out")" "" "layout: a pipeline on data-parallel checkpoints:
 [ -e "$L/ck-dp/stage-0-of-2" ] && fail "layout: stage checkpoints written beside the data-parallel ones" || pass "layout: no stage directory made"
 "$DTRAIN" run --nproc-per-node 2 -- "$DTRAIN" train "$L/pp2.json" >"$L/out" 2>&1
 expect_eq "$?" 2 "layout: the pipeline trainer's own check: exit 2"
-expect_grep "^\[rank 0\] .*trainer: /trainer/parallel/pipeline_stages: $toPp" "$L/out" "layout: the pipeline's rank 0 names the layouts"
+expect_grep "^\[rank 1\] .*trainer: /trainer/parallel/pipeline_stages: $toPp" "$L/out" "layout: the pipeline's rank 1 names the layouts too"
 # The same layout resumes, as before.
 sed 's/"max_steps": 10/"max_steps": 15/' "$L/dp2.json" > "$L/dp3.json"
 "$DTRAIN" run "$L/dp3.json" >"$L/out" 2>&1

@@ -92,7 +92,7 @@ expect_grep "^dtrain: error: --endpoint: expected HOST:PORT .*got \"$EP:99\"$" "
 "$DTRAIN" store get greeting --endpoint "::1:${EP##*:}" --token-file "$T/tok" 2>"$T/err"; expect_eq "$?" 2 "unbracketed IPv6 -> 2"
 expect_grep "brackets: \[::1\]:PORT" "$T/err" "unbracketed IPv6: brackets suggested"
 "$DTRAIN" store get greeting --endpoint "[::1]:1" --token-file "$T/tok" --connect-timeout 0 2>"$T/err"; expect_eq "$?" 4 "bracketed IPv6 is taken (nothing there -> 4)"
-expect_grep "store ::1:1: cannot connect" "$T/err" "bracketed IPv6 host parsed"
+expect_grep "store \\[::1\\]:1: cannot connect" "$T/err" "bracketed IPv6 host parsed"
 # A name that does not exist is asked about again until --connect-timeout (it may appear: a
 # pod's DNS entry), and then named as unresolved.
 "$DTRAIN" store get greeting --endpoint no-such-host.invalid:1 --token-file "$T/tok" --connect-timeout 2 2>"$T/err"; expect_eq "$?" 4 "unknown host -> 4"

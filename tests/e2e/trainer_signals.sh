@@ -110,9 +110,6 @@ expect_eq "$(ranks "$T/k.sum")" "0:143:stopped 1:SIGKILL:failed" "rank 1 SIGKILL
 expect_grep "^dtrain: job 'sig' failed: rank 1 killed by SIGKILL; 1 other worker\(s\) ended during teardown$" "$T/k.err" "rank 1 SIGKILLed: one failure"
 [ "$ms" -lt 8000 ] && pass "rank 1 SIGKILLed: over in ${ms} ms" || fail "rank 1 SIGKILLed: took ${ms} ms"
 
-# 4. A checkpoint directory that fills up mid-run (a 64 KiB tmpfs: the first checkpoint, 33
-# KB, fits; the second does not): exit 2 with one line naming the directory, the OS error
-# and the fix; no restart; the first checkpoint intact.
 # A grace period of 2 s and a final checkpoint that takes longer: the worker gives up before
 # the launcher's SIGKILL and says so (before: its own deadline was at least 2 s after the
 # signal, it met the SIGKILL first, and nothing was said).
@@ -122,8 +119,13 @@ DTRAIN_DEBUG_CHECKPOINT_DELAY_MS=2500 start short "$T/short.json" --shutdown-tim
 wait_step 5 && kill -TERM "$DTRAIN_PID"
 finish_run
 expect_eq "$RC" 143 "grace 2 s, a slow final checkpoint: exit 143"
-expect_grep "^\[rank 0\] dtrain train: SIGTERM: the final checkpoint was not written within 1\.[0-9] s \(shutdown_timeout_s 2 s, less a margin\); the newest complete checkpoint before it is kept" "$T/short.err" "grace 2 s: rank 0 says why there is no final checkpoint"
+# (which of the two it says depends on whether the ranks agreed on the final checkpoint within
+# the 1 s: on a loaded machine they may not)
+expect_grep "^\[rank 0\] dtrain train: SIGTERM: (the final checkpoint was not written within 1\.[0-9] s \(shutdown_timeout_s 2 s, less a margin\)|no final checkpoint: shutdown_timeout_s \(2 s\) left no time to agree on one and write it[^;]*); the newest complete checkpoint before it is kept" "$T/short.err" "grace 2 s: rank 0 says why there is no final checkpoint"
 expect_no_grep "SIGKILL" "$T/short.sum" "grace 2 s: no worker needed the SIGKILL"
+# 4. A checkpoint directory that fills up mid-run (a 64 KiB tmpfs: the first checkpoint, 33
+# KB, fits; the second does not): exit 2 with one line naming the directory, the OS error
+# and the fix; no restart; the first checkpoint intact.
 mkdir -p "$T/full"
 if mount -t tmpfs -o size=64k tmpfs "$T/full" 2>/dev/null; then
   MNT="$T/full"

@@ -110,6 +110,27 @@ TEST(LineSplitter, FlushPendingEmitsAnUnfinishedLineOnce) {
   EXPECT_EQ(lines.size(), 5u);
 }
 
+// Which piece goes on from the one before (a log file keeps a line whole across a cut or a
+// flush) and which is a line of its own: after a flushed piece, a bare '\n' emits nothing,
+// and a '\r' starts the line over (a bar pausing: one line per pause).
+TEST(LineSplitter, ContinuesSaysWhichPieceGoesOn) {
+  LineSplitter s;
+  std::vector<std::pair<std::string, bool>> got;  // piece, continues()
+  auto emit = [&](std::string_view l) { got.emplace_back(std::string(l), s.continues()); };
+  s.feed("loading...", emit);
+  s.flushPending(emit);
+  s.feed(" done\n", emit);  // the rest of the flushed line
+  s.feed("x", emit);
+  s.flushPending(emit);
+  s.feed("\nnext\n", emit);  // the bare newline ends it; "next" is a line of its own
+  s.feed(" 10%", emit);
+  s.flushPending(emit);
+  s.feed("\r 20%\n", emit);  // the bar drawn over: its own line
+  using P = std::pair<std::string, bool>;
+  EXPECT_EQ(got, (std::vector<P>{P{"loading...", false}, P{" done", true}, P{"x", false}, P{"next", false},
+                                 P{" 10%", false}, P{" 20%", false}}));
+}
+
 TEST(LineSplitter, ProgressBarMemoryStaysBounded) {
   LineSplitter s;
   int emitted = 0;

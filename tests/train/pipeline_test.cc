@@ -304,13 +304,13 @@ TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {
   EXPECT_EQ(refusals(4, four,
                      "manifest.json (step 12) was written by a pipeline of 2 stages with layers per stage [1, "
                      "3], this job is a pipeline of 4 stages with layers per stage [1, 1, 1, 1]; "),
-            1);
+            4);  // (every rank, with rank 0's words)
   auto other = t;
   other.parallel.stage_layers = {2, 2};
   other.max_steps = 16;
-  // Every rank refuses; rank 0 names the layouts, the others point to it.
+  // Every rank refuses, each with rank 0's words (whichever exits first makes the headline).
   EXPECT_EQ(refusals(2, other, "trainer: /trainer/parallel/pipeline_stages: "), 2);
-  EXPECT_EQ(refusals(2, other, "or pipeline_stages 2 with stage_layers [1, 3] (the layout they were written with)"), 1);
+  EXPECT_EQ(refusals(2, other, "or pipeline_stages 2 with stage_layers [1, 3] (the layout they were written with)"), 2);
 
   {
     std::FILE* f = std::fopen((dir + "/manifest.json").c_str(), "w");
@@ -379,7 +379,7 @@ TEST(Pipeline, CheckpointsOfAnotherLayoutAreRefused) {
                                               pipe.checkpoint.dir + ")"),
             std::string::npos);
   EXPECT_EQ(refusals(2, dp, "trainer: /trainer/parallel/pipeline_stages: "), 2);
-  EXPECT_EQ(refusals(2, dp, toDp), 1);
+  EXPECT_EQ(refusals(2, dp, toDp), 2);  // (every rank, with rank 0's words)
   try {
     (void)prepareCheckpointDir(dp, "job.json");
     ADD_FAILURE() << "no error";
@@ -415,7 +415,7 @@ TEST(Pipeline, CheckpointsOfAnotherLayoutAreRefused) {
                                                 dp.checkpoint.dir + ")"),
             std::string::npos);
   EXPECT_EQ(refusals(2, pipe, "trainer: /trainer/parallel/pipeline_stages: "), 2);
-  EXPECT_EQ(refusals(2, pipe, toPipe), 1);
+  EXPECT_EQ(refusals(2, pipe, toPipe), 2);
   EXPECT_THROW((void)prepareCheckpointDir(pipe, "job.json"), SpecError);
   EXPECT_EQ(checkpointLayoutMismatch(dp), "");
   // Both layouts' checkpoints in one directory (left by runs from before this check): each
@@ -533,14 +533,14 @@ TEST(Pipeline, StageCheckpointsFromDifferentStepsResumeFromTheCommonStep) {
   EXPECT_EQ(resumed.weights, straight.weights);
   EXPECT_EQ(resumed.results[0].steps, 12);
 
-  // A stage's files lost while the manifest says it wrote step 12: refused on every rank
-  // (rank 0 names the file), not a silent start from step 0.
+  // A stage's files lost while the manifest says it wrote step 12: refused on every rank,
+  // naming the file, not a silent start from step 0.
   std::filesystem::remove_all(dir + "/stage-1-of-2");
   EXPECT_EQ(refusals(2, t, "trainer: "), 2);
   EXPECT_EQ(refusals(2, t,
                      "manifest.json says every stage wrote step 12, but stage 1 holds no intact checkpoint now (" +
                          dir + "/stage-1-of-2/ckpt-0000000012.bin is missing): restore it, or remove"),
-            1);
+            2);
   // A stage without any checkpoint and no manifest (the run stopped before the first save
   // was complete): nothing to resume, every stage starts over, and the run ends as a
   // straight one.

@@ -233,7 +233,7 @@ std::string storeAddrFromSsh() {
 // started round (only of that round, with @) back, staging a node that is slow to start its
 // workers (tests/e2e/elastic.sh, tests/e2e/elastic_events.sh); DTRAIN_TEST_JOIN_DELAY, the
 // same for its joining a round (a host slow to start its agent: tests/e2e/multinode_local.sh).
-void delayForTests(const char* var, const std::string& node, int round) {
+void delayForTests(const char* var, const std::string& node, int round, const std::function<bool()>& stop = {}) {
   const char* v = std::getenv(var);
   if (!v) return;
   std::string s(v);
@@ -246,7 +246,10 @@ void delayForTests(const char* var, const std::string& node, int round) {
   char* end = nullptr;
   long ms = std::strtol(s.c_str() + colon + 1, &end, 10);
   if (!end || *end != '\0' || ms <= 0 || ms > 60000) return;
-  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  // (in slices: a stop from the launcher ends the wait, as it would end what it stages)
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+       std::chrono::steady_clock::now() < until && !(stop && stop());)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 // Removes the private files (spec snapshot, result file) that agents of this user left in
@@ -567,7 +570,7 @@ int runAgent(const AgentOptions& opts) {
       self.order = opts.order;
       self.addr = opts.address.empty() ? st->localAddress() : opts.address;
       rendezvous::Rendezvous rdzv(st, ro, self);
-      delayForTests("DTRAIN_TEST_JOIN_DELAY", opts.node, restartCount);
+      delayForTests("DTRAIN_TEST_JOIN_DELAY", opts.node, restartCount, [&control] { return control.pending(); });
       round = rdzv.join();
 
       // Node 0 names the master: its address as the others reach it, and a port free here.
@@ -602,6 +605,17 @@ int runAgent(const AgentOptions& opts) {
       } else {
         checkpointLock.reset();  // (rank 0 writes elsewhere this round: that node's agent takes it)
       }
+      // Waited for in short slices: a stop from the launcher (the round's node 0 failed, or is
+      // gone: nobody will name the master) ends the wait, as it ends the rendezvous's.
+      for (const auto until = Clock::now() + store::kDefaultTimeout;;) {
+        try {
+          st->wait({masterKey}, std::chrono::milliseconds(200));
+          break;
+        } catch (const TimeoutError&) {
+          if (control.pending()) throw rendezvous::RendezvousAborted("stopped while waiting for the round's master");
+          if (Clock::now() >= until) throw;
+        }
+      }
       auto master = split(st->get(masterKey), '\t');
       DTRAIN_CHECK(master.size() == 2);
 
@@ -630,8 +644,12 @@ int runAgent(const AgentOptions& opts) {
       if (next->kind == Command::kPause) next = control.pop();
       continue;
     } catch (const TimeoutError& e) {
-      // (the round's, not this node's: the nodes not joined are named, this one only saw it)
-      rc = fail({"timeout", fmt::format("{} (as node {} saw it)", e.what(), opts.node)});
+      // A round that did not form is the round's, not this node's: the nodes not joined are
+      // named, this one only saw it. (Any other timeout here is this node's.)
+      const std::string what = e.what();
+      rc = fail({"timeout", what.rfind("rendezvous round ", 0) == 0
+                                ? fmt::format("{} (as node {} saw it)", what, opts.node)
+                                : fmt::format("node {}: {}", opts.node, what)});
       break;
     } catch (const std::exception& e) {
       rc = fail({"io", fmt::format("node {}: rendezvous failed: {}", opts.node, e.what())});

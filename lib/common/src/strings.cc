@@ -183,7 +183,7 @@ size_t parseSize(const std::string& text, const std::string& what) {
   // Binary units, in either case (nccl-tests takes 4k as 4K): K, KiB, k, kib ...
   std::string unit = used ? text.substr(used) : "";
   for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.size() == 3 && unit.compare(1, 2, "IB") == 0) unit.resize(1);
+  if (unit.size() == 3 && unit.compare(1, 2, "IB") == 0 && unit.find_first_of("KMGT") == 0) unit.resize(1);
   unsigned long long mult = unit.empty() || unit == "B" ? 1
                             : unit == "K"               ? 1ull << 10
                             : unit == "M"               ? 1ull << 20

@@ -293,7 +293,7 @@ void LocalLauncher::emitLine(Worker& w, bool isErr, std::string_view line) {
     // after a pause) goes on in the rank's own file, where no other rank's line comes between;
     // a line of its other stream ends it first.
     const Stream& s = isErr ? w.err : w.out;
-    if (w.log_open && w.log_open != &s) endLogLine(w);
+    if (w.log_open && (w.log_open != &s || !s.splitter.continues())) endLogLine(w);
     std::string rec;
     rec.reserve(line.size() + 1);
     rec.append(line);
@@ -1199,15 +1199,17 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
       if (at == std::string::npos || !module.empty()) return;
       const size_t from = at + std::strlen("ModuleNotFoundError: No module named '");
       const size_t to = text.find('\'', from);
-      if (to != std::string::npos) module = text.substr(from, to - from);
+      // (a package's own submodule missing is the package's matter, not the interpreter's)
+      if (to != std::string::npos && text.substr(from, to - from).find('.') == std::string::npos)
+        module = text.substr(from, to - from);
     };
     look(f.error_message);
     for (const auto& l : f.stderr_tail) look(l);
     if (!module.empty())
       if (const std::string found = findWorkerProgram(spec.command[0], spec.env, spec.cwd); !found.empty())
         out += fmt::format(
-            "    hint:       {} on the workers' PATH is {}, which has no module '{}'; give the path of the "
-            "interpreter that has it (e.g. dtrain run -- /usr/bin/python3 ...), or install it there\n",
+            "    hint:       {} on the workers' PATH is {}, which has no module '{}'; if another interpreter "
+            "has it, give its path (e.g. dtrain run -- /usr/bin/python3 ...), or install it there\n",
             spec.command[0], visible(found), visible(module));
   }
   // The others' exits, and where their output is: a log directory is not always there.

@@ -907,14 +907,15 @@ void MultiNodeRunner::stopAll(const std::string& how) {
   for (auto& n : nodes_) {
     if (!n.running) continue;
     send(n, how);
-    // A node not heard from yet runs no workers; its ssh may still be connecting to a host
-    // that does not answer (a lost host being retried), which would hold the job's end up to
-    // ssh's ConnectTimeout, and an agent slow to start (here too) may join the round late and
-    // then wait for a node 0 that is gone. Killed now, as the pre-flight's checks are: an
-    // agent that did start there sees its stdin close and ends. Not when its agent has said
+    // A remote node not heard from yet runs no workers; its ssh may still be connecting to
+    // a host that does not answer (a lost host being retried), which would hold the job's
+    // end up to ssh's ConnectTimeout. Killed now, as the pre-flight's checks are: an agent
+    // that did start there sees its stdin close and ends. Not when its agent has said
     // something not read yet: its round record, sent as it starts its workers, which are
-    // then stopped through the agent with their grace period.
-    if (n.state == NodeState::kStarting) {
+    // then stopped through the agent with their grace period. (A local agent gets the stop:
+    // one slow to start that joins the round late gives up its wait for the round's master
+    // on it.)
+    if (n.state == NodeState::kStarting && !n.spec->local) {
       pollfd p{n.out.fd ? n.out.fd.get() : -1, POLLIN, 0};
       const bool unread = n.out.fd && ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
       if (!unread && n.out.splitter.pending().empty()) ::kill(-n.pid, SIGKILL);

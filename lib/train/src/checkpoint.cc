@@ -699,9 +699,9 @@ std::string checkpointLockLost(const spec::TrainerSpec& t, const Fd& lock) {
   if (fs::is_directory(t.checkpoint.dir, ec))
     return fmt::format(
         "not restarted: {}/.dtrain.lock, the lock that keeps one job per directory, was removed or replaced while "
-        "the job ran: another job may be writing in {} now, and restarted workers would overwrite and prune its "
-        "checkpoints: run the job again once no other job uses the directory, or set another "
-        "/trainer/checkpoint/dir",
+        "the job ran (the file alone, or with its directory, whose checkpoints are then gone): another job may be "
+        "writing in {} now, and restarted workers would overwrite and prune its checkpoints: run the job again "
+        "once no other job uses the directory, or set another /trainer/checkpoint/dir",
         t.checkpoint.dir, t.checkpoint.dir);
   const bool removed = hold == PathHold::kRemoved || hold == PathHold::kReplaced;
   return fmt::format(

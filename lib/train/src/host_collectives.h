@@ -4,10 +4,14 @@
 // that takes device pointers (NCCL) gets them through the backend's scratch memory; the
 // others use the host buffers directly. Thread-safety: that of the communicator and the
 // staging backend (one trainer thread).
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/train/backend.h"
@@ -80,5 +84,21 @@ class HostCollectives {
   DeviceStaging& staging_;
   bool device_;
 };
+
+// Rank `root`'s text on every rank, through `broadcast(words, count)` (an int64 broadcast
+// from root): a refusal that every rank throws with root's detail, so that whichever rank
+// exits first, the job's headline has it (a rank that said only "rank 0 names it" could end
+// first, and rank 0 be stopped before it said its own).
+template <typename Broadcast>
+std::string shareText(const std::string& text, Broadcast&& broadcast) {
+  int64_t n = static_cast<int64_t>(text.size());
+  broadcast(&n, size_t{1});
+  std::vector<int64_t> words((static_cast<size_t>(n) + 7) / 8);
+  std::memcpy(words.data(), text.data(), std::min(text.size(), static_cast<size_t>(n)));
+  if (!words.empty()) broadcast(words.data(), words.size());
+  std::string out(static_cast<size_t>(n), '\0');
+  std::memcpy(out.data(), words.data(), out.size());
+  return out;
+}
 
 }  // namespace dtrain::train::detail

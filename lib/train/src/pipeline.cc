@@ -639,7 +639,10 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
     otherLayout = layoutError.empty() ? 0 : 1;
   }
   if (!ts.checkpoint.dir.empty()) worldComm.broadcastHost(&otherLayout, 1, comm::DataType::kInt64, 0);
-  if (otherLayout == 1) throw SpecError(checkpointLayoutRefusal(ts, layoutError));
+  if (otherLayout == 1)
+    throw SpecError(checkpointLayoutRefusal(ts, detail::shareText(layoutError, [&](int64_t* w, size_t n) {
+                                              worldComm.broadcastHost(w, n, comm::DataType::kInt64, 0);
+                                            })));
   // (the fresh weights and optimizer state, kept in the host buffers until the stages agree:
   // should some stage hold nothing, the stages that loaded a step go back to them)
   if (d == 0 && !stageDir.empty()) {
@@ -721,10 +724,9 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
     }
     worldComm.broadcastHost(&filesLost, 1, comm::DataType::kInt64, 0);
     if (filesLost == 1)
-      throw SpecError("trainer: " + (lost.empty() ? fmt::format("a stage's checkpoints in {} were lost after "
-                                                                "manifest.json named them (rank 0 names the file)",
-                                                                ts.checkpoint.dir)
-                                                  : lost));
+      throw SpecError("trainer: " + detail::shareText(lost, [&](int64_t* w, size_t n) {
+                        worldComm.broadcastHost(w, n, comm::DataType::kInt64, 0);
+                      }));
     if (rank == 0)
       opts.warning(
           fmt::format("the stage checkpoints in {} have no step in common ({}): every stage starts from "

@@ -161,9 +161,13 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     }
   }
   hostComm.broadcast(header, 11, comm::DataType::kInt64, 0);
-  // (rank 0 says what changed; the others only that it did)
-  if (header[0] == -2) throw SpecError(checkpointLayoutRefusal(ts, layout));
-  if (header[0] == -1) throw SpecError(checkpointRefusal(ts, mismatch));
+  // (every rank with rank 0's detail of what changed)
+  if (header[0] == -2 || header[0] == -1) {
+    const std::string detail = detail::shareText(header[0] == -2 ? layout : mismatch, [&](int64_t* w, size_t n) {
+      hostComm.broadcast(w, n, comm::DataType::kInt64, 0);
+    });
+    throw SpecError(header[0] == -2 ? checkpointLayoutRefusal(ts, detail) : checkpointRefusal(ts, detail));
+  }
   // Every replica starts from rank 0's weights (fresh or resumed).
   broadcastBuffer(be->params(), params, &detail::MathBackend::storeParams, &detail::MathBackend::loadParams);
   if (header[0] == 1)

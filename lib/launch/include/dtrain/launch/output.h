@@ -34,6 +34,11 @@ class LineSplitter {
   // While emit runs: whether the piece it got does not end its line (cut at the maximum, or
   // flushPending's), so that a rank's own log file can go on with the rest on the same line.
   bool cut() const { return cut_; }
+  // While emit runs: whether the piece it got goes on from the piece emitted before it (that
+  // one was cut, and no '\n' or '\r' came between). A piece that does not is a line of its
+  // own, also where the cut one is still open (a log file): a bare '\n' after a flushed piece
+  // emits nothing, and a '\r' starts the line over.
+  bool continues() const { return emitCont_; }
   // Calls emit(line) (without '\n', or "\r\n") for each complete line in data.
   template <typename F>
   void feed(std::string_view data, F&& emit) {
@@ -41,19 +46,23 @@ class LineSplitter {
       if (ch == '\n') {
         // After flushPending, the newline only ends what was already emitted.
         cut_ = false;
+        emitCont_ = cont_;
         if (!(flushed_ && buf_.empty())) emit(std::string_view(buf_));
         buf_.clear();
-        cr_ = flushed_ = false;
+        cr_ = flushed_ = cont_ = false;
       } else if (ch == '\r') {
         cr_ = true;  // the segment stays pending() until something overwrites it
+        cont_ = false;
       } else {
         if (cr_) buf_.clear();
         cr_ = flushed_ = false;
         buf_.push_back(ch);
         if (buf_.size() >= maxLine_) {
           cut_ = true;
+          emitCont_ = cont_;
           emit(std::string_view(buf_));
           cut_ = false;
+          cont_ = true;
           buf_.clear();
         }
       }
@@ -67,8 +76,10 @@ class LineSplitter {
   void flushPending(F&& emit) {
     if (buf_.empty()) return;
     cut_ = true;
+    emitCont_ = cont_;
     emit(std::string_view(buf_));
     cut_ = false;
+    cont_ = true;
     buf_.clear();
     cr_ = false;
     flushed_ = true;
@@ -77,14 +88,17 @@ class LineSplitter {
   template <typename F>
   void finish(F&& emit) {
     cut_ = false;
+    emitCont_ = cont_;
     if (!buf_.empty()) emit(std::string_view(buf_));
     buf_.clear();
-    cr_ = flushed_ = false;
+    cr_ = flushed_ = cont_ = false;
   }
 
  private:
   size_t maxLine_;
   bool cut_ = false;
+  bool cont_ = false;      // the next piece goes on from the last one emitted
+  bool emitCont_ = false;  // continues(), for the piece being emitted
   std::string buf_;
   bool cr_ = false;       // a '\r' ended the last segment
   bool flushed_ = false;  // flushPending emitted the line's beginning
@@ -98,7 +112,9 @@ bool writeAll(int fd, std::string_view data);
 
 // dtrain's console (its stdout and stderr) as its launchers and agents write it: a write
 // queues the text and returns at once; a thread of its own writes it out, in the order it
-// was queued across descriptors (stdout and stderr may be one file: a terminal, 2>&1).
+// was queued. stdout and stderr share that order when they are one file (a terminal, 2>&1);
+// on two files each has its own queue and writer (Lane), and their relative order is
+// only roughly kept, so that one that takes nothing does not hold the other up.
 // Why: a console that takes nothing for a while (a stuck log collector, a slow `| tee`,
 // Ctrl-S on a terminal, an ssh channel to a busy launcher) must not stop the event loop
 // that passes signals on, tears down on time, reaps workers and checks their watchdogs.
