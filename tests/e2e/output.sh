@@ -418,6 +418,14 @@ expect_eq "$rc" 130 "stalled stdout: the second Ctrl-C: exit 130"
 [ "$ms" -lt 2500 ] && pass "stalled stdout: the second Ctrl-C ends dtrain at once (${ms} ms)" || fail "stalled stdout: the second Ctrl-C took ${ms} ms"
 expect_grep "^dtrain: stopped by SIGINT; exit code 130$" "$T/stall.err" "stalled stdout: the verdict on stderr"
 kill "$reader" 2>/dev/null; wait "$reader" 2>/dev/null
+# ... and where stdout takes its output, a second Ctrl-C still leaves the summary written there
+# (--summary-json -): only the wait for a console that takes nothing is cut short.
+"$DTRAIN" run --nproc-per-node 1 --summary-json - -- sh -c 'trap "" INT; echo started; while :; do sleep 0.1; done' >"$T/twice.out" 2>"$T/twice.err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q started "$T/twice.out" && break; sleep 0.05; done
+kill -INT "$DTRAIN_PID"; sleep 0.3; kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc:$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(json.loads(t[t.index("{"):])["stopped_by"])' "$T/twice.out")" "130:SIGINT" "two Ctrl-Cs: the summary still written to stdout"
 # A non-blocking pipe as stdout and stderr (O_NONBLOCK left on a CI runner's pipe), read
 # late: dtrain dropped most lines at EAGAIN, without a word, and exited 0.
 cat > "$T/nonblock.py" <<'PY'
