@@ -62,8 +62,8 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
                   "spec's env_forward)")
       ->allow_extra_args(false);
   cmd->add_option("--shutdown-timeout", a.shutdown,
-                  "Seconds between the stop signal (SIGTERM, or the SIGINT/SIGHUP dtrain got) and SIGKILL at teardown "
-                  "(default 30)");
+                  "Seconds between the stop signal (SIGTERM, or the SIGINT/SIGHUP/SIGQUIT dtrain got) and SIGKILL at "
+                  "teardown (default 30)");
   cmd->add_option("--local-ranks-filter,--local_ranks_filter", a.overrides.local_ranks_filter,
                   "Show only these local ranks on the console, e.g. 0,2 (log files still get all)");
   cmd->add_flag("--no-prefix", a.overrides.no_prefix, "Do not prefix worker lines with [rank N]");
@@ -524,7 +524,7 @@ std::optional<std::chrono::steady_clock::time_point> gLateStopAt;
 sigset_t stopSignals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, sig);
   return set;
 }
 
@@ -579,7 +579,7 @@ bool lateStopCame() {
     sigemptyset(&pending);
     ::sigpending(&pending);
     return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1 ||
-           sigismember(&pending, SIGHUP) == 1;
+           sigismember(&pending, SIGHUP) == 1 || sigismember(&pending, SIGQUIT) == 1;
   }
   const timespec now{0, 0};
   int sig;
@@ -620,11 +620,11 @@ bool writeSummaryText(const std::string& path, const std::string& text) {
   }
   if (lateStopCame()) return false;
   struct sigaction ends {
-  }, old[3];
+  }, old[4];
   ends.sa_handler = exitWithDecidedCode;
   sigemptyset(&ends.sa_mask);
-  const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-  for (int i = 0; i < 3; ++i) {
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  for (int i = 0; i < 4; ++i) {
     ::sigaction(sigs[i], nullptr, &old[i]);
     if (old[i].sa_handler != SIG_IGN) ::sigaction(sigs[i], &ends, nullptr);  // (nohup's SIGHUP stays ignored)
   }
@@ -636,7 +636,7 @@ bool writeSummaryText(const std::string& path, const std::string& text) {
     const int* sigs;
     ~Reblock() {
       ::sigprocmask(SIG_BLOCK, &stops, nullptr);
-      for (int i = 0; i < 3; ++i) ::sigaction(sigs[i], &old[i], nullptr);
+      for (int i = 0; i < 4; ++i) ::sigaction(sigs[i], &old[i], nullptr);
     }
   } reblock{stops, old, sigs};
   writeOutputFile(path, text);

@@ -24,7 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr int kSignals[] = {SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP};
+constexpr int kSignals[] = {SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 // A stop's agreement: this long on top of twice the time between two agreements.
 constexpr milliseconds kAgreeSlack{2000};
 // After train() returned or threw (a stop under way): what is left is the exit itself.

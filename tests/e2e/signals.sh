@@ -1,4 +1,4 @@
-# SIGINT/SIGTERM/SIGHUP reach every worker; a worker that ignores SIGTERM is killed after
+# SIGINT/SIGTERM/SIGHUP/SIGQUIT reach every worker; a worker that ignores SIGTERM is killed after
 # the grace period; dtrain exits 128+signal.
 source "$(dirname "$0")/lib.sh"
 cat > "$T/w.py" <<'PY'
@@ -7,7 +7,7 @@ d, rank, mode = os.environ["D"], os.environ["RANK"], sys.argv[1]
 def on(sig, _):
     open(f"{d}/got.{rank}", "w").write(signal.Signals(sig).name)
     sys.exit(0)
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(s, signal.SIG_IGN if mode == "ignore" else on)
 open(f"{d}/pid.{rank}", "w").write(str(os.getpid()))
 time.sleep(120)
@@ -29,6 +29,9 @@ run_case() {  # signal expected_rc
 run_case INT 130
 run_case TERM 143
 run_case HUP 129
+# Ctrl-\ (SIGQUIT) too, as under torchrun (before: dtrain died of it at once, the workers were
+# SIGKILLed by its guard, with no grace and no summary).
+run_case QUIT 131
 
 # Grace kill: workers ignore SIGTERM; --shutdown-timeout 1 -> SIGKILL after ~1 s.
 rm -f "$T"/pid.*

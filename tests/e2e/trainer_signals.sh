@@ -110,6 +110,17 @@ expect_eq "$(ranks "$T/k.sum")" "0:143:stopped 1:SIGKILL:failed" "rank 1 SIGKILL
 expect_grep "^dtrain: job 'sig' failed: rank 1 killed by SIGKILL; 1 other worker\(s\) ended during teardown$" "$T/k.err" "rank 1 SIGKILLed: one failure"
 [ "$ms" -lt 8000 ] && pass "rank 1 SIGKILLed: over in ${ms} ms" || fail "rank 1 SIGKILLed: took ${ms} ms"
 
+# Ctrl-\ (SIGQUIT): a stop like SIGTERM, with a final checkpoint, exit 131 (before: dtrain and
+# its workers died of it at once, no checkpoint written).
+spec "$T/q.json" ", \"checkpoint\": {\"dir\": \"$T/ck-q\", \"every_steps\": 1000}"
+start q "$T/q.json"
+wait_step 20 && kill -QUIT "$DTRAIN_PID"
+finish_run
+expect_eq "$RC" 131 "SIGQUIT: exit 131"
+expect_eq "$(ranks "$T/q.sum")" "0:131:stopped 1:131:stopped" "SIGQUIT: every worker exited 131, stopped by dtrain"
+expect_grep "^\[rank 0\] SIGQUIT: stopping at step [0-9]+ of 150; final checkpoint written to $T/ck-q/ckpt-" "$T/q.out" "SIGQUIT: a final checkpoint"
+"$DTRAIN" run "$T/q.json" --summary-json "$T/q2.sum" >"$T/q2.out" 2>&1
+expect_eq "$(sha "$T/q2.sum")" "$REF" "SIGQUIT: resumed, the weights of a run never stopped"
 # A grace period of 2 s and a final checkpoint that takes longer: the worker gives up before
 # the launcher's SIGKILL and says so (before: its own deadline was at least 2 s after the
 # signal, it met the SIGKILL first, and nothing was said).

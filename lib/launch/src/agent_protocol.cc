@@ -74,7 +74,7 @@ bool toInt(const std::string& s, int& out) {
 }  // namespace
 
 std::string stopCommand(int sig) {
-  return sig == SIGINT || sig == SIGHUP ? "stop " + signalName(sig) : std::string("stop");
+  return sig == SIGINT || sig == SIGHUP || sig == SIGQUIT ? "stop " + signalName(sig) : std::string("stop");
 }
 
 std::optional<int> stopSignal(std::string_view command) {
@@ -82,6 +82,7 @@ std::optional<int> stopSignal(std::string_view command) {
   if (words.empty() || words[0] != "stop") return std::nullopt;
   if (words.size() == 2 && words[1] == "SIGINT") return SIGINT;
   if (words.size() == 2 && words[1] == "SIGHUP") return SIGHUP;
+  if (words.size() == 2 && words[1] == "SIGQUIT") return SIGQUIT;
   return SIGTERM;
 }
 

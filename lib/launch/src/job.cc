@@ -121,10 +121,14 @@ constexpr long long kEchoMs = 100;
 struct sigaction gOldAlarm {};
 bool gAlarmInstalled = false;  // (not touched by handlers)
 
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 const char* stopName(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+  return sig == SIGINT    ? "SIGINT"
+         : sig == SIGTERM ? "SIGTERM"
+         : sig == SIGHUP  ? "SIGHUP"
+         : sig == SIGQUIT ? "SIGQUIT"
+                          : "a signal";
 }
 
 // Appends C strings to a fixed buffer (no allocation: called in a signal handler).

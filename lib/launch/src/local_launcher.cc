@@ -914,7 +914,10 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
 }  // namespace
 
 ControlAction stopAction(int sig) {
-  return sig == SIGINT ? ControlAction::kStopSigint : sig == SIGHUP ? ControlAction::kStopSighup : ControlAction::kStop;
+  return sig == SIGINT    ? ControlAction::kStopSigint
+         : sig == SIGHUP  ? ControlAction::kStopSighup
+         : sig == SIGQUIT ? ControlAction::kStopSigquit
+                          : ControlAction::kStop;
 }
 
 int stopActionSignal(ControlAction a) {
@@ -922,6 +925,7 @@ int stopActionSignal(ControlAction a) {
     case ControlAction::kStop: return SIGTERM;
     case ControlAction::kStopSigint: return SIGINT;
     case ControlAction::kStopSighup: return SIGHUP;
+    case ControlAction::kStopSigquit: return SIGQUIT;
     default: return 0;
   }
 }

@@ -96,7 +96,9 @@ inline void dropSignal(int) {}
 // outer scope over all its attempts).
 class SignalScope {
  public:
-  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2};
+  // (SIGQUIT, Ctrl-\\, is a stop too, as under torchrun: passed on with its grace period,
+  // where its default action ended dtrain at once and the guard SIGKILLed the workers)
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2};
   SignalScope() {
     if (depth()++ == 0 && ::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) {
       --depth();

@@ -6,7 +6,7 @@
 //                     of ssh); then
 //   "stop\n"          tear the workers down gracefully (SIGTERM, grace, SIGKILL): the
 //                     launcher's own stops (a failure, a lost node) and the user's SIGTERM
-//   "stop SIGINT\n" / "stop SIGHUP\n"
+//   "stop SIGINT\n" / "stop SIGHUP\n" / "stop SIGQUIT\n"
 //                     the same with that signal instead of SIGTERM: the user's Ctrl-C or
 //                     SIGHUP to dtrain run, passed on to the workers as on one host (and as
 //                     torchrun does). An agent that knows only "stop" reads the first word
@@ -53,7 +53,7 @@ struct Record {
 std::optional<Record> parse(std::string_view line);
 
 // The "stop" line (without its '\n') for a teardown that sends the workers `sig`: "stop"
-// for SIGTERM (every agent's word), "stop SIGINT" / "stop SIGHUP" for those.
+// for SIGTERM (every agent's word), "stop SIGINT" / "stop SIGHUP" / "stop SIGQUIT" for those.
 std::string stopCommand(int sig);
 // What a launcher's line asks of the workers if it is a stop: the signal (SIGTERM for a bare
 // "stop", or a name other than SIGINT, SIGHUP, SIGTERM); nullopt when it is not a stop.

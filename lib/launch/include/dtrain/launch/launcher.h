@@ -83,16 +83,18 @@ class Launcher {
 enum class ControlAction {
   kNone,
   kStop,  // teardown as for SIGTERM: SIGTERM, then SIGKILL after shutdown_timeout_s
-  // The same teardown with the user's Ctrl-C / SIGHUP to the controller passed on: SIGINT /
-  // SIGHUP instead of SIGTERM (a worker dying of it is stopped by dtrain), as on one host.
+  // The same teardown with the user's Ctrl-C / SIGHUP / Ctrl-\ to the controller passed on:
+  // SIGINT / SIGHUP / SIGQUIT instead of SIGTERM (a worker dying of it is stopped by dtrain),
+  // as on one host.
   kStopSigint,
   kStopSighup,
+  kStopSigquit,
   kKill,  // the user asked for it now (a second Ctrl-C): SIGKILL at once
   kLost,  // the controller is gone: SIGTERM, then SIGKILL within kLostControllerGraceS
   kPassOnUsr1,  // the user's SIGUSR1 / SIGUSR2, for each worker (not a stop)
   kPassOnUsr2,
 };
-// The stop that sends the workers `sig` (SIGINT, SIGHUP; anything else is kStop, SIGTERM),
+// The stop that sends the workers `sig` (SIGINT, SIGHUP, SIGQUIT; anything else is kStop, SIGTERM),
 // and back: the signal of a stop action, 0 for an action that is no graceful stop.
 ControlAction stopAction(int sig);
 int stopActionSignal(ControlAction a);
