@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -521,10 +522,12 @@ bool gInRunEnd = false;
 int gLateStop = 0;  // the first stop signal that came in the end, 0 for none
 std::optional<std::chrono::steady_clock::time_point> gLateStopAt;
 
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
 sigset_t stopSignals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, sig);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
   return set;
 }
 
@@ -578,8 +581,8 @@ bool lateStopCame() {
     sigset_t pending;
     sigemptyset(&pending);
     ::sigpending(&pending);
-    return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1 ||
-           sigismember(&pending, SIGHUP) == 1 || sigismember(&pending, SIGQUIT) == 1;
+    return std::any_of(std::begin(kStopSignals), std::end(kStopSignals),
+                       [&](int sig) { return sigismember(&pending, sig) == 1; });
   }
   const timespec now{0, 0};
   int sig;
@@ -620,11 +623,11 @@ bool writeSummaryText(const std::string& path, const std::string& text) {
   }
   if (lateStopCame()) return false;
   struct sigaction ends {
-  }, old[4];
+  }, old[std::size(kStopSignals)];
   ends.sa_handler = exitWithDecidedCode;
   sigemptyset(&ends.sa_mask);
-  const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-  for (int i = 0; i < 4; ++i) {
+  const int* sigs = kStopSignals;
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
     ::sigaction(sigs[i], nullptr, &old[i]);
     if (old[i].sa_handler != SIG_IGN) ::sigaction(sigs[i], &ends, nullptr);  // (nohup's SIGHUP stays ignored)
   }
@@ -636,7 +639,7 @@ bool writeSummaryText(const std::string& path, const std::string& text) {
     const int* sigs;
     ~Reblock() {
       ::sigprocmask(SIG_BLOCK, &stops, nullptr);
-      for (int i = 0; i < 4; ++i) ::sigaction(sigs[i], &old[i], nullptr);
+      for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(sigs[i], &old[i], nullptr);
     }
   } reblock{stops, old, sigs};
   writeOutputFile(path, text);

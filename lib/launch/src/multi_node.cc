@@ -287,6 +287,9 @@ class MultiNodeRunner {
   void scheduleRestart(double delayS, Clock::time_point since = Clock::now());
   double backoff() const;  // before restart number result_.restarts
   void tryRestart();
+  // The launcher's view of the job's rounds: it opens them and says who is to join them,
+  // never joins one itself.
+  rendezvous::Rendezvous launcherRendezvous();
   void finalFailure(const std::string& why, int exitCode, std::optional<WorkerExit> worker = std::nullopt);
   // Sends every agent `how`: "kill", or a stop (proto::stopCommand: "stop" sends the
   // workers SIGTERM, the launcher's own stops; "stop SIGINT" passes the user's Ctrl-C on).
@@ -721,11 +724,7 @@ void MultiNodeRunner::tryRestart() {
   }
   minNodesDeadline_.reset();
   if (static_cast<int>(ready.size()) > spec_.max_nodes) ready.resize(static_cast<size_t>(spec_.max_nodes));
-  rendezvous::RendezvousOptions ro;
-  ro.run_id = runId_;
-  rendezvous::NodeInfo self;
-  self.name = "launcher";  // opens rounds, never joins one
-  rendezvous::Rendezvous rdzv(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, self);
+  rendezvous::Rendezvous rdzv = launcherRendezvous();
   rdzv.openNextRound(openRound_);
   ++openRound_;
   std::vector<std::string> names;
@@ -743,6 +742,12 @@ void MultiNodeRunner::tryRestart() {
   }
   pending_ = false;
   restarting_ = true;
+}
+
+rendezvous::Rendezvous MultiNodeRunner::launcherRendezvous() {
+  rendezvous::RendezvousOptions ro;
+  ro.run_id = runId_;
+  return rendezvous::Rendezvous(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, {"launcher"});
 }
 
 void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
@@ -1089,10 +1094,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     std::vector<std::string> names;
     for (const auto& n : nodes_)
       if (n.member) names.push_back(n.name);
-    rendezvous::RendezvousOptions ro;
-    ro.run_id = runId_;
-    rendezvous::Rendezvous(std::shared_ptr<store::Store>(store_.get(), [](store::Store*) {}), ro, {"launcher"})
-        .expect(0, names);
+    launcherRendezvous().expect(0, names);
   }
   for (auto& n : nodes_)
     if (n.member) spawnAgent(n, /*wait=*/false);
@@ -1420,20 +1422,18 @@ RunResult runMultiNodeJob(spec::JobSpec& spec, const std::string& run_id, const 
   if (shipped.cwd.empty()) shipped.cwd = std::filesystem::current_path().string();
   if (!shipped.log_dir.empty()) shipped.log_dir = std::filesystem::absolute(shipped.log_dir).string();
   // Remote workers' output reaches this console: they may draw a progress bar when it is a terminal.
-  if (consoleCanRedraw()) shipped.env["DTRAIN_CONSOLE_TTY"] = "1";
+  // ... and its size, less the widest "[node rank N] " of the job (the world at its largest),
+  // unless the spec's env or the launcher's own sets it.
   if (consoleCanRedraw()) {
-    // (the widest "[host rank N] " of the job: the world at its largest, every node's slots)
-    size_t host = 0;
+    shipped.env["DTRAIN_CONSOLE_TTY"] = "1";
+    std::string widest;
     int world = 0;
     for (const auto& n : spec.nodes) {
-      host = std::max(host, n.host.size());
+      if (const std::string name = nodeName(spec, n); name.size() > widest.size()) widest = name;
       world += n.slots > 0 ? n.slots : std::max(1, spec.nproc_per_node);
     }
-    std::map<std::string, std::string> size;
-    addConsoleSize(size, spec.env,
-                   spec.prefix_output ? fmt::format("[{} rank {}] ", std::string(host, 'h'), std::max(0, world - 1)).size() : 0);
-    for (const auto& [k, v] : size)
-      if (!currentEnvironment().count(k)) shipped.env[k] = v;
+    addConsoleSize(shipped.env, currentEnvironment(),
+                   spec.prefix_output ? fmt::format("[{} rank {}] ", widest, std::max(0, world - 1)).size() : 0);
   }
   {
     store::TcpStoreOptions co;

@@ -32,13 +32,13 @@ bool consoleCanRedraw() {
   return ::isatty(STDOUT_FILENO) == 1 && !(term && std::string_view(term) == "dumb");
 }
 
-void addConsoleSize(std::map<std::string, std::string>& env, const std::map<std::string, std::string>& specEnv,
+void addConsoleSize(std::map<std::string, std::string>& env, const std::map<std::string, std::string>& given,
                     size_t prefixWidth) {
   winsize ws{};
   if (!consoleCanRedraw() || ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0) return;
-  if (!env.count("COLUMNS") && !specEnv.count("COLUMNS"))
+  if (!env.count("COLUMNS") && !given.count("COLUMNS"))
     env["COLUMNS"] = std::to_string(std::max<long>(20, static_cast<long>(ws.ws_col) - static_cast<long>(prefixWidth)));
-  if (ws.ws_row > 0 && !env.count("LINES") && !specEnv.count("LINES")) env["LINES"] = std::to_string(ws.ws_row);
+  if (ws.ws_row > 0 && !env.count("LINES") && !given.count("LINES")) env["LINES"] = std::to_string(ws.ws_row);
 }
 
 bool writeAll(int fd, std::string_view data) {

@@ -537,13 +537,8 @@ std::string checkpointLayoutMismatch(const spec::TrainerSpec& t, const std::func
   return refusal(o.file, o.step, o.stages, o.layers, o.remove);
 }
 
-std::string checkpointLayoutRefusal(const spec::TrainerSpec& t, const std::string& detail) {
-  return fmt::format("trainer: /trainer/parallel/pipeline_stages: {}",
-                     detail.empty() ? fmt::format("the checkpoints in {} were written by another layout (rank 0 names "
-                                                  "it); use another /trainer/checkpoint/dir, or the layout they were "
-                                                  "written with, or remove them",
-                                                  t.checkpoint.dir)
-                                    : detail);
+std::string checkpointLayoutRefusal(const std::string& detail) {
+  return "trainer: /trainer/parallel/pipeline_stages: " + detail;
 }
 
 std::string stageFilesLost(const spec::TrainerSpec& t, const std::vector<bool>& heldNone) {
@@ -667,16 +662,23 @@ Fd prepareCheckpointDir(const spec::TrainerSpec& t, const std::string& source, d
       return true;
     };
     std::vector<std::vector<long long>> held = heldSteps(true);
+    bool whole = false;  // held is of files read whole
+    auto readWhole = [&] {
+      if (!whole) held = heldSteps(false);
+      whole = true;
+    };
     // A stage holding none while the manifest says it wrote a step: its files were lost.
-    auto heldNone = [&] {
+    auto lost = [&] {
       std::vector<bool> none;
       for (const auto& h : held) none.push_back(h.empty());
-      return none;
+      return stageFilesLost(t, none);
     };
-    if (!stageFilesLost(t, heldNone()).empty())
-      if (held = heldSteps(false); !stageFilesLost(t, heldNone()).empty())
-        throw SpecError(fmt::format("{}: {}", where, stageFilesLost(t, heldNone())));
-    if (noCommonStep(held) && noCommonStep(held = heldSteps(false))) {
+    if (!lost().empty()) {
+      readWhole();
+      if (const std::string why = lost(); !why.empty()) throw SpecError(fmt::format("{}: {}", where, why));
+    }
+    if (noCommonStep(held)) readWhole();
+    if (noCommonStep(held)) {
       std::string each;
       for (int p = 0; p < stages; ++p)
         each += fmt::format("{}stage {} at step {}", p == 0 ? "" : ", ", p,
@@ -712,12 +714,7 @@ std::string checkpointLockLost(const spec::TrainerSpec& t, const Fd& lock) {
 }
 
 std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail) {
-  return fmt::format("trainer: {}; {}", detail.empty() ? fmt::format("the newest checkpoint in {} was written by a "
-                                                                     "different trainer config (model, data, optimizer "
-                                                                     "or seed changed)",
-                                                                     t.checkpoint.dir)
-                                                       : detail,
-                     fixText(t));
+  return fmt::format("trainer: {}; {}", detail, fixText(t));
 }
 
 std::string resumeLine(const std::string& path, const int64_t header[5], int world, bool complete,

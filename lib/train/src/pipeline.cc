@@ -632,17 +632,16 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   std::vector<int> stageCounts;
   for (int s = 0; s < P; ++s) stageCounts.push_back(first[static_cast<size_t>(s) + 1] - first[static_cast<size_t>(s)]);
   const std::string manifestPath = ts.checkpoint.dir.empty() ? std::string() : ts.checkpoint.dir + "/manifest.json";
-  int64_t otherLayout = 0;  // 1: the directory holds another layout's checkpoints (rank 0 says which)
-  std::string layoutError;
-  if (rank == 0 && !ts.checkpoint.dir.empty()) {
-    layoutError = checkpointLayoutMismatch(ts, [&](const std::string& w) { opts.warning(w); });
-    otherLayout = layoutError.empty() ? 0 : 1;
-  }
-  if (!ts.checkpoint.dir.empty()) worldComm.broadcastHost(&otherLayout, 1, comm::DataType::kInt64, 0);
-  if (otherLayout == 1)
-    throw SpecError(checkpointLayoutRefusal(ts, detail::shareText(layoutError, [&](int64_t* w, size_t n) {
-                                              worldComm.broadcastHost(w, n, comm::DataType::kInt64, 0);
-                                            })));
+  // (rank 0's words, on every rank; "" when the directory holds none of another layout's)
+  auto fromRankZero = [&](const std::string& text) {
+    return detail::shareText(text,
+                             [&](int64_t* w, size_t n) { worldComm.broadcastHost(w, n, comm::DataType::kInt64, 0); });
+  };
+  if (!ts.checkpoint.dir.empty())
+    if (const std::string layoutError = fromRankZero(
+            rank == 0 ? checkpointLayoutMismatch(ts, [&](const std::string& w) { opts.warning(w); }) : std::string());
+        !layoutError.empty())
+      throw SpecError(checkpointLayoutRefusal(layoutError));
   // (the fresh weights and optimizer state, kept in the host buffers until the stages agree:
   // should some stage hold nothing, the stages that loaded a step go back to them)
   if (d == 0 && !stageDir.empty()) {
@@ -714,19 +713,10 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   if (someHeldNone && std::any_of(held.begin(), held.end(), [](const auto& h) { return h.first == 1; })) {
     // ... unless the manifest says that stage wrote a step: then its files were lost, and
     // starting over would throw that step away. Rank 0 reads it; every rank refuses alike.
-    std::string lost;
-    int64_t filesLost = 0;
-    if (rank == 0) {
-      std::vector<bool> none;
-      for (const auto& h : held) none.push_back(h.first == 0);
-      lost = stageFilesLost(ts, none);
-      filesLost = lost.empty() ? 0 : 1;
-    }
-    worldComm.broadcastHost(&filesLost, 1, comm::DataType::kInt64, 0);
-    if (filesLost == 1)
-      throw SpecError("trainer: " + detail::shareText(lost, [&](int64_t* w, size_t n) {
-                        worldComm.broadcastHost(w, n, comm::DataType::kInt64, 0);
-                      }));
+    std::vector<bool> none;
+    for (const auto& h : held) none.push_back(h.first == 0);
+    if (const std::string lost = fromRankZero(rank == 0 ? stageFilesLost(ts, none) : std::string()); !lost.empty())
+      throw SpecError("trainer: " + lost);
     if (rank == 0)
       opts.warning(
           fmt::format("the stage checkpoints in {} have no step in common ({}): every stage starts from "

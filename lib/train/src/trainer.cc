@@ -166,7 +166,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     const std::string detail = detail::shareText(header[0] == -2 ? layout : mismatch, [&](int64_t* w, size_t n) {
       hostComm.broadcast(w, n, comm::DataType::kInt64, 0);
     });
-    throw SpecError(header[0] == -2 ? checkpointLayoutRefusal(ts, detail) : checkpointRefusal(ts, detail));
+    throw SpecError(header[0] == -2 ? checkpointLayoutRefusal(detail) : checkpointRefusal(ts, detail));
   }
   // Every replica starts from rank 0's weights (fresh or resumed).
   broadcastBuffer(be->params(), params, &detail::MathBackend::storeParams, &detail::MathBackend::loadParams);

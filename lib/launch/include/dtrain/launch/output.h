@@ -219,9 +219,9 @@ bool consoleCanRedraw();
 // COLUMNS and LINES for workers whose output reaches dtrain's terminal through a pipe: they
 // see no terminal of their own, so shutil.get_terminal_size() (tqdm, rich) took 80 columns.
 // The terminal's width less `prefixWidth` (the "[rank N] " before each line), and its
-// height; none where stdout is not a terminal, or where `env` (the workers' environment so
-// far, then the spec's `specEnv`, which wins) already sets them.
-void addConsoleSize(std::map<std::string, std::string>& env, const std::map<std::string, std::string>& specEnv,
+// height, into `env`; none where stdout is not a terminal, or where `env` or `given` (an
+// environment that wins over `env`: the spec's, or the launcher's own) already sets them.
+void addConsoleSize(std::map<std::string, std::string>& env, const std::map<std::string, std::string>& given,
                     size_t prefixWidth);
 
 // Keeps the last N lines.

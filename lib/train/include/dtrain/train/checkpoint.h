@@ -60,8 +60,8 @@ std::vector<std::string> configDescription(const spec::TrainerSpec& t);
 std::string checkpointMismatch(const spec::TrainerSpec& t, const TrainState& s, const std::string& path, size_t params);
 
 // The trainer's own refusal of a checkpoint of another config (a race with the check below,
-// or a node 0 whose host was not checked): `detail` is checkpointMismatch()'s text where the
-// rank knows it, "" for a generic one; with the fix (remove all of them, not the newest).
+// or a node 0 whose host was not checked): `detail` is checkpointMismatch()'s text (rank 0's,
+// on every rank: detail::shareText), with the fix (remove all of them, not the newest).
 std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& detail);
 
 // Checkpoints of another layout in t.checkpoint.dir: the data-parallel trainer writes
@@ -75,8 +75,8 @@ std::string checkpointRefusal(const spec::TrainerSpec& t, const std::string& det
 std::string checkpointLayoutMismatch(const spec::TrainerSpec& t, const std::function<void(const std::string&)>& warn = {});
 
 // The trainer's refusal for checkpointLayoutMismatch() (exit 2 on every rank): `detail` is
-// its text on the rank that looked (rank 0), "" on the others.
-std::string checkpointLayoutRefusal(const spec::TrainerSpec& t, const std::string& detail);
+// its text, rank 0's on every rank (detail::shareText).
+std::string checkpointLayoutRefusal(const std::string& detail);
 
 // A pipeline job whose stage `heldNone[p]` holds no intact checkpoint while others do: every
 // stage would start over from step 0 (the run stopped before that stage's first save). But
