@@ -577,4 +577,7 @@ expect_grep "^dtrain: job 'job' failed: rendezvous round 0 timed out after 2 s: 
 sleep 4
 run_id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_id"])' "$T/slowjoin.sum")
 [ -n "$run_id" ] && pgrep -f "agent .*--run-id $run_id" >/dev/null && fail "a node slow to join: its agent left running" || pass "a node slow to join: no agent left"
+# On a terminal, every node's workers get its size less the widest "[node rank N] " prefix.
+script -qec "stty cols 150 rows 40; $DTRAIN run --hosts localhost:1,127.0.0.1:1 -- sh -c 'echo cols=\$COLUMNS lines=\$LINES'" /dev/null 2>&1 | tr -d '\r' >"$T/cols.out"
+expect_eq "$(grep -c '^\[[a-z0-9.]* rank [01]\] cols=131 lines=40$' "$T/cols.out")" 2 "across hosts: COLUMNS less the widest prefix ([127.0.0.1 rank 1] ), LINES"
 finish
