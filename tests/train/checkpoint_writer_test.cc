@@ -1,11 +1,17 @@
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "checkpoint_writer.h"  // lib/train/src: the trainer's own
 #include "dtrain/common/errors.h"
+#include "dtrain/common/fd.h"
 
 namespace dtrain::train::detail {
 namespace {
@@ -16,7 +22,7 @@ TEST(CheckpointWriter, AsyncReturnsAtOnceAndWaitGivesThePath) {
   CheckpointWriter w(true, {}, {});
   std::atomic<bool> done{false};
   const auto t0 = std::chrono::steady_clock::now();
-  w.start([&](const auto&, const auto&) {
+  w.start([&](int, const auto&, const auto&) {
     std::this_thread::sleep_for(300ms);
     done = true;
     return std::string("dir/ckpt-1.bin");
@@ -32,7 +38,7 @@ TEST(CheckpointWriter, InlineWritesBeforeStartReturns) {
   int beats = 0;
   CheckpointWriter w(false, [&] { ++beats; }, {});
   bool done = false;
-  w.start([&](const auto& progress, const auto&) {
+  w.start([&](int, const auto& progress, const auto&) {
     progress();  // the owner's heartbeat itself, on the owner's thread
     done = true;
     return std::string("p");
@@ -46,13 +52,13 @@ TEST(CheckpointWriter, InlineWritesBeforeStartReturns) {
 // as the exception the write threw, and does not stick to later writes.
 TEST(CheckpointWriter, ABackgroundFailureSurfacesAtTheNextWait) {
   CheckpointWriter w(true, {}, {});
-  w.start([](const auto&, const auto&) -> std::string { throw IoError("checkpoint: cannot write x.tmp: No space left"); });
+  w.start([](int, const auto&, const auto&) -> std::string { throw IoError("checkpoint: cannot write x.tmp: No space left"); });
   EXPECT_THROW(w.wait(), IoError);
-  w.start([](const auto&, const auto&) { return std::string("ok"); });
+  w.start([](int, const auto&, const auto&) { return std::string("ok"); });
   EXPECT_EQ(w.wait(), "ok");
   // ... also when the next write is what waits for it.
-  w.start([](const auto&, const auto&) -> std::string { throw IoError("boom"); });
-  EXPECT_THROW(w.start([](const auto&, const auto&) { return std::string("never"); }), IoError);
+  w.start([](int, const auto&, const auto&) -> std::string { throw IoError("boom"); });
+  EXPECT_THROW(w.start([](int, const auto&, const auto&) { return std::string("never"); }), IoError);
 }
 
 // Warnings and heartbeats run on the owner's thread only (the trainer's log and watchdog
@@ -72,7 +78,7 @@ TEST(CheckpointWriter, WarningsAndHeartbeatsStayOnTheOwnersThread) {
         warnings.push_back(m);
         if (std::this_thread::get_id() != owner) ++foreign;
       });
-  w.start([](const auto& progress, const auto& warn) {
+  w.start([](int, const auto& progress, const auto& warn) {
     warn("junk file left alone");
     for (int i = 0; i < 8; ++i) {
       std::this_thread::sleep_for(100ms);
@@ -86,7 +92,7 @@ TEST(CheckpointWriter, WarningsAndHeartbeatsStayOnTheOwnersThread) {
   EXPECT_EQ(foreign.load(), 0);
 
   beats = 0;
-  w.start([](const auto&, const auto&) {
+  w.start([](int, const auto&, const auto&) {
     std::this_thread::sleep_for(700ms);  // stalled: no progress
     return std::string("q");
   });
@@ -99,13 +105,42 @@ TEST(CheckpointWriter, TheDestructorWaitsForTheWriteInFlight) {
   std::atomic<bool> done{false};
   {
     CheckpointWriter w(true, {}, {});
-    w.start([&](const auto&, const auto&) {
+    w.start([&](int, const auto&, const auto&) {
       std::this_thread::sleep_for(200ms);
       done = true;
       return std::string("p");
     });
   }
   EXPECT_TRUE(done.load());
+}
+
+// The job writes through the root the writer holds: a directory swapped in under the root's
+// name after the check before the write (a second job's, a user's) gets none of its files;
+// they go to the held directory, where it is now. (Seen in CI: a swap between the check and
+// the write left a checkpoint in the new directory.)
+TEST(CheckpointWriter, AJobWritesThroughTheHeldRootNotItsNameNow) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::temp_directory_path() / ("dtrain-cw-" + std::to_string(::getpid()));
+  fs::remove_all(base);
+  const std::string root = (base / "ck").string();
+  fs::create_directories(root);
+  Fd rootFd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(rootFd);
+  fs::rename(root, base / "moved");
+  fs::create_directories(root);
+  const std::vector<float> params(10, 1.f), momentum(10, 0.f);
+  const CheckpointView view{1, 7, 0, 0, 1, params, momentum, {}, std::nullopt, 0};
+  const auto job = checkpointJob(root, root, view, {}, nullptr);
+  EXPECT_EQ(job(rootFd.get(), {}, {}), root + "/ckpt-0000000007.bin");  // (named as the job knows it)
+  const auto stageJob = checkpointJob(root + "/stage-1-of-2", root, view, {}, nullptr);
+  EXPECT_EQ(stageJob(rootFd.get(), {}, {}), root + "/stage-1-of-2/ckpt-0000000007.bin");
+  EXPECT_TRUE(fs::is_empty(root));
+  EXPECT_TRUE(fs::exists(base / "moved" / "ckpt-0000000007.bin"));
+  EXPECT_TRUE(fs::exists(base / "moved" / "stage-1-of-2" / "ckpt-0000000007.bin"));
+  // Without a held root (none was there when the writer was made) it goes by the name.
+  EXPECT_EQ(job(-1, {}, {}), root + "/ckpt-0000000007.bin");
+  EXPECT_TRUE(fs::exists(root + "/ckpt-0000000007.bin"));
+  fs::remove_all(base);
 }
 
 }  // namespace

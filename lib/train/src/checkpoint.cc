@@ -1,5 +1,6 @@
 #include "dtrain/train/checkpoint.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -159,37 +160,59 @@ class BackgroundDigest {
   std::thread thread_;  // last: started once the rest is constructed
 };
 
+// The step in a checkpoint's file name "ckpt-<digits>.bin" (with `suffix` after it: ".tmp"
+// for a write in progress); nullopt for any other name. (Digits alone: "ckpt-99x.bin" is no
+// checkpoint of step 99.)
+std::optional<long long> namedStep(const std::string& name, std::string_view suffix = "") {
+  const std::string_view tail = ".bin";
+  if (name.rfind("ckpt-", 0) != 0 || name.size() < 5 + tail.size() + suffix.size() + 1) return std::nullopt;
+  const std::string_view rest = std::string_view(name).substr(name.size() - tail.size() - suffix.size());
+  if (rest.substr(0, tail.size()) != tail || rest.substr(tail.size()) != suffix) return std::nullopt;
+  const std::string digits = name.substr(5, name.size() - 5 - tail.size() - suffix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) return std::nullopt;
+  return std::stoll(digits);
+}
+
 std::vector<std::pair<long long, fs::path>> listCheckpoints(const std::string& dir) {
   std::vector<std::pair<long long, fs::path>> out;
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {  // (no throw on a readdir error)
-    const auto& e = *it;
-    std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) != 0 || name.size() < 10 || name.substr(name.size() - 4) != ".bin") continue;
-    // (digits alone: "ckpt-99x.bin" is no checkpoint of step 99)
-    const std::string digits = name.substr(5, name.size() - 9);
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
-    out.emplace_back(std::stoll(digits), e.path());
-  }
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))  // (no throw on a readdir error)
+    if (const auto step = namedStep(it->path().filename().string())) out.emplace_back(*step, it->path());
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+// The names in the directory open as `dirFd` (the descriptor stays the caller's); empty when
+// it cannot be read.
+std::vector<std::string> entriesAt(int dirFd) {
+  std::vector<std::string> out;
+  const int fd = ::fcntl(dirFd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return out;
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    ::close(fd);
+    return out;
+  }
+  ::rewinddir(d);  // (the duplicate shares its offset with dirFd: start over)
+  while (const dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
+  ::closedir(d);
   return out;
 }
 
 // The cheap test of a file named like a checkpoint, for pruning: our magic and a length field
 // that matches the file's size. (The checksum is read on resume; reading every kept file in
 // full at every save would cost more than the save.)
-bool looksLikeCheckpoint(const fs::path& path) {
-  std::error_code sec;
-  if (!fs::is_regular_file(path, sec)) return false;  // (a FIFO would block the open)
-  std::ifstream f(path, std::ios::binary);
+bool looksLikeCheckpointAt(int dirFd, const std::string& name) {
+  // (non-blocking: a FIFO would block the open; through a symbolic link, as a path would go)
+  Fd fd(::openat(dirFd, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
   char head[sizeof(kMagic) + 8];
-  if (!f.read(head, sizeof(head))) return false;
+  if (::pread(fd.get(), head, sizeof(head), 0) != static_cast<ssize_t>(sizeof(head))) return false;
   uint64_t len = 0;
   std::memcpy(&len, head + sizeof(kMagic), sizeof(len));
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  return !ec && std::memcmp(head, kMagic, sizeof(kMagic)) == 0 && size >= sizeof(head) + 32 &&
-         len == size - sizeof(head) - 32;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  return std::memcmp(head, kMagic, sizeof(kMagic)) == 0 && size >= sizeof(head) + 32 && len == size - sizeof(head) - 32;
 }
 
 void putString(std::string& b, const std::string& v) {
@@ -742,6 +765,15 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw IoError(fmt::format("checkpoint: cannot create {}: {}", dir, ec.message()));
+  Fd dirFd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dirFd) throwErrno("checkpoint: cannot open " + dir);
+  return saveCheckpointAt(dirFd.get(), dir, s, keep, warn, progress);
+}
+
+std::string saveCheckpointAt(int dirFd, const std::string& dir, const CheckpointView& s, int keep,
+                             const std::function<void(const std::string&)>& warn,
+                             const std::function<void()>& progress) {
+  std::error_code ec;
   // Hashed (on a thread of its own) and written from the pieces' own buffers: no copy of the
   // weights is made.
   // (Assembled in one string first, the 15 MB checkpoint of a 1.9M-parameter model cost
@@ -786,9 +818,9 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   std::string front(kMagic, sizeof(kMagic));
   put(front, payloadBytes);
 
-  std::string path = checkpointPath(dir, s.step);
-  std::string tmp = path + ".tmp";
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
+  const std::string name = fmt::format("ckpt-{:010d}.bin", s.step), tmpName = name + ".tmp";
+  const std::string path = checkpointPath(dir, s.step), tmp = path + ".tmp";
+  Fd fd(::openat(dirFd, tmpName.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
   if (!fd) throwErrno("checkpoint: cannot create " + tmp);
   try {  // a failed write (a full disk) leaves no partial file taking space
     auto writeOut = [&](const char* p, size_t n) {
@@ -810,11 +842,11 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
     if (::fsync(fd.get()) != 0) throwErrno("checkpoint: fsync " + tmp);
     fd.reset();
   } catch (...) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(dirFd, tmpName.c_str(), 0);
     throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("checkpoint: rename " + tmp);
-  fsyncPath(dir, O_RDONLY | O_DIRECTORY);
+  if (::renameat(dirFd, tmpName.c_str(), dirFd, name.c_str()) != 0) throwErrno("checkpoint: rename " + tmp);
+  if (::fsync(dirFd) != 0) throwErrno("checkpoint: fsync " + dir);
   // Prune: only files that are checkpoints count toward `keep` and may go; the one just
   // written always stays. Anything else named like one (junk, another tool's file) is left
   // alone: counting it deleted every real checkpoint right after it was written. So are
@@ -824,39 +856,36 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
   // deleted). (A pipeline stage sent back to the stages' common step writes those steps again.)
   static std::mutex warnedMu;
   static std::set<std::string> warned;
+  const std::vector<std::string> names = entriesAt(dirFd);
+  std::vector<std::pair<long long, std::string>> kept;
+  for (const auto& n : names)
+    if (const auto step = namedStep(n)) kept.emplace_back(*step, n);
+  std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   int valid = 0;
-  for (const auto& [step, file] : listCheckpoints(dir)) {
-    if (file.string() == path) {
+  for (const auto& [step, file] : kept) {
+    if (file == name) {
       ++valid;
       continue;
     }
-    if (!looksLikeCheckpoint(file)) {
+    if (!looksLikeCheckpointAt(dirFd, file)) {
+      const std::string shown = (fs::path(dir) / file).string();
       std::lock_guard<std::mutex> lk(warnedMu);
-      if (warn && warned.insert(file.string()).second)
+      if (warn && warned.insert(shown).second)
         warn(fmt::format("{} is named like a checkpoint but is not a dtrain checkpoint (or is truncated); it is not "
                          "counted among the {} kept and is left alone: remove it if it is not needed",
-                         file.string(), std::max(keep, 1)));
+                         shown, std::max(keep, 1)));
       continue;
     }
     if (step > s.step) continue;
-    if (++valid > std::max(keep, 1)) fs::remove(file, ec);
+    if (++valid > std::max(keep, 1)) ::unlinkat(dirFd, file.c_str(), 0);
   }
   // A write cut short (the writer killed mid-write: a restart, a lost node) leaves its
   // ckpt-<step>.bin.tmp behind, as large as a checkpoint. One of an older step than this one
   // can never be completed by a writer of this job: the writer of a directory is one rank,
   // and steps only grow.
   // Best effort: the checkpoint is durable already, so no error here fails the save.
-  std::vector<fs::path> stale;
-  std::error_code iec;
-  for (fs::directory_iterator it(dir, iec), end; !iec && it != end; it.increment(iec)) {
-    const auto& e = *it;
-    const std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) != 0 || name.size() < 14 || name.substr(name.size() - 8) != ".bin.tmp") continue;
-    const std::string digits = name.substr(5, name.size() - 13);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
-    if (std::stoll(digits) < s.step) stale.push_back(e.path());
-  }
-  for (const auto& f : stale) fs::remove(f, ec);
+  for (const auto& n : names)
+    if (const auto step = namedStep(n, ".tmp"); step && *step < s.step) ::unlinkat(dirFd, n.c_str(), 0);
   return path;
 }
 

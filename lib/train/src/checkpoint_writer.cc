@@ -1,6 +1,7 @@
 #include "checkpoint_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
@@ -98,7 +99,7 @@ void CheckpointWriter::start(Job job) {
   checkRoot();
   if (!async_) {
     try {
-      path_ = job(heartbeat_ ? heartbeat_ : std::function<void()>{},
+      path_ = job(rootFd_.get(), heartbeat_ ? heartbeat_ : std::function<void()>{},
                   warn_ ? warn_ : std::function<void(const std::string&)>{});
     } catch (const SpecError&) {
       rethrowAsRootProblem();
@@ -122,11 +123,13 @@ void CheckpointWriter::start(Job job) {
       w->running_ = false;
     }
   } guard{this};
-  thread_ = std::thread([this, job = std::move(job)] {
+  // (the descriptor's number: rootFd_ is not changed before this write is waited for)
+  thread_ = std::thread([this, job = std::move(job), rootFd = rootFd_.get()] {
     std::string path;
     std::exception_ptr err;
     try {
       path = job(
+          rootFd,
           [this] {
             std::lock_guard<std::mutex> lk(mu_);
             ++progress_;
@@ -187,6 +190,39 @@ void CheckpointWriter::rethrowAsRootProblem() const {
   // A write that failed because the directory went away under it (its rename found no
   // file: ENOENT) is that, not a full disk with "the checkpoints written there before intact".
   if (const std::string why = rootProblem(); !why.empty()) throw SpecError(why);
+}
+
+CheckpointWriter::Job checkpointJob(std::string dir, std::string root, CheckpointView view, std::function<void()> onBytes,
+                                    std::shared_ptr<void> inFlight) {
+  return [dir = std::move(dir), root = std::move(root), view = std::move(view), onBytes = std::move(onBytes),
+          inFlight = std::move(inFlight)](int rootFd, const std::function<void()>& progress,
+                                          const std::function<void(const std::string&)>& warn) {
+    const auto bytes = [&] {
+      if (progress) progress();
+      if (onBytes) onBytes();
+    };
+    try {
+      if (rootFd < 0) return saveCheckpoint(dir, view, 3, warn, bytes);
+      // (the directory in the root this job writes: the root itself, or a stage's, one name
+      // below it; anything else goes by its path)
+      std::string sub = ".";
+      if (dir != root) {
+        std::string r = root;
+        while (r.size() > 1 && r.back() == '/') r.pop_back();
+        if (dir.compare(0, r.size() + 1, r + "/") != 0) return saveCheckpoint(dir, view, 3, warn, bytes);
+        sub = dir.substr(r.size() + 1);
+        sub.erase(0, sub.find_first_not_of('/'));
+        if (sub.empty() || sub == ".." || sub.find('/') != std::string::npos)
+          return saveCheckpoint(dir, view, 3, warn, bytes);
+        if (::mkdirat(rootFd, sub.c_str(), 0777) != 0 && errno != EEXIST) throwErrno("checkpoint: cannot create " + dir);
+      }
+      Fd dirFd(::openat(rootFd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!dirFd) throwErrno("checkpoint: cannot open " + dir);
+      return saveCheckpointAt(dirFd.get(), dir, view, 3, warn, bytes);
+    } catch (const IoError& e) {
+      throw SpecError(checkpointWriteRefusal(dir, view.step, e.what()));
+    }
+  };
 }
 
 }  // namespace dtrain::train::detail

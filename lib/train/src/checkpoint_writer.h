@@ -36,8 +36,10 @@ namespace dtrain::train::detail {
 class CheckpointWriter {
  public:
   // Writes the checkpoint, calling `progress` as bytes go out and `warn` for each warning;
-  // returns the path written.
-  using Job = std::function<std::string(const std::function<void()>& progress,
+  // returns the path written. `rootFd`: `root` held open (-1 when there is none yet), for
+  // writes through it: a directory swapped in under root's name between the check before
+  // the write and the write gets none of its files.
+  using Job = std::function<std::string(int rootFd, const std::function<void()>& progress,
                                         const std::function<void(const std::string&)>& warn)>;
 
   CheckpointWriter(bool async, std::function<void()> heartbeat, std::function<void(const std::string&)> warn,
@@ -86,24 +88,13 @@ class CheckpointWriter {
 std::string checkpointDirRemovedRefusal(const std::string& dir, const std::string& note = "");
 
 // The trainer's checkpoint job: `view` saved into `dir` (the newest 3 kept), `onBytes` (a
-// test hook; may be empty) called after each write of its bytes. A write that fails (a full
-// disk, a read-only mount) becomes the SpecError no attempt gets past
-// (checkpointWriteRefusal). `inFlight` is kept alive until the job is destroyed (the
-// trainer's count of writes in flight). `view` refers to buffers the caller keeps unchanged
-// until the write is waited for (CheckpointWriter's contract).
-inline CheckpointWriter::Job checkpointJob(std::string dir, CheckpointView view, std::function<void()> onBytes,
-                                           std::shared_ptr<void> inFlight) {
-  return [dir = std::move(dir), view = std::move(view), onBytes = std::move(onBytes), inFlight = std::move(inFlight)](
-             const std::function<void()>& progress, const std::function<void(const std::string&)>& warn) {
-    try {
-      return saveCheckpoint(dir, view, 3, warn, [&] {
-        if (progress) progress();
-        if (onBytes) onBytes();
-      });
-    } catch (const IoError& e) {
-      throw SpecError(checkpointWriteRefusal(dir, view.step, e.what()));
-    }
-  };
-}
+// test hook; may be empty) called after each write of its bytes. `dir` is the writer's root
+// or a directory in it (a pipeline stage's), made and written through the root's descriptor
+// when the writer holds one. A write that fails (a full disk, a read-only mount) becomes the
+// SpecError no attempt gets past (checkpointWriteRefusal). `inFlight` is kept alive until the
+// job is destroyed (the trainer's count of writes in flight). `view` refers to buffers the
+// caller keeps unchanged until the write is waited for (CheckpointWriter's contract).
+CheckpointWriter::Job checkpointJob(std::string dir, std::string root, CheckpointView view, std::function<void()> onBytes,
+                                    std::shared_ptr<void> inFlight);
 
 }  // namespace dtrain::train::detail

@@ -761,12 +761,14 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   site.layout.eval_rows = static_cast<long long>(evalSet->size());
   site.at(detail::AllocationSite::kBatch);
   const uint64_t N = trainSet->size();
-  // (every rank: each read the data and has the stages' common header)
-  if (header[0] == 1)
-    if (const std::string why = trainRowsMismatch(ts, N, static_cast<uint64_t>(header[10]),
-                                                  d == 0 && !ckptPath.empty() ? ckptPath : "the stages' checkpoint");
-        !why.empty())
-      throw SpecError(why);
+  // (every rank: each read the data and has the stages' common header; rank 0's words on
+  // every rank, as above)
+  if (header[0] == 1) {
+    const std::string own = trainRowsMismatch(ts, N, static_cast<uint64_t>(header[10]),
+                                              d == 0 && !ckptPath.empty() ? ckptPath : "the stages' checkpoint");
+    const std::string why = fromRankZero(rank == 0 ? own : std::string());
+    if (!why.empty() || !own.empty()) throw SpecError(why.empty() ? own : why);
+  }
   const uint64_t globalBatch = static_cast<uint64_t>(B) * static_cast<uint64_t>(D);
   const uint64_t stepsPerEpoch = N / globalBatch;
   if (stepsPerEpoch == 0)
@@ -835,7 +837,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
       writer.start(detail::checkpointJob(
-          stageDir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts),
+          stageDir, ts.checkpoint.dir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts),
                                    scheduleState(schedule, samplesTrained), N},
           opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
       if (opts.heartbeat) opts.heartbeat();

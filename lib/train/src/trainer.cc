@@ -193,12 +193,16 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     throw SpecError(fmt::format("trainer: the training set ({} samples) is smaller than one global batch ({} = "
                                 "batch_size {} x {} workers); use more samples or a smaller batch",
                                 N, globalBatch, B, world));
-  // (every rank: each read the data and has rank 0's header)
-  if (header[0] == 1)
-    if (const std::string why = trainRowsMismatch(ts, N, static_cast<uint64_t>(header[10]),
-                                                  rank == 0 ? ckptPath : "the checkpoint rank 0 resumes from");
-        !why.empty())
-      throw SpecError(why);
+  // (every rank: each read the data and has rank 0's header; rank 0's words, which name the
+  // file, on every rank, since whichever rank ends first gives the job its headline)
+  if (header[0] == 1) {
+    const std::string own = trainRowsMismatch(ts, N, static_cast<uint64_t>(header[10]),
+                                              rank == 0 ? ckptPath : "the checkpoint rank 0 resumes from");
+    const std::string why = detail::shareText(rank == 0 ? own : std::string(), [&](int64_t* w, size_t n) {
+      hostComm.broadcast(w, n, comm::DataType::kInt64, 0);
+    });
+    if (!why.empty() || !own.empty()) throw SpecError(why.empty() ? own : why);
+  }
   long long step = header[1];
   const int startEpoch = static_cast<int>(header[2]);
   const uint64_t startCursor = static_cast<uint64_t>(header[3]);
@@ -237,7 +241,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     // (params were stored above).
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
-    writer.start(detail::checkpointJob(ts.checkpoint.dir,
+    writer.start(detail::checkpointJob(ts.checkpoint.dir, ts.checkpoint.dir,
                                        CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts),
                                                       scheduleState(schedule, samplesTrained), N},
                                        opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));

@@ -140,6 +140,13 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
 std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep = 3,
                            const std::function<void(const std::string&)>& warn = {},
                            const std::function<void()>& progress = {});
+// As saveCheckpoint, every file made, renamed, synced and pruned through `dirFd`, an open
+// descriptor of `dir` (which must exist; `dir` only names the files in messages and the path
+// returned): a directory swapped in under `dir`'s name meanwhile gets none of this job's
+// files (they go where the held directory is now).
+std::string saveCheckpointAt(int dirFd, const std::string& dir, const CheckpointView& s, int keep = 3,
+                             const std::function<void(const std::string&)>& warn = {},
+                             const std::function<void()>& progress = {});
 
 // Why a checkpoint written when the training set had `checkpointRows` rows cannot be
 // resumed with `rows` (the data file changed, or eval_path was added or removed): the line
