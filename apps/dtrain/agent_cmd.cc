@@ -31,6 +31,9 @@ void addAgentCommand(CLI::App& app) {
   gAgent->add_flag("--merge-output", gOpts.merge_output, "One pipe for each worker's stdout and stderr (the launcher's console is one file)");
   gAgent->add_flag("--no-data-share", gNoDataShare, "Workers parse the data files themselves (the launcher's DTRAIN_DATA_SHARE=0)");
   gAgent->add_flag("--no-memory-check", gNoMemoryCheck, "Do not refuse a job this host cannot hold (the launcher's DTRAIN_MEMORY_CHECK=0)");
+  gAgent->add_option("--join-grace", gOpts.join_grace_s,
+                     "Seconds past rendezvous.timeout_s to wait for a round (the launcher of an elastic job decides first)")
+      ->check(CLI::Range(0.0, 3600.0));
   gAgent->add_flag("--wait", gOpts.wait, "Wait for the launcher's word before joining (a host coming back)");
   gAgent->group("");  // internal: hidden from dtrain --help
 }

@@ -165,6 +165,33 @@ expect_eq "$rc" 0 "agent frozen while starting: the job ends, and succeeds"
 expect_grep "event node_lost \(round 0\) host 127.0.0.1: .*lost: no heartbeat for 3 s" "$T/err" "agent frozen while starting: lost by its heartbeat"
 expect_eq "$(jq_ "$T/s7.json" "[e['kind'] for e in d['events']][:3]")" "['node_lost', 'host_excluded', 'restart']" "agent frozen while starting: the events"
 
+# A node that does not join round 0 in time (DTRAIN_TEST_JOIN_DELAY stages an agent slow to
+# start) in an elastic job: the round forms again without it when enough others joined, as a
+# host that fails the pre-flight (no restart spent; tried again after its cooldown). Before,
+# the joined agents' own timeout ended the job.
+echo '{"name": "nj", "min_nodes": 1, "rendezvous": {"timeout_s": 2}, "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND"]}' > "$T/nj.json"
+start=$(date +%s%N)
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:6000@0 timeout -k 5 60 "$DTRAIN" run "$T/nj.json" --hosts localhost:1,127.0.0.1:1 \
+  --summary-json "$T/nj.sum" >"$T/out" 2>"$T/err"
+rc=$?; ms=$(( ($(date +%s%N) - start) / 1000000 ))
+expect_eq "$rc" 0 "elastic, a node not joined in time: the job goes on without it, and succeeds"
+expect_grep "^\[localhost rank 0\] rank 0 of 1 round 1$" "$T/out" "elastic, a node not joined in time: round 1 runs on the others"
+expect_grep "event node_lost \(round 0\) host 127.0.0.1: node 127.0.0.1 \(--hosts\) lost: did not join round 0 within 2 s \(rendezvous.timeout_s\)$" "$T/err" \
+  "elastic, a node not joined in time: said, with the timeout"
+expect_eq "$(jq_ "$T/nj.sum" "(d['restarts'], [e['kind'] for e in d['events']])")" "(0, ['node_lost', 'host_excluded'])" \
+  "elastic, a node not joined in time: no restart spent"
+[ "$ms" -lt 5500 ] && pass "elastic, a node not joined in time: decided at the timeout (${ms} ms)" || fail "elastic, a node not joined in time: took ${ms} ms"
+# Too few joined for min_nodes: the round's timeout ends the job at rendezvous.timeout_s (the
+# launcher's word: the agents wait a little longer), naming who did not join.
+start=$(date +%s%N)
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:6000@0,::1:6000@0 timeout -k 5 60 "$DTRAIN" run "$T/nj.json" --nnodes 2:3 \
+  --hosts 'localhost:1,127.0.0.1:1,[::1]:1' >"$T/out" 2>"$T/err"
+rc=$?; ms=$(( ($(date +%s%N) - start) / 1000000 ))
+expect_eq "$rc" 1 "elastic, too few joined: exit 1"
+expect_grep "^dtrain: job 'nj' failed: rendezvous round 0 timed out after 2 s: 1 of at least 2 node\(s\) joined \(arrived: localhost\); not joined: 127.0.0.1, ::1$" "$T/err" \
+  "elastic, too few joined: the round's timeout names who did not join"
+[ "$ms" -lt 5500 ] && pass "elastic, too few joined: ends at the timeout (${ms} ms)" || fail "elastic, too few joined: took ${ms} ms"
+
 # A worker that fails before another node has reported starting the round still restarts
 # the job (its failure used to be dropped as a consequence of the restart, and the job then
 # waited forever on the other node's healthy workers). The hook holds localhost's report back.

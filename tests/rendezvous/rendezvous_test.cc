@@ -136,6 +136,22 @@ TEST(Rendezvous, TimeoutSaysWhoArrived) {
   }
 }
 
+// The launcher's view of a round that does not form (an elastic job's launcher decides at the
+// timeout): who has joined so far, and the timeout's words for the job's min_nodes.
+TEST(Rendezvous, ArrivedAndTimeoutTextForTheLauncher) {
+  auto store = std::make_shared<store::HashStore>();
+  auto o = opts(3, 3);
+  o.join_timeout = 5s;
+  o.should_abort = [] { return true; };  // (joins, then gives up its wait)
+  EXPECT_THROW(Rendezvous(store, o, {"b", 1, 1}).join(), RendezvousAborted);
+  Rendezvous launcher(store, opts(1, 1), {"launcher"});
+  launcher.expect(0, {"a", "b", "c"});
+  EXPECT_EQ(launcher.arrived(0), std::vector<std::string>{"b"});
+  EXPECT_TRUE(launcher.arrived(1).empty());
+  EXPECT_EQ(launcher.timeoutText(0, 2000ms, 2),
+            "rendezvous round 0 timed out after 2 s: 1 of at least 2 node(s) joined (arrived: b); not joined: a, c");
+}
+
 TEST(Rendezvous, BadOptions) {
   auto store = std::make_shared<store::HashStore>();
   EXPECT_THROW(Rendezvous(store, opts(3, 2), {"a", 1, -1}), SpecError);

@@ -236,16 +236,21 @@ std::string storeAddrFromSsh() {
 void delayForTests(const char* var, const std::string& node, int round, const std::function<bool()>& stop = {}) {
   const char* v = std::getenv(var);
   if (!v) return;
-  std::string s(v);
-  if (auto at = s.rfind('@'); at != std::string::npos) {
-    if (s.substr(at + 1) != std::to_string(round)) return;
-    s.resize(at);
+  // ("<node>:<ms>[@round]", several separated by commas)
+  long ms = 0;
+  for (std::string s : split(v, ',')) {
+    if (auto at = s.rfind('@'); at != std::string::npos) {
+      if (s.substr(at + 1) != std::to_string(round)) continue;
+      s.resize(at);
+    }
+    auto colon = s.rfind(':');
+    if (colon == std::string::npos || s.substr(0, colon) != node) continue;
+    char* end = nullptr;
+    ms = std::strtol(s.c_str() + colon + 1, &end, 10);
+    if (!end || *end != '\0' || ms <= 0 || ms > 60000) ms = 0;
+    break;
   }
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || s.substr(0, colon) != node) return;
-  char* end = nullptr;
-  long ms = std::strtol(s.c_str() + colon + 1, &end, 10);
-  if (!end || *end != '\0' || ms <= 0 || ms > 60000) return;
+  if (ms <= 0) return;
   // (in slices: a stop from the launcher ends the wait, as it would end what it stages)
   for (const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
        std::chrono::steady_clock::now() < until && !(stop && stop());)
@@ -561,7 +566,7 @@ int runAgent(const AgentOptions& opts) {
       rendezvous::RendezvousOptions ro;
       ro.run_id = opts.run_id;
       ro.min_nodes = ro.max_nodes = nnodes;
-      ro.join_timeout = std::chrono::seconds(spec.rendezvous.timeout_s);
+      ro.join_timeout = std::chrono::milliseconds(static_cast<long>((spec.rendezvous.timeout_s + opts.join_grace_s) * 1000));
       ro.last_call = std::chrono::milliseconds(0);
       ro.should_abort = [&control] { return control.pending(); };
       rendezvous::NodeInfo self;

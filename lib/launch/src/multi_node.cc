@@ -41,6 +41,10 @@ constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
 // An agent whose round ended with a code but no failed worker is lost after this unless it
 // ends (an agent that lost the store does, at once) or moves on meanwhile.
 constexpr auto kIdleWithoutFailureWait = std::chrono::seconds(5);
+// An elastic job's agents wait this much longer for a round than rendezvous.timeout_s: at the
+// timeout the launcher decides whether the round goes on without the nodes that did not join,
+// and the joined ones must be waiting still (their own timeout would end the job).
+constexpr double kJoinGraceS = 5;
 
 // The entries of `v` (each with its time `at`) that have waited `wait` by `now`, taken out.
 template <typename T>
@@ -119,6 +123,7 @@ struct Node {
   int failures = 0;     // times lost: the cooldown grows with it
   Clock::time_point retryAt{};
   std::string lostReason;  // set when we kill it (heartbeat silent)
+  bool notJoined = false;  // killed for not joining a round in time (elastic): no restart spent
   // Its heartbeat counter when its agent was spawned, and whether it has moved on since: a
   // starting agent is watched from its first beat (one frozen before it reports would
   // otherwise hold the job for good), not before (ssh and the agent's checks take their time).
@@ -287,6 +292,11 @@ class MultiNodeRunner {
   void scheduleRestart(double delayS, Clock::time_point since = Clock::now());
   double backoff() const;  // before restart number result_.restarts
   void tryRestart();
+  // An elastic job (min_nodes below the host count) goes on without hosts that fail it.
+  bool elastic() const { return spec_.min_nodes < static_cast<int>(spec_.nodes.size()); }
+  // The round forming (openRound_) not formed within rendezvous.timeout_s: without the
+  // members that did not join when enough did (elastic), else the job's failure.
+  void roundNotFormed();
   // The launcher's view of the job's rounds: it opens them and says who is to join them,
   // never joins one itself.
   rendezvous::Rendezvous launcherRendezvous();
@@ -366,6 +376,9 @@ class MultiNodeRunner {
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
   std::optional<Clock::time_point> minNodesDeadline_;
+  // Since when openRound_ has formed (elastic jobs: the launcher judges a round that does not
+  // form; others leave it to the agents' own timeout); reset once it runs.
+  std::optional<Clock::time_point> formingSince_;
   bool finishing_ = false;  // every member succeeded; agents told to exit
   bool stopping_ = false;
   bool killed_ = false;
@@ -407,6 +420,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   }
   if (!ns.address.empty()) args.insert(args.end(), {"--address", ns.address});
   if (wait) args.push_back("--wait");
+  if (elastic()) args.insert(args.end(), {"--join-grace", fmt::format("{}", kJoinGraceS)});
   if (result_.merged_output) args.push_back("--merge-output");
   if (!opts_.data_share) args.push_back("--no-data-share");
   if (!opts_.memory_check) args.push_back("--no-memory-check");
@@ -435,6 +449,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   // round of an incident, which nodeLost excuses once)
   n.round = -1;
   n.lostReason.clear();
+  n.notJoined = false;
   n.beating = false;
   n.beatAtSpawn.clear();
   try {
@@ -645,6 +660,14 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     event("host_excluded", eventRound(),
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
   };
+  // Not in the round in time, as enough others were (roundNotFormed): a membership change,
+  // as a host failing the pre-flight is; no restart is spent, the round forms again without.
+  if (n.notJoined) {
+    n.notJoined = false;
+    excluded();
+    if (!pending_) scheduleRestart(0, since);
+    return;
+  }
   // One incident, one restart. A restart already on its way for this incident (pending_: a
   // worker's failure came first; its peers on the lost node were the cause or a consequence):
   // the next round starts without this node. The round such a restart opened still forming
@@ -742,6 +765,47 @@ void MultiNodeRunner::tryRestart() {
   }
   pending_ = false;
   restarting_ = true;
+  if (elastic()) formingSince_ = Clock::now();
+}
+
+void MultiNodeRunner::roundNotFormed() {
+  formingSince_.reset();
+  std::vector<std::string> arrived;
+  rendezvous::Rendezvous rdzv = launcherRendezvous();
+  try {
+    arrived = rdzv.arrived(openRound_);
+  } catch (const std::exception&) {
+    return;  // (the store's trouble is the agents' to say)
+  }
+  std::vector<Node*> late;
+  int joined = 0;
+  for (auto& n : nodes_) {
+    if (!n.member || !n.running) continue;
+    if (n.round == openRound_ || std::find(arrived.begin(), arrived.end(), n.name) != arrived.end())
+      ++joined;
+    else
+      late.push_back(&n);
+  }
+  if (late.empty()) return;  // (all there: the round closes, its records are on their way)
+  const auto waited = std::chrono::seconds(spec_.rendezvous.timeout_s);
+  if (joined < spec_.min_nodes) {
+    finalFailure(rdzv.timeoutText(openRound_, waited, spec_.min_nodes), kExitFailure);
+    return;
+  }
+  // (an agent of round 0 says nothing before its round forms: one that joined is there, and
+  // takes the launcher's word, the pause that ends its wait)
+  for (auto& n : nodes_)
+    if (n.member && n.running && n.state == NodeState::kStarting &&
+        std::find(late.begin(), late.end(), &n) == late.end())
+      n.state = NodeState::kJoining;
+  // Killed as a frozen heartbeat's agent is, then lost (nodeLost): excluded and tried again
+  // after its cooldown, as a host that failed the pre-flight; the round forms again without.
+  for (Node* n : late) {
+    n->notJoined = true;
+    n->lostReason = fmt::format("did not join round {} within {} s (rendezvous.timeout_s)", openRound_,
+                                spec_.rendezvous.timeout_s);
+    ::kill(-n->pid, SIGKILL);
+  }
 }
 
 rendezvous::Rendezvous MultiNodeRunner::launcherRendezvous() {
@@ -800,6 +864,7 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
         if (m.member && m.round != openRound_) all = false;
       if (all) {
         restarting_ = false;
+        formingSince_.reset();
         activeRound_ = openRound_;
         // That restart happened: a later pause (a host joining) is not its back-off.
         restartWorker_.reset();
@@ -1007,6 +1072,9 @@ void MultiNodeRunner::timers() {
       (!outsideStopSignal(held_->exit) || now - held_->at >= kOutsideStopWindow))
     releaseHeld();
   if (pending_ && now >= pendingAt_) tryRestart();
+  if (formingSince_ && restarting_ && !pending_ && !held_ &&
+      now >= *formingSince_ + std::chrono::seconds(spec_.rendezvous.timeout_s))
+    roundNotFormed();
   // Liveness: a connected agent whose heartbeat stopped is cut off (and then lost).
   if (now >= nextHeartbeatCheck_) {
     nextHeartbeatCheck_ = now + std::chrono::milliseconds(500);
@@ -1098,6 +1166,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
   }
   for (auto& n : nodes_)
     if (n.member) spawnAgent(n, /*wait=*/false);
+  if (elastic()) formingSince_ = Clock::now();
 
   std::vector<char> buf(65536);
   Console& con = console();

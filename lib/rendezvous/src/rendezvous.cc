@@ -51,13 +51,20 @@ void Rendezvous::expect(int round, const std::vector<std::string>& names) {
   store_->set(roundKey(round, "expected"), fmt::format("{}", fmt::join(names, "\t")));
 }
 
-void Rendezvous::timeout(int round, Duration waited) {
+std::vector<std::string> Rendezvous::arrived(int round) {
   int64_t count = store_->add(roundKey(round, "count"), 0);
-  std::vector<std::string> arrived;
+  std::vector<std::string> out;
   for (int64_t i = 0; i < count; ++i) {
     std::string k = roundKey(round, "node/" + std::to_string(i));
-    if (store_->check({k})) arrived.push_back(decodeNode(store_->get(k)).name);
+    if (store_->check({k})) out.push_back(decodeNode(store_->get(k)).name);
   }
+  return out;
+}
+
+void Rendezvous::timeout(int round, Duration waited) { throw TimeoutError(timeoutText(round, waited, opts_.min_nodes)); }
+
+std::string Rendezvous::timeoutText(int round, Duration waited, int atLeast) {
+  const std::vector<std::string> arrived = this->arrived(round);
   std::vector<std::string> expected = opts_.expected;
   if (expected.empty() && store_->check({roundKey(round, "expected")}))
     expected = split(store_->get(roundKey(round, "expected")), '\t');
@@ -65,10 +72,10 @@ void Rendezvous::timeout(int round, Duration waited) {
   for (const auto& e : expected)
     if (std::find(arrived.begin(), arrived.end(), e) == arrived.end()) missing.push_back(e);
   std::string msg = fmt::format("rendezvous round {} timed out after {:.3g} s: {} of at least {} node(s) joined",
-                                round, waited.count() / 1000.0, arrived.size(), opts_.min_nodes);
+                                round, waited.count() / 1000.0, arrived.size(), atLeast);
   msg += fmt::format(" (arrived: {})", arrived.empty() ? "none" : fmt::format("{}", fmt::join(arrived, ", ")));
   if (!missing.empty()) msg += fmt::format("; not joined: {}", fmt::join(missing, ", "));
-  throw TimeoutError(msg);
+  return msg;
 }
 
 RoundResult Rendezvous::join() {

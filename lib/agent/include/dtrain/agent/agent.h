@@ -29,6 +29,10 @@ struct AgentOptions {
   // Refuse a trainer job this host cannot hold before the rendezvous (the launcher's
   // DTRAIN_MEMORY_CHECK, not this host's environment).
   bool memory_check = true;
+  // Extra seconds this node waits for a round to form, past the spec's rendezvous.timeout_s:
+  // an elastic job's launcher decides at the timeout itself whether the round goes on
+  // without the nodes that did not join, so the joined ones must still be waiting then.
+  double join_grace_s = 0;
   // Give up when the store has been unreachable this long (the launcher is gone).
   double store_lost_s = 5;
 };

@@ -75,6 +75,11 @@ class Rendezvous {
   // Records the nodes meant to join `round` (the launcher's word): a joiner's timeout then
   // says which of them did not join (besides RendezvousOptions::expected).
   void expect(int round, const std::vector<std::string>& names);
+  // The names of the nodes that have joined `round` so far, in join order.
+  std::vector<std::string> arrived(int round);
+  // What a timeout of `round` after `waited` says: how many of at least `atLeast` joined,
+  // who, and who of those expected (expect(), RendezvousOptions::expected) did not.
+  std::string timeoutText(int round, Duration waited, int atLeast);
 
  private:
   std::string key(const std::string& k) const { return "rdzv/" + opts_.run_id + "/" + k; }
