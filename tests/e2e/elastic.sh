@@ -181,6 +181,22 @@ expect_grep "event node_lost \(round 0\) host 127.0.0.1: node 127.0.0.1 \(--host
 expect_eq "$(jq_ "$T/nj.sum" "(d['restarts'], [e['kind'] for e in d['events']])")" "(0, ['node_lost', 'host_excluded'])" \
   "elastic, a node not joined in time: no restart spent"
 [ "$ms" -lt 5500 ] && pass "elastic, a node not joined in time: decided at the timeout (${ms} ms)" || fail "elastic, a node not joined in time: took ${ms} ms"
+# Two late at once: both out before the round forms again (the second was taken into it as
+# still there, then lost from it).
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:6000@0,::1:6000@0 timeout -k 5 60 "$DTRAIN" run "$T/nj.json" \
+  --hosts 'localhost:1,127.0.0.1:1,[::1]:1' --summary-json "$T/nj2.sum" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "elastic, two nodes not joined in time: the job goes on without both"
+expect_grep "^\[localhost rank 0\] rank 0 of 1 round 1$" "$T/out" "elastic, two nodes not joined in time: round 1 runs on the one that joined"
+expect_eq "$(jq_ "$T/nj2.sum" "(d['restarts'], sorted((e['kind'], e['host']) for e in d['events']))")" \
+  "(0, [('host_excluded', '127.0.0.1'), ('host_excluded', '::1'), ('node_lost', '127.0.0.1'), ('node_lost', '::1')])" \
+  "elastic, two nodes not joined in time: each lost and excluded once, no restart spent"
+# Free once: the host, tried again after its cooldown and admitted, late again (the hook
+# holds it back again) is a node lost as any other: with no restarts, the job ends on it.
+echo '{"name": "nj", "min_nodes": 1, "rendezvous": {"timeout_s": 2}, "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND; sleep 8"]}' > "$T/nj3.json"
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:6000@0 timeout -k 5 60 "$DTRAIN" run "$T/nj3.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "elastic, a host late again after its retry: exit 1"
+expect_grep "^dtrain: job 'nj' failed: node 127.0.0.1 \(--hosts\) lost: did not join round 2 within 2 s \(rendezvous.timeout_s\)$" "$T/err" \
+  "elastic, a host late again after its retry: a lost node, which ends a job without restarts"
 # Too few joined for min_nodes: the round's timeout ends the job at rendezvous.timeout_s (the
 # launcher's word: the agents wait a little longer), naming who did not join.
 start=$(date +%s%N)

@@ -152,6 +152,22 @@ TEST(Rendezvous, ArrivedAndTimeoutTextForTheLauncher) {
             "rendezvous round 0 timed out after 2 s: 1 of at least 2 node(s) joined (arrived: b); not joined: a, c");
 }
 
+// A node the launcher did not name for the open round (an agent of the round before, killed
+// but not told yet) takes no place in it: it waits for a round of its own.
+TEST(Rendezvous, ANodeNotExpectedTakesNoPlaceInTheRound) {
+  auto store = std::make_shared<store::HashStore>();
+  Rendezvous launcher(store, opts(1, 1), {"launcher"});
+  launcher.expect(0, {"a"});
+  auto o = opts(1, 1);
+  o.join_timeout = 300ms;
+  EXPECT_THROW(Rendezvous(store, o, {"stale", 1, 1}).join(), TimeoutError);
+  EXPECT_TRUE(launcher.arrived(0).empty());
+  RoundResult r = Rendezvous(store, o, {"a", 1, 0}).join();
+  EXPECT_EQ(r.round, 0);
+  EXPECT_EQ(r.nnodes, 1);
+  EXPECT_EQ(r.nodes[0].name, "a");
+}
+
 TEST(Rendezvous, BadOptions) {
   auto store = std::make_shared<store::HashStore>();
   EXPECT_THROW(Rendezvous(store, opts(3, 2), {"a", 1, -1}), SpecError);

@@ -137,9 +137,43 @@ TEST(CheckpointWriter, AJobWritesThroughTheHeldRootNotItsNameNow) {
   EXPECT_TRUE(fs::is_empty(root));
   EXPECT_TRUE(fs::exists(base / "moved" / "ckpt-0000000007.bin"));
   EXPECT_TRUE(fs::exists(base / "moved" / "stage-1-of-2" / "ckpt-0000000007.bin"));
+  // A pipeline's stage directory may be a symbolic link (another disk): followed, as by name.
+  fs::create_directories(base / "elsewhere");
+  fs::create_directory_symlink(base / "elsewhere", base / "moved" / "stage-0-of-2");
+  EXPECT_EQ(checkpointJob(root + "/stage-0-of-2", root, view, {}, nullptr)(rootFd.get(), {}, {}),
+            root + "/stage-0-of-2/ckpt-0000000007.bin");
+  EXPECT_TRUE(fs::exists(base / "elsewhere" / "ckpt-0000000007.bin"));
   // Without a held root (none was there when the writer was made) it goes by the name.
   EXPECT_EQ(job(-1, {}, {}), root + "/ckpt-0000000007.bin");
   EXPECT_TRUE(fs::exists(root + "/ckpt-0000000007.bin"));
+  fs::remove_all(base);
+}
+
+// A write that completes after its root was moved away landed where the directory went, not
+// at the path it returns: the writer says so (the job's final checkpoint would otherwise be
+// reported written where it is not), inline and in the background.
+TEST(CheckpointWriter, AWriteDoneAfterItsRootMovedIsRefused) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::temp_directory_path() / ("dtrain-cw2-" + std::to_string(::getpid()));
+  fs::remove_all(base);
+  const std::string root = (base / "ck").string();
+  fs::create_directories(root);
+  for (const bool async : {false, true}) {
+    CheckpointWriter w(async, {}, {}, root);
+    w.start([&](int, const auto&, const auto&) { return root + "/ckpt-1.bin"; });
+    EXPECT_EQ(w.wait(), root + "/ckpt-1.bin");
+    try {
+      w.start([&](int, const auto&, const auto&) {
+        fs::rename(root, base / "moved");  // (while it writes)
+        return root + "/ckpt-2.bin";
+      });
+      w.wait();
+      FAIL() << "a write into a moved directory passed";
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find(root + " was removed while this job ran"), std::string::npos) << e.what();
+    }
+    fs::rename(base / "moved", root);
+  }
   fs::remove_all(base);
 }
 

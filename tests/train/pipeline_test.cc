@@ -9,11 +9,13 @@
 #include <regex>
 #include <thread>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/errors.h"
+#include "dtrain/common/fd.h"
 #include "dtrain/spec/checkpoint_manifest.h"
 #include "dtrain/store/hash_store.h"
 #include "dtrain/train/checkpoint.h"
@@ -279,6 +281,30 @@ TEST(Pipeline, ManifestWriteFailureSaysWhyAndLeavesNoTmp) {
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(dir + "/manifest.json.tmp")));
   EXPECT_FALSE(std::filesystem::exists(dir + "/manifest.json"));
   std::filesystem::remove_all(dir);
+}
+
+// Through the directory held open: one swapped in under its name gets no manifest (the
+// trainer writes it beside the stage files, which go through the held directory too).
+TEST(Pipeline, ManifestWrittenThroughTheHeldDirectory) {
+  const std::string base = ::testing::TempDir() + "/dtrain_manifest_at_" + std::to_string(::getpid());
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base + "/ck");
+  Fd dirFd(::open((base + "/ck").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(dirFd);
+  std::filesystem::rename(base + "/ck", base + "/moved");
+  std::filesystem::create_directories(base + "/ck");
+  spec::PipelineManifest m;
+  m.step = 4;
+  m.stages = 2;
+  m.stage_layers = {1, 1};
+  m.files = {"stage-0-of-2/ckpt-0000000004.bin", "stage-1-of-2/ckpt-0000000004.bin"};
+  spec::writePipelineManifest(base + "/ck/manifest.json", m, dirFd.get());
+  EXPECT_TRUE(std::filesystem::is_empty(base + "/ck"));
+  const auto back = spec::readPipelineManifest(base + "/moved/manifest.json");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->step, 4);
+  EXPECT_FALSE(std::filesystem::exists(base + "/moved/manifest.json.tmp"));
+  std::filesystem::remove_all(base);
 }
 
 TEST(Pipeline, CheckpointManifestTiesTheStagesAndGuardsTheLayout) {

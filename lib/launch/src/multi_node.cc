@@ -376,9 +376,11 @@ class MultiNodeRunner {
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
   std::optional<Clock::time_point> minNodesDeadline_;
-  // Since when openRound_ has formed (elastic jobs: the launcher judges a round that does not
-  // form; others leave it to the agents' own timeout); reset once it runs.
+  // Since when openRound_ has been forming: its first node joined (elastic jobs: the launcher
+  // judges a round that does not form; others leave it to the agents' own timeout); reset
+  // when a round opens and once it runs.
   std::optional<Clock::time_point> formingSince_;
+  Clock::time_point nextArrivalCheck_{};
   bool finishing_ = false;  // every member succeeded; agents told to exit
   bool stopping_ = false;
   bool killed_ = false;
@@ -661,13 +663,19 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
   };
   // Not in the round in time, as enough others were (roundNotFormed): a membership change,
-  // as a host failing the pre-flight is; no restart is spent, the round forms again without.
-  if (n.notJoined) {
+  // as a host failing the pre-flight is; no restart is spent, the round forms again without
+  // it, once every node found late with it is gone too (not taken into the round as still
+  // there). Not for a host that failed before (tried again, admitted, and late again): a host
+  // that keeps failing spends restarts, so that the budget ends it.
+  if (n.notJoined && n.failures == 1) {
     n.notJoined = false;
     excluded();
-    if (!pending_) scheduleRestart(0, since);
+    const bool othersLate =
+        std::any_of(nodes_.begin(), nodes_.end(), [&](const Node& m) { return &m != &n && m.notJoined && m.running; });
+    if (!pending_ && !othersLate) scheduleRestart(0, since);
     return;
   }
+  n.notJoined = false;
   // One incident, one restart. A restart already on its way for this incident (pending_: a
   // worker's failure came first; its peers on the lost node were the cause or a consequence):
   // the next round starts without this node. The round such a restart opened still forming
@@ -748,11 +756,13 @@ void MultiNodeRunner::tryRestart() {
   minNodesDeadline_.reset();
   if (static_cast<int>(ready.size()) > spec_.max_nodes) ready.resize(static_cast<size_t>(spec_.max_nodes));
   rendezvous::Rendezvous rdzv = launcherRendezvous();
-  rdzv.openNextRound(openRound_);
-  ++openRound_;
   std::vector<std::string> names;
   for (const Node* n : ready) names.push_back(n->name);
-  rdzv.expect(openRound_, names);
+  // (its members named before it opens: an agent of the round before that is still about,
+  // killed but not told yet, does not take a place in it)
+  rdzv.expect(openRound_ + 1, names);
+  rdzv.openNextRound(openRound_);
+  ++openRound_;
   for (auto& n : nodes_) n.member = false;
   for (Node* n : ready) {
     if (n->state == NodeState::kWaiting)
@@ -765,7 +775,7 @@ void MultiNodeRunner::tryRestart() {
   }
   pending_ = false;
   restarting_ = true;
-  if (elastic()) formingSince_ = Clock::now();
+  formingSince_.reset();
 }
 
 void MultiNodeRunner::roundNotFormed() {
@@ -1072,9 +1082,20 @@ void MultiNodeRunner::timers() {
       (!outsideStopSignal(held_->exit) || now - held_->at >= kOutsideStopWindow))
     releaseHeld();
   if (pending_ && now >= pendingAt_) tryRestart();
-  if (formingSince_ && restarting_ && !pending_ && !held_ &&
-      now >= *formingSince_ + std::chrono::seconds(spec_.rendezvous.timeout_s))
-    roundNotFormed();
+  // An elastic job's forming round is judged rendezvous.timeout_s after its first node
+  // joined, as the agents' own timeouts count (not from the agents' start: ssh, the data's
+  // checks, a previous round's workers writing their final checkpoint take their time).
+  if (elastic() && restarting_ && !pending_ && !held_) {
+    if (!formingSince_ && now >= nextArrivalCheck_) {
+      nextArrivalCheck_ = now + std::chrono::milliseconds(200);
+      try {
+        if (!launcherRendezvous().arrived(openRound_).empty()) formingSince_ = now;
+      } catch (const std::exception&) {
+      }
+    } else if (formingSince_ && now >= *formingSince_ + std::chrono::seconds(spec_.rendezvous.timeout_s)) {
+      roundNotFormed();
+    }
+  }
   // Liveness: a connected agent whose heartbeat stopped is cut off (and then lost).
   if (now >= nextHeartbeatCheck_) {
     nextHeartbeatCheck_ = now + std::chrono::milliseconds(500);
@@ -1166,7 +1187,6 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
   }
   for (auto& n : nodes_)
     if (n.member) spawnAgent(n, /*wait=*/false);
-  if (elastic()) formingSince_ = Clock::now();
 
   std::vector<char> buf(65536);
   Console& con = console();

@@ -83,9 +83,17 @@ RoundResult Rendezvous::join() {
   auto deadline = start + opts_.join_timeout;
   auto& s = *store_;
   int round = static_cast<int>(std::stoll(s.compareSet(key("open"), "", "0")));
+  // A round the launcher named its members for, without this node, is not this node's (an
+  // agent of a round before, not told yet that it is out): it waits for the next one.
+  auto notMine = [&](int r) {
+    const std::string k = roundKey(r, "expected");
+    if (!s.check({k})) return false;
+    const auto names = split(s.get(k), '\t');
+    return std::find(names.begin(), names.end(), self_.name) == names.end();
+  };
   while (true) {
     // A closed round is for the nodes already in it: aim for the next one.
-    if (s.check({roundKey(round, "closed")})) {
+    if (s.check({roundKey(round, "closed")}) || notMine(round)) {
       while (true) {
         int open = std::stoi(s.get(key("open")));
         if (open > round) {

@@ -31,7 +31,7 @@ void fsyncPath(const std::string& path, int flags) {
 
 }  // namespace
 
-void writePipelineManifest(const std::string& path, const PipelineManifest& m) {
+void writePipelineManifest(const std::string& path, const PipelineManifest& m, int dirFd) {
   nlohmann::json j = {{"format", kFormat},
                       {"step", m.step},
                       {"epoch", m.epoch},
@@ -43,11 +43,15 @@ void writePipelineManifest(const std::string& path, const PipelineManifest& m) {
                       {"files", m.files}};
   const std::string tmp = path + ".tmp";
   const std::string text = j.dump(2) + "\n";
+  // (through the directory held open, when given: the file's name in it)
+  const std::string name = std::filesystem::path(path).filename().string(), tmpName = name + ".tmp";
+  const int at = dirFd >= 0 ? dirFd : AT_FDCWD;
+  const std::string& tmpAt = dirFd >= 0 ? tmpName : tmp;
   // With write(2), not a stream: a full disk is said as the OS says it ("No space left on
   // device", which checkpointWriteRefusal puts first), and a failed write leaves no partial
   // file behind (an ofstream said only "cannot write" and left the .tmp).
   try {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
+    Fd fd(::openat(at, tmpAt.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
     if (!fd) throwErrno("checkpoint manifest: cannot create " + tmp);
     for (size_t done = 0; done < text.size();) {
       const ssize_t w = ::write(fd.get(), text.data() + done, text.size() - done);
@@ -57,10 +61,15 @@ void writePipelineManifest(const std::string& path, const PipelineManifest& m) {
     }
     if (::fsync(fd.get()) != 0) throwErrno("checkpoint manifest: fsync " + tmp);
     fd.reset();
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throwErrno("checkpoint manifest: rename " + tmp);
+    if (::renameat(at, tmpAt.c_str(), at, (dirFd >= 0 ? name : path).c_str()) != 0)
+      throwErrno("checkpoint manifest: rename " + tmp);
   } catch (...) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(at, tmpAt.c_str(), 0);
     throw;
+  }
+  if (dirFd >= 0) {
+    if (::fsync(dirFd) != 0) throwErrno("checkpoint manifest: fsync " + std::filesystem::path(path).parent_path().string());
+    return;
   }
   std::string dir = std::filesystem::path(path).parent_path().string();
   fsyncPath(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);

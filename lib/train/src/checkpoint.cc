@@ -65,16 +65,6 @@ std::string hexToBytes(const std::string& hex) {
   return out;
 }
 
-void fsyncPath(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) throwErrno("open " + path);
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    throwErrno("fsync " + path);
-  }
-  ::close(fd);
-}
-
 // SHA-256 of a sequence of buffers, computed on a thread of its own while the caller reads
 // or writes them: at a checkpoint step the other ranks wait for the writer anyway, so a core
 // is free, and the hash (~1.7 GB/s here) no longer adds to the file's I/O. Buffers of more
@@ -203,9 +193,11 @@ std::vector<std::string> entriesAt(int dirFd) {
 // that matches the file's size. (The checksum is read on resume; reading every kept file in
 // full at every save would cost more than the save.)
 bool looksLikeCheckpointAt(int dirFd, const std::string& name) {
-  // (non-blocking: a FIFO would block the open; through a symbolic link, as a path would go)
-  Fd fd(::openat(dirFd, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  // (a regular file, through a symbolic link as a path would go, before it is opened: a FIFO
+  // or a device is not opened at all; non-blocking all the same, should one take its place)
   struct stat st {};
+  if (::fstatat(dirFd, name.c_str(), &st, 0) != 0 || !S_ISREG(st.st_mode)) return false;
+  Fd fd(::openat(dirFd, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
   char head[sizeof(kMagic) + 8];
   if (::pread(fd.get(), head, sizeof(head), 0) != static_cast<ssize_t>(sizeof(head))) return false;

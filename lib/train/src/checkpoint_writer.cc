@@ -105,6 +105,7 @@ void CheckpointWriter::start(Job job) {
       rethrowAsRootProblem();
       throw;
     }
+    if (!path_.empty()) rethrowAsRootProblem();
     return;
   }
   {
@@ -183,6 +184,7 @@ std::string CheckpointWriter::wait() {
       throw;
     }
   }
+  if (!path.empty()) rethrowAsRootProblem();
   return path;
 }
 
@@ -216,7 +218,7 @@ CheckpointWriter::Job checkpointJob(std::string dir, std::string root, Checkpoin
           return saveCheckpoint(dir, view, 3, warn, bytes);
         if (::mkdirat(rootFd, sub.c_str(), 0777) != 0 && errno != EEXIST) throwErrno("checkpoint: cannot create " + dir);
       }
-      Fd dirFd(::openat(rootFd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      Fd dirFd(::openat(rootFd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
       if (!dirFd) throwErrno("checkpoint: cannot open " + dir);
       return saveCheckpointAt(dirFd.get(), dir, view, 3, warn, bytes);
     } catch (const IoError& e) {

@@ -53,9 +53,13 @@ class CheckpointWriter {
   // Throws SpecError, and starts nothing, when `root` was removed (or removed and made again).
   void start(Job job);
   // Waits for the write started last; returns its path ("" when none was started since the
-  // last wait) and rethrows its error.
+  // last wait) and rethrows its error. A write that completed in `root` after it was removed
+  // or replaced (the file is where the held directory went, not at the path) is that refusal.
   std::string wait();
   bool async() const { return async_; }
+  // `root` held open (-1 while it has not been seen): for the writes beside the job's
+  // (a pipeline's manifest), through it as the job's are.
+  int rootFd() const { return rootFd_.get(); }
 
  private:
   void flushWarnings();

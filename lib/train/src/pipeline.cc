@@ -813,7 +813,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       pending.files.push_back(
           fmt::format("stage-{}-of-{}/{}", s, P, std::filesystem::path(written).filename().string()));
     try {
-      spec::writePipelineManifest(manifestPath, pending);
+      spec::writePipelineManifest(manifestPath, pending, writer.rootFd());
     } catch (const IoError& e) {  // (as a stage file's write: see save)
       throw SpecError(checkpointWriteRefusal(ts.checkpoint.dir, pending.step, e.what()));
     }

@@ -22,7 +22,10 @@ struct PipelineManifest {
 };
 
 // Atomically (temporary file, fsync, rename, fsync of the directory). Throws IoError.
-void writePipelineManifest(const std::string& path, const PipelineManifest& m);
+// `dirFd`: when not -1, the directory `path` is in, held open: the file is made and renamed
+// there (a directory swapped in under its name meanwhile gets none of it), `path` only names
+// it in errors.
+void writePipelineManifest(const std::string& path, const PipelineManifest& m, int dirFd = -1);
 
 // nullopt when the file does not exist; SpecError naming the file and the field when it
 // exists but is not a manifest this version can read.

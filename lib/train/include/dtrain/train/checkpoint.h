@@ -143,7 +143,8 @@ std::string saveCheckpoint(const std::string& dir, const TrainState& s, int keep
 // As saveCheckpoint, every file made, renamed, synced and pruned through `dirFd`, an open
 // descriptor of `dir` (which must exist; `dir` only names the files in messages and the path
 // returned): a directory swapped in under `dir`'s name meanwhile gets none of this job's
-// files (they go where the held directory is now).
+// files (they go where the held directory is now). Reads the directory through a duplicate
+// of `dirFd`, whose offset it shares: give it a descriptor of its own.
 std::string saveCheckpointAt(int dirFd, const std::string& dir, const CheckpointView& s, int keep = 3,
                              const std::function<void(const std::string&)>& warn = {},
                              const std::function<void()>& progress = {});
