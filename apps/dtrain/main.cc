@@ -121,9 +121,10 @@ std::string foreignFlagHint(const std::string& flag) {
 int sayError(const char* what, int code, bool table = false) {
   std::string text;
   if (table) {
-    for (const std::string& line : split(what, '\n')) text += (text.empty() ? "" : "\n") + oneLine(line);
+    for (const std::string& line : split(what, '\n'))
+      text += (text.empty() ? "" : "\n") + elideLongWords(oneLine(line));
   } else {
-    text = oneLine(what);
+    text = elideLongWords(oneLine(what));
   }
   launch::console().write(STDERR_FILENO, fmt::format("dtrain: error: {}\n", text));
   return code;
@@ -360,7 +361,7 @@ int dtrainMain(int argc, char** argv) {
   if (cliSummary == "-") cliSummary = "/dev/stdout";
   auto usageError = [&](const std::string& what) {
     if (isRun) app::enterRunEnd(kExitUsage);
-    launch::console().write(STDERR_FILENO, "dtrain: error: " + oneLine(what) + "\n");  // (main() writes it out)
+    launch::console().write(STDERR_FILENO, "dtrain: error: " + elideLongWords(oneLine(what)) + "\n");  // (main() writes it out)
     if (isRun && !cliSummary.empty() && cliSummary[0] != '-')
       app::writeFailedSummary(cliSummary, "", "", kExitUsage, what, 0);
     return kExitUsage;
@@ -398,7 +399,7 @@ int dtrainMain(int argc, char** argv) {
   app::addAgentCommand(app);
 
   if (const std::string bad = unknownCommand(app, args); !bad.empty()) {
-    std::cerr << "dtrain: error: " << oneLine(bad) << "\n";
+    std::cerr << "dtrain: error: " << elideLongWords(oneLine(bad)) << "\n";
     return kExitUsage;
   }
   // mpirun's single-dash long options: CLI11 would read `-hostfile` as -h (help, exit 0).

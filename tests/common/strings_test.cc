@@ -136,3 +136,34 @@ TEST(EnvIndex, DigitsOnlyElseTheFallback) {
 
 }  // namespace
 }  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+// A value quoted whole in an error (100 KB given for a number) is cut around its middle; the
+// words around it (the place, the fix) stay, and so do words of a usual length.
+TEST(ElideLongWords, CutsOnlyTheLongRunsAndKeepsTheRest) {
+  const std::string value(100000, 'x');
+  const std::string line = "spec.json: /nproc_per_node: expected a count, got the string \"" + value + "\"; fix it";
+  const std::string out = elideLongWords(line);
+  EXPECT_LT(out.size(), 400u);
+  EXPECT_EQ(out.rfind("spec.json: /nproc_per_node: expected a count, got the string \"" + std::string(159, 'x'), 0), 0u)
+      << out;
+  // (the run is the value with its quotes and the ';': 100003 bytes, its first 160 and last 40 kept)
+  EXPECT_NE(out.find("...[99803 bytes]..."), std::string::npos) << out;
+  EXPECT_EQ(out.substr(out.size() - 47), std::string(38, 'x') + "\"; fix it");
+  EXPECT_EQ(elideLongWords("a short line, as it is"), "a short line, as it is");
+  const std::string exact(400, 'y');
+  EXPECT_EQ(elideLongWords(exact), exact);
+  // (UTF-8 characters whole: no cut inside one)
+  std::string wide;
+  for (int i = 0; i < 300; ++i) wide += "\xc3\xa9";  // é
+  const std::string cut = elideLongWords(wide);
+  EXPECT_EQ(cut.rfind(std::string("\xc3\xa9") + "\xc3\xa9", 0), 0u);
+  EXPECT_EQ(cut.substr(0, 160), wide.substr(0, 160));
+  EXPECT_NE(cut.find("...[400 bytes]..."), std::string::npos) << cut;
+  EXPECT_EQ(cut.substr(cut.size() - 40), wide.substr(0, 40));
+}
+
+}  // namespace
+}  // namespace dtrain

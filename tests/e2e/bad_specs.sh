@@ -70,6 +70,13 @@ fi
 python3 -c 'import json,sys; json.dump({"name": "x" * 131056, "command": ["true"]}, open(sys.argv[1], "w"))' "$T/longname.json"
 "$DTRAIN" validate "$T/longname.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 128 KiB job name: exit 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: $T/longname.json: /name: is 131056 bytes; a job name is at most 1024 (every worker gets it in DTRAIN_JOB_NAME, and every message says it): shorten it" "a 128 KiB job name: said, with its place"
+# A value quoted whole in the error (100 KB for a number) is cut around its middle: one line
+# a terminal and a CI log can show, with its place and what was expected (it was 100 KB).
+python3 -c 'import json,sys; json.dump({"nproc_per_node": "x" * 100000, "command": ["true"]}, open(sys.argv[1], "w"))' "$T/bigval.json"
+"$DTRAIN" validate "$T/bigval.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a 100 KB value: exit 2"
+expect_grep "^dtrain: error: $T/bigval.json: /nproc_per_node: expected a worker count between 1 and 4096 or \"auto\", got the string \"x{159}\.\.\.\[99802 bytes\]\.\.\.x{39}\"$" "$T/err" \
+  "a 100 KB value: cut around its middle, with its place"
+[ "$(wc -c < "$T/err")" -lt 1024 ] && pass "a 100 KB value: the line is short" || fail "a 100 KB value: $(wc -c < "$T/err") bytes said"
 # An IPv6 zone with ':' in it: the slot count of fe80::1%eth0:2 was dropped without a word.
 printf 'fe80::1%%eth0:2\n' > "$T/zone.hosts"
 "$DTRAIN" validate --hostfile "$T/zone.hosts" -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "an IPv6 zone with a colon: exit 2"

@@ -57,6 +57,35 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
 }
 
+std::string elideLongWords(std::string_view s, size_t maxWord) {
+  constexpr size_t kHead = 160, kTail = 40;
+  maxWord = std::max(maxWord, kHead + kTail + 32);
+  auto cont = [&](size_t i) { return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80; };
+  std::string out;
+  out.reserve(std::min(s.size(), size_t{1} << 16));
+  for (size_t i = 0; i < s.size();) {
+    if (s[i] == ' ') {
+      out += ' ';
+      ++i;
+      continue;
+    }
+    size_t end = s.find(' ', i);
+    if (end == std::string_view::npos) end = s.size();
+    if (end - i <= maxWord) {
+      out.append(s.substr(i, end - i));
+    } else {
+      size_t head = i + kHead, tail = end - kTail;
+      while (head > i && cont(head)) --head;  // (at a character's first byte)
+      while (tail < end && cont(tail)) ++tail;
+      out.append(s.substr(i, head - i));
+      out += fmt::format("...[{} bytes]...", tail - head);
+      out.append(s.substr(tail, end - tail));
+    }
+    i = end;
+  }
+  return out;
+}
+
 std::string oneLine(std::string_view s) {
   std::string out;
   out.reserve(s.size());
