@@ -163,6 +163,11 @@ TEST(ElideLongWords, CutsOnlyTheLongRunsAndKeepsTheRest) {
   EXPECT_EQ(cut.substr(0, 160), wide.substr(0, 160));
   EXPECT_NE(cut.find("...[400 bytes]..."), std::string::npos) << cut;
   EXPECT_EQ(cut.substr(cut.size() - 40), wide.substr(0, 40));
+  // (lines stay lines: a newline ends a run, as a space does)
+  EXPECT_EQ(elideLongWords(std::string(300, 'a') + "\n" + std::string(300, 'b') + "\n"),
+            std::string(300, 'a') + "\n" + std::string(300, 'b') + "\n");
+  const std::string twoLines = elideLongWords(std::string(1000, 'a') + "\nnext line");
+  EXPECT_EQ(twoLines.substr(twoLines.size() - 10), "\nnext line");
 }
 
 }  // namespace

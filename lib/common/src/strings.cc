@@ -64,12 +64,12 @@ std::string elideLongWords(std::string_view s, size_t maxWord) {
   std::string out;
   out.reserve(std::min(s.size(), size_t{1} << 16));
   for (size_t i = 0; i < s.size();) {
-    if (s[i] == ' ') {
-      out += ' ';
+    if (s[i] == ' ' || s[i] == '\n') {
+      out += s[i];
       ++i;
       continue;
     }
-    size_t end = s.find(' ', i);
+    size_t end = s.find_first_of(" \n", i);
     if (end == std::string_view::npos) end = s.size();
     if (end - i <= maxWord) {
       out.append(s.substr(i, end - i));

@@ -24,7 +24,7 @@ std::string trim(std::string_view s);
 // characters as they are.
 std::string oneLine(std::string_view s);
 
-// s with each run of more than `maxWord` bytes without a space (a value quoted whole: a
+// s with each run of more than `maxWord` bytes without a space or a newline (a value quoted whole: a
 // 100 KB string given for a number, a path of a generated name) cut to its first and last
 // bytes around "...[N bytes]...": an error line stays readable on a terminal and in a CI
 // log, and keeps the place and the fix around the value. UTF-8 characters are not split.
