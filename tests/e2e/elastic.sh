@@ -187,9 +187,47 @@ DTRAIN_TEST_JOIN_DELAY=127.0.0.1:6000@0,::1:6000@0 timeout -k 5 60 "$DTRAIN" run
   --hosts 'localhost:1,127.0.0.1:1,[::1]:1' --summary-json "$T/nj2.sum" >"$T/out" 2>"$T/err"
 expect_eq "$?" 0 "elastic, two nodes not joined in time: the job goes on without both"
 expect_grep "^\[localhost rank 0\] rank 0 of 1 round 1$" "$T/out" "elastic, two nodes not joined in time: round 1 runs on the one that joined"
-expect_eq "$(jq_ "$T/nj2.sum" "(d['restarts'], sorted((e['kind'], e['host']) for e in d['events']))")" \
-  "(0, [('host_excluded', '127.0.0.1'), ('host_excluded', '::1'), ('node_lost', '127.0.0.1'), ('node_lost', '::1')])" \
-  "elastic, two nodes not joined in time: each lost and excluded once, no restart spent"
+expect_eq "$(jq_ "$T/nj2.sum" "(d['restarts'], sorted((e['kind'], e['host'], e['round']) for e in d['events']))")" \
+  "(0, [('host_excluded', '127.0.0.1', 0), ('host_excluded', '::1', 0), ('node_lost', '127.0.0.1', 0), ('node_lost', '::1', 0)])" \
+  "elastic, two nodes not joined in time: each lost and excluded once, in round 0, no restart spent"
+# A node lost while round 0 forms (its agent killed before it joined): the others, which have
+# said nothing yet (an agent speaks once its round forms), form round 1 without it (before,
+# they were not counted as there: "0 node(s) available", and the job failed), spending no
+# restart, as a host failing the pre-flight.
+echo '{"name": "lost0", "min_nodes": 2, "rendezvous": {"timeout_s": 5}, "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND"]}' > "$T/lost0.json"
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:3000@0 timeout -k 5 60 "$DTRAIN" run "$T/lost0.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
+  --summary-json "$T/lost0.sum" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+agent=""
+for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.05; done
+sleep 0.5; kill -9 "$agent"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "elastic, a node lost while round 0 forms: the others go on"
+expect_eq "$(sort "$T/out")" "$(printf '[::1 rank 1] rank 1 of 2 round 1\n[localhost rank 0] rank 0 of 2 round 1')" \
+  "elastic, a node lost while round 0 forms: round 1 runs on the two others"
+expect_eq "$(jq_ "$T/lost0.sum" "(d['restarts'], [(e['kind'], e['round']) for e in d['events']])")" "(0, [('node_lost', 0), ('host_excluded', 0)])" \
+  "elastic, a node lost while round 0 forms: no restart spent"
+# A host let back in joins the new round at once, while the others still stop their workers
+# (a trainer's final checkpoint; here a trap that takes 4 s, past timeout_s 3): the round opens
+# once they have, so none of them is judged late (before: "round 2 timed out ...: 1 of at
+# least 2 node(s) joined (arrived: 127.0.0.1)", and the job failed). The host is late for
+# round 0 (frozen before it joins), and comes back after its cooldown.
+cat > "$T/adm.json" <<'JSON'
+{"name": "adm", "min_nodes": 1, "shutdown_timeout_s": 15, "rendezvous": {"timeout_s": 3},
+ "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND; [ $DTRAIN_ROUND -ge 2 ] && exit 0; trap 'sleep 4; exit 0' TERM; sleep 30 & wait"]}
+JSON
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:1500@0 timeout -k 5 90 "$DTRAIN" run "$T/adm.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
+  --summary-json "$T/adm.sum" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+agent=""
+for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.05; done
+sleep 0.3; kill -STOP "$agent"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+kill -9 "$agent" 2>/dev/null
+expect_eq "$rc" 0 "elastic, a host let back in while the others stop their workers: the job succeeds"
+expect_eq "$(grep -c ' round 2$' "$T/out")" 3 "elastic, a host let back in: round 2 runs on all three"
+expect_eq "$(jq_ "$T/adm.sum" "(d['restarts'], [e['kind'] for e in d['events']])")" "(0, ['node_lost', 'host_excluded', 'node_joined'])" \
+  "elastic, a host let back in: excluded once, back once, nobody judged late"
 # Free once: the host, tried again after its cooldown and admitted, late again (the hook
 # holds it back again) is a node lost as any other: with no restarts, the job ends on it.
 echo '{"name": "nj", "min_nodes": 1, "rendezvous": {"timeout_s": 2}, "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND; sleep 8"]}' > "$T/nj3.json"

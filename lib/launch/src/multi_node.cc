@@ -124,6 +124,7 @@ struct Node {
   Clock::time_point retryAt{};
   std::string lostReason;  // set when we kill it (heartbeat silent)
   bool notJoined = false;  // killed for not joining a round in time (elastic): no restart spent
+  bool stopping = false;   // paused while its workers ran: until it reports them ended ('D')
   // Its heartbeat counter when its agent was spawned, and whether it has moved on since: a
   // starting agent is watched from its first beat (one frozen before it reports would
   // otherwise hold the job for good), not before (ssh and the agent's checks take their time).
@@ -136,6 +137,11 @@ bool connected(const Node& n) {
   return n.running && (n.state == NodeState::kWaiting || n.state == NodeState::kJoining ||
                        n.state == NodeState::kRunning || n.state == NodeState::kIdle);
 }
+
+// A member of round 0 whose agent runs and has said nothing yet: an agent says nothing before
+// its round forms, so one that is in round 0's rendezvous (or on its way there) looks so. It
+// takes the launcher's word as any (a round formed again without a node lost meanwhile).
+bool startingMember(const Node& n) { return n.member && n.running && n.state == NodeState::kStarting; }
 
 // Pre-flight: `ssh host DTRAIN --version` on every remote host at once.
 struct Problem {
@@ -452,6 +458,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   n.round = -1;
   n.lostReason.clear();
   n.notJoined = false;
+  n.stopping = false;
   n.beating = false;
   n.beatAtSpawn.clear();
   try {
@@ -662,16 +669,21 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     event("host_excluded", eventRound(),
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
   };
-  // Not in the round in time, as enough others were (roundNotFormed): a membership change,
-  // as a host failing the pre-flight is; no restart is spent, the round forms again without
-  // it, once every node found late with it is gone too (not taken into the round as still
-  // there). Not for a host that failed before (tried again, admitted, and late again): a host
-  // that keeps failing spends restarts, so that the budget ends it.
-  if (n.notJoined && n.failures == 1) {
+  // Not in the round in time, as enough others were (roundNotFormed), or lost before any
+  // worker of the job ran (its agent ended or went silent while round 0 formed) in an elastic
+  // job: a membership change, as a host failing the pre-flight is; no restart is spent, the
+  // round forms again without it, once every node found late with it is gone too (not taken
+  // into the round as still there). Not for a host that failed before (tried again, admitted,
+  // and late or lost again): a host that keeps failing spends restarts, so that the budget
+  // ends it.
+  const bool beforeAnyWorker = elastic() && activeRound_ < 0 &&
+                               std::none_of(nodes_.begin(), nodes_.end(), [](const Node& m) { return m.round >= 0; });
+  if ((n.notJoined || beforeAnyWorker) && n.failures == 1) {
     n.notJoined = false;
     excluded();
+    // (reaped together, each said in round 0: not the round a first one's restart announces)
     const bool othersLate =
-        std::any_of(nodes_.begin(), nodes_.end(), [&](const Node& m) { return &m != &n && m.notJoined && m.running; });
+        std::any_of(nodes_.begin(), nodes_.end(), [&](const Node& m) { return &m != &n && m.notJoined; });
     if (!pending_ && !othersLate) scheduleRestart(0, since);
     return;
   }
@@ -720,8 +732,14 @@ double MultiNodeRunner::backoff() const {
 }
 
 void MultiNodeRunner::pauseMembers() {
-  for (auto& n : nodes_)
-    if (connected(n) && (n.state == NodeState::kRunning || n.state == NodeState::kJoining)) send(n, "pause");
+  for (auto& n : nodes_) {
+    if (connected(n) && (n.state == NodeState::kRunning || n.state == NodeState::kJoining)) {
+      if (n.state == NodeState::kRunning) n.stopping = true;
+      send(n, "pause");
+    } else if (startingMember(n)) {
+      send(n, "pause");  // (in round 0's rendezvous, or on its way there: it waits for the restart)
+    }
+  }
 }
 
 void MultiNodeRunner::scheduleRestart(double delayS, Clock::time_point since) {
@@ -737,7 +755,11 @@ void MultiNodeRunner::scheduleRestart(double delayS, Clock::time_point since) {
 void MultiNodeRunner::tryRestart() {
   std::vector<Node*> ready;
   for (auto& n : nodes_)
-    if (connected(n)) ready.push_back(&n);
+    if (connected(n) || startingMember(n)) ready.push_back(&n);
+  // The round opens once every member has stopped the workers of the round before (the
+  // agents' grace bounds it; a frozen one is lost by its heartbeat): a node that joins at once
+  // (a host let back in) must not have its peers judged late for their teardown.
+  if (std::any_of(ready.begin(), ready.end(), [](const Node* n) { return n->stopping; })) return;
   if (static_cast<int>(ready.size()) < spec_.min_nodes) {
     if (!minNodesDeadline_) {
       minNodesDeadline_ = Clock::now() + std::chrono::seconds(spec_.rendezvous.timeout_s);
@@ -863,6 +885,9 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       n.rankOffset = offset;
       n.localWorkers = local;
       n.state = NodeState::kRunning;
+      // (paused before it said it started: its workers are stopped now, and the next round
+      // waits for that as for the others')
+      if (pending_) n.stopping = true;
       n.exits.clear();
       // Each rank of the node's round gets its log now, under a header of that round, as a
       // single node's ranks get one per attempt: a rank that prints nothing still has its
@@ -918,6 +943,7 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
     }
     case 'D':
       n.state = NodeState::kIdle;
+      n.stopping = false;
       n.idleRc = intField(0);
       // Its workers ended without a failure of theirs and the launcher asked for nothing,
       // by a signal to the agent itself (a SIGTERM, a host shutting down): the agent waits
