@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include <chrono>
 #include <set>
 #include <thread>
@@ -142,7 +144,7 @@ TEST(Rendezvous, ArrivedAndTimeoutTextForTheLauncher) {
   auto store = std::make_shared<store::HashStore>();
   auto o = opts(3, 3);
   o.join_timeout = 5s;
-  o.should_abort = [] { return true; };  // (joins, then gives up its wait)
+  o.should_abort = [n = 0]() mutable { return ++n > 1; };  // (joins, then gives up its wait)
   EXPECT_THROW(Rendezvous(store, o, {"b", 1, 1}).join(), RendezvousAborted);
   Rendezvous launcher(store, opts(1, 1), {"launcher"});
   launcher.expect(0, {"a", "b", "c"});
@@ -166,6 +168,36 @@ TEST(Rendezvous, ANodeNotExpectedTakesNoPlaceInTheRound) {
   EXPECT_EQ(r.round, 0);
   EXPECT_EQ(r.nnodes, 1);
   EXPECT_EQ(r.nodes[0].name, "a");
+}
+
+// Told which round to join (the launcher's "restart ... <round>"), a node joins that one, and
+// one that closed without it is waited out, not left for a later round of its own accord: an
+// agent starting late must not take a place in a round it was not told of.
+TEST(Rendezvous, AToldRoundIsJoinedExactly) {
+  auto store = std::make_shared<store::HashStore>();
+  Rendezvous launcher(store, opts(1, 1), {"launcher"});
+  launcher.openNextRound(0);  // (round 1 open: a first join of round 0 stays there)
+  auto o = opts(1, 1);
+  o.round = 0;
+  RoundResult r0 = Rendezvous(store, o, {"a", 1, 0}).join();
+  EXPECT_EQ(r0.round, 0);
+  o.round = 1;
+  RoundResult r1 = Rendezvous(store, o, {"a", 1, 0}).join();
+  EXPECT_EQ(r1.round, 1);
+  // Round 1 closed: a node told round 1 waits for the word (here: gives up at its timeout).
+  o.join_timeout = 300ms;
+  try {
+    Rendezvous(store, o, {"b", 1, 1}).join();
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rendezvous round 1 timed out"), std::string::npos) << e.what();
+  }
+  // ... and ends its wait on the word.
+  o.join_timeout = 5s;
+  bool asked = false;
+  o.should_abort = [&] { return std::exchange(asked, true); };
+  EXPECT_THROW(Rendezvous(store, o, {"b", 1, 1}).join(), RendezvousAborted);
+  EXPECT_EQ(launcher.arrived(1), std::vector<std::string>{"a"});
 }
 
 TEST(Rendezvous, BadOptions) {

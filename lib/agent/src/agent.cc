@@ -131,6 +131,7 @@ struct Command {
   // kPassOn: the signal to pass on. kStop: the one to stop the workers with ("stop SIGINT":
   // the user's Ctrl-C to dtrain run; 0 or SIGTERM: SIGTERM).
   int signal = 0;
+  int round = -1;  // kRestart: the round to join (the launcher's openRound_); -1: the open one
 };
 
 std::optional<Command> parseCommand(const std::string& line) {
@@ -142,9 +143,9 @@ std::optional<Command> parseCommand(const std::string& line) {
   if (w[0] == "exit") return Command{Command::kExit};
   if (w[0] == "signal" && w.size() == 2 && (w[1] == "SIGUSR1" || w[1] == "SIGUSR2"))
     return Command{Command::kPassOn, 0, 0, w[1] == "SIGUSR1" ? SIGUSR1 : SIGUSR2};
-  if (w[0] == "restart" && w.size() == 3) {
+  if (w[0] == "restart" && (w.size() == 3 || w.size() == 4)) {
     try {
-      return Command{Command::kRestart, std::stoi(w[1]), std::stoi(w[2])};
+      return Command{Command::kRestart, std::stoi(w[1]), std::stoi(w[2]), 0, w.size() == 4 ? std::stoi(w[3]) : -1};
     } catch (...) {
     }
   }
@@ -554,11 +555,12 @@ int runAgent(const AgentOptions& opts) {
     send(proto::record('W', {opts.node}));
     next = control.pop();
   } else {
-    next = Command{Command::kRestart, 0, nnodes};
+    next = Command{Command::kRestart, 0, nnodes, 0, 0};  // (round 0: the first one)
   }
   while (next && next->kind == Command::kRestart) {
     restartCount = next->restart_count;
     nnodes = next->nnodes;
+    const int targetRound = next->round;
     next.reset();
     launch::Plan plan;
     rendezvous::RoundResult round;
@@ -569,6 +571,9 @@ int runAgent(const AgentOptions& opts) {
       ro.join_timeout = std::chrono::milliseconds(static_cast<long>((spec.rendezvous.timeout_s + opts.join_grace_s) * 1000));
       ro.last_call = std::chrono::milliseconds(0);
       ro.should_abort = [&control] { return control.pending(); };
+      // (the round the launcher named: a late start does not take a place in a later round
+      // it was not told of, and leave it there when the launcher's word comes)
+      ro.round = targetRound;
       rendezvous::NodeInfo self;
       self.name = opts.node;
       self.nproc = spec.nproc_per_node;

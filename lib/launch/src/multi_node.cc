@@ -125,6 +125,8 @@ struct Node {
   std::string lostReason;  // set when we kill it (heartbeat silent)
   bool notJoined = false;  // killed for not joining a round in time (elastic): no restart spent
   bool stopping = false;   // paused while its workers ran: until it reports them ended ('D')
+  Clock::time_point stoppingSince{};
+  int toldRound = -1;      // the round it was told to join last (round 0 at its start)
   // Its heartbeat counter when its agent was spawned, and whether it has moved on since: a
   // starting agent is watched from its first beat (one frozen before it reports would
   // otherwise hold the job for good), not before (ssh and the agent's checks take their time).
@@ -298,6 +300,11 @@ class MultiNodeRunner {
   void scheduleRestart(double delayS, Clock::time_point since = Clock::now());
   double backoff() const;  // before restart number result_.restarts
   void tryRestart();
+  // n's workers are being stopped (paused while they ran): the next round waits for its 'D'.
+  void markStopping(Node& n) {
+    if (!n.stopping) n.stoppingSince = Clock::now();
+    n.stopping = true;
+  }
   // An elastic job (min_nodes below the host count) goes on without hosts that fail it.
   bool elastic() const { return spec_.min_nodes < static_cast<int>(spec_.nodes.size()); }
   // The round forming (openRound_) not formed within rendezvous.timeout_s: without the
@@ -459,6 +466,7 @@ void MultiNodeRunner::spawnAgent(Node& n, bool wait) {
   n.lostReason.clear();
   n.notJoined = false;
   n.stopping = false;
+  n.toldRound = wait ? -1 : openRound_;
   n.beating = false;
   n.beatAtSpawn.clear();
   try {
@@ -734,7 +742,7 @@ double MultiNodeRunner::backoff() const {
 void MultiNodeRunner::pauseMembers() {
   for (auto& n : nodes_) {
     if (connected(n) && (n.state == NodeState::kRunning || n.state == NodeState::kJoining)) {
-      if (n.state == NodeState::kRunning) n.stopping = true;
+      if (n.state == NodeState::kRunning) markStopping(n);
       send(n, "pause");
     } else if (startingMember(n)) {
       send(n, "pause");  // (in round 0's rendezvous, or on its way there: it waits for the restart)
@@ -793,7 +801,8 @@ void MultiNodeRunner::tryRestart() {
     n->member = true;
     n->state = NodeState::kJoining;
     n->exits.clear();
-    send(*n, fmt::format("restart {} {}", result_.restarts, ready.size()));
+    n->toldRound = openRound_;
+    send(*n, fmt::format("restart {} {} {}", result_.restarts, ready.size(), openRound_));
   }
   pending_ = false;
   restarting_ = true;
@@ -819,6 +828,12 @@ void MultiNodeRunner::roundNotFormed() {
       late.push_back(&n);
   }
   if (late.empty()) return;  // (all there: the round closes, its records are on their way)
+  // (one still stopping the workers of a round it had formed before the launcher's word came
+  // is not late yet: judged timeout_s after it has stopped them)
+  if (std::any_of(late.begin(), late.end(), [](const Node* n) { return n->stopping; })) {
+    formingSince_ = Clock::now();
+    return;
+  }
   const auto waited = std::chrono::seconds(spec_.rendezvous.timeout_s);
   if (joined < spec_.min_nodes) {
     finalFailure(rdzv.timeoutText(openRound_, waited, spec_.min_nodes), kExitFailure);
@@ -884,10 +899,19 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       n.round = round;
       n.rankOffset = offset;
       n.localWorkers = local;
+      // A round it had formed before it read the launcher's word (a pause, a restart into a
+      // later round): its workers start and stop at once, and it joins the round it was told
+      // of after that. Its exits are of that round (n.round), its state stays the one it was
+      // told (it is joining); the round it joins waits for the stop as for the others'.
+      if (round < n.toldRound) {
+        markStopping(n);
+        n.exits.clear();  // (those of that round follow)
+        return;
+      }
       n.state = NodeState::kRunning;
       // (paused before it said it started: its workers are stopped now, and the next round
       // waits for that as for the others')
-      if (pending_) n.stopping = true;
+      if (pending_) markStopping(n);
       n.exits.clear();
       // Each rank of the node's round gets its log now, under a header of that round, as a
       // single node's ranks get one per attempt: a rank that prints nothing still has its
@@ -942,8 +966,10 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       return;
     }
     case 'D':
-      n.state = NodeState::kIdle;
       n.stopping = false;
+      // (the end of a round it had left already: see 'N')
+      if (r->fields.size() >= 2 && intField(1) >= 0 && intField(1) < n.toldRound) return;
+      n.state = NodeState::kIdle;
       n.idleRc = intField(0);
       // Its workers ended without a failure of theirs and the launcher asked for nothing,
       // by a signal to the agent itself (a SIGTERM, a host shutting down): the agent waits
@@ -1147,6 +1173,19 @@ void MultiNodeRunner::timers() {
       ::kill(-n.pid, SIGKILL);
     }
   }
+  // A node whose workers do not end after its pause within the agents' grace and a margin (a
+  // worker in uninterruptible sleep survives SIGKILL: a hung driver, a dead NFS mount) holds
+  // every next round, as its agent waits for them: it is lost, as a silent one is.
+  for (auto& n : nodes_) {
+    if (!n.stopping || !n.running || n.state == NodeState::kLost) continue;
+    const auto limit = std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000)) +
+                       std::chrono::seconds(10);
+    if (now - n.stoppingSince < limit) continue;
+    n.lostReason = fmt::format("its workers did not end within {:.3g} s of their stop (shutdown_timeout_s + 10 s)",
+                               spec_.shutdown_timeout_s);
+    n.stopping = false;
+    ::kill(-n.pid, SIGKILL);
+  }
   // Hosts that were lost are tried again after their cooldown, while there is room.
   int inPlay = 0;
   for (const auto& n : nodes_) inPlay += n.running;
@@ -1303,6 +1342,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           // on one node).
           result_.stopped_during = fmt::format("{} restart {} of {}",
                                                pending_ && minNodesDeadline_ ? "the wait for hosts (min_nodes) before"
+                                               : pending_ && Clock::now() >= pendingAt_ ? "the teardown before"
                                                : pending_                    ? "the back-off before"
                                                                              : "the start of",
                                                result_.restarts, spec_.max_restarts);

@@ -83,6 +83,16 @@ RoundResult Rendezvous::join() {
   auto deadline = start + opts_.join_timeout;
   auto& s = *store_;
   int round = static_cast<int>(std::stoll(s.compareSet(key("open"), "", "0")));
+  if (opts_.round >= 0) round = opts_.round;
+  // A round this node may not take part in, when it was told which (RendezvousOptions::round):
+  // the launcher has something else for it; waited for until it says so, or the timeout.
+  auto waitForWord = [&]() {
+    while (true) {
+      if (Clock::now() >= deadline) timeout(round, opts_.join_timeout);
+      if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted(fmt::format("rendezvous round {} abandoned", round));
+      std::this_thread::sleep_for(opts_.poll);
+    }
+  };
   // A round the launcher named its members for, without this node, is not this node's (an
   // agent of a round before, not told yet that it is out): it waits for the next one.
   auto notMine = [&](int r) {
@@ -94,6 +104,7 @@ RoundResult Rendezvous::join() {
   while (true) {
     // A closed round is for the nodes already in it: aim for the next one.
     if (s.check({roundKey(round, "closed")}) || notMine(round)) {
+      if (opts_.round >= 0) waitForWord();
       while (true) {
         int open = std::stoi(s.get(key("open")));
         if (open > round) {
@@ -106,6 +117,8 @@ RoundResult Rendezvous::join() {
       }
       continue;
     }
+    // (a word from the launcher first: an agent that has one waiting takes no place it leaves)
+    if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted(fmt::format("rendezvous round {} abandoned", round));
     int64_t idx = s.add(roundKey(round, "count"), 1) - 1;
     s.set(roundKey(round, "node/" + std::to_string(idx)), encodeNode(self_));
     // Wait for the round to close, closing it ourselves when the rules say so.
@@ -132,7 +145,10 @@ RoundResult Rendezvous::join() {
       } catch (const TimeoutError&) {
       }
     }
-    if (idx >= participants) continue;  // joined too late: the loop moves to the next round
+    if (idx >= participants) {  // joined too late: the loop moves to the next round
+      if (opts_.round >= 0) waitForWord();
+      continue;
+    }
 
     std::vector<std::string> keys;
     for (int64_t i = 0; i < participants; ++i) keys.push_back(roundKey(round, "node/" + std::to_string(i)));

@@ -13,6 +13,13 @@
 //                     and sends SIGTERM; one that gets a name it does not know stops with
 //                     SIGTERM too: a stop is never dropped (stopCommand, stopSignal)
 //   "kill\n"          tear down now: SIGKILL at once (a second Ctrl-C)
+//   "pause\n"         stop the round's workers (SIGTERM, grace, SIGKILL), or leave the
+//                     rendezvous, and wait for the next word: a restart or a membership
+//                     change is coming
+//   "restart <restart count> <nodes> <round>\n"
+//                     join exactly that round with that many nodes (the first join, with no
+//                     word, is round 0); TORCHELASTIC_RESTART_COUNT is the count
+//   "exit\n"          the job succeeded: end
 //   "signal SIGUSR1\n" / "signal SIGUSR2\n"
 //                     pass the signal on to each running worker (the user's, to dtrain run)
 //   EOF               the launcher is gone: tear down within kLostControllerGraceS
@@ -24,6 +31,8 @@
 //   N <node_rank> <nnodes> <world_size> <rank_offset> <master_addr> <master_port> <round>
 //     <local workers>   the node started its workers of a round: ranks rank_offset ..
 //     rank_offset + local workers - 1
+//   D <code> <round>  the round's workers have all ended (after an exit, a pause or a stop)
+//   W <node>          (--wait) connected, waiting to be let into a round
 //   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <flags: 1 hung, 2 not started> <when>
 //     <message> <traceback> <stderr tail lines...>   a worker ended
 //   T <json>          the trainer's outcome (rank 0's DTRAIN_RESULT_FILE)

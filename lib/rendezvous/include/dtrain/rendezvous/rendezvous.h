@@ -44,6 +44,10 @@ struct RendezvousOptions {
   Duration poll{std::chrono::milliseconds(20)};
   // Polled while waiting for the round to close; true abandons the join (RendezvousAborted).
   std::function<bool()> should_abort;
+  // >= 0: join exactly this round (the launcher's word); one that closed without this node
+  // is waited out (should_abort, the timeout), never left for a later round of its own
+  // accord. -1: the open round, and the next one when it closed first.
+  int round = -1;
 };
 
 // join() gave up because should_abort said so (the caller has something better to do).
