@@ -827,9 +827,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
                            r.exit_code);
   // Behind the workers' lines the console may still hold (launch::Console): written out by
   // main() before dtrain exits.
-  // (a value a node's refusal quotes whole, as a spec error would, is cut on the console; the
-  // summary's error keeps it)
-  launch::console().write(STDERR_FILENO, elideLongWords(verdict));
+  launch::console().write(STDERR_FILENO, verdict);
   if (!a.summary_json.empty()) {
     spec::RunSummary sum;
     sum.job = s.name;
