@@ -1182,7 +1182,7 @@ void MultiNodeRunner::timers() {
                        std::chrono::seconds(10);
     if (now - n.stoppingSince < limit) continue;
     n.lostReason = fmt::format("its workers did not end within {:.3g} s of their stop (shutdown_timeout_s + 10 s)",
-                               spec_.shutdown_timeout_s);
+                               spec_.shutdown_timeout_s + 10);
     n.stopping = false;
     ::kill(-n.pid, SIGKILL);
   }
