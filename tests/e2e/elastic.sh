@@ -228,13 +228,37 @@ expect_eq "$rc" 0 "elastic, a host let back in while the others stop their worke
 expect_eq "$(grep -c ' round 2$' "$T/out")" 3 "elastic, a host let back in: round 2 runs on all three"
 expect_eq "$(jq_ "$T/adm.sum" "(d['restarts'], [e['kind'] for e in d['events']])")" "(0, ['node_lost', 'host_excluded', 'node_joined'])" \
   "elastic, a host let back in: excluded once, back once, nobody judged late"
-# Free once: the host, tried again after its cooldown and admitted, late again (the hook
-# holds it back again) is a node lost as any other: with no restarts, the job ends on it.
-echo '{"name": "nj", "min_nodes": 1, "rendezvous": {"timeout_s": 2}, "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND; sleep 8"]}' > "$T/nj3.json"
-DTRAIN_TEST_JOIN_DELAY=127.0.0.1:6000@0 timeout -k 5 60 "$DTRAIN" run "$T/nj3.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err"
-expect_eq "$?" 1 "elastic, a host late again after its retry: exit 1"
-expect_grep "^dtrain: job 'nj' failed: node 127.0.0.1 \(--hosts\) lost: did not join round 2 within 2 s \(rendezvous.timeout_s\)$" "$T/err" \
-  "elastic, a host late again after its retry: a lost node, which ends a job without restarts"
+# A host let back in that is late again (the hook holds it back every time) is excluded
+# again, spending nothing: the job goes on on the others (spending the budget ended a job
+# that ran well on min_nodes).
+echo '{"name": "nj", "min_nodes": 1, "max_restarts": 1, "rendezvous": {"timeout_s": 2}, "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND; [ $DTRAIN_ROUND -ge 3 ] && exit 0; sleep 30"]}' > "$T/nj3.json"
+DTRAIN_TEST_JOIN_DELAY=127.0.0.1:6000@0 timeout -k 5 60 "$DTRAIN" run "$T/nj3.json" --hosts localhost:1,127.0.0.1:1 \
+  --summary-json "$T/nj3.sum" >"$T/out" 2>"$T/err"
+expect_eq "$?" 0 "elastic, a host late again after its retry: the job goes on without it, and succeeds"
+expect_eq "$(jq_ "$T/nj3.sum" "(d['restarts'], [(e['kind'], e['round']) for e in d['events']])")" \
+  "(0, [('node_lost', 0), ('host_excluded', 0), ('node_joined', 2), ('node_lost', 2), ('host_excluded', 2)])" \
+  "elastic, a host late again after its retry: excluded again, no restart spent"
+expect_grep "^\[localhost rank 0\] rank 0 of 1 round 3$" "$T/out" "elastic, a host late again after its retry: round 3 on the other"
+# Ctrl-C while the restart's round has started on some nodes (one's report held back): the
+# headline names the failure that caused the restart, not the same rank's worker of the new
+# round that the signal stopped (it said "after rank 1 killed by SIGINT").
+cat > "$T/hl.json" <<JSON
+{"name": "hl", "min_nodes": 2, "max_restarts": 3, "restart_backoff_s": 0, "shutdown_timeout_s": 5,
+ "rendezvous": {"timeout_s": 4, "heartbeat_timeout_s": 3},
+ "command": ["sh", "-c", "if [ \$DTRAIN_ROUND = 0 ] && [ \$GROUP_RANK = 1 ]; then sleep 1; touch $T/hl.mark; exit 1; fi; sleep 5"]}
+JSON
+DTRAIN_TEST_REPORT_DELAY="::1:3000@1" timeout -k 5 60 "$DTRAIN" run "$T/hl.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
+  --summary-json "$T/hl.sum" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do [ -e "$T/hl.mark" ] && break; sleep 0.1; done
+sleep 1; kill -INT "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "Ctrl-C while a restart's round starts: exit 130"
+expect_grep "^dtrain: job 'hl' stopped by SIGINT during the start of restart 1 of 3, after rank 1 exited with code 1; " "$T/err" \
+  "Ctrl-C while a restart's round starts: the headline names the failure"
+expect_eq "$(jq_ "$T/hl.sum" "[(r['rank'], r['exit_code']) for r in d['ranks'] if r['rank'] == 1]")" "[(1, 1)]" \
+  "Ctrl-C while a restart's round starts: the summary's rank 1 is the failure"
+
 # Too few joined for min_nodes: the round's timeout ends the job at rendezvous.timeout_s (the
 # launcher's word: the agents wait a little longer), naming who did not join.
 start=$(date +%s%N)

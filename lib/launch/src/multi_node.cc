@@ -677,16 +677,16 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     event("host_excluded", eventRound(),
           fmt::format("{} excluded for {:.0f} s (lost {} time(s))", n.name, cooldown, n.failures), n.name);
   };
-  // Not in the round in time, as enough others were (roundNotFormed), or lost before any
-  // worker of the job ran (its agent ended or went silent while round 0 formed) in an elastic
-  // job: a membership change, as a host failing the pre-flight is; no restart is spent, the
-  // round forms again without it, once every node found late with it is gone too (not taken
-  // into the round as still there). Not for a host that failed before (tried again, admitted,
-  // and late or lost again): a host that keeps failing spends restarts, so that the budget
-  // ends it.
-  const bool beforeAnyWorker = elastic() && activeRound_ < 0 &&
+  // Not in the round in time, as enough others were (roundNotFormed), or, the first time for
+  // a host, lost before any worker of the job ran (its agent ended or went silent while round
+  // 0 formed) in an elastic job: a membership change, as a host failing the pre-flight is; no
+  // restart is spent, the round forms again without it, once every node found late with it
+  // is gone too (not taken into the round as still there). None of its workers ran, so no
+  // worker failed: a host let back in that is late again spends nothing either (its cooldown
+  // doubles each time), where spending the budget would end a job that runs well on min_nodes.
+  const bool beforeAnyWorker = elastic() && activeRound_ < 0 && n.failures == 1 &&
                                std::none_of(nodes_.begin(), nodes_.end(), [](const Node& m) { return m.round >= 0; });
-  if ((n.notJoined || beforeAnyWorker) && n.failures == 1) {
+  if (n.notJoined || beforeAnyWorker) {
     n.notJoined = false;
     excluded();
     // (reaped together, each said in round 0: not the round a first one's restart announces)
@@ -1462,6 +1462,10 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
       return w.global_rank == failedWorker_->global_rank && w.host == failedWorker_->host;
     });
     if (it == result_.workers.end()) it = result_.workers.insert(result_.workers.end(), *failedWorker_);
+    // (the same rank of a round started after the failure, stopped by the signal that ended
+    // the job during that start: the summary says the failure, not that worker's stop)
+    else if (it->pid != failedWorker_->pid && failedWorker_->pid != 0)
+      *it = *failedWorker_;
     result_.first_failure = static_cast<int>(it - result_.workers.begin());
   }
   if (result_.received_signal) {
