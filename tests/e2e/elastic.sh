@@ -3,6 +3,12 @@
 # summary, a hung (SIGSTOPped) worker killed by the watchdog.
 source "$(dirname "$0")/lib.sh"
 jq_() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+# The pid of the agent of node $1 (a regex: dots escaped) once it runs (up to 5 s).
+agent_of() {
+  local pid=""
+  for _ in $(seq 100); do pid=$(pgrep -f "^$DTRAIN agent .*--node $1( |\$)" | head -1); [ -n "$pid" ] && break; sleep 0.05; done
+  echo "$pid"
+}
 
 # A worker that fails on the first attempt: one restart, then success; it sees restart count 1.
 cmd='echo "attempt $TORCHELASTIC_RESTART_COUNT round $DTRAIN_ROUND" >> '"$T"'/seen.$RANK; if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exec sleep 30; exit 0'
@@ -137,8 +143,7 @@ expect_eq "$(jq_ "$T/s5.json" "d['error'].endswith('; restart budget exhausted: 
 DTRAIN_TEST_REPORT_DELAY=127.0.0.1:8000 timeout -k 5 30 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 \
   --summary-json "$T/s6.json" -- sleep 30 >"$T/out" 2>"$T/err" &
 DTRAIN_PID=$!
-agent=""
-for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.1; done
+agent=$(agent_of "127\.0\.0\.1")
 sleep 0.5; kill -9 "$agent"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 1 "node lost during startup: the job fails"
@@ -198,8 +203,7 @@ echo '{"name": "lost0", "min_nodes": 2, "rendezvous": {"timeout_s": 5}, "command
 DTRAIN_TEST_JOIN_DELAY=127.0.0.1:3000@0 timeout -k 5 60 "$DTRAIN" run "$T/lost0.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
   --summary-json "$T/lost0.sum" >"$T/out" 2>"$T/err" &
 DTRAIN_PID=$!
-agent=""
-for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.05; done
+agent=$(agent_of "127\.0\.0\.1")
 sleep 0.5; kill -9 "$agent"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 0 "elastic, a node lost while round 0 forms: the others go on"
@@ -219,8 +223,7 @@ JSON
 DTRAIN_TEST_JOIN_DELAY=127.0.0.1:1500@0 timeout -k 5 90 "$DTRAIN" run "$T/adm.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
   --summary-json "$T/adm.sum" >"$T/out" 2>"$T/err" &
 DTRAIN_PID=$!
-agent=""
-for _ in $(seq 100); do agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1); [ -n "$agent" ] && break; sleep 0.05; done
+agent=$(agent_of "127\.0\.0\.1")
 sleep 0.3; kill -STOP "$agent"
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 kill -9 "$agent" 2>/dev/null
