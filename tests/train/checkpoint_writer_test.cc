@@ -130,9 +130,9 @@ TEST(CheckpointWriter, AJobWritesThroughTheHeldRootNotItsNameNow) {
   fs::create_directories(root);
   const std::vector<float> params(10, 1.f), momentum(10, 0.f);
   const CheckpointView view{1, 7, 0, 0, 1, params, momentum, {}, std::nullopt, 0};
-  const auto job = checkpointJob(root, root, view, {}, nullptr);
+  const auto job = checkpointJob(root, "", view, {}, nullptr);
   EXPECT_EQ(job(rootFd.get(), {}, {}), root + "/ckpt-0000000007.bin");  // (named as the job knows it)
-  const auto stageJob = checkpointJob(root + "/stage-1-of-2", root, view, {}, nullptr);
+  const auto stageJob = checkpointJob(root, "stage-1-of-2", view, {}, nullptr);
   EXPECT_EQ(stageJob(rootFd.get(), {}, {}), root + "/stage-1-of-2/ckpt-0000000007.bin");
   EXPECT_TRUE(fs::is_empty(root));
   EXPECT_TRUE(fs::exists(base / "moved" / "ckpt-0000000007.bin"));
@@ -140,7 +140,7 @@ TEST(CheckpointWriter, AJobWritesThroughTheHeldRootNotItsNameNow) {
   // A pipeline's stage directory may be a symbolic link (another disk): followed, as by name.
   fs::create_directories(base / "elsewhere");
   fs::create_directory_symlink(base / "elsewhere", base / "moved" / "stage-0-of-2");
-  EXPECT_EQ(checkpointJob(root + "/stage-0-of-2", root, view, {}, nullptr)(rootFd.get(), {}, {}),
+  EXPECT_EQ(checkpointJob(root, "stage-0-of-2", view, {}, nullptr)(rootFd.get(), {}, {}),
             root + "/stage-0-of-2/ckpt-0000000007.bin");
   EXPECT_TRUE(fs::exists(base / "elsewhere" / "ckpt-0000000007.bin"));
   // Without a held root (none was there when the writer was made) it goes by the name.

@@ -14,6 +14,14 @@
 #include "dtrain/common/errors.h"
 
 namespace dtrain {
+namespace {
+
+// Whether s[i] is a UTF-8 continuation byte (10xxxxxx): not where a character starts.
+bool utf8Continuation(std::string_view s, size_t i) {
+  return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80;
+}
+
+}  // namespace
 
 size_t editDistance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -60,7 +68,7 @@ std::string trim(std::string_view s) {
 std::string elideLongWords(std::string_view s, size_t maxWord) {
   constexpr size_t kHead = 160, kTail = 40;
   maxWord = std::max(maxWord, kHead + kTail + 32);
-  auto cont = [&](size_t i) { return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80; };
+  auto cont = [&](size_t i) { return utf8Continuation(s, i); };
   std::string out;
   out.reserve(std::min(s.size(), size_t{1} << 16));
   for (size_t i = 0; i < s.size();) {
@@ -89,7 +97,7 @@ std::string elideLongWords(std::string_view s, size_t maxWord) {
 std::string oneLine(std::string_view s) {
   std::string out;
   out.reserve(s.size());
-  auto cont = [&](size_t i) { return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80; };
+  auto cont = [&](size_t i) { return utf8Continuation(s, i); };
   for (size_t i = 0; i < s.size();) {
     const unsigned char ch = static_cast<unsigned char>(s[i]);
     if (ch < 0x80) {

@@ -695,7 +695,6 @@ void MultiNodeRunner::nodeLost(Node& n, const std::string& why) {
     if (!pending_ && !othersLate) scheduleRestart(0, since);
     return;
   }
-  n.notJoined = false;
   // One incident, one restart. A restart already on its way for this incident (pending_: a
   // worker's failure came first; its peers on the lost node were the cause or a consequence):
   // the next round starts without this node. The round such a restart opened still forming
@@ -839,12 +838,6 @@ void MultiNodeRunner::roundNotFormed() {
     finalFailure(rdzv.timeoutText(openRound_, waited, spec_.min_nodes), kExitFailure);
     return;
   }
-  // (an agent of round 0 says nothing before its round forms: one that joined is there, and
-  // takes the launcher's word, the pause that ends its wait)
-  for (auto& n : nodes_)
-    if (n.member && n.running && n.state == NodeState::kStarting &&
-        std::find(late.begin(), late.end(), &n) == late.end())
-      n.state = NodeState::kJoining;
   // Killed as a frozen heartbeat's agent is, then lost (nodeLost): excluded and tried again
   // after its cooldown, as a host that failed the pre-flight; the round forms again without.
   for (Node* n : late) {

@@ -84,12 +84,15 @@ RoundResult Rendezvous::join() {
   auto& s = *store_;
   int round = static_cast<int>(std::stoll(s.compareSet(key("open"), "", "0")));
   if (opts_.round >= 0) round = opts_.round;
+  auto abortIfAsked = [&] {
+    if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted(fmt::format("rendezvous round {} abandoned", round));
+  };
   // A round this node may not take part in, when it was told which (RendezvousOptions::round):
   // the launcher has something else for it; waited for until it says so, or the timeout.
   auto waitForWord = [&]() {
     while (true) {
       if (Clock::now() >= deadline) timeout(round, opts_.join_timeout);
-      if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted(fmt::format("rendezvous round {} abandoned", round));
+      abortIfAsked();
       std::this_thread::sleep_for(opts_.poll);
     }
   };
@@ -118,7 +121,7 @@ RoundResult Rendezvous::join() {
       continue;
     }
     // (a word from the launcher first: an agent that has one waiting takes no place it leaves)
-    if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted(fmt::format("rendezvous round {} abandoned", round));
+    abortIfAsked();
     int64_t idx = s.add(roundKey(round, "count"), 1) - 1;
     s.set(roundKey(round, "node/" + std::to_string(idx)), encodeNode(self_));
     // Wait for the round to close, closing it ourselves when the rules say so.
@@ -139,7 +142,7 @@ RoundResult Rendezvous::join() {
         break;
       }
       if (now >= deadline) timeout(round, opts_.join_timeout);
-      if (opts_.should_abort && opts_.should_abort()) throw RendezvousAborted(fmt::format("rendezvous round {} abandoned", round));
+      abortIfAsked();
       try {
         s.wait({closedKey}, std::min<Duration>(opts_.poll, std::chrono::duration_cast<Duration>(deadline - now)));
       } catch (const TimeoutError&) {

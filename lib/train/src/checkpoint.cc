@@ -765,7 +765,6 @@ std::string saveCheckpoint(const std::string& dir, const CheckpointView& s, int 
 std::string saveCheckpointAt(int dirFd, const std::string& dir, const CheckpointView& s, int keep,
                              const std::function<void(const std::string&)>& warn,
                              const std::function<void()>& progress) {
-  std::error_code ec;
   // Hashed (on a thread of its own) and written from the pieces' own buffers: no copy of the
   // weights is made.
   // (Assembled in one string first, the 15 MB checkpoint of a 1.9M-parameter model cost

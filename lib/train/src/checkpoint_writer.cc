@@ -105,8 +105,7 @@ void CheckpointWriter::start(Job job) {
       rethrowAsRootProblem();
       throw;
     }
-    if (!path_.empty()) rethrowAsRootProblem();
-    return;
+    return;  // (wait() says a root that moved meanwhile, as for a write in the background)
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -194,9 +193,10 @@ void CheckpointWriter::rethrowAsRootProblem() const {
   if (const std::string why = rootProblem(); !why.empty()) throw SpecError(why);
 }
 
-CheckpointWriter::Job checkpointJob(std::string dir, std::string root, CheckpointView view, std::function<void()> onBytes,
-                                    std::shared_ptr<void> inFlight) {
-  return [dir = std::move(dir), root = std::move(root), view = std::move(view), onBytes = std::move(onBytes),
+CheckpointWriter::Job checkpointJob(std::string root, std::string sub, CheckpointView view,
+                                    std::function<void()> onBytes, std::shared_ptr<void> inFlight) {
+  std::string dir = sub.empty() ? root : root + "/" + sub;
+  return [dir = std::move(dir), sub = std::move(sub), view = std::move(view), onBytes = std::move(onBytes),
           inFlight = std::move(inFlight)](int rootFd, const std::function<void()>& progress,
                                           const std::function<void(const std::string&)>& warn) {
     const auto bytes = [&] {
@@ -205,20 +205,9 @@ CheckpointWriter::Job checkpointJob(std::string dir, std::string root, Checkpoin
     };
     try {
       if (rootFd < 0) return saveCheckpoint(dir, view, 3, warn, bytes);
-      // (the directory in the root this job writes: the root itself, or a stage's, one name
-      // below it; anything else goes by its path)
-      std::string sub = ".";
-      if (dir != root) {
-        std::string r = root;
-        while (r.size() > 1 && r.back() == '/') r.pop_back();
-        if (dir.compare(0, r.size() + 1, r + "/") != 0) return saveCheckpoint(dir, view, 3, warn, bytes);
-        sub = dir.substr(r.size() + 1);
-        sub.erase(0, sub.find_first_not_of('/'));
-        if (sub.empty() || sub == ".." || sub.find('/') != std::string::npos)
-          return saveCheckpoint(dir, view, 3, warn, bytes);
-        if (::mkdirat(rootFd, sub.c_str(), 0777) != 0 && errno != EEXIST) throwErrno("checkpoint: cannot create " + dir);
-      }
-      Fd dirFd(::openat(rootFd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!sub.empty() && ::mkdirat(rootFd, sub.c_str(), 0777) != 0 && errno != EEXIST)
+        throwErrno("checkpoint: cannot create " + dir);
+      Fd dirFd(::openat(rootFd, sub.empty() ? "." : sub.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
       if (!dirFd) throwErrno("checkpoint: cannot open " + dir);
       return saveCheckpointAt(dirFd.get(), dir, view, 3, warn, bytes);
     } catch (const IoError& e) {

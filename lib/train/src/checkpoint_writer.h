@@ -91,14 +91,14 @@ class CheckpointWriter {
 // before it, found it gone).
 std::string checkpointDirRemovedRefusal(const std::string& dir, const std::string& note = "");
 
-// The trainer's checkpoint job: `view` saved into `dir` (the newest 3 kept), `onBytes` (a
-// test hook; may be empty) called after each write of its bytes. `dir` is the writer's root
-// or a directory in it (a pipeline stage's), made and written through the root's descriptor
-// when the writer holds one. A write that fails (a full disk, a read-only mount) becomes the
+// The trainer's checkpoint job: `view` saved into root/sub (the newest 3 kept), `onBytes` (a
+// test hook; may be empty) called after each write of its bytes. `root` is the writer's
+// root; `sub` "" (the root itself) or the name of a directory in it (a pipeline stage's),
+// made and written through the root's descriptor when the writer holds one. A write that fails (a full disk, a read-only mount) becomes the
 // SpecError no attempt gets past (checkpointWriteRefusal). `inFlight` is kept alive until the
 // job is destroyed (the trainer's count of writes in flight). `view` refers to buffers the
 // caller keeps unchanged until the write is waited for (CheckpointWriter's contract).
-CheckpointWriter::Job checkpointJob(std::string dir, std::string root, CheckpointView view, std::function<void()> onBytes,
-                                    std::shared_ptr<void> inFlight);
+CheckpointWriter::Job checkpointJob(std::string root, std::string sub, CheckpointView view,
+                                    std::function<void()> onBytes, std::shared_ptr<void> inFlight);
 
 }  // namespace dtrain::train::detail

@@ -590,8 +590,8 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   // Resume: the replica-0 rank of each stage reads its stage's newest checkpoint from
   // dir/stage-<p>-of-<P>; every rank then checks that all stages resume from the same step
   // and copies its stage's state from its replica-0 rank.
-  const std::string stageDir =
-      ts.checkpoint.dir.empty() ? std::string() : fmt::format("{}/stage-{}-of-{}", ts.checkpoint.dir, p, P);
+  const std::string stageName = fmt::format("stage-{}-of-{}", p, P);
+  const std::string stageDir = ts.checkpoint.dir.empty() ? std::string() : ts.checkpoint.dir + "/" + stageName;
   // {status, step, epoch, cursor, world, the LR schedule's state (5 words), the training
   // set's rows when it was written (0: not kept)}
   constexpr size_t kHeaderWords = 11;
@@ -837,7 +837,7 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
       model.storeState(state.data());
       if (opts.heartbeat) opts.heartbeat();
       writer.start(detail::checkpointJob(
-          stageDir, ts.checkpoint.dir, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts),
+          ts.checkpoint.dir, stageName, CheckpointView{hash, step, epoch, cursor, world, hostParams, state, configDescription(ts),
                                    scheduleState(schedule, samplesTrained), N},
           opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
       if (opts.heartbeat) opts.heartbeat();

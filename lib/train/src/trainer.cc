@@ -241,7 +241,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
     // (params were stored above).
     be->storeState(momentum.data());
     if (opts.heartbeat) opts.heartbeat();
-    writer.start(detail::checkpointJob(ts.checkpoint.dir, ts.checkpoint.dir,
+    writer.start(detail::checkpointJob(ts.checkpoint.dir, "",
                                        CheckpointView{hash, step, epoch, cursor, world, params, momentum, configDescription(ts),
                                                       scheduleState(schedule, samplesTrained), N},
                                        opts.on_checkpoint_bytes, std::make_shared<detail::ControlPoints::Write>(control.control())));
