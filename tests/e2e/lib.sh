@@ -4,6 +4,9 @@ export LC_ALL=C
 DTRAIN="$1"
 SRC="${DTRAIN_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 T="$(mktemp -d /tmp/dtrain-e2e.XXXXXX)"
+# What the test's processes leave in the temp dir (torch's pymp-* and torchelastic_* dirs, a
+# killed job's dtrain-run-*) goes with it.
+export TMPDIR="$T"
 cleanup() { [ -n "${DTRAIN_PID:-}" ] && kill -9 "$DTRAIN_PID" 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 FAILS=0
