@@ -182,6 +182,13 @@ expect_grep "huge-images.idx3-ubyte: truncated: the header says 4294967280 image
 sed "s|$T/train-images.idx3-ubyte|$T/long-images.idx3-ubyte|" "$T/idx.json" >"$T/long.json"
 "$DTRAIN" validate "$T/long.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "an idx file longer than its count exits 2"
 expect_grep "long-images.idx3-ubyte: the header says [0-9]+ images, but the file holds more bytes after them; make the header's count match the file" "$T/err" "an idx file longer than its count: said"
+# Well-formed idx files of no images (as eval files): refused as a csv of no rows is, not
+# taken and then dropped from the launcher's shared data image as "malformed".
+printf '\x00\x00\x08\x03\x00\x00\x00\x00\x00\x00\x00\x08\x00\x00\x00\x08' >"$T/zero-images.idx3-ubyte"
+printf '\x00\x00\x08\x01\x00\x00\x00\x00' >"$T/zero-labels.idx1-ubyte"
+sed "s|t10k-images|zero-images|; s|t10k-labels|zero-labels|" "$T/idx.json" >"$T/zero.json"
+"$DTRAIN" run "$T/zero.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "idx files of no images exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: $T/zero-images.idx3-ubyte: no images (the header's count is 0)" "idx files of no images: said, one line"
 # A file shorter than an idx header: said so, not "magic 0x00000000".
 printf '\x00\x00' >"$T/tiny.idx3-ubyte"
 sed "s|$T/train-images.idx3-ubyte|$T/tiny.idx3-ubyte|" "$T/idx.json" >"$T/tiny.json"

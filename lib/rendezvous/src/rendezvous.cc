@@ -53,11 +53,19 @@ void Rendezvous::expect(int round, const std::vector<std::string>& names) {
 
 std::vector<std::string> Rendezvous::arrived(int round) {
   int64_t count = store_->add(roundKey(round, "count"), 0);
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < count; ++i) keys.push_back(roundKey(round, "node/" + std::to_string(i)));
   std::vector<std::string> out;
-  for (int64_t i = 0; i < count; ++i) {
-    std::string k = roundKey(round, "node/" + std::to_string(i));
-    if (store_->check({k})) out.push_back(decodeNode(store_->get(k)).name);
+  if (keys.empty()) return out;
+  // Three store round trips whatever the node count, when every joiner has written its
+  // entry (the usual case: a joiner writes it right after taking its place); key by key
+  // only while one is between the two.
+  if (store_->check(keys)) {
+    for (const auto& v : store_->multiGet(keys)) out.push_back(decodeNode(v).name);
+    return out;
   }
+  for (const auto& k : keys)
+    if (store_->check({k})) out.push_back(decodeNode(store_->get(k)).name);
   return out;
 }
 

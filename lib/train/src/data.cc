@@ -484,6 +484,7 @@ std::shared_ptr<TableSet> loadIdx(const spec::TrainerSpec& t, const std::string&
                                 lmagic, gzipHint(lmagic)));
   uint32_t ln = be32(fl);
   if (ln != n) throw SpecError(fmt::format("{}: {} labels for {} images in {}", labels, ln, n, images));
+  if (n == 0) throw SpecError(fmt::format("{}: no images (the header's count is 0)", images));
   const int inputs = t.model.layers.front();
   if (static_cast<uint64_t>(rows) * cols != static_cast<uint64_t>(inputs))
     throw SpecError(fmt::format("{}: images are {}x{} = {} pixels but /trainer/model/layers starts with {}", images,
