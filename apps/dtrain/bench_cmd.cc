@@ -184,7 +184,7 @@ int launch(comm::Collective c, CLI::App* sub) {
 #endif
   }
   if (!a.json.empty() && a.hostfile.empty() && a.hosts.empty()) {
-    checkOutputFile(a.json, "--json");  // local ranks: rank 0 writes it here
+    checkOutputFile(a.json, "--json", {"a dtrain bench --json file", comm::isBenchJsonText});  // local ranks: rank 0 writes it here
   }
   // -o is the reduction of allreduce; elsewhere it would be ignored, and a table run with
   // "-o max" that measured no max would say nothing of it.
@@ -316,7 +316,9 @@ void addBenchCommands(CLI::App& app) {
     sub->add_option("-d,--datatype", a.dtype, "float, double, int32, int64, bfloat16, half (default float)");
     auto* op = sub->add_option("-o,--op", a.op, "sum, avg, min, max (default sum)");
     if (c != comm::Collective::kAllreduce) op->group("");  // (no reduction: hidden, still passed to the ranks)
-    sub->add_option("--json", a.json, "Also write the results as JSON to this file");
+    sub->add_option("--json", a.json, "Also write the results as JSON to this file; - for stdout")
+        // ("-" is stdout, as for run's --summary-json: it made a file named "-")
+        ->transform([](const std::string& v) { return v == "-" ? std::string("/dev/stdout") : v; });
     sub->add_option("--timeout", a.timeout_s, "Seconds before a stuck collective fails (default 120)");
     sub->add_option("--hostfile", a.hostfile, "Run the ranks across the hosts of this file (slots = ranks per host)");
     sub->add_option("--hosts", a.hosts, "Run the ranks across these hosts: h1:1,h2:1");

@@ -2,6 +2,7 @@
 // reach here is printed as one "dtrain: error: ..." line and mapped to an exit code
 // (docs/errors.md).
 #include <fcntl.h>
+#include <signal.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -341,6 +342,17 @@ int dtrainMain(int argc, char** argv) {
       args.resize(i);
       break;
     }
+  }
+
+  // A reader that went away (`dtrain validate job.json | head -1`, a closed `--summary-json -`)
+  // is a failed write, said as one (exit 1, or a run's exit code kept), not death by SIGPIPE
+  // (141) that hides a job's outcome: every result these commands print is checked as it is
+  // written. (`dtrain train`, the trainer's worker, keeps the default a launched program
+  // expects: its launcher is its reader; the agent ignores it itself.)
+  if (verbWord == "run" || verbWord == "validate" || verbWord == "store" || verbWord == "bench") {
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ign, nullptr);
   }
 
   // `dtrain run`'s stop signals are held from here until its outcome is decided (gHeldSignals,

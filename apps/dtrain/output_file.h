@@ -17,10 +17,41 @@
 
 namespace dtrain::app {
 
+// An output file of dtrain's own: a run summary, a bench's JSON.
+struct OutputKind {
+  const char* name;                       // "a dtrain run summary"
+  bool (*is)(const std::string& text);  // recognises one
+};
+
+// Whether the regular file at `path` (a symlink's target), if there is one, may be replaced
+// by an output of kind `ours`: true when there is none, it is empty (mktemp's), or it holds
+// such an output (an earlier run's). Anything else is someone's data: the job spec itself
+// given as the summary (`dtrain run job.json --summary-json job.json`, or `dtrain run
+// --summary-json job.json` with the output's name forgotten) was replaced by the summary.
+inline bool replaceableOutput(const std::string& path, OutputKind ours) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return true;
+  constexpr off_t kLargest = 256 << 20;  // (an output of dtrain's this large is not likely)
+  if (st.st_size > kLargest) return false;
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return true;  // (unreadable: whether it can be written is said next)
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  text.resize(got);
+  return text.empty() || ours.is(text);
+}
+
 // `path` can be written by this process as writeOutputFile writes it (created, or replaced
-// if it exists; a pipe or /dev/stdout written in place); throws SpecError naming `flag`
-// otherwise. Leaves nothing behind.
-inline void checkOutputFile(const std::string& path, const char* flag) {
+// if it exists and holds an output of kind `ours` or nothing; a pipe or /dev/stdout written
+// in place); throws SpecError naming `flag` otherwise. Leaves nothing behind.
+inline void checkOutputFile(const std::string& path, const char* flag, OutputKind ours) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw SpecError(fmt::format("{}: \"{}\" is a directory; give a file path", flag, path));
@@ -35,6 +66,10 @@ inline void checkOutputFile(const std::string& path, const char* flag) {
       throw SpecError(fmt::format("{}: cannot write \"{}\": {}; give another path", flag, path, std::strerror(errno)));
     return;
   }
+  if (!replaceableOutput(path, ours))
+    throw SpecError(fmt::format("{}: \"{}\" exists and is not {}, which would replace it; give another path, or "
+                                "remove the file first",
+                                flag, path, ours.name));
   // The file writeOutputFile replaces, found as it finds it: a symlink's target, else the path
   // as given (relative stays relative: with a working directory longer than PATH_MAX, its
   // absolute form is one no call takes, while the relative path works).

@@ -80,6 +80,8 @@ void addOverrideFlags(CLI::App* cmd, RunArgs& a) {
 
 namespace {
 
+const OutputKind kSummaryOutput{"a dtrain run summary", spec::isRunSummaryText};
+
 double parseDoubleFlag(const std::string& flag, const std::string& v) {
   size_t used = 0;
   double out = 0;
@@ -165,7 +167,7 @@ void checkOutputs(const spec::JobSpec& s, const RunArgs& a) {
   // (a local job's; across hosts node 0's agent checks it where rank 0 will write)
   if (s.trainer && !s.trainer->checkpoint.dir.empty() && s.nodes.empty())
     checkCreatable(s.trainer->checkpoint.dir, s.source + ": /trainer/checkpoint/dir");
-  if (!a.summary_json.empty()) app::checkOutputFile(a.summary_json, "--summary-json");
+  if (!a.summary_json.empty()) app::checkOutputFile(a.summary_json, "--summary-json", kSummaryOutput);
 }
 
 // What validate and --dry-run print is their result: a stdout that cannot take it whole (a
@@ -255,6 +257,34 @@ namespace {
 // A local job's program must be one exec can run: said here, once, with the fix (exit 2),
 // rather than by every worker as exit 127 (and a restart budget spent on it). torchrun's
 // habit of naming the script alone gets the python3 it needs.
+// Where python's script is in `cmd` (python3 [options] SCRIPT args...), or 0 when it runs
+// none that is a file: -c code, -m module, - (stdin), or an option this does not know.
+size_t pythonScriptIndex(const std::vector<std::string>& cmd) {
+  const std::string prog = std::filesystem::path(cmd.at(0)).filename().string();
+  if (prog.rfind("python", 0) != 0) return 0;
+  for (size_t i = 1; i < cmd.size(); ++i) {
+    const std::string& w = cmd[i];
+    if (w == "--") return i + 1 < cmd.size() ? i + 1 : 0;
+    if (w.empty() || w == "-") return 0;
+    if (w[0] != '-') return i;
+    if (w.rfind("--", 0) == 0) {  // (--version, --help: python runs nothing; others unknown)
+      return 0;
+    }
+    // A cluster of one-letter options (-u, -OO, -uW ignore): -c and -m end the options with
+    // what python runs instead of a script; -W and -X take the next word when it is theirs.
+    for (size_t k = 1; k < w.size(); ++k) {
+      const char o = w[k];
+      if (o == 'c' || o == 'm') return 0;
+      if (o == 'W' || o == 'X') {
+        if (k + 1 == w.size()) ++i;
+        break;
+      }
+      if (!std::isalpha(static_cast<unsigned char>(o))) return 0;
+    }
+  }
+  return 0;
+}
+
 void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const std::string& prog = s.command.at(0);
   const std::string where = fromSpec ? fmt::format("{}: /command/0", s.source) : std::string("the command after --");
@@ -263,6 +293,20 @@ void checkProgram(const spec::JobSpec& s, bool fromSpec) {
     // were the missing file.
     if (const std::string why = launch::workerShebangProblem(found, s.env, s.cwd); !why.empty())
       throw SpecError(fmt::format("{}: cannot run \"{}\": {}", where, prog, why));
+    // python's script missing: every worker would exit 2 ("can't open file"), which reads as
+    // dtrain's own bad-input code, after a restart budget spent on it. Said here, once.
+    if (const size_t i = pythonScriptIndex(s.command); i > 0) {
+      const std::filesystem::path dir = s.cwd.empty() ? std::filesystem::current_path() : std::filesystem::path(s.cwd);
+      const std::filesystem::path script = dir / s.command[i];
+      struct stat st {};
+      if (::stat(script.c_str(), &st) != 0 && errno == ENOENT) {
+        const std::string at = fromSpec ? fmt::format("{}: /command/{}", s.source, i) : where;
+        throw SpecError(fmt::format("{}: {}'s script \"{}\" does not exist{}; check the path", at,
+                                    std::filesystem::path(prog).filename().string(), s.command[i],
+                                    s.command[i][0] == '/' ? std::string()
+                                                           : fmt::format(" (relative to {})", dir.string())));
+      }
+    }
     return;
   }
   const std::filesystem::path dir = s.cwd.empty() ? std::filesystem::current_path() : std::filesystem::path(s.cwd);
@@ -336,8 +380,21 @@ std::optional<bool> workersUseGpus(const spec::TrainerSpec& t, int workers) {
 spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memoryLine = nullptr,
                         std::string* jobName = nullptr, train::DataImage* dataImage = nullptr) {
   spec::JobSpec s;
-  if (!a.spec_path.empty() && !a.command.empty())
-    throw SpecError("give either a job spec file or a command after --, not both");
+  if (!a.spec_path.empty() && !a.command.empty()) {
+    // The word taken for the spec is most often a stray one: a second variable after --env's
+    // one (`--env A=1 B=2 -- cmd`), or an option's value without its option.
+    const std::string& w = a.spec_path;
+    std::error_code ec;
+    if (w.find('=') != std::string::npos && w.find('/') == std::string::npos && !std::filesystem::exists(w, ec))
+      throw SpecError(fmt::format("\"{}\" before -- was taken for a job spec; --env takes one KEY=VALUE, so give it "
+                                  "once per variable: --env {}",
+                                  w, shellQuote(w)));
+    if (!std::filesystem::is_regular_file(w, ec))
+      throw SpecError(fmt::format("unexpected word \"{}\" before --: it is no job spec, and a command goes after --; "
+                                  "remove it (or give either a job spec or a command, not both)",
+                                  w));
+    throw SpecError(fmt::format("give either a job spec file ({}) or a command after --, not both", w));
+  }
   if (!a.spec_path.empty()) {
     try {
       s = spec::loadJobSpec(a.spec_path);
@@ -680,7 +737,7 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
   };
   if (!a.summary_json.empty() && !a.dry_run) {
     try {
-      app::checkOutputFile(a.summary_json, "--summary-json");
+      app::checkOutputFile(a.summary_json, "--summary-json", kSummaryOutput);
     } catch (const SpecError&) {
       summaryRefused = true;
       throw;
@@ -867,7 +924,9 @@ int runJob(RunArgs& a, const std::string& runId, std::chrono::steady_clock::time
 // the error is said on stderr anyway.
 void writeFailedSummary(const std::string& path, const std::string& job, const std::string& runId, int code,
                         const std::string& what, double wallS, const std::string& stoppedBy) {
-  if (path.empty()) return;
+  // (not over a file that is no summary: a run refused for its --summary-json path itself, a
+  // job spec given as one, says so and leaves it)
+  if (path.empty() || !replaceableOutput(path, kSummaryOutput)) return;
   spec::RunSummary sum;
   sum.job = job;
   sum.run_id = runId;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -238,6 +239,12 @@ int runStoreCommand() {
       return s.check(a.keys) ? 0 : 1;
     } else if (a.del->parsed()) {
       return s.deleteKey(a.key) ? 0 : 1;
+    }
+    // (a reader that went away, `dtrain store get K | true`: the value was not delivered)
+    if (!(std::cout << std::flush)) {
+      std::cerr << fmt::format("dtrain: error: cannot write to stdout: {} (the value was not printed)\n",
+                               std::strerror(errno));
+      return 1;
     }
     return 0;
   } catch (const TimeoutError& e) {

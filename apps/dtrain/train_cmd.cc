@@ -233,7 +233,7 @@ int trainCommand() {
       o.steps = e.step();
       o.checkpoint = e.checkpoint();
       o.stopped = true;
-      o.pipeline_stages = 1;  // (no timing of a run cut short)
+      o.pipeline_stages = s.trainer->parallel.pipeline_stages;  // (and no timing: null, of a run cut short)
       try {
         spec::writeTrainerOutcome(path, o);
       } catch (const std::exception&) {  // the stop goes on: the summary then has no trainer part
@@ -278,8 +278,9 @@ int trainCommand() {
                                : classifier ? fmt::format("eval accuracy {:.2f}%", 100 * r.eval_accuracy)
                                             : fmt::format("eval loss {:.4g}", r.eval_loss);
   if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0) {
-    spec::TrainerOutcome o{loss, evalAcc, sps, r.steps, r.weights_sha256, trained ? r.pipeline_stages : 1,
-                           r.bubble_fraction, r.stage_ms};
+    spec::TrainerOutcome o{loss, evalAcc, sps, r.steps, r.weights_sha256, s.trainer->parallel.pipeline_stages,
+                           trained && r.pipeline_stages > 1 ? std::optional<double>(r.bubble_fraction) : std::nullopt,
+                           trained ? r.stage_ms : std::vector<double>()};
     o.eval_loss = evalLoss;
     // (the final checkpoint, written at the end of every run with a checkpoint dir)
     if (const std::string last = train::resumeFile(*s.trainer, r.steps); !last.empty()) {

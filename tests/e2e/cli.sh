@@ -69,6 +69,7 @@ expect_grep "^env: +DATA=/data/imagenet$" "$T/out" "a path is shown"
 expect_grep "^env: +SHA=0123456789abcdef0123456789abcdef$" "$T/out" "a hash is shown (nothing hidden by entropy alone)"
 grep -q "s3cr3t\|hf_abc\|ghp_0123\|AKIAIOSF" "$T/out" "$T/err" && fail "validate printed a secret value" || pass "no credential-format value printed"
 # Credentials given as arguments are hidden the same way; the rest of the command is shown.
+touch "$T/train.py"; cd "$T"
 "$DTRAIN" validate -- python3 train.py --token=ghp_abcdefghijklmnopqrstuvwxyz https://a:pw@db.example.com/x \
   --api-key s3cr3t --key-file /keys/k hf_abcdefghijklmnopqrstuvwxyz0123 --lr 0.1 >"$T/out" 2>"$T/err"
 expect_eq "$(grep '^command:' "$T/out")" "command:            python3 train.py --token=(hidden: 30 characters) https://a:(hidden)@db.example.com/x --api-key (hidden: 6 characters) --key-file /keys/k (hidden: 33 characters, a credential's format) --lr 0.1" \
@@ -78,6 +79,15 @@ expect_eq "$(grep '^command:' "$T/out")" "command:            python3 train.py -
   --api-key s3cr3t --lr 0.1 >"$T/out" 2>"$T/err"
 expect_grep " python3 train.py --token=\(hidden: 30 characters\) https://a:\(hidden\)@db.example.com/x --api-key \(hidden: 6 characters\) --lr 0.1$" "$T/out" "the --dry-run plan hides credentials in the command"
 grep -q "s3cr3t\|ghp_abc\|a:pw@" "$T/out" "$T/err" && fail "--dry-run printed a secret" || pass "--dry-run printed no secret"
+cd - >/dev/null
+# python's script missing: said before any worker starts (each would exit 2, "can't open
+# file"), by run, --dry-run and validate, naming the spec's field.
+"$DTRAIN" run -- python3 -u "$T/none.py" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "python3's script missing: exit 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: the command after --: python3's script \"$T/none.py\" does not exist; check the path" "python3's script missing: named"
+printf '{"command": ["python3", "-W", "ignore", "none.py"], "cwd": "%s"}' "$T" >"$T/nopy.json"
+"$DTRAIN" validate "$T/nopy.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a spec's python3 script missing: validate exits 2"
+expect_eq "$(cat "$T/err")" "dtrain: error: $T/nopy.json: /command/3: python3's script \"none.py\" does not exist (relative to $T); check the path" "a spec's python3 script missing: the field and the directory"
+"$DTRAIN" run -- python3 -c 'print(6 * 7)' >"$T/out" 2>"$T/err"; expect_eq "$(cat "$T/out")" "[rank 0] 42" "python3 -c: no script looked for"
 "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
 expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
 # auto without GPUs = usable CPU cores (CUDA_VISIBLE_DEVICES hides any).
@@ -399,6 +409,21 @@ expect_grep '^dtrain: error: --shutdown-timeout: expected seconds, got "0x10"$' 
 expect_eq "$(cat "$T/err")" 'dtrain: error: bench allreduce: --timeout: expected a number, got "x"; see dtrain bench allreduce --help' "bench --timeout x: the option and what it takes"
 "$DTRAIN" store get >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store get without a key: exit 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: store get: the KEY argument is missing; see dtrain store get --help" "store get without a key: the argument and the command's help"
+# A stray word before -- (a second variable after --env's one) is named, with the fix.
+"$DTRAIN" run --env A=1 B=2 -- sh -c 'echo $A' >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env A=1 B=2: exit 2"
+expect_eq "$(cat "$T/err")" 'dtrain: error: "B=2" before -- was taken for a job spec; --env takes one KEY=VALUE, so give it once per variable: --env B=2' "--env A=1 B=2: the word named, with the fix"
+"$DTRAIN" validate stray -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a stray word before --: exit 2"
+expect_grep '^dtrain: error: unexpected word "stray" before --: it is no job spec' "$T/err" "a stray word before --: named"
+# validate's result to a reader that went away: exit 1, said (not death by SIGPIPE, 141).
+"$DTRAIN" validate "$SRC/configs/quickstart.json" 2>"$T/err" | true; expect_eq "${PIPESTATUS[0]}" 1 "validate to a closed pipe: exit 1"
+expect_grep "^dtrain: error: cannot write to stdout: Broken pipe" "$T/err" "validate to a closed pipe: said"
+# bench --json: "-" is stdout, and a file that is not a bench's JSON is not replaced.
+(cd "$T" && "$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 --json - >"$T/bj.out" 2>"$T/err"); expect_eq "$?" 0 "bench --json -: exit 0"
+expect_eq "$(tail -1 "$T/bj.out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["collective"])')" allreduce "bench --json -: the JSON on stdout"
+[ ! -e "$T/-" ] && pass "bench --json -: no file named -" || fail "bench --json -: made a file named -"
+echo 'keep me' >"$T/notes.txt"
+"$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 --json "$T/notes.txt" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench --json over another file: exit 2"
+expect_eq "$(cat "$T/notes.txt")" "keep me" "bench --json over another file: kept"
 for b in localhost ""; do
   DTRAIN_STORE_TOKEN=0123456789abcdef0123 timeout 10 "$DTRAIN" store serve --bind "$b" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store serve --bind '$b': exit 2"
   expect_grep "^dtrain: error: --bind: .* is not an IP address; give one: 127.0.0.1 \(this host only\), 0.0.0.0" "$T/err" "store serve --bind '$b': the flag and the fix"

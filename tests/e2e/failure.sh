@@ -210,9 +210,11 @@ expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(
 mkdir -p "$T/fakebin"
 printf '#!/bin/sh\necho "ModuleNotFoundError: No module named '"'"'torch'"'"'" >&2\nexit 1\n' > "$T/fakebin/python3"
 chmod +x "$T/fakebin/python3"
+touch "$T/train.py"; cd "$T"
 PATH="$T/fakebin:$PATH" "$DTRAIN" run -- python3 train.py >"$T/out" 2>&1
 expect_eq "$?" 1 "a module missing: exit 1"
 expect_grep "^    hint:       python3 on the workers' PATH is $T/fakebin/python3, which has no module 'torch'; if another interpreter has it, give its path" "$T/out" "a module missing: the interpreter that ran is named"
 "$DTRAIN" run -- "$T/fakebin/python3" train.py >"$T/out" 2>&1
 expect_no_grep "hint:" "$T/out" "an interpreter given by its path: no hint"
+cd - >/dev/null
 finish

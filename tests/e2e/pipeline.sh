@@ -53,6 +53,16 @@ print(d["status"], len(d["ranks"]), t["steps"], t["weights_sha256"] == sha, t["p
       0 < t["bubble_fraction"] < 1, len(t["stage_ms"]), t["eval_accuracy"] > 0.3)
 PY2
 expect_eq "$(cat "$T/check")" "succeeded 4 60 True 2 True 2 True" "--summary-json records the pipeline"
+# A pipeline run that times nothing (its checkpoint completes the job) keeps the summary's
+# shape: pipeline_stages, with bubble_fraction and stage_ms null, not left out.
+cat > "$T/done.json" <<JSON
+{"nproc_per_node": 2, "trainer": {"model": {"layers": [8, 16, 4]}, "data": {"train_samples": 256},
+ "batch_size": 16, "max_steps": 4, "device": "cpu", "checkpoint": {"dir": "$T/done-ck"},
+ "parallel": {"pipeline_stages": 2, "micro_batches": 2}}}
+JSON
+"$DTRAIN" run "$T/done.json" >"$T/dout" 2>&1; expect_eq "$?" 0 "small pipeline job with a checkpoint"
+"$DTRAIN" run "$T/done.json" --summary-json "$T/done.sum" >"$T/dout" 2>&1; expect_eq "$?" 0 "its rerun: nothing left to train"
+expect_eq "$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["trainer"]; print(t["steps"], t["pipeline_stages"], t["bubble_fraction"], t["stage_ms"], t["final_loss"])' "$T/done.sum")" "4 2 None None None" "a pipeline run that trained nothing: pipeline_stages 2, timing null"
 # 3 workers cannot form 2-stage pipelines: refused before any worker starts (validate and
 # run, a spec's nproc_per_node, the flag, hosts with fixed slots, every world size of an
 # elastic range); where the world is only known to the workers, the trainer refuses it.

@@ -44,7 +44,7 @@ expect_eq "$(jq_ "$T/s.json" "(d['status'], 'torchrun option' in d['error'])")" 
 expect_eq "$(jq_ "$T/s.json" "d['error']")" "job 'sh' failed: rank 0 exited with code 3" "worker failure: headline in the summary"
 
 # A symlink: its target gets the summary, the link stays a link.
-echo old >"$T/real.json"; ln -s real.json "$T/link.json"
+echo '{"status": "failed", "exit_code": 1}' >"$T/real.json"; ln -s real.json "$T/link.json"  # (an earlier summary)
 "$DTRAIN" run --summary-json "$T/link.json" -- true 2>"$T/err"; expect_eq "$?" 0 "symlink: exit 0"
 [ -L "$T/link.json" ] && pass "symlink: still a link" || fail "symlink: replaced by a file"
 expect_eq "$(jq_ "$T/real.json" "d['status']")" "succeeded" "symlink: the target holds the summary"
@@ -68,6 +68,24 @@ expect_eq "$(jq_ "$T/dash.json" "d['status']")" "succeeded" "--summary-json -: t
 [ -L /dev/stdout ] || [ -c /dev/stdout ] && pass "/dev/stdout untouched" || fail "/dev/stdout was replaced"
 ls "$T" | grep -q '\.tmp' && fail "temporary files left: $(ls "$T")" || pass "no temporary files left"
 
+# The summary never replaces a file that is not one: the job spec given as the summary (or
+# the spec taken for the summary's value) is refused before anything is written, and kept.
+printf '{"command": ["true"]}\n' >"$T/keep.json"
+for words in "$T/keep.json --summary-json $T/keep.json" "--summary-json $T/keep.json" "$T/keep.json --summary-json $T/keep.json --bogus"; do
+  "$DTRAIN" run $words >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "summary over the spec ($words): exit 2"
+  expect_eq "$(cat "$T/keep.json")" '{"command": ["true"]}' "summary over the spec ($words): the spec kept"
+done
+"$DTRAIN" run "$T/keep.json" --summary-json "$T/keep.json" >"$T/out" 2>"$T/err"
+expect_eq "$(cat "$T/err")" "dtrain: error: --summary-json: \"$T/keep.json\" exists and is not a dtrain run summary, which would replace it; give another path, or remove the file first" "summary over the spec: said, with the fix"
+: >"$T/empty.json"
+"$DTRAIN" run "$T/keep.json" --summary-json "$T/empty.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "an empty file (mktemp's) takes the summary"
+"$DTRAIN" run "$T/keep.json" --summary-json "$T/empty.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "an earlier summary is replaced"
+expect_eq "$(jq_ "$T/empty.json" "d['status']")" "succeeded" "an earlier summary is replaced: this run's"
+# A reader of --summary-json - that went away: the job's exit code stands (not SIGPIPE's 141),
+# and the lost summary is said; a job that succeeded then exits 1.
+"$DTRAIN" run --summary-json - -- sh -c 'yes | head -100000; exit 3' 2>"$T/err" | head -1 >/dev/null; expect_eq "${PIPESTATUS[0]}" 3 "--summary-json - to a closed pipe: the job's exit code"
+"$DTRAIN" run --summary-json - -- sleep 0.3 2>"$T/err" | true; expect_eq "${PIPESTATUS[0]}" 1 "--summary-json - to a closed pipe, job succeeded: exit 1"
+expect_grep "^dtrain: error: --summary-json: cannot write /dev/stdout: Broken pipe" "$T/err" "--summary-json - to a closed pipe: said"
 # A name that is not UTF-8 (the job is named after the script) and a summary that cannot be
 # written: the job's exit code and failure block stand.
 printf 'exit 3\n' >"$T/$(printf '\xfe').sh"

@@ -265,6 +265,8 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
   return out + formatBenchFooter(rows);
 }
 
+bool isBenchJsonText(const std::string& text) { return text.rfind("{\"collective\": \"", 0) == 0; }
+
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend,
                       const std::string& transportName, bool complete) {
   const std::string transport = transportName.empty() ? std::string(backend) : transportName;

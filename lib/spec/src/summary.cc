@@ -27,8 +27,8 @@ json trainerJson(const TrainerOutcome& t) {
          {"stopped", t.stopped}};
   if (t.pipeline_stages > 1) {
     j["pipeline_stages"] = t.pipeline_stages;
-    j["bubble_fraction"] = t.bubble_fraction;
-    j["stage_ms"] = t.stage_ms;
+    j["bubble_fraction"] = orNull(t.bubble_fraction);
+    j["stage_ms"] = t.stage_ms.empty() ? json(nullptr) : json(t.stage_ms);
   }
   return j;
 }
@@ -40,6 +40,11 @@ std::string formatEvent(const JobEvent& e) {
   if (!e.host.empty()) out += fmt::format(" host {}", e.host);
   if (e.rank >= 0) out += fmt::format(" rank {}", e.rank);
   return out + ": " + e.reason;
+}
+
+bool isRunSummaryText(const std::string& text) {
+  const json j = json::parse(text, nullptr, false);
+  return !j.is_discarded() && j.is_object() && j.contains("status") && j.contains("exit_code");
 }
 
 std::string toJson(const RunSummary& s) {
@@ -108,8 +113,8 @@ std::optional<TrainerOutcome> readTrainerOutcome(const std::string& path) {
     if (j.contains("stopped")) t.stopped = j.at("stopped").get<bool>();
     if (j.contains("pipeline_stages")) {
       t.pipeline_stages = j.at("pipeline_stages").get<int>();
-      t.bubble_fraction = j.at("bubble_fraction").get<double>();
-      t.stage_ms = j.at("stage_ms").get<std::vector<double>>();
+      t.bubble_fraction = optional("bubble_fraction");
+      if (!j.at("stage_ms").is_null()) t.stage_ms = j.at("stage_ms").get<std::vector<double>>();
     }
   } catch (const json::exception&) {
     return std::nullopt;

@@ -45,6 +45,9 @@ struct BenchRow {
 std::vector<BenchRow> runBench(Communicator& comm, const BenchOptions& opts,
                                const std::function<void(const BenchRow&)>& onRow = {});
 
+// True when `text` is a --json file benchJson wrote, which a next bench may replace.
+bool isBenchJsonText(const std::string& text);
+
 // "size count type redop time algbw busbw #wrong" table with the nccl-tests footer; also in
 // its three parts, for printing rows as they come.
 std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& opts, int worldSize, const char* backend);

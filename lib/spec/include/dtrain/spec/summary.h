@@ -17,10 +17,11 @@ struct TrainerOutcome {
   std::optional<double> samples_per_s;
   long long steps = 0;
   std::string weights_sha256;
-  // Pipeline parallelism (only written when pipeline_stages > 1): the bubble fraction and
-  // each stage's forward + backward compute per step.
+  // Pipeline parallelism (written when pipeline_stages > 1, the job's stage count, whether
+  // or not this run trained): the bubble fraction and each stage's forward + backward compute
+  // per step, absent (null) when this run timed none (it trained no step, or was stopped).
   int pipeline_stages = 1;
-  double bubble_fraction = 0;
+  std::optional<double> bubble_fraction;
   std::vector<double> stage_ms;
   std::optional<double> eval_loss;  // mean loss on the held-out split; absent without one
   // The checkpoint a next run resumes from: the final one of a finished run, or the one
@@ -74,6 +75,9 @@ struct RunSummary {
 };
 
 std::string toJson(const RunSummary& s);
+// True when `text` is a summary toJson wrote (of this dtrain or an earlier one: a JSON object
+// with "status" and "exit_code"), which a next run may replace.
+bool isRunSummaryText(const std::string& text);
 
 // The trainer's rank 0 writes its outcome to DTRAIN_RESULT_FILE; the launcher reads it.
 void writeTrainerOutcome(const std::string& path, const TrainerOutcome& t);
