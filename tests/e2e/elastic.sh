@@ -126,6 +126,21 @@ expect_eq "$?" 137 "stopped rank killed as hung"
 expect_grep "event worker_hung \(round 0\) host .* rank 1: no heartbeat for .* killed as hung \(it was stopped: state T\); also silent: rank 0 .*peers blocked in a collective" "$T/err" "the stopped rank is blamed, not the silent peer"
 expect_eq "$(grep -c 'worker_hung' "$T/err")" 1 "only one rank killed as hung"
 expect_grep "^dtrain: job '.*' failed: rank 1 hung \(no heartbeat within worker_timeout_s\) and was killed" "$T/err" "the headline says hung, not only SIGKILL"
+# A rank that hangs mid-step (not stopped) and its peer, waiting for it, last touched the
+# file at the same moment: the event says that which one hung cannot be told, rather than
+# pretending the one it killed is the one.
+cat > "$T/tie.sh" <<SH
+touch "$T/tie.\$RANK"
+while [ ! -e "$T/tie.0" ] || [ ! -e "$T/tie.1" ]; do sleep 0.01; done
+touch "\$DTRAIN_WATCHDOG_FILE"
+exec sleep 30
+SH
+cat > "$T/tie.json" <<JSON
+{"name": "tie", "command": ["sh", "$T/tie.sh"], "nproc_per_node": 2, "max_restarts": 0, "worker_timeout_s": 1}
+JSON
+"$DTRAIN" run "$T/tie.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 137 "two ranks silent alike: one killed as hung"
+expect_grep "event worker_hung \(round 0\) host .* rank [01]: no heartbeat for .*; also silent: rank [01] .*blamed: the one silent longest, by 0\.[0-9]+ s: too close to tell which one hung\)" "$T/err" "silences alike: said that the hung rank cannot be told"
 
 # Two local nodes: a failure on node 1 restarts both nodes; the budget is the job's.
 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --summary-json "$T/s4.json" -- sh -c "$cmd" >"$T/out" 2>"$T/err"

@@ -38,4 +38,14 @@ expect_grep "^    hint: +rank 0 had exited 0 before \(.*\): torch's default stor
 timeout 100 "$DTRAIN" run --nproc-per-node 2 -- /usr/bin/python3 -c 'import sys; sys.exit(int(__import__("os").environ["RANK"]) * 3)' >"$T/out" 2>"$T/err"
 expect_eq "$?" 3 "rank 1 fails on its own"
 expect_no_grep "hint:" "$T/err" "a failure not about the store: no hint"
+# A lost connection of the script's own (no torch in what it said): no store hint either.
+cat > "$T/fetch.py" <<'PY'
+import os, sys, time, urllib.request
+if os.environ["RANK"] == "0": sys.exit(0)
+time.sleep(0.5); urllib.request.urlopen("http://127.0.0.1:9/metrics")
+PY
+timeout 100 "$DTRAIN" run --nproc-per-node 2 -- /usr/bin/python3 "$T/fetch.py" >"$T/out" 2>"$T/err"
+expect_eq "$?" 1 "rank 1's own connection refused: the job fails"
+expect_grep "Connection refused" "$T/err" "rank 1's own connection refused: said"
+expect_no_grep "default store" "$T/err" "rank 1's own connection refused: no torch store hint"
 finish

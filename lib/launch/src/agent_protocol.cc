@@ -90,8 +90,10 @@ std::string exitRecord(const WorkerExit& w) {
   std::vector<std::string> f = {std::to_string(w.global_rank), std::to_string(w.local_rank), std::to_string(w.pid),
                                 std::to_string(w.exit_code),   std::to_string(w.signal),     w.stopped_by_dtrain ? "1" : "0",
                                 // flags: 1 hung, 2 could not be started, 4 a trainer refused its
-                                // input (an agent of before knew only 1)
-                                std::to_string((w.hung ? 1 : 0) | (w.start_failed ? 2 : 0) | (w.refused_input ? 4 : 0)),
+                                // input, bits 8..15 after_stop's signal (an agent of before knew
+                                // only 1)
+                                std::to_string((w.hung ? 1 : 0) | (w.start_failed ? 2 : 0) | (w.refused_input ? 4 : 0) |
+                                               ((w.after_stop & 0xff) << 8)),
                                 w.when,                        w.error_message,              w.error_traceback};
   for (const auto& l : w.stderr_tail) f.push_back(l);
   return record('X', f);
@@ -109,6 +111,7 @@ std::optional<WorkerExit> parseExit(const Record& r) {
   w.hung = (hung & 1) != 0;
   w.start_failed = (hung & 2) != 0;
   w.refused_input = (hung & 4) != 0;
+  w.after_stop = (hung >> 8) & 0xff;
   w.when = r.fields[7];
   w.error_message = r.fields[8];
   w.error_traceback = r.fields[9];

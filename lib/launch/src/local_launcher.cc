@@ -110,18 +110,33 @@ bool pipeFilling(const Fd& fd) {
 }
 
 // Whether process pid is stopped (SIGSTOP, a debugger): state T or t in /proc/PID/stat.
-bool processStopped(pid_t pid) {
+// The process's state letter in /proc/PID/stat (R, S, D, T, t, Z...); 0 when unknown.
+char processState(pid_t pid) {
   std::string stat;
   int fd = ::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+  if (fd < 0) return 0;
   char buf[512];
   ssize_t n = ::read(fd, buf, sizeof(buf));
   ::close(fd);
-  if (n <= 0) return false;
+  if (n <= 0) return 0;
   stat.assign(buf, static_cast<size_t>(n));
   size_t paren = stat.rfind(')');  // comm may hold spaces and parentheses
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
-  return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return 0;
+  return stat[paren + 2];
+}
+
+// Whether child pid has exited and waits to be reaped. One system call, not a read of /proc:
+// this runs between a teardown's signals to the workers, and the time between those is the
+// time a shell wrapper's fork can slip in (a group signal that comes while it forks misses
+// the new child, and the shell, which catches SIGINT, waits for that child).
+bool exitedUnreaped(pid_t pid) {
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+}
+
+bool processStopped(pid_t pid) {
+  const char st = processState(pid);
+  return st == 'T' || st == 't';
 }
 
 
@@ -150,6 +165,9 @@ struct Worker {
   // The signals dtrain sent it during teardown: it was stopped by dtrain only if one of
   // these ended it.
   std::bitset<NSIG> sent;
+  // The first stop signal of a teardown that reached it alive (not one sent to a process
+  // that had already exited, unreaped): a failure after it is reported as following it.
+  int stopReachedAlive = 0;
   WorkerExit exit;
   // Reaped during a teardown while its process group still had members: a wrapper script
   // (bash dies of the SIGTERM at once) whose python is still saving a checkpoint. The group
@@ -415,6 +433,7 @@ void LocalLauncher::signalAll(int sig) {
       continue;
     }
     if (!w.running) continue;
+    if (!w.stopReachedAlive && sig != SIGKILL && sig != SIGCONT && !exitedUnreaped(w.pid)) w.stopReachedAlive = sig;
     ::kill(-w.pid, sig);
     // A stopped worker (SIGSTOP, Ctrl-Z, a debugger) must run to act on it: its SIGTERM
     // handler would otherwise wait out the whole grace period before the SIGKILL.
@@ -473,6 +492,10 @@ void LocalLauncher::reap() {
       const int endedBy = endedBySignal(w.exit);
       if (failed && endedBy && w.sent.test(static_cast<size_t>(endedBy)) && !w.exit.hung)  // (endedBy < NSIG)
         w.exit.stopped_by_dtrain = true;
+      // Failed in another way after the teardown's signal reached it (its handler exited 1, or
+      // saving a checkpoint on SIGTERM failed): still its failure, but said as following it.
+      else if (failed && !w.exit.hung && w.stopReachedAlive)
+        w.exit.after_stop = w.stopReachedAlive;
       // The built-in trainer exits 2 only for input it refuses (docs/errors.md): no attempt
       // would get further.
       if (spec_->trainer && !w.exit.signal && w.exit.exit_code == kExitUsage && !w.exit.hung) w.exit.refused_input = true;
@@ -527,6 +550,11 @@ void LocalLauncher::checkLingering() {
   }
 }
 
+// Silences closer than this (two ranks' last touches) do not tell the hung rank from a peer
+// waiting for it: the ranks of a step touch within milliseconds of each other, and the file's
+// mtime and the check's 0.1 s period blur the rest.
+constexpr double kTellHungApartS = 0.5;
+
 void LocalLauncher::checkWatchdogs() {
   if (watchdogFired_) return;
   auto now = std::filesystem::file_time_type::clock::now();
@@ -570,9 +598,12 @@ void LocalLauncher::checkWatchdogs() {
   if (!stopped && opts_.other_nodes && pick->silent <= spec_->worker_timeout_s + watchdogDeferS(spec_->worker_timeout_s))
     return;
   std::string others;
+  double runnerUp = -1;  // the longest silence of the others
   for (const auto& a : armed)
-    if (&a != pick && a.silent > spec_->worker_timeout_s / 2)
+    if (&a != pick && a.silent > spec_->worker_timeout_s / 2) {
       others += fmt::format("{}rank {} {:.1f} s", others.empty() ? "" : ", ", a.w->slot.global_rank, a.silent);
+      runnerUp = std::max(runnerUp, a.silent);
+    }
   // Hung (stopped, deadlocked): killed and counted as this worker's failure.
   Worker& w = *pick->w;
   watchdogFired_ = true;
@@ -583,10 +614,16 @@ void LocalLauncher::checkWatchdogs() {
                                          ? fmt::format(", + {:g} s across nodes", watchdogDeferS(spec_->worker_timeout_s))
                                          : std::string());
   if (stopped) w.exit.error_message += " (it was stopped: state T)";
+  // A rank that hangs mid-step and its peers, which then wait for it in the step's
+  // collective, last touched the file at the end of the same step: silences that close say
+  // nothing of which one hung, and the message does not pretend they do.
+  const double margin = pick->silent - runnerUp;
   if (!others.empty())
     w.exit.error_message += fmt::format(
         "; also silent: {} (peers blocked in a collective with a hung rank go silent too; blamed: {})", others,
-        stopped ? "the stopped one" : "the one silent longest");
+        stopped             ? std::string("the stopped one")
+        : margin >= kTellHungApartS ? fmt::format("the one silent longest, by {:.1f} s", margin)
+                            : fmt::format("the one silent longest, by {:.2f} s: too close to tell which one hung", margin));
   ::kill(-w.pid, SIGKILL);
   ::kill(-w.pid, SIGCONT);  // a stopped process group must run to die
 }
@@ -1182,8 +1219,18 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
         if (text.find(k) != std::string::npos) return true;
       return false;
     };
-    bool said = lostConnection(f.error_message);
-    for (const auto& l : f.stderr_tail) said = said || lostConnection(l);
+    // (and only from torch: a script's own lost connection, an HTTP request refused, is not)
+    auto torchSaid = [](const std::string& text) {
+      for (const char* k : {"torch", "TCPStore", "c10d", "ProcessGroup"})
+        if (text.find(k) != std::string::npos) return true;
+      return false;
+    };
+    bool said = lostConnection(f.error_message), torch = torchSaid(f.error_message) || torchSaid(f.error_traceback);
+    for (const auto& l : f.stderr_tail) {
+      said = said || lostConnection(l);
+      torch = torch || torchSaid(l);
+    }
+    said = said && torch;
     if (zero != result.workers.end() && said && !zero->signal && zero->exit_code == 0 && !zero->stopped_by_dtrain &&
         !zero->lost && !zero->when.empty() && zero->when <= f.when)
       out += fmt::format(
@@ -1226,7 +1273,10 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
         each.push_back("...");
         break;
       }
-      each.push_back(fmt::format("{} ({})", w.global_rank, w.signal ? signalName(w.signal) : fmt::format("code {}", w.exit_code)));
+      each.push_back(fmt::format("{} ({}{})", w.global_rank, w.signal ? signalName(w.signal) : fmt::format("code {}", w.exit_code),
+                                 w.after_stop > 0 && w.after_stop < 64
+                                     ? fmt::format(" after dtrain's {} of the teardown", signalName(w.after_stop))
+                                     : std::string()));
     }
     out += fmt::format("  {} workers failed in all: ranks {}; {}\n", failed, fmt::join(each, ", "),
                        spec.log_dir.empty()

@@ -23,6 +23,10 @@ struct WorkerExit {
   int exit_code = 0;  // valid when signal == 0
   int signal = 0;     // terminating signal, 0 if it exited
   bool stopped_by_dtrain = false;  // killed during teardown, not a failure of its own
+  // It failed otherwise (an exit code, another signal) after a stop signal of dtrain's
+  // teardown reached it: that signal (SIGTERM...), else 0. Still a failure of its own (a
+  // checkpoint its handler failed to save), reported as following the teardown.
+  int after_stop = 0;
   bool hung = false;               // killed by the watchdog (worker_timeout_s)
   bool start_failed = false;       // its command could not be started (exec, cwd): a restart cannot help
   // A trainer job's worker (dtrain train) exited 2, kExitUsage: its SpecError path, input it
