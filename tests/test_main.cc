@@ -4,13 +4,12 @@
 // ctest runs each test as a process of its own, so names made unique by pid alone left
 // thousands of directories in /tmp over a few suite runs.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <system_error>
-
-#include <stdlib.h>
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
