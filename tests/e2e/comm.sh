@@ -92,6 +92,12 @@ for c in allreduce broadcast allgather; do
   expect_grep "^# Out of bounds values : 3 FAILED" "$T/out" "bench $c with a wrong value: the footer says FAILED"
   expect_grep '"wrong": 1' "$T/wrong.json" "bench $c with a wrong value: in the JSON too"
 done
+# ... whatever the type and reduction: a bfloat16 avg over 3 ranks is checked to its
+# rounding, which an altered low byte stayed within (the injection proved nothing there).
+for dt in bfloat16 float16 int32 float64; do
+  DTRAIN_DEBUG_BENCH_CORRUPT=1 "$DTRAIN" bench allreduce --nproc-per-node 3 -b 8 -e 2048 -f 16 -n 1 -w 0 -d $dt -o avg >"$T/out" 2>"$T/err"
+  expect_eq "$?" 1 "bench allreduce -d $dt -o avg with a wrong value: exit 1"
+done
 # -o is allreduce's: refused, not ignored, elsewhere.
 for c in broadcast allgather sendrecv; do
   "$DTRAIN" bench $c -o max -e 4K >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench $c -o max exits 2"

@@ -625,6 +625,32 @@ TEST_F(TcpStoreTest, UnfinishedFramesHaveAGlobalBudget) {
   client()->ping();  // small clients still served
 }
 
+// A large reply over the budget is answered QUOTA, sealed with the sequence number the
+// client expects next (it was sealed twice, and dtrain's client read the error as
+// tampering); the connection stays usable.
+TEST_F(TcpStoreTest, RepliesOverTheBudgetAreQuotaWithTheirOwnSequence) {
+  TcpStoreServerOptions o;
+  o.max_buffered_bytes = 4u << 20;
+  startServer(o);
+  client()->set("big", std::string(3u << 20, 'b'));
+  // A reader that asks and never reads: its replies fill its socket, then the budget.
+  Raw hog(server_->port());
+  hog.auth();
+  for (int i = 0; i < 8; ++i) hog.send(wire::encodeRequest({Op::kGet, {"big"}, {}, 1000}));
+  std::this_thread::sleep_for(300ms);
+  Raw victim(server_->port());
+  victim.auth();
+  victim.send(wire::encodeRequest({Op::kGet, {"big"}, {}, 1000}));
+  auto r = victim.read();  // (a MAC that does not verify fails the test here)
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->op, Op::kError);
+  EXPECT_EQ(r->code, ErrorCode::kQuota) << r->message;
+  victim.send(wire::encodeRequest({Op::kPing, {}, {}, 0}));
+  auto p = victim.read();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->op, Op::kOk) << p->message;
+}
+
 TEST_F(TcpStoreTest, HoldsAThousandConnections) {
   rlimit rl{};
   ::getrlimit(RLIMIT_NOFILE, &rl);

@@ -270,25 +270,26 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Every frame the session sends goes here: after the handshake it carries our MAC.
+  // Sealed once, as sent: every seal takes the next sequence number, and the client checks
+  // each reply's against the one it expects (a reply sealed and then replaced by QUOTA's
+  // error took two, and the client read the error as tampering).
   void reply(const wire::Reply& r) {
     std::string frame;
     try {
       frame = wire::encodeReply(r);
-      if (sendMac_) frame = sendMac_->seal(std::move(frame));
     } catch (const wire::WireError& e) {
       // A reply too large for its frame is refused before it is built (finishWait), so this
       // is a bug; still a typed answer rather than a frame with a wrapped length.
       frame = wire::encodeReply(wire::errorReply(e.code(), e.what()));
-      if (sendMac_) frame = sendMac_->seal(std::move(frame));
     }
     // Replies count against the same budget as unfinished frames: clients that ask for
     // large values and do not read them would otherwise hold one reply each.
-    if (authed_ && frame.size() > kKeptBuffer && srv_.buffered + frame.size() > srv_.opts.max_buffered_bytes) {
+    const size_t size = frame.size() + (sendMac_ ? auth::kMacSize : 0);
+    if (authed_ && size > kKeptBuffer && srv_.buffered + size > srv_.opts.max_buffered_bytes)
       frame = wire::encodeReply(wire::errorReply(
           ErrorCode::kQuota, fmt::format("server holds more than {} bytes of requests and replies in flight; retry later",
                                          srv_.opts.max_buffered_bytes)));
-      if (sendMac_) frame = sendMac_->seal(std::move(frame));
-    }
+    if (sendMac_) frame = sendMac_->seal(std::move(frame));
     send(std::move(frame));
   }
   void ok() { reply(wire::Reply{}); }
