@@ -224,11 +224,11 @@ expect_eq "$?" 3 "log dir: the failing rank's exit code"
 expect_eq "$(cd "$T/logs6" && find . -mindepth 1 | sed 's|^\./[0-9a-f]\{12\}|./RUN|' | sort | tr '\n' ' ')" "./.dtrain-logs.lock ./RUN ./RUN/attempt_0 ./RUN/attempt_0/1 ./RUN/attempt_0/1/error.json ./rank_0.log ./rank_1.log " "log dir: only the error file written is kept"
 # A rank log that cannot be appended to (another user's, read-only) is refused before the
 # launch, exit 2 (it failed the launch with exit 1). Needs another user: root runs as nobody,
-# in a directory of its own outside $T (which only root may enter).
+# in a directory of its own outside $T (which only root may enter), also as its TMPDIR.
 DT_ABS=$(realpath "$DTRAIN")
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups "$DT_ABS" --version >/dev/null 2>&1; then
   RO=$(mktemp -d /tmp/dtrain-ro.XXXXXX) && chmod 1777 "$RO" && touch "$RO/rank_0.log" && chmod 444 "$RO/rank_0.log"
-  (cd "$RO" && setpriv --reuid=65534 --regid=65534 --clear-groups "$DT_ABS" run --log-dir "$RO" -- true) >"$T/out" 2>"$T/err"
+  (cd "$RO" && TMPDIR="$RO" setpriv --reuid=65534 --regid=65534 --clear-groups "$DT_ABS" run --log-dir "$RO" -- true) >"$T/out" 2>"$T/err"
   expect_eq "$?" 2 "read-only rank log: exit 2 before the launch"
   expect_grep "^dtrain: error: --log-dir: cannot append to $RO/rank_0.log: Permission denied" "$T/err" "read-only rank log: named"
   rm -rf "$RO"
