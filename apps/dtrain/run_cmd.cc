@@ -260,8 +260,17 @@ namespace {
 // Where python's script is in `cmd` (python3 [options] SCRIPT args...), or 0 when it runs
 // none that is a file: -c code, -m module, - (stdin), or an option this does not know.
 size_t pythonScriptIndex(const std::vector<std::string>& cmd) {
+  // (python, python3, python3.11, python3-dbg, python3.11d: not python_wrapper.sh, nor
+  // python3-coverage, whose first word is no script)
   const std::string prog = std::filesystem::path(cmd.at(0)).filename().string();
   if (prog.rfind("python", 0) != 0) return 0;
+  std::string rest = prog.substr(6);
+  for (const char* suffix : {"-dbg", "dm", "d", "m"})
+    if (rest.size() >= std::strlen(suffix) && rest.compare(rest.size() - std::strlen(suffix), std::string::npos, suffix) == 0) {
+      rest.resize(rest.size() - std::strlen(suffix));
+      break;
+    }
+  if (rest.find_first_not_of("0123456789.") != std::string::npos) return 0;
   for (size_t i = 1; i < cmd.size(); ++i) {
     const std::string& w = cmd[i];
     if (w == "--") return i + 1 < cmd.size() ? i + 1 : 0;
@@ -389,7 +398,7 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
       throw SpecError(fmt::format("\"{}\" before -- was taken for a job spec; --env takes one KEY=VALUE, so give it "
                                   "once per variable: --env {}",
                                   w, shellQuote(w)));
-    if (!std::filesystem::is_regular_file(w, ec))
+    if (!std::filesystem::exists(w, ec) || std::filesystem::is_directory(w, ec))  // (a spec may be <(...): /dev/fd/63)
       throw SpecError(fmt::format("unexpected word \"{}\" before --: it is no job spec, and a command goes after --; "
                                   "remove it (or give either a job spec or a command, not both)",
                                   w));
@@ -926,7 +935,8 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
                         const std::string& what, double wallS, const std::string& stoppedBy) {
   // (not over a file that is no summary: a run refused for its --summary-json path itself, a
   // job spec given as one, says so and leaves it)
-  if (path.empty() || !replaceableOutput(path, kSummaryOutput)) return;
+  if (path.empty() || (!isSpecialOutput(path) && inheritedOutputFd(path) < 0 && !replaceableOutput(path, kSummaryOutput)))
+    return;
   spec::RunSummary sum;
   sum.job = job;
   sum.run_id = runId;

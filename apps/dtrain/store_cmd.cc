@@ -225,6 +225,7 @@ int runStoreCommand() {
   int64_t delta = a.add->parsed() ? parseInteger(a.delta, "delta") : 0;
   try {
     store::TcpStore s(clientOptions());
+    std::string unprinted = "the value was not printed";
     if (a.set->parsed()) {
       s.set(a.key, a.value);
     } else if (a.get->parsed()) {
@@ -232,7 +233,10 @@ int runStoreCommand() {
       std::cout << v;
       if (v.empty() || v.back() != '\n') std::cout << '\n';
     } else if (a.add->parsed()) {
-      std::cout << s.add(a.key, delta) << '\n';
+      const int64_t now = s.add(a.key, delta);
+      std::cout << now << '\n';
+      // (a script that retries on exit 1 would add twice: the add is said as done)
+      unprinted = fmt::format("the add was done, the key is now {}, but that was not printed", now);
     } else if (a.wait->parsed()) {
       s.wait(a.keys);
     } else if (a.check->parsed()) {
@@ -242,8 +246,7 @@ int runStoreCommand() {
     }
     // (a reader that went away, `dtrain store get K | true`: the value was not delivered)
     if (!(std::cout << std::flush)) {
-      std::cerr << fmt::format("dtrain: error: cannot write to stdout: {} (the value was not printed)\n",
-                               std::strerror(errno));
+      std::cerr << fmt::format("dtrain: error: cannot write to stdout: {} ({})\n", std::strerror(errno), unprinted);
       return 1;
     }
     return 0;

@@ -88,6 +88,10 @@ printf '{"command": ["python3", "-W", "ignore", "none.py"], "cwd": "%s"}' "$T" >
 "$DTRAIN" validate "$T/nopy.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a spec's python3 script missing: validate exits 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: $T/nopy.json: /command/3: python3's script \"none.py\" does not exist (relative to $T); check the path" "a spec's python3 script missing: the field and the directory"
 "$DTRAIN" run -- python3 -c 'print(6 * 7)' >"$T/out" 2>"$T/err"; expect_eq "$(cat "$T/out")" "[rank 0] 42" "python3 -c: no script looked for"
+printf '#!/bin/sh\necho "args: $*"\n' >"$T/python_wrapper.sh"; chmod +x "$T/python_wrapper.sh"
+"$DTRAIN" run -- "$T/python_wrapper.sh" train >"$T/out" 2>"$T/err"; expect_eq "$(cat "$T/out")" "[rank 0] args: train" "a program named python*: its first word is no script"
+"$DTRAIN" run <(echo '{"command": ["true"]}') -- true >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a spec as <(...) and a command: exit 2"
+expect_grep "^dtrain: error: give either a job spec file \(/dev/fd/[0-9]+\) or a command after --, not both$" "$T/err" "a spec as <(...) and a command: not called a stray word"
 "$DTRAIN" validate --nproc-per-node auto "$SRC/configs/env_dump.json" >"$T/out"
 expect_grep "^nproc_per_node: +[0-9]+ \(auto\)$" "$T/out" "auto resolved"
 # auto without GPUs = usable CPU cores (CUDA_VISIBLE_DEVICES hides any).
@@ -421,6 +425,9 @@ expect_grep "^dtrain: error: cannot write to stdout: Broken pipe" "$T/err" "vali
 (cd "$T" && "$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 --json - >"$T/bj.out" 2>"$T/err"); expect_eq "$?" 0 "bench --json -: exit 0"
 expect_eq "$(tail -1 "$T/bj.out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["collective"])')" allreduce "bench --json -: the JSON on stdout"
 [ ! -e "$T/-" ] && pass "bench --json -: no file named -" || fail "bench --json -: made a file named -"
+# (a bench's JSON reformatted is still one)
+python3 -c 'import json,sys; json.dump(json.loads(open(sys.argv[1]).read().splitlines()[-1]), open(sys.argv[2], "w"), indent=2)' "$T/bj.out" "$T/bj-pretty.json"
+"$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 --json "$T/bj-pretty.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "bench --json over a reformatted bench JSON: replaced"
 echo 'keep me' >"$T/notes.txt"
 "$DTRAIN" bench allreduce -b 4K -e 4K -n 1 -w 0 --json "$T/notes.txt" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "bench --json over another file: exit 2"
 expect_eq "$(cat "$T/notes.txt")" "keep me" "bench --json over another file: kept"

@@ -147,9 +147,9 @@ python3 -c "
 import json; d = json.load(open('$T/sum2.json'))
 print(*[(x['rank'], x['exit_code'], x['stopped_by_dtrain']) for x in sorted(d['ranks'], key=lambda x: x['rank'])])" >"$T/check"
 expect_eq "$(cat "$T/check")" "(0, 3, False) (1, 3, False)" "own failures are not credited to dtrain's teardown"
-expect_grep "^  2 workers failed in all: ranks 0 \(code 3\), 1 \(code 3 after dtrain's SIGTERM of the teardown\); use --log-dir DIR to keep every rank's output in DIR/rank_N.log$" "$T/err" "summary counts both failures (the second as following the teardown's signal), and names no log that is not there"
+expect_grep "^  2 workers failed in all: ranks 0 \(code 3\), 1 \(code 3, during the teardown, after its SIGTERM\); use --log-dir DIR to keep every rank's output in DIR/rank_N.log$" "$T/err" "summary counts both failures (the second as ending during the teardown), and names no log that is not there"
 "$DTRAIN" run --nproc-per-node 2 --log-dir "$T/ld" -- sh -c 'trap "" TERM; sleep 0.3; [ "$RANK" = 1 ] && sleep 0.3; exit 3' >"$T/out" 2>"$T/err"
-expect_grep "^  2 workers failed in all: ranks 0 \(code 3\), 1 \(code 3 after dtrain's SIGTERM of the teardown\); every rank's output is in $T/ld/rank_N.log$" "$T/err" "with --log-dir: where the others' output is"
+expect_grep "^  2 workers failed in all: ranks 0 \(code 3\), 1 \(code 3, during the teardown, after its SIGTERM\); every rank's output is in $T/ld/rank_N.log$" "$T/err" "with --log-dir: where the others' output is"
 
 # All workers succeed -> 0, no summary.
 "$DTRAIN" run --nproc-per-node 2 -- true >"$T/out" 2>"$T/err"

@@ -27,10 +27,11 @@ cat > "$T/early.py" <<'PY'
 import sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
+store = dist.distributed_c10d._get_default_store()
 t = torch.ones(1); dist.all_reduce(t)
 if dist.get_rank() == 0: sys.exit(0)
 time.sleep(1)
-dist.distributed_c10d._get_default_store().set("k", "v")
+store.set("k", "v")  # (the line names no torch: only "RuntimeError: Broken pipe" says it)
 PY
 timeout 100 "$DTRAIN" run --nproc-per-node 2 --env OMP_NUM_THREADS=1 -- /usr/bin/python3 "$T/early.py" >"$T/out" 2>"$T/err"
 expect_eq "$?" 1 "rank 0 gone before rank 1's store call: the job fails"

@@ -28,6 +28,8 @@ S wait late --timeout 10; expect_eq "$?" 0 "wait woken by a later set"
 # A value whose reader went away was not delivered: exit 1, said (not death by SIGPIPE).
 S get greeting 2>"$T/err" | true; expect_eq "${PIPESTATUS[0]}" 1 "get to a closed pipe -> 1"
 expect_grep "^dtrain: error: cannot write to stdout: Broken pipe \(the value was not printed\)$" "$T/err" "get to a closed pipe: said"
+S add piped 5 2>"$T/err" | true; expect_eq "${PIPESTATUS[0]}" 1 "add to a closed pipe -> 1"
+expect_grep "^dtrain: error: cannot write to stdout: Broken pipe \(the add was done, the key is now 5, but that was not printed\)$" "$T/err" "add to a closed pipe: the add said as done"
 echo wrong-token-0123456789 > "$T/bad"; chmod 600 "$T/bad"
 "$DTRAIN" store get greeting --endpoint "$EP" --token-file "$T/bad" 2>"$T/err"; expect_eq "$?" 5 "wrong token -> 5"
 expect_grep "authentication failed" "$T/err" "wrong token message"

@@ -81,6 +81,11 @@ expect_eq "$(cat "$T/err")" "dtrain: error: --summary-json: \"$T/keep.json\" exi
 "$DTRAIN" run "$T/keep.json" --summary-json "$T/empty.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "an empty file (mktemp's) takes the summary"
 "$DTRAIN" run "$T/keep.json" --summary-json "$T/empty.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "an earlier summary is replaced"
 expect_eq "$(jq_ "$T/empty.json" "d['status']")" "succeeded" "an earlier summary is replaced: this run's"
+# A run refused before any worker, its --summary-json - appended to a log that holds other
+# lines: the summary is written there, in place (the guard is for files it would replace).
+echo "earlier line" >"$T/ci.log"
+"$DTRAIN" run --summary-json - "$T/nonexistent.json" >>"$T/ci.log" 2>/dev/null; expect_eq "$?" 2 "refused run, --summary-json - appended to a log: exit 2"
+expect_eq "$(tail -n +2 "$T/ci.log" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["status"], d["exit_code"])')" "failed 2" "refused run, --summary-json - appended to a log: the summary written"
 # A reader of --summary-json - that went away: the job's exit code stands (not SIGPIPE's 141),
 # and the lost summary is said; a job that succeeded then exits 1.
 "$DTRAIN" run --summary-json - -- sh -c 'yes | head -100000; exit 3' 2>"$T/err" | head -1 >/dev/null; expect_eq "${PIPESTATUS[0]}" 3 "--summary-json - to a closed pipe: the job's exit code"

@@ -267,7 +267,12 @@ std::string formatBench(const std::vector<BenchRow>& rows, const BenchOptions& o
   return out + formatBenchFooter(rows);
 }
 
-bool isBenchJsonText(const std::string& text) { return text.rfind("{\"collective\": \"", 0) == 0; }
+// (as written, or reformatted: an object with the keys only a bench's JSON has together)
+bool isBenchJsonText(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  return first != std::string::npos && text[first] == '{' && text.find("\"collective\"") != std::string::npos &&
+         text.find("\"busbw_gbps\"") != std::string::npos;
+}
 
 std::string benchJson(const std::vector<BenchRow>& rows, const BenchOptions& o, int worldSize, const char* backend,
                       const std::string& transportName, bool complete) {

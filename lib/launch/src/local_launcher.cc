@@ -1219,11 +1219,13 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
         if (text.find(k) != std::string::npos) return true;
       return false;
     };
-    // (and only from torch: a script's own lost connection, an HTTP request refused, is not)
-    auto torchSaid = [](const std::string& text) {
+    // (and only from torch: a script's own lost connection, an HTTP request refused, is not.
+    // torch's store raises RuntimeError ("RuntimeError: Broken pipe", nothing else when the
+    // script held the store object); Python's own socket errors are OSErrors, "[Errno N]")
+    auto torchSaid = [&](const std::string& text) {
       for (const char* k : {"torch", "TCPStore", "c10d", "ProcessGroup"})
         if (text.find(k) != std::string::npos) return true;
-      return false;
+      return text.find("RuntimeError: ") != std::string::npos && lostConnection(text);
     };
     bool said = lostConnection(f.error_message), torch = torchSaid(f.error_message) || torchSaid(f.error_traceback);
     for (const auto& l : f.stderr_tail) {
@@ -1275,7 +1277,7 @@ std::string formatFailure(const RunResult& result, const spec::JobSpec& spec) {
       }
       each.push_back(fmt::format("{} ({}{})", w.global_rank, w.signal ? signalName(w.signal) : fmt::format("code {}", w.exit_code),
                                  w.after_stop > 0 && w.after_stop < 64
-                                     ? fmt::format(" after dtrain's {} of the teardown", signalName(w.after_stop))
+                                     ? fmt::format(", during the teardown, after its {}", signalName(w.after_stop))
                                      : std::string()));
     }
     out += fmt::format("  {} workers failed in all: ranks {}; {}\n", failed, fmt::join(each, ", "),
