@@ -257,6 +257,23 @@ expect_eq "$(jq_ "$T/nj3.sum" "(d['restarts'], [(e['kind'], e['round']) for e in
   "(0, [('node_lost', 0), ('host_excluded', 0), ('node_joined', 2), ('node_lost', 2), ('host_excluded', 2)])" \
   "elastic, a host late again after its retry: excluded again, no restart spent"
 expect_grep "^\[localhost rank 0\] rank 0 of 1 round 3$" "$T/out" "elastic, a host late again after its retry: round 3 on the other"
+# An elastic job that ends while its next round forms (too few nodes came): the summary lists
+# the round that ran, every rank of it, the lost node's as lost (it listed only the open
+# round's, which no node started: ranks missing, or none).
+cat > "$T/elc.json" <<JSON
+{"name": "elc", "min_nodes": 2, "max_restarts": 3, "restart_backoff_s": 0.5, "shutdown_timeout_s": 2,
+ "rendezvous": {"timeout_s": 1, "heartbeat_timeout_s": 3}, "command": ["sh", "-c", "exec sleep 60"]}
+JSON
+DTRAIN_TEST_JOIN_DELAY='::1:8000@1' timeout -k 5 60 "$DTRAIN" run "$T/elc.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
+  --summary-json "$T/elc.sum" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+agent=$(agent_of "127\.0\.0\.1")
+sleep 1.5; kill -9 "$agent"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "elastic, too few nodes for the next round: the job fails"
+expect_eq "$(jq_ "$T/elc.sum" "[(r['rank'], r['host'], r['stopped_by_dtrain'], r['lost']) for r in d['ranks']]")" \
+  "[(0, 'localhost', True, False), (1, '127.0.0.1', False, True), (2, '::1', True, False)]" \
+  "elastic, too few nodes for the next round: the summary lists the round that ran, the lost rank as lost"
 # Ctrl-C while the restart's round has started on some nodes (one's report held back): the
 # headline names the failure that caused the restart, not the same rank's worker of the new
 # round that the signal stopped (it said "after rank 1 killed by SIGINT").

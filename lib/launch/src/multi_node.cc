@@ -799,7 +799,8 @@ void MultiNodeRunner::tryRestart() {
             n->name);
     n->member = true;
     n->state = NodeState::kJoining;
-    n->exits.clear();
+    // (its exits stay those of the round it last ran, n.round, until it reports the new one:
+    // a round that never starts leaves the summary the ranks of the one that ran)
     n->toldRound = openRound_;
     send(*n, fmt::format("restart {} {} {}", result_.restarts, ready.size(), openRound_));
   }
@@ -1429,13 +1430,18 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
   }
   if (!statusLine_.empty()) console().write(STDOUT_FILENO, "\n");
   // The summary shows the last round's ranks, in order; first_failure follows its worker.
-  // A node lost in that round (no new round opened since) adds the exits it did report.
+  // A node lost in that round adds the exits it did report.
   // Its ranks that reported no exit are listed as lost: the summary names every rank of the
   // round, and says which ones nobody can tell how they ended.
+  // The last round is the latest any node reported starting: a job that ended while its next
+  // round formed (too few nodes came) shows the round that ran, with its lost nodes' ranks
+  // (the open round, which no node started, left them out).
+  int shown = -1;
+  for (const auto& node : nodes_) shown = std::max(shown, node.round);
   for (const auto& node : nodes_) {
-    if (!node.member && node.round != openRound_) continue;
+    if (node.round != shown) continue;  // (a member that has not started it yet holds an older round's)
     result_.workers.insert(result_.workers.end(), node.exits.begin(), node.exits.end());
-    if (node.state != NodeState::kLost || node.round != openRound_) continue;
+    if (node.state != NodeState::kLost || node.round != shown) continue;
     for (int l = 0; l < node.localWorkers; ++l) {
       const int rank = node.rankOffset + l;
       if (std::any_of(node.exits.begin(), node.exits.end(), [&](const WorkerExit& w) { return w.global_rank == rank; }))
