@@ -10,6 +10,18 @@ agent_of() {
   echo "$pid"
 }
 
+# kill_second_node JOIN_DELAY AFTER SPEC SUMMARY: runs SPEC on three local nodes (with
+# DTRAIN_TEST_JOIN_DELAY=JOIN_DELAY), kills 127.0.0.1's agent AFTER seconds in; sets rc.
+kill_second_node() {
+  DTRAIN_TEST_JOIN_DELAY="$1" timeout -k 5 60 "$DTRAIN" run "$3" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
+    --summary-json "$4" >"$T/out" 2>"$T/err" &
+  DTRAIN_PID=$!
+  local agent
+  agent=$(agent_of "127\.0\.0\.1")
+  sleep "$2"; kill -9 "$agent"
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+}
+
 # A worker that fails on the first attempt: one restart, then success; it sees restart count 1.
 cmd='echo "attempt $TORCHELASTIC_RESTART_COUNT round $DTRAIN_ROUND" >> '"$T"'/seen.$RANK; if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exec sleep 30; exit 0'
 "$DTRAIN" run --nproc-per-node 2 --max-restarts 2 --summary-json "$T/s1.json" -- sh -c "$cmd" >"$T/out" 2>"$T/err"
@@ -215,12 +227,7 @@ expect_eq "$(jq_ "$T/nj2.sum" "(d['restarts'], sorted((e['kind'], e['host'], e['
 # they were not counted as there: "0 node(s) available", and the job failed), spending no
 # restart, as a host failing the pre-flight.
 echo '{"name": "lost0", "min_nodes": 2, "rendezvous": {"timeout_s": 5}, "command": ["sh", "-c", "echo rank $RANK of $WORLD_SIZE round $DTRAIN_ROUND"]}' > "$T/lost0.json"
-DTRAIN_TEST_JOIN_DELAY=127.0.0.1:3000@0 timeout -k 5 60 "$DTRAIN" run "$T/lost0.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
-  --summary-json "$T/lost0.sum" >"$T/out" 2>"$T/err" &
-DTRAIN_PID=$!
-agent=$(agent_of "127\.0\.0\.1")
-sleep 0.5; kill -9 "$agent"
-wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+kill_second_node 127.0.0.1:3000@0 0.5 "$T/lost0.json" "$T/lost0.sum"
 expect_eq "$rc" 0 "elastic, a node lost while round 0 forms: the others go on"
 expect_eq "$(sort "$T/out")" "$(printf '[::1 rank 1] rank 1 of 2 round 1\n[localhost rank 0] rank 0 of 2 round 1')" \
   "elastic, a node lost while round 0 forms: round 1 runs on the two others"
@@ -264,12 +271,7 @@ cat > "$T/elc.json" <<JSON
 {"name": "elc", "min_nodes": 2, "max_restarts": 3, "restart_backoff_s": 0.5, "shutdown_timeout_s": 2,
  "rendezvous": {"timeout_s": 1, "heartbeat_timeout_s": 3}, "command": ["sh", "-c", "exec sleep 60"]}
 JSON
-DTRAIN_TEST_JOIN_DELAY='::1:8000@1' timeout -k 5 60 "$DTRAIN" run "$T/elc.json" --hosts 'localhost:1,127.0.0.1:1,[::1]:1' \
-  --summary-json "$T/elc.sum" >"$T/out" 2>"$T/err" &
-DTRAIN_PID=$!
-agent=$(agent_of "127\.0\.0\.1")
-sleep 1.5; kill -9 "$agent"
-wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+kill_second_node '::1:8000@1' 1.5 "$T/elc.json" "$T/elc.sum"
 expect_eq "$rc" 1 "elastic, too few nodes for the next round: the job fails"
 expect_eq "$(jq_ "$T/elc.sum" "[(r['rank'], r['host'], r['stopped_by_dtrain'], r['lost']) for r in d['ranks']]")" \
   "[(0, 'localhost', True, False), (1, '127.0.0.1', False, True), (2, '::1', True, False)]" \
