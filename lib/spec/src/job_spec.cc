@@ -152,6 +152,15 @@ std::string masterOverrideWarning(const std::string& where, const std::string& n
   return "";
 }
 
+// MASTER_PORT given by the job on the store's own port (rendezvous.port): the workers' process
+// group could never bind it (the store holds it from the start). The problem and the fix, or "".
+std::string masterPortClash(const JobSpec& spec, const std::string& value) {
+  if (spec.rendezvous.port == 0 || value != std::to_string(spec.rendezvous.port)) return "";
+  return fmt::format("MASTER_PORT={} is the job's store port (/rendezvous/port), which the store holds while the "
+                     "job runs, so rank 0 could not listen there; give MASTER_PORT another port, or leave it out",
+                     value);
+}
+
 // MASTER_PORT given by the job must be a port the workers' process group can use: an integer
 // 1..65535 in decimal (torch reads it with int(); 99999 or "notaport" only failed in every
 // worker, after the launch). The problem and the fix, "" when fine or for other names.
@@ -891,9 +900,15 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
     if (value.find('\0') != std::string::npos)
       fail(fmt::format("the value of {} contains a NUL byte, which the environment cannot carry; remove it", key));
     if (!value.empty() && (value[0] == '"' || value[0] == '\'')) {
-      if (value.size() < 2 || value.back() != value[0])
+      const size_t close = value.find(value[0], 1);
+      if (close == std::string::npos)
         fail(fmt::format("unterminated quote in the value of {}; values are one line: close the {} quote", key,
                          value[0] == '"' ? "double" : "single"));
+      // (A="a"b: a shell joins the two, this file format does not)
+      if (close != value.size() - 1)
+        fail(fmt::format("text after the closing quote in the value of {}; quote the whole value (KEY=\"...\"), "
+                         "or leave the quotes out",
+                         key));
       value = value.substr(1, value.size() - 2);
     }
     // (one value per name, as the spec's JSON keys: the later line silently won)
@@ -1068,7 +1083,7 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
     if (r.contains("port"))
       spec.rendezvous.port = static_cast<int>(c.integer(r["port"], "/rendezvous/port", 0, 65535, "a TCP port", " (0 = a free one)"));
     if (r.contains("timeout_s"))
-      spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "seconds"));
+      spec.rendezvous.timeout_s = static_cast<int>(c.integer(r["timeout_s"], "/rendezvous/timeout_s", 1, 86400, "whole seconds"));
     if (r.contains("heartbeat_timeout_s"))
       spec.rendezvous.heartbeat_timeout_s =
           c.number(r["heartbeat_timeout_s"], "/rendezvous/heartbeat_timeout_s", 1, 3600, "seconds");
@@ -1133,6 +1148,9 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
         spec.warnings[k] = w;
     }
   }
+  if (auto it = spec.env.find("MASTER_PORT"); it != spec.env.end())
+    if (const std::string clash = masterPortClash(spec, it->second); !clash.empty())
+      c.fail(root.contains("env") && root["env"].contains("MASTER_PORT") ? "/env/MASTER_PORT" : "/env_file", clash);
   makePathsAbsolute(spec);
   return spec;
 }
@@ -1228,6 +1246,8 @@ void applyOverrides(JobSpec& spec, const Overrides& o) {
     spec.env[name] = value;
     spec.warnings.erase(name);  // --env wins: its line, not the spec's
     if (auto w = masterOverrideWarning("--env", name, value); !w.empty()) spec.warnings[name] = w;
+    if (name == "MASTER_PORT")
+      if (const std::string clash = masterPortClash(spec, value); !clash.empty()) throw SpecError("--env: " + clash);
   }
   for (const auto& prefix : o.env_forward) {
     if (!envNameProblem(prefix).empty())
