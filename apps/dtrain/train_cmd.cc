@@ -221,6 +221,37 @@ int trainCommand() {
       std::cerr << "dtrain: warning: " << line << std::endl;
     };
   }
+  // A stop during the final evaluation (the training done, its last checkpoint durable) ends
+  // the process at once, from the signal watcher's thread: rank 0 says so and leaves the
+  // summary where the run stopped, as a stop in the steps does (the curve is drawn by train()).
+  if (comm->rank() == 0) {
+    signals.onStopWhileFinishing([ts = *s.trainer, log = to.log](int sig, long long step) {
+      std::string checkpoint;
+      if (const std::string last = train::resumeFile(ts, step); !last.empty()) {
+        std::error_code ec;
+        if (std::filesystem::exists(last, ec)) checkpoint = last;
+      }
+      const std::string line =
+          fmt::format("{}: stopping during the final evaluation, the training done at step {}; {}", signalName(sig),
+                      step, checkpoint.empty() ? "no checkpoint written (no /trainer/checkpoint/dir)"
+                                               : "its final checkpoint is " + checkpoint);
+      if (log)
+        log(line);
+      else
+        std::cout << line << std::endl;
+      if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path) {
+        spec::TrainerOutcome o;
+        o.steps = step;
+        o.checkpoint = checkpoint;
+        o.stopped = true;
+        o.pipeline_stages = ts.parallel.pipeline_stages;
+        try {
+          spec::writeTrainerOutcome(path, o);
+        } catch (const std::exception&) {  // (the stop goes on: the summary then has no trainer part)
+        }
+      }
+    });
+  }
   to.control = &control;
   train::TrainResult r;
   try {

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -33,6 +35,8 @@ constexpr milliseconds kDoneBound{5000};
 train::TrainControl* gControl = nullptr;
 int gWake[2] = {-1, -1};
 std::atomic<long long> gGraceMs{30000};
+// (set once, before training starts: TrainSignals::onStopWhileFinishing)
+std::function<void(int, long long)> gOnFinishingStop;
 
 extern "C" void onTrainSignal(int sig) {
   const int saved = errno;
@@ -89,9 +93,16 @@ void watch() {
     const auto hard = *t0 + std::max<milliseconds>(grace - milliseconds(1000), grace / 2);
     const bool late = now >= hard;
     switch (phase) {
-      case train::TrainControl::kSetup:      // no step boundary is coming soon; nothing trained to save
-      case train::TrainControl::kFinishing:  // the last checkpoint is durable
+      case train::TrainControl::kSetup:  // no step boundary is coming soon; nothing trained to save
         quit(sig, "");
+      case train::TrainControl::kFinishing: {  // the last checkpoint is durable: the evaluation is given up
+        {
+          std::lock_guard<std::mutex> lk(c.finishing_mu);
+          if (c.on_stop_while_finishing) c.on_stop_while_finishing();
+        }
+        if (gOnFinishingStop) gOnFinishingStop(sig, c.final_step.load());
+        quit(sig, "");
+      }
       case train::TrainControl::kTraining: {
         const auto between = milliseconds(c.boundary_ms.load());
         const auto bound = std::max(*t0, phaseSince) + kAgreeSlack + 2 * between;
@@ -141,6 +152,8 @@ TrainSignals::TrainSignals(train::TrainControl& control) : control_(control) {
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread(watch).detach();
 }
+
+void TrainSignals::onStopWhileFinishing(std::function<void(int sig, long long step)> f) { gOnFinishingStop = std::move(f); }
 
 void TrainSignals::setGraceSeconds(double s) { gGraceMs.store(static_cast<long long>(std::max(0.0, s) * 1000)); }
 

@@ -161,4 +161,23 @@ JSON
 else
   echo "skip: full checkpoint disk (mount -t tmpfs not permitted here)"
 fi
+# A stop during the final evaluation (the training done, its last checkpoint durable) ends at
+# once, as before, and now with the run's last words: rank 0 says where it stopped, the
+# summary's trainer object says stopped with the steps and the checkpoint (it was null), and
+# metrics.svg is drawn (none was).
+cat > "$T/ev.json" <<JSON
+{"name": "ev", "nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [784, 256, 10]}, "data": {"train_samples": 2000, "eval_samples": 3000000, "seed": 1},
+  "batch_size": 64, "epochs": 1, "log_every_steps": 5, "checkpoint": {"dir": "$T/ev-ck"}}}
+JSON
+"$DTRAIN" run "$T/ev.json" --log-dir "$T/ev-logs" --summary-json "$T/ev.sum" >"$T/ev.out" 2>"$T/ev.err" &
+DTRAIN_PID=$!
+for _ in $(seq 300); do grep -q 'step 15/15' "$T/ev.out" 2>/dev/null && break; sleep 0.1; done
+sleep 1; kill -TERM "$DTRAIN_PID"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 143 "SIGTERM during the final evaluation: exit 143"
+expect_grep "^\[rank 0\] SIGTERM: stopping during the final evaluation, the training done at step 15; its final checkpoint is $T/ev-ck/ckpt-0000000015.bin$" "$T/ev.out" "SIGTERM during the final evaluation: said"
+expect_eq "$(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['trainer']; print(t['stopped'], t['steps'], t['checkpoint'])" "$T/ev.sum")" \
+  "True 15 $T/ev-ck/ckpt-0000000015.bin" "SIGTERM during the final evaluation: the summary says where it stopped"
+[ -s "$T/ev-logs/metrics.svg" ] && pass "SIGTERM during the final evaluation: metrics.svg drawn" || fail "SIGTERM during the final evaluation: no metrics.svg"
 finish

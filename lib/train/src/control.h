@@ -8,6 +8,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
 
 #include "dtrain/comm/communicator.h"
@@ -136,6 +138,32 @@ class ControlPoints {
   int32_t offer_ = 0;
   comm::WorkPtr pending_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+};
+
+// Enters kFinishing at `step` with `words` as the run's last words should a stop end the
+// evaluation (TrainControl::on_stop_while_finishing), for as long as it lives: declared after
+// what `words` refers to, it takes them back (under the lock the watcher calls them under)
+// before that is gone.
+class FinishingWords {
+ public:
+  FinishingWords(ControlPoints& points, long long step, std::function<void()> words) : c_(points.control()) {
+    if (c_) {
+      c_->final_step.store(step);
+      std::lock_guard<std::mutex> lk(c_->finishing_mu);
+      c_->on_stop_while_finishing = std::move(words);
+    }
+    points.phase(TrainControl::kFinishing);
+  }
+  ~FinishingWords() {
+    if (!c_) return;
+    std::lock_guard<std::mutex> lk(c_->finishing_mu);
+    c_->on_stop_while_finishing = nullptr;
+  }
+  FinishingWords(const FinishingWords&) = delete;
+  FinishingWords& operator=(const FinishingWords&) = delete;
+
+ private:
+  TrainControl* c_;
 };
 
 }  // namespace dtrain::train::detail

@@ -1200,7 +1200,9 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   }
   control.phase(TrainControl::kSaving);
   finishSave();  // the last checkpoint is durable before the result (and hostParams are free)
-  control.phase(TrainControl::kFinishing);
+  // (a stop from here ends the process: the curve so far is drawn, rank 0's summary says
+  // where the run stopped; train_signals.h)
+  detail::FinishingWords lastWords(control, step, [&metrics] { metrics.finish(); });
   checkWeightsFinite();  // (the last step may have overflowed with finite gradients)
   result.peak_activation_bytes = model.peakBytes();
 

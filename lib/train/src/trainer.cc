@@ -412,7 +412,9 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   // The last checkpoint is durable before the run reports its result (and `params` is free).
   control.phase(TrainControl::kSaving);
   writer.wait();
-  control.phase(TrainControl::kFinishing);
+  // (a stop from here ends the process: the curve so far is drawn, rank 0's summary says
+  // where the run stopped; train_signals.h)
+  detail::FinishingWords lastWords(control, step, [&metrics] { metrics.finish(); });
   // (the last step's update may have overflowed with finite gradients; same weights everywhere)
   be->storeParams(params.data());
   if (!detail::allFinite(params.data(), params.size())) throw detail::divergedError(ts, step, "the weights are not finite");

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -64,6 +65,14 @@ struct TrainControl {
   std::atomic<int> phase{kSetup};
   std::atomic<int> writes{0};             // checkpoint writes in progress on this rank (inline or async)
   std::atomic<long long> boundary_ms{0};  // about the time a request takes to be acted on (its steps)
+  // A stop during kFinishing (the final evaluation: the last checkpoint is durable) ends the
+  // process at once (train_signals.h); what the run leaves then: the step it trained to, set
+  // before the phase, and the trainer's last words (rank 0's metrics curve), called from the
+  // watcher's thread under finishing_mu, which train() holds to clear them before what they
+  // refer to is gone (detail::FinishingWords).
+  std::atomic<long long> final_step{-1};
+  std::mutex finishing_mu;
+  std::function<void()> on_stop_while_finishing;
 };
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free,
               "TrainControl is written from signal handlers");
