@@ -258,6 +258,7 @@ int trainCommand() {
     r = train::train(*s.trainer, *comm, to);
   } catch (const train::TrainingStopped& e) {
     control.phase.store(train::TrainControl::kDone);
+    if (to.status && comm->rank() == 0) to.status("");  // (the bar off the screen, as at a finished run's end)
     // The summary says where the job stopped and what the next run resumes from.
     if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0) {
       spec::TrainerOutcome o;
