@@ -1250,6 +1250,14 @@ TEST_F(TcpStoreTest, ClientsGetInDuringAConnectionFlood) {
     }
     for (int fd : fds) ::close(fd);
   });
+  // The clients come once the flood is under way (they were all in within 5 ms once, before
+  // the flooder's first connection, and the test proved nothing).
+  for (int i = 0; i < 5000 && opened.load() < 50; ++i) std::this_thread::sleep_for(1ms);
+  if (opened.load() < 50) {
+    stop = true;
+    flooder.join();
+    FAIL() << "the flood did not start: " << opened.load() << " connections in 5 s";
+  }
   for (int i = 0; i < 20; ++i) {
     try {
       TcpStore c(optionsFor(server_->port()));
