@@ -406,7 +406,9 @@ spec::JobSpec buildSpec(RunArgs& a, const std::string& runId, std::string* memor
   }
   if (!a.spec_path.empty()) {
     try {
-      s = spec::loadJobSpec(a.spec_path);
+      spec::SpecLoadOptions lo;
+      lo.read_hostfile = a.hosts.empty() && a.hostfile.empty();  // (theirs replace the spec's)
+      s = spec::loadJobSpec(a.spec_path, lo);
     } catch (const SpecError& e) {
       if (const auto* named = dynamic_cast<const spec::NamedSpecError*>(&e); named && jobName) *jobName = named->job();
       // torchrun's habit, `dtrain run train.py`: say how to run a command.

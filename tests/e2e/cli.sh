@@ -413,6 +413,12 @@ expect_grep '^dtrain: error: --shutdown-timeout: expected seconds, got "0x10"$' 
 expect_eq "$(cat "$T/err")" 'dtrain: error: bench allreduce: --timeout: expected a number, got "x"; see dtrain bench allreduce --help' "bench --timeout x: the option and what it takes"
 "$DTRAIN" store get >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "store get without a key: exit 2"
 expect_eq "$(cat "$T/err")" "dtrain: error: store get: the KEY argument is missing; see dtrain store get --help" "store get without a key: the argument and the command's help"
+# --hosts and --hostfile replace the spec's hostfile, which is then not read: a spec naming a
+# cluster's hostfile that is not on this machine runs here with --hosts.
+printf '{"command": ["true"], "hostfile": "%s/cluster-hosts"}\n' "$T" >"$T/cluster.json"
+"$DTRAIN" run "$T/cluster.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "a spec's missing hostfile, --hosts given: the job runs"
+"$DTRAIN" validate "$T/cluster.json" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "a spec's missing hostfile, no --hosts: exit 2"
+expect_grep "cluster.json: /hostfile: hostfile \".*cluster-hosts\" does not exist" "$T/err" "a spec's missing hostfile, no --hosts: named"
 # A stray word before -- (a second variable after --env's one) is named, with the fix.
 "$DTRAIN" run --env A=1 B=2 -- sh -c 'echo $A' >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "--env A=1 B=2: exit 2"
 expect_eq "$(cat "$T/err")" 'dtrain: error: "B=2" before -- was taken for a job spec; --env takes one KEY=VALUE, so give it once per variable: --env B=2' "--env A=1 B=2: the word named, with the fix"

@@ -924,7 +924,8 @@ std::map<std::string, std::string> parseEnvFile(const std::string& text, const s
 namespace {
 
 // parseJobSpec, with the job's name in `name` as soon as it is read.
-JobSpec parseJobSpecReadingName(const std::string& text, const std::string& source, std::string& name) {
+JobSpec parseJobSpecReadingName(const std::string& text, const std::string& source, std::string& name,
+                                const SpecLoadOptions& opts) {
   Checker c(source);
   // (the JSON parser would stop at a NUL and take the text before it for the whole spec)
   if (const size_t nul = text.find('\0'); nul != std::string::npos) {
@@ -1095,7 +1096,9 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
   if (root.contains("nodes") && root.contains("hostfile"))
     c.fail("/hostfile", "\"nodes\" and \"hostfile\" both list the hosts; keep one of them");
   if (root.contains("nodes")) spec.nodes = parseNodes(c, root["nodes"]);
-  if (root.contains("hostfile")) {
+  if (root.contains("hostfile") && !opts.read_hostfile) {
+    (void)c.str(root["hostfile"], "/hostfile", false);  // (its type still checked; the command line's hosts replace it)
+  } else if (root.contains("hostfile")) {
     spec.hostfile = c.str(root["hostfile"], "/hostfile", false);
     using S = detail::InputFile::Status;
     detail::InputFile f = detail::readInputFile(spec.hostfile);
@@ -1157,18 +1160,18 @@ JobSpec parseJobSpecReadingName(const std::string& text, const std::string& sour
 
 }  // namespace
 
-JobSpec parseJobSpec(const std::string& text, const std::string& source) {
+JobSpec parseJobSpec(const std::string& text, const std::string& source, const SpecLoadOptions& o) {
   std::string name;
   try {
-    return parseJobSpecReadingName(text, source, name);
+    return parseJobSpecReadingName(text, source, name, o);
   } catch (const SpecError& e) {
     if (name.empty()) throw;
     throw NamedSpecError(e.what(), name);
   }
 }
 
-JobSpec loadJobSpec(const std::string& path) {
-  return parseJobSpec(detail::readInputOrThrow(path, "job spec", "give a job spec file (.json)"), path);
+JobSpec loadJobSpec(const std::string& path, const SpecLoadOptions& o) {
+  return parseJobSpec(detail::readInputOrThrow(path, "job spec", "give a job spec file (.json)"), path, o);
 }
 
 void applyOverrides(JobSpec& spec, const Overrides& o) {

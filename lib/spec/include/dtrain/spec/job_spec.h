@@ -196,12 +196,19 @@ class NamedSpecError : public SpecError {
   std::string job_;
 };
 
+struct SpecLoadOptions {
+  // False when the command line lists the hosts (--hosts, --hostfile), which replace the
+  // spec's: its "hostfile" is then not read (it may name a cluster's file that is not here),
+  // and its nodes come from applyOverrides.
+  bool read_hostfile = true;
+};
+
 // Reads and validates a job spec file. Throws SpecError with one line:
 // "<file>: <json pointer>: <problem>; <fix>" (a NamedSpecError once the name is known).
-JobSpec loadJobSpec(const std::string& path);
+JobSpec loadJobSpec(const std::string& path, const SpecLoadOptions& o = {});
 
 // Same, from text already in memory; `source` names it in messages.
-JobSpec parseJobSpec(const std::string& text, const std::string& source);
+JobSpec parseJobSpec(const std::string& text, const std::string& source, const SpecLoadOptions& o = {});
 
 // CLI overrides, torchrun-style. Unset fields leave the spec alone.
 struct Overrides {
