@@ -23,12 +23,14 @@ struct OutputKind {
   bool (*is)(const std::string& text);  // recognises one
 };
 
-// Whether the regular file at `path` (a symlink's target), if there is one, may be replaced
-// by an output of kind `ours`: true when there is none, it is empty (mktemp's), or it holds
-// such an output (an earlier run's). Anything else is someone's data: the job spec itself
-// given as the summary (`dtrain run job.json --summary-json job.json`, or `dtrain run
-// --summary-json job.json` with the output's name forgotten) was replaced by the summary.
+// Whether an output of kind `ours` may be written at `path`: true for a pipe, /dev/stdout or
+// an inherited descriptor (written in place, never replaced), and when the regular file there
+// (a symlink's target) is absent, empty (mktemp's) or such an output (an earlier run's).
+// Anything else is someone's data: the job spec itself given as the summary (`dtrain run
+// job.json --summary-json job.json`, or `dtrain run --summary-json job.json` with the
+// output's name forgotten) was replaced by the summary.
 inline bool replaceableOutput(const std::string& path, OutputKind ours) {
+  if (isSpecialOutput(path)) return true;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return true;
   constexpr off_t kLargest = 256 << 20;  // (an output of dtrain's this large is not likely)

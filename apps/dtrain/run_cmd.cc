@@ -254,9 +254,6 @@ std::vector<std::string> commandFix(std::vector<std::string> words) {
 
 namespace {
 
-// A local job's program must be one exec can run: said here, once, with the fix (exit 2),
-// rather than by every worker as exit 127 (and a restart budget spent on it). torchrun's
-// habit of naming the script alone gets the python3 it needs.
 // Where python's script is in `cmd` (python3 [options] SCRIPT args...), or 0 when it runs
 // none that is a file: -c code, -m module, - (stdin), or an option this does not know.
 size_t pythonScriptIndex(const std::vector<std::string>& cmd) {
@@ -294,6 +291,9 @@ size_t pythonScriptIndex(const std::vector<std::string>& cmd) {
   return 0;
 }
 
+// A local job's program must be one exec can run: said here, once, with the fix (exit 2),
+// rather than by every worker as exit 127 (and a restart budget spent on it). torchrun's
+// habit of naming the script alone gets the python3 it needs.
 void checkProgram(const spec::JobSpec& s, bool fromSpec) {
   const std::string& prog = s.command.at(0);
   const std::string where = fromSpec ? fmt::format("{}: /command/0", s.source) : std::string("the command after --");
@@ -937,8 +937,7 @@ void writeFailedSummary(const std::string& path, const std::string& job, const s
                         const std::string& what, double wallS, const std::string& stoppedBy) {
   // (not over a file that is no summary: a run refused for its --summary-json path itself, a
   // job spec given as one, says so and leaves it)
-  if (path.empty() || (!isSpecialOutput(path) && inheritedOutputFd(path) < 0 && !replaceableOutput(path, kSummaryOutput)))
-    return;
+  if (path.empty() || !replaceableOutput(path, kSummaryOutput)) return;
   spec::RunSummary sum;
   sum.job = job;
   sum.run_id = runId;

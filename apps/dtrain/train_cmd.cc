@@ -130,6 +130,30 @@ void installStepHooks(train::TrainOptions& to, int rank) {
   }
 }
 
+// The final checkpoint of a run that ended at `step`, where a next run resumes from it; ""
+// when none was written (no checkpoint dir).
+std::string finalCheckpoint(const spec::TrainerSpec& ts, long long step) {
+  const std::string last = train::resumeFile(ts, step);
+  std::error_code ec;
+  return !last.empty() && std::filesystem::exists(last, ec) ? last : std::string();
+}
+
+// Rank 0's result for the summary of a run stopped by a signal at `step` (DTRAIN_RESULT_FILE):
+// where it stopped and what the next run resumes from; no timing of a run cut short.
+void writeStoppedOutcome(const spec::TrainerSpec& ts, long long step, const std::string& checkpoint) {
+  const char* path = std::getenv("DTRAIN_RESULT_FILE");
+  if (!path || !*path) return;
+  spec::TrainerOutcome o;
+  o.steps = step;
+  o.checkpoint = checkpoint;
+  o.stopped = true;
+  o.pipeline_stages = ts.parallel.pipeline_stages;
+  try {
+    spec::writeTrainerOutcome(path, o);
+  } catch (const std::exception&) {  // the stop goes on: the summary then has no trainer part
+  }
+}
+
 }  // namespace
 
 void addTrainCommand(CLI::App& app) {
@@ -225,32 +249,19 @@ int trainCommand() {
   // the process at once, from the signal watcher's thread: rank 0 says so and leaves the
   // summary where the run stopped, as a stop in the steps does (the curve is drawn by train()).
   if (comm->rank() == 0) {
-    signals.onStopWhileFinishing([ts = *s.trainer, log = to.log](int sig, long long step) {
-      std::string checkpoint;
-      if (const std::string last = train::resumeFile(ts, step); !last.empty()) {
-        std::error_code ec;
-        if (std::filesystem::exists(last, ec)) checkpoint = last;
-      }
+    to.on_stop_while_finishing = [ts = *s.trainer, log = to.log](long long step) {
+      const std::string checkpoint = finalCheckpoint(ts, step);
       const std::string line =
-          fmt::format("{}: stopping during the final evaluation, the training done at step {}; {}", signalName(sig),
-                      step, checkpoint.empty() ? "no checkpoint written (no /trainer/checkpoint/dir)"
-                                               : "its final checkpoint is " + checkpoint);
+          fmt::format("{}: stopping during the final evaluation, the training done at step {}; {}",
+                      signalName(control.stop.load()), step,
+                      checkpoint.empty() ? "no checkpoint written (no /trainer/checkpoint/dir)"
+                                         : "its final checkpoint is " + checkpoint);
       if (log)
         log(line);
       else
         std::cout << line << std::endl;
-      if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path) {
-        spec::TrainerOutcome o;
-        o.steps = step;
-        o.checkpoint = checkpoint;
-        o.stopped = true;
-        o.pipeline_stages = ts.parallel.pipeline_stages;
-        try {
-          spec::writeTrainerOutcome(path, o);
-        } catch (const std::exception&) {  // (the stop goes on: the summary then has no trainer part)
-        }
-      }
-    });
+      writeStoppedOutcome(ts, step, checkpoint);
+    };
   }
   to.control = &control;
   train::TrainResult r;
@@ -260,17 +271,7 @@ int trainCommand() {
     control.phase.store(train::TrainControl::kDone);
     if (to.status && comm->rank() == 0) to.status("");  // (the bar off the screen, as at a finished run's end)
     // The summary says where the job stopped and what the next run resumes from.
-    if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0) {
-      spec::TrainerOutcome o;
-      o.steps = e.step();
-      o.checkpoint = e.checkpoint();
-      o.stopped = true;
-      o.pipeline_stages = s.trainer->parallel.pipeline_stages;  // (and no timing: null, of a run cut short)
-      try {
-        spec::writeTrainerOutcome(path, o);
-      } catch (const std::exception&) {  // the stop goes on: the summary then has no trainer part
-      }
-    }
+    if (comm->rank() == 0) writeStoppedOutcome(*s.trainer, e.step(), e.checkpoint());
     // (rank 0 said where the final checkpoint is.) A rank that learned of the stop from its
     // peers alone waits a moment for its own signal: dtrain's teardown reaches every worker,
     // on other nodes a little later, and a worker that exits 128+signal before dtrain sent it
@@ -314,11 +315,7 @@ int trainCommand() {
                            trained && r.pipeline_stages > 1 ? std::optional<double>(r.bubble_fraction) : std::nullopt,
                            trained ? r.stage_ms : std::vector<double>()};
     o.eval_loss = evalLoss;
-    // (the final checkpoint, written at the end of every run with a checkpoint dir)
-    if (const std::string last = train::resumeFile(*s.trainer, r.steps); !last.empty()) {
-      std::error_code ec;
-      if (std::filesystem::exists(last, ec)) o.checkpoint = last;
-    }
+    o.checkpoint = finalCheckpoint(*s.trainer, r.steps);  // (written at the end of every run with a checkpoint dir)
     spec::writeTrainerOutcome(path, o);
   }
   if (comm->rank() == 0 && r.pipeline_stages > 1 && trained) {

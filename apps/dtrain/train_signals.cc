@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -35,8 +34,6 @@ constexpr milliseconds kDoneBound{5000};
 train::TrainControl* gControl = nullptr;
 int gWake[2] = {-1, -1};
 std::atomic<long long> gGraceMs{30000};
-// (set once, before training starts: TrainSignals::onStopWhileFinishing)
-std::function<void(int, long long)> gOnFinishingStop;
 
 extern "C" void onTrainSignal(int sig) {
   const int saved = errno;
@@ -100,7 +97,6 @@ void watch() {
           std::lock_guard<std::mutex> lk(c.finishing_mu);
           if (c.on_stop_while_finishing) c.on_stop_while_finishing();
         }
-        if (gOnFinishingStop) gOnFinishingStop(sig, c.final_step.load());
         quit(sig, "");
       }
       case train::TrainControl::kTraining: {
@@ -152,8 +148,6 @@ TrainSignals::TrainSignals(train::TrainControl& control) : control_(control) {
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread(watch).detach();
 }
-
-void TrainSignals::onStopWhileFinishing(std::function<void(int sig, long long step)> f) { gOnFinishingStop = std::move(f); }
 
 void TrainSignals::setGraceSeconds(double s) { gGraceMs.store(static_cast<long long>(std::max(0.0, s) * 1000)); }
 

@@ -14,7 +14,7 @@
 //
 // The watcher bounds a stop, so that a teardown never waits for the communicator's timeout:
 // - before the first step and after the last (the last checkpoint durable): exit at once
-//   (after the last: with the run's last words, its metrics curve and rank 0's result);
+//   (after the last: with the run's last words, TrainControl::on_stop_while_finishing);
 // - in the steps: if no agreement is reached within 2 s + 2 x the time between agreements
 //   (a peer that does not answer: stopped, hung), exit without a final checkpoint, once any
 //   checkpoint write in progress has finished;
@@ -23,7 +23,6 @@
 // Every exit is 128 + the first stop signal, with one line on stderr when a bound cut it
 // short.
 #include <chrono>
-#include <functional>
 
 #include "dtrain/train/trainer.h"
 
@@ -39,10 +38,6 @@ class TrainSignals {
 
   // The launcher's grace period (the job's shutdown_timeout_s): the bound of a final checkpoint.
   void setGraceSeconds(double s);
-  // What a stop during the final evaluation says before the process exits (the training is
-  // done, its checkpoint durable: rank 0's result for the summary), called on the watcher's
-  // thread with the signal and the step the training ended at. Set before training starts.
-  void onStopWhileFinishing(std::function<void(int sig, long long step)> f);
   // The stop signal this process received (0: none), waiting up to `max` for one.
   int waitForStop(std::chrono::milliseconds max) const;
 

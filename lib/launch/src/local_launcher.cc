@@ -110,19 +110,18 @@ bool pipeFilling(const Fd& fd) {
 }
 
 // Whether process pid is stopped (SIGSTOP, a debugger): state T or t in /proc/PID/stat.
-// The process's state letter in /proc/PID/stat (R, S, D, T, t, Z...); 0 when unknown.
-char processState(pid_t pid) {
+bool processStopped(pid_t pid) {
   std::string stat;
   int fd = ::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return false;
   char buf[512];
   ssize_t n = ::read(fd, buf, sizeof(buf));
   ::close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return false;
   stat.assign(buf, static_cast<size_t>(n));
   size_t paren = stat.rfind(')');  // comm may hold spaces and parentheses
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return 0;
-  return stat[paren + 2];
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  return stat[paren + 2] == 'T' || stat[paren + 2] == 't';
 }
 
 // Whether child pid has exited and waits to be reaped. One system call, not a read of /proc:
@@ -132,11 +131,6 @@ char processState(pid_t pid) {
 bool exitedUnreaped(pid_t pid) {
   siginfo_t info{};
   return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
-}
-
-bool processStopped(pid_t pid) {
-  const char st = processState(pid);
-  return st == 'T' || st == 't';
 }
 
 

@@ -1430,18 +1430,17 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
   }
   if (!statusLine_.empty()) console().write(STDOUT_FILENO, "\n");
   // The summary shows the last round's ranks, in order; first_failure follows its worker.
-  // A node lost in that round adds the exits it did report.
-  // Its ranks that reported no exit are listed as lost: the summary names every rank of the
-  // round, and says which ones nobody can tell how they ended.
   // The last round is the latest any node reported starting: a job that ended while its next
-  // round formed (too few nodes came) shows the round that ran, with its lost nodes' ranks
-  // (the open round, which no node started, left them out).
+  // round formed (too few nodes came) shows the round that ran (the open one, which no node
+  // started, left its lost nodes' ranks out). A node lost in it adds the exits it did report,
+  // and its ranks that reported none are listed as lost: the summary names every rank of the
+  // round, and says which ones nobody can tell how they ended.
   int shown = -1;
   for (const auto& node : nodes_) shown = std::max(shown, node.round);
   for (const auto& node : nodes_) {
     if (node.round != shown) continue;  // (a member that has not started it yet holds an older round's)
     result_.workers.insert(result_.workers.end(), node.exits.begin(), node.exits.end());
-    if (node.state != NodeState::kLost || node.round != shown) continue;
+    if (node.state != NodeState::kLost) continue;
     for (int l = 0; l < node.localWorkers; ++l) {
       const int rank = node.rankOffset + l;
       if (std::any_of(node.exits.begin(), node.exits.end(), [&](const WorkerExit& w) { return w.global_rank == rank; }))

@@ -140,15 +140,14 @@ class ControlPoints {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
-// Enters kFinishing at `step` with `words` as the run's last words should a stop end the
-// evaluation (TrainControl::on_stop_while_finishing), for as long as it lives: declared after
-// what `words` refers to, it takes them back (under the lock the watcher calls them under)
-// before that is gone.
+// Enters kFinishing with `words` as the run's last words should a stop end the evaluation
+// (TrainControl::on_stop_while_finishing), for as long as it lives: declared after what
+// `words` refers to, it takes them back (under the lock the watcher calls them under) before
+// that is gone.
 class FinishingWords {
  public:
-  FinishingWords(ControlPoints& points, long long step, std::function<void()> words) : c_(points.control()) {
+  FinishingWords(ControlPoints& points, std::function<void()> words) : c_(points.control()) {
     if (c_) {
-      c_->final_step.store(step);
       std::lock_guard<std::mutex> lk(c_->finishing_mu);
       c_->on_stop_while_finishing = std::move(words);
     }

@@ -1202,7 +1202,10 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   finishSave();  // the last checkpoint is durable before the result (and hostParams are free)
   // (a stop from here ends the process: the curve so far is drawn, rank 0's summary says
   // where the run stopped; train_signals.h)
-  detail::FinishingWords lastWords(control, step, [&metrics] { metrics.finish(); });
+  detail::FinishingWords lastWords(control, [&metrics, &opts, step] {
+    metrics.finish();
+    if (opts.on_stop_while_finishing) opts.on_stop_while_finishing(step);
+  });
   checkWeightsFinite();  // (the last step may have overflowed with finite gradients)
   result.peak_activation_bytes = model.peakBytes();
 

@@ -414,7 +414,10 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   writer.wait();
   // (a stop from here ends the process: the curve so far is drawn, rank 0's summary says
   // where the run stopped; train_signals.h)
-  detail::FinishingWords lastWords(control, step, [&metrics] { metrics.finish(); });
+  detail::FinishingWords lastWords(control, [&metrics, &opts, step] {
+    metrics.finish();
+    if (opts.on_stop_while_finishing) opts.on_stop_while_finishing(step);
+  });
   // (the last step's update may have overflowed with finite gradients; same weights everywhere)
   be->storeParams(params.data());
   if (!detail::allFinite(params.data(), params.size())) throw detail::divergedError(ts, step, "the weights are not finite");

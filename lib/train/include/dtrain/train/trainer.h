@@ -66,11 +66,10 @@ struct TrainControl {
   std::atomic<int> writes{0};             // checkpoint writes in progress on this rank (inline or async)
   std::atomic<long long> boundary_ms{0};  // about the time a request takes to be acted on (its steps)
   // A stop during kFinishing (the final evaluation: the last checkpoint is durable) ends the
-  // process at once (train_signals.h); what the run leaves then: the step it trained to, set
-  // before the phase, and the trainer's last words (rank 0's metrics curve), called from the
-  // watcher's thread under finishing_mu, which train() holds to clear them before what they
-  // refer to is gone (detail::FinishingWords).
-  std::atomic<long long> final_step{-1};
+  // process at once (train_signals.h), after the run's last words (its metrics curve, and
+  // TrainOptions::on_stop_while_finishing), called from the watcher's thread under
+  // finishing_mu, which train() holds to take them back before what they refer to is gone
+  // (detail::FinishingWords).
   std::mutex finishing_mu;
   std::function<void()> on_stop_while_finishing;
 };
@@ -144,6 +143,10 @@ struct TrainOptions {
   // Requests from outside (signals), polled and agreed on at step boundaries; nullptr = none.
   // Set on every rank or on none: the agreement is a collective.
   TrainControl* control = nullptr;
+  // With `control`: called with the step the training ended at when a stop ends the final
+  // evaluation, on the signal watcher's thread, just before the process exits (the summary's
+  // last words: where the run stopped).
+  std::function<void(long long step)> on_stop_while_finishing;
   // Overrides spec.device ("auto", "cpu" or "cuda"); "" = the spec's. The GPU is always
   // LOCAL_RANK (else the rank) modulo the visible GPUs, as in the NCCL communicator.
   std::string device;
