@@ -324,6 +324,38 @@ TEST(TcpComm, BlockingOpWaitsBehindAQueuedAsyncOp) {
   });
 }
 
+// An async op says when it ran (the trainer's trace): not before it is done; then from its
+// start, after the op queued ahead of it ended, to its end. Rank 1 sends its two answers
+// 250 ms apart, so rank 0's second recv waits ~250 ms queued and then runs ~250 ms.
+TEST(TcpComm, AsyncOpsSayWhenTheyRanNotWhenTheyWereQueued) {
+  onRanks(2, [&](Communicator& c) {
+    int32_t x = 0, y = 0;
+    if (c.rank() == 0) {
+      const auto launched = std::chrono::steady_clock::now();
+      auto w1 = c.recvAsync(&x, sizeof(x), 1);
+      auto w2 = c.recvAsync(&y, sizeof(y), 1);
+      EXPECT_FALSE(w1->ranAt()) << "a span before the op is done";
+      w2->wait();
+      w1->wait();
+      const auto a = w1->ranAt(), b = w2->ranAt();
+      ASSERT_TRUE(a && b);
+      EXPECT_LE(launched, a->start);
+      EXPECT_LE(a->start, a->end);
+      EXPECT_LE(a->end, b->start);
+      EXPECT_LE(b->start, b->end);
+      EXPECT_GE(b->start - launched, 200ms) << "the second op's span counts its time in the queue";
+      EXPECT_GE(b->end - b->start, 200ms);
+      EXPECT_EQ(x, 1);
+      EXPECT_EQ(y, 2);
+    } else {
+      for (int32_t v : {1, 2}) {
+        std::this_thread::sleep_for(250ms);
+        c.send(&v, sizeof(v), 0);
+      }
+    }
+  });
+}
+
 // While a blocking op runs inline on one thread, an async op issued by another thread must
 // not start: rank 0's inline recv completes only after rank 1's 400 ms sleep, and the async
 // send issued meanwhile may complete only after it.

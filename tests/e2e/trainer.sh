@@ -56,6 +56,51 @@ cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 auto=$([ "$cores" -gt 2 ] && echo "prefetched, gradients reduced during" || echo "loaded inline, gradients reduced after")
 expect_grep "$line $auto backward$" "$T/pf.\"auto\".out" "prefetch and overlap auto: $auto with $cores cores"
 expect_eq "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.true.out")" "$(grep -o 'sha256 [0-9a-f]*' "$T/pf.false.out")" "prefetch and overlap do not change the weights"
+# DTRAIN_TRACE_DIR: a Chrome trace per rank of 4 steps after the first, the training thread's
+# forward, backward and optimizer step and, on the communicator's row, each bucket's
+# all-reduce (two buckets here) with the time it was queued. Every all-reduce ends before the
+# optimizer step uses its gradients; with overlap they are launched during backward, without
+# it after. (When they start depends on a free core: on 2 vCPUs, often after backward.) A run
+# shorter than a trace writes the steps it had.
+for v in true false; do
+  sed "s/\"eval_samples\": 64}/\"eval_samples\": 64}, \"overlap\": $v, \"bucket_mb\": 0.005/" "$T/tiny2.json" >"$T/tr.json"
+  DTRAIN_TRACE_DIR="$T/trace.$v" "$DTRAIN" run "$T/tr.json" --env OMP_NUM_THREADS=1 --env OPENBLAS_NUM_THREADS=1 >"$T/tr.$v.out" 2>&1
+  expect_eq "$?" 0 "traced, overlap $v: exits 0"
+done
+sed "s/\"epochs\": 1,/\"epochs\": 1, \"max_steps\": 3, \"bucket_mb\": 0.005,/" "$T/tiny2.json" >"$T/tr3.json"
+DTRAIN_TRACE_DIR="$T/trace.short" "$DTRAIN" run "$T/tr3.json" >"$T/tr.short.out" 2>&1
+expect_eq "$?" 0 "traced, 3 steps: exits 0"
+python3 - "$T" >"$T/tcheck" <<'PY'
+import collections, json, sys
+def check(d, overlap, steps_expected):
+    out = set()
+    for r in range(2):
+        ev = [e for e in json.load(open(f"{sys.argv[1]}/{d}/trace-rank{r}.json"))["traceEvents"] if e["ph"] == "X"]
+        steps = sorted({e["args"]["step"] for e in ev})
+        ok = steps == steps_expected
+        launched_in_backward = ends_before_opt = 0
+        for s in steps:
+            by = collections.defaultdict(list)
+            for e in ev:
+                if e["args"]["step"] == s: by[e["name"]].append(e)
+            one = all(len(by[n]) == 1 for n in ("forward", "backward", "optimizer", "all-reduce 0", "all-reduce 1"))
+            ok = ok and one and all(e["tid"] == 1 for n in ("all-reduce 0", "all-reduce 1") for e in by[n])
+            if not one: continue
+            f, b, o = by["forward"][0], by["backward"][0], by["optimizer"][0]
+            ok = ok and f["ts"] + f["dur"] <= b["ts"] + 1e-3 and b["ts"] + b["dur"] <= o["ts"] + 1e-3
+            for n in ("all-reduce 0", "all-reduce 1"):
+                a = by[n][0]
+                ends_before_opt += a["ts"] + a["dur"] <= o["ts"] + 1e-3
+                launched = a["ts"] - a["args"]["queued_us"]
+                ok = ok and 0 <= a["args"]["queued_us"]
+                launched_in_backward += launched < b["ts"] + b["dur"] - 1e-3
+        ok = ok and ends_before_opt == 2 * len(steps)
+        out.add(f"{ok} {'during' if launched_in_backward else 'after'}" if overlap is not None else str(ok))
+    return " ".join(sorted(out))
+print(check("trace.true", True, [1, 2, 3, 4]), "|", check("trace.false", False, [1, 2, 3, 4]), "|",
+      check("trace.short", None, [1, 2]))
+PY
+expect_eq "$(cat "$T/tcheck")" "True during | True after | True" "DTRAIN_TRACE_DIR: forward, backward, all-reduce buckets and optimizer per step; overlap shown"
 # Each batch computed by 3 threads (data.loader_threads), inline and one step ahead: said, and
 # the same weights.
 for v in true false; do

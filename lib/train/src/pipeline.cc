@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -48,6 +47,7 @@
 #include "host_collectives.h"
 #include "out_of_memory.h"
 #include "stage_math.h"
+#include "trace.h"
 #include "blas.h"
 
 namespace dtrain::train {
@@ -55,8 +55,6 @@ namespace detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// Steps in a trace (TrainOptions::trace_dir): the ones after the first (warm-up).
-constexpr long long kTraceSteps = 4;
 
 
 // The CPU stage: layers [lo, hi) of the MLP with the same math as Mlp (OpenBLAS), but
@@ -257,96 +255,6 @@ class CpuStage final : public StageMath {
   std::vector<Stash> stash_;
   std::vector<std::vector<float>> pool_;
   size_t live_ = 0, peak_ = 0;
-};
-
-// A Chrome trace (JSON "traceEvents", opened by ui.perfetto.dev or chrome://tracing) of a
-// few steps on this rank: each micro-batch's forward and backward, each transfer, the wait
-// for the stage group's gradients and the optimizer step, on the host's monotonic clock (the
-// same in every process of a host, so per-rank files merge into one timeline). Not
-// thread-safe; one per rank.
-class Trace {
- public:
-  // Creates the file's directory and tries a write there now, so a bad DTRAIN_TRACE_DIR is
-  // said before training (SpecError: the worker's exit 2), not after it, with its result.
-  Trace(std::string path, int rank, std::string label) : path_(std::move(path)), rank_(rank), label_(std::move(label)) {
-    if (path_.empty()) return;
-    const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec)
-      throw SpecError(fmt::format("DTRAIN_TRACE_DIR: cannot create the directory \"{}\": {}; give a directory this "
-                                  "user can write in, or unset DTRAIN_TRACE_DIR",
-                                  dir.string(), ec.message()));
-    const std::string tmp = path_ + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      if (!f || !f.flush()) {
-        const int err = errno;
-        throw SpecError(fmt::format("DTRAIN_TRACE_DIR: cannot write in \"{}\": {}; give a directory this user can "
-                                    "write in, or unset DTRAIN_TRACE_DIR",
-                                    dir.string(), std::strerror(err ? err : EIO)));
-      }
-    }
-    std::remove(tmp.c_str());
-  }
-  bool enabled() const { return !path_.empty(); }
-  // Records only while on (the traced steps).
-  void setOn(bool on) { on_ = on && enabled(); }
-  bool on() const { return on_; }
-  void add(const char* name, int micro, long long step, Clock::time_point b, Clock::time_point e) {
-    if (on_) events_.push_back({name, micro, step, b, e});
-  }
-  // Writes the file (temporary, then rename: a reader never sees half of it). The problem, ""
-  // when written: no reason to lose the run's result, which follows (the caller warns).
-  std::string write() const {
-    if (!enabled() || events_.empty()) return "";
-    auto us = [](Clock::time_point t) {
-      return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
-    };
-    std::string out = fmt::format(
-        "{{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, "
-        "\"args\": {{\"name\": \"rank {} ({})\"}}}},\n{{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": {}, "
-        "\"args\": {{\"sort_index\": {}}}}}",
-        rank_, rank_, label_, rank_, rank_);
-    for (const auto& ev : events_) {
-      std::string name = ev.micro >= 0 ? fmt::format("{} {}", ev.name, ev.micro) : std::string(ev.name);
-      out += fmt::format(
-          ",\n{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {:.3f}, \"dur\": {:.3f}, \"pid\": {}, \"tid\": 0, "
-          "\"args\": {{\"step\": {}}}}}",
-          name, ev.name[0] == 'F' || ev.name[0] == 'B' ? "compute" : "comm", us(ev.b), us(ev.e) - us(ev.b), rank_,
-          ev.step);
-    }
-    out += "\n]}\n";
-    const std::string tmp = path_ + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << out;
-      if (!f.flush()) {
-        const int err = errno;
-        std::remove(tmp.c_str());
-        return fmt::format("trace: cannot write {}: {}; no trace of this rank", tmp, std::strerror(err ? err : EIO));
-      }
-    }
-    if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-      const int err = errno;
-      std::remove(tmp.c_str());
-      return fmt::format("trace: cannot write {}: {}; no trace of this rank", path_, std::strerror(err));
-    }
-    return "";
-  }
-
- private:
-  struct Event {
-    const char* name;
-    int micro;
-    long long step;
-    Clock::time_point b, e;
-  };
-  std::string path_;
-  int rank_;
-  std::string label_;
-  bool on_ = false;
-  std::vector<Event> events_;
 };
 
 // The bubble fraction of a pipeline step, as the (P-1)/(M+P-1) theory defines it: the share

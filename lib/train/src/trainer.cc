@@ -24,6 +24,7 @@
 #include "control.h"
 #include "diverged.h"
 #include "progress.h"
+#include "trace.h"
 #include "host_collectives.h"
 #include "out_of_memory.h"
 
@@ -72,6 +73,9 @@ namespace {
 TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& comm, const TrainOptions& opts,
                               detail::AllocationSite& site) {
   const int rank = comm.rank(), world = comm.size();
+  // (before anything is loaded: a trace directory it cannot write is said at once)
+  detail::Trace trace(opts.trace_dir.empty() ? std::string() : fmt::format("{}/trace-rank{}.json", opts.trace_dir, rank),
+                      rank, fmt::format("data-parallel, {} of {}", rank, world));
   MlpConfig cfg;
   cfg.layers = ts.model.layers;
   cfg.activation = ts.model.activation == "gelu" ? Activation::kGelu : Activation::kRelu;
@@ -270,7 +274,12 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
   const auto runStart = Clock::now();
   double windowLoss = 0, windowCorrect = 0, windowSamples = 0;
   detail::Progress progress(firstStep, totalSteps, globalBatch);
+  auto writeTrace = [&] {
+    trace.setOn(false);
+    if (const std::string problem = trace.write(); !problem.empty()) opts.warning(problem);
+  };
   std::vector<comm::WorkPtr> works;
+  std::vector<Clock::time_point> launched;  // (each work's launch, while traced)
   std::vector<size_t> closed;
   // Gradients staged through the host (GPU math, host communicator).
   std::vector<float> hostGrads;
@@ -286,17 +295,30 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
          cursor += globalBatch) {
       if (opts.on_step) opts.on_step(step);
       control.stepStarted();
+      trace.setOn(step > firstStep && step <= firstStep + detail::kTraceSteps);
       if (loader.pending() == 0) loader.request(batchAt(order, cursor));  // an epoch's first step
+      auto t0 = Clock::now();
       const auto& batch = loader.take();
+      // (only when the step waited for its batch: a prefetched one is not worth a row)
+      if (trace.on()) {
+        const auto t1 = Clock::now();
+        if (t1 - t0 > std::chrono::microseconds(50)) trace.add("load batch", -1, step, t0, t1);
+        t0 = t1;
+      }
       // The next step's batch loads while this step computes (within the epoch: the next
       // epoch's order starts with the next epoch).
       if (cursor + 2 * globalBatch <= N && step + 1 < totalSteps) loader.request(batchAt(order, cursor + globalBatch));
       if (opts.on_batch) opts.on_batch(epoch, batch.indices.data(), B);
       be->forward(batch.x.data(), B, batch.y.data());
+      auto t1 = Clock::now();
+      trace.add("forward", -1, step, t0, t1);
       works.clear();
+      launched.clear();
       closed.clear();
       size_t next = 0;
       auto launch = [&](const Bucket& bk) {
+        // (taken before the launch: the communicator may start it before the call returns)
+        const auto at = trace.on() ? Clock::now() : Clock::time_point{};
         if (direct) {
           works.push_back(comm.allreduceAsync(grads + bk.begin, bk.end - bk.begin, comm::DataType::kFloat32,
                                               comm::ReduceOp::kAvg));
@@ -305,6 +327,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
           works.push_back(comm.allreduceAsync(hostGrads.data() + bk.begin, bk.end - bk.begin, comm::DataType::kFloat32,
                                               comm::ReduceOp::kAvg));
         }
+        if (trace.on() && launched.size() < works.size()) launched.push_back(at);
       };
       be->backward([&](int layer) {
         if (!overlap || next >= buckets.size() || buckets[next].closes_at != layer) return;
@@ -319,8 +342,23 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
         launch(buckets[i]);
       }
       if (next < buckets.size()) be->waitLayer(0);  // no overlap: after the whole backward
+      t0 = Clock::now();
+      trace.add("backward", -1, step, t1, t0);
       for (; next < buckets.size(); ++next) launch(buckets[next]);
       for (auto& w : works) w->wait();
+      if (trace.on() && !works.empty()) {
+        t1 = Clock::now();
+        trace.add("wait for gradients", -1, step, t0, t1);
+        // Each bucket's all-reduce, on the communicator's row: when it ran, and how long it
+        // waited to start after its launch, where the communicator knows it (tcp); else from
+        // its launch to the wait's end (nccl: it runs on the GPU).
+        for (size_t i = 0; i < works.size(); ++i) {
+          const auto ran = works[i]->ranAt();
+          trace.add("all-reduce", static_cast<int>(i), step, ran ? ran->start : launched[i], ran ? ran->end : t1,
+                    detail::Trace::kCommLane, ran ? launched[i] : Clock::time_point{});
+        }
+      }
+      t0 = Clock::now();
       if (!direct && world > 1)
         for (const auto& bk : buckets)
           be->copyToBackend(grads + bk.begin, hostGrads.data() + bk.begin, (bk.end - bk.begin) * sizeof(float));
@@ -349,6 +387,9 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
       // The GPU computed the loss long ago; reading it here keeps the step free of stalls.
       int correct = 0;
       const double loss = be->result(&correct);
+      trace.add("optimizer", -1, step, t0, Clock::now());
+      // (written once its steps are: a run stopped or failed later keeps it)
+      if (trace.on() && step == firstStep + detail::kTraceSteps) writeTrace();
       ++step;
       samplesTrained += globalBatch;
       progress.stepDone(step);
@@ -409,6 +450,7 @@ TrainResult trainDataParallel(const spec::TrainerSpec& ts, comm::Communicator& c
       control.phase(TrainControl::kTraining);
     }
   }
+  if (trace.on()) writeTrace();  // (fewer steps than a whole trace)
   // The last checkpoint is durable before the run reports its result (and `params` is free).
   control.phase(TrainControl::kSaving);
   writer.wait();

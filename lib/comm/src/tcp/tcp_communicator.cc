@@ -47,12 +47,19 @@ constexpr long long kMaxPollMs = 3600 * 1000;
 
 class FutureWork final : public Work {
  public:
-  explicit FutureWork(std::shared_future<void> f) : f_(std::move(f)) {}
+  // `span` is written by the communicator's thread before the future is made ready, so it
+  // is read here only after f_ says done.
+  FutureWork(std::shared_future<void> f, std::shared_ptr<const Span> span) : f_(std::move(f)), span_(std::move(span)) {}
   void wait() override { f_.get(); }
   bool test() override { return f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+  std::optional<Span> ranAt() const override {
+    if (!span_ || f_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
+    return *span_;
+  }
 
  private:
   std::shared_future<void> f_;
+  std::shared_ptr<const Span> span_;
 };
 
 void setNonBlocking(int fd) {
@@ -636,12 +643,17 @@ std::shared_future<void> TcpCommunicator::pushLocked(const char* name, OpFn fn) 
 
 WorkPtr TcpCommunicator::enqueue(const char* name, OpFn fn) {
   std::shared_future<void> f;
+  auto span = std::make_shared<Work::Span>();
   {
     std::lock_guard<std::mutex> l(mu_);
-    f = pushLocked(name, std::move(fn));
+    f = pushLocked(name, [span, fn = std::move(fn)](Clock::time_point deadline) {
+      span->start = Clock::now();
+      fn(deadline);
+      span->end = Clock::now();
+    });
   }
   cv_.notify_one();
-  return std::make_shared<FutureWork>(std::move(f));
+  return std::make_shared<FutureWork>(std::move(f), std::move(span));
 }
 
 template <typename F>

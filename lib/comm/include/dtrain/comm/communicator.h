@@ -11,6 +11,7 @@
 // the buffers' lifetime rules are those of XxxAsync(...)->wait().
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ class Work {
   virtual void wait() = 0;
   // True when done (successfully or not); never blocks.
   virtual bool test() = 0;
+  // When the operation ran on the host's steady clock, from the start of its work to its end
+  // (not its time queued behind earlier ones), where the backend knows it (tcp; not nccl,
+  // whose work runs on the GPU). Only after wait() returned without an error.
+  struct Span {
+    std::chrono::steady_clock::time_point start, end;
+  };
+  virtual std::optional<Span> ranAt() const { return std::nullopt; }
 };
 
 using WorkPtr = std::shared_ptr<Work>;
