@@ -577,6 +577,20 @@ expect_grep "^dtrain: job 'job' failed: rendezvous round 0 timed out after 2 s: 
 sleep 4
 run_id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_id"])' "$T/slowjoin.sum")
 [ -n "$run_id" ] && pgrep -f "agent .*--run-id $run_id" >/dev/null && fail "a node slow to join: its agent left running" || pass "a node slow to join: no agent left"
+# A console that takes nothing for longer than shutdown_timeout_s + 10 s while a node's
+# workers stop for a restart (rank 0 prints 20 MB in its SIGTERM handler; the reader sleeps
+# 14 s): that node's end waits in the unread pipe, so it is not lost for it (before: "its
+# workers did not end within 11 s of their stop", the node killed and excluded).
+cat > "$T/flood.sh" <<'SH'
+[ "$TORCHELASTIC_RESTART_COUNT" != 0 ] && { echo "rank $RANK done"; exit 0; }
+if [ "$RANK" = 1 ]; then sleep 1; exit 1; fi
+trap 'head -c 20000000 /dev/zero | tr "\0" "x" | fold -w 100; exit 0' TERM
+while :; do sleep 0.1; done
+SH
+timeout -k 5 90 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 --shutdown-timeout 1 -- sh "$T/flood.sh" 2>"$T/err" | (sleep 14; cat >"$T/out")
+expect_eq "${PIPESTATUS[0]}" 0 "a held console through a restart: exit 0"
+expect_no_grep "node_lost|did not end within" "$T/err" "a held console through a restart: no node lost for it"
+expect_eq "$(grep -c ' done$' "$T/out")" 2 "a held console through a restart: round 1 ran on both nodes"
 # On a terminal, every node's workers get its size less the widest "[node rank N] " prefix.
 script -qec "stty cols 150 rows 40; $DTRAIN run --hosts localhost:1,127.0.0.1:1 -- sh -c 'echo cols=\$COLUMNS lines=\$LINES'" /dev/null 2>&1 | tr -d '\r' >"$T/cols.out"
 expect_eq "$(grep -c '^\[[a-z0-9.]* rank [01]\] cols=131 lines=40$' "$T/cols.out")" 2 "across hosts: COLUMNS less the widest prefix ([127.0.0.1 rank 1] ), LINES"

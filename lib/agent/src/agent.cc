@@ -76,17 +76,26 @@ namespace proto = launch::proto;
 void send(const std::string& rec) { launch::console().write(STDOUT_FILENO, rec); }
 
 // Reads one '\n'-terminated line from fd without buffering past it (the rest of stdin
-// belongs to the control thread). Empty optional on EOF or timeout.
-std::optional<std::string> readLine(int fd, std::chrono::milliseconds timeout) {
+// belongs to the control thread). Empty optional on EOF, a read error, a line too long, or
+// when `timeout` (none: wait as long as it takes) has passed.
+std::optional<std::string> readLine(int fd, std::optional<std::chrono::milliseconds> timeout) {
+  // Each poll waits at most an hour, then the deadline is looked at again: poll's int
+  // milliseconds would wrap past 24.8 days, and a wrapped wait ends early, taken for EOF (a
+  // launcher silent for 17 days through a long round was taken for lost).
+  constexpr long long kMaxPollMs = 3600LL * 1000;
   std::string line;
-  auto deadline = Clock::now() + timeout;
+  const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
   while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return std::nullopt;
+    long long left = kMaxPollMs;
+    if (timeout) {
+      left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return std::nullopt;
+    }
     pollfd p{fd, POLLIN, 0};
-    int n = ::poll(&p, 1, static_cast<int>(left));
+    int n = ::poll(&p, 1, static_cast<int>(std::min(left, kMaxPollMs)));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return std::nullopt;
+    if (n == 0) continue;  // (the deadline, if any, is looked at above)
+    if (n < 0) return std::nullopt;
     char c;
     ssize_t got = ::read(fd, &c, 1);
     if (got < 0 && errno == EINTR) continue;
@@ -320,7 +329,7 @@ int runAgent(const AgentOptions& opts) {
   auto& control = *controlPtr;
   std::thread([controlPtr, connectedPtr] {
     while (true) {
-      auto line = readLine(STDIN_FILENO, std::chrono::hours(24 * 365));
+      auto line = readLine(STDIN_FILENO, std::nullopt);  // (the launcher speaks only on events)
       if (!line) {
         if (!*connectedPtr) exitBeforeConnected(128 + SIGHUP);
         controlPtr->post({Command::kLost});

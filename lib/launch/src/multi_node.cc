@@ -385,6 +385,9 @@ class MultiNodeRunner {
     Clock::time_point at;
   };
   std::vector<IdleWithoutFailure> idleWithoutFailure_;
+  // Since when the agents' pipes are left unread (the console takes nothing more): their
+  // records wait there, so no agent is judged late meanwhile.
+  std::optional<Clock::time_point> heldSince_;
   bool killAsked_ = false;  // a second Ctrl-C: the agents are SIGKILLed at the deadline, held console or not
   bool pending_ = false;    // a restart is scheduled
   Clock::time_point pendingAt_{};
@@ -1171,7 +1174,7 @@ void MultiNodeRunner::timers() {
   // worker in uninterruptible sleep survives SIGKILL: a hung driver, a dead NFS mount) holds
   // every next round, as its agent waits for them: it is lost, as a silent one is.
   for (auto& n : nodes_) {
-    if (!n.stopping || !n.running || n.state == NodeState::kLost) continue;
+    if (!n.stopping || !n.running || n.state == NodeState::kLost || heldSince_) continue;
     const auto limit = std::chrono::milliseconds(static_cast<long>(spec_.shutdown_timeout_s * 1000)) +
                        std::chrono::seconds(10);
     if (now - n.stoppingSince < limit) continue;
@@ -1249,7 +1252,6 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
 
   std::vector<char> buf(65536);
   Console& con = console();
-  std::optional<Clock::time_point> heldSince;  // since when the agents' pipes are left unread
   while (true) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Node*, bool>> owners;
@@ -1267,15 +1269,18 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     // pipes is read regardless.
     const bool held = con.backlogged() && anyRunning;
     if (held) {
-      if (!heldSince) heldSince = Clock::now();
+      if (!heldSince_) heldSince_ = Clock::now();
       fds.push_back({con.wakeFd(), POLLIN, 0});
       owners.push_back({nullptr, false});
-    } else if (heldSince) {
+    } else if (heldSince_) {
       // An agent's end may have waited on us for that long (its last records unread): the
-      // backstop below does not count it.
+      // backstop below does not count it, nor the limit on a paused node's workers (its 'D'
+      // waited in the pipe too).
       // (counted from the stop when it came later: the time before it was not the agents')
-      if (stopping_ && !killed_) killDeadline_ += Clock::now() - std::max(*heldSince, stopStarted_);
-      heldSince.reset();
+      if (stopping_ && !killed_) killDeadline_ += Clock::now() - std::max(*heldSince_, stopStarted_);
+      for (auto& n : nodes_)
+        if (n.stopping) n.stoppingSince += Clock::now() - std::max(*heldSince_, n.stoppingSince);
+      heldSince_.reset();
     }
     const size_t firstPipe = fds.size();
     bool anyPipes = false;
