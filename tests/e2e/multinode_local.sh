@@ -319,6 +319,21 @@ h1=$(sed -n 's/.*weights sha256 \([0-9a-f]*\).*/\1/p' "$T/out")
 DTRAIN_DATA_SHARE=0 "$DTRAIN" run "$T/csvtrain.json" --nproc-per-node 2 >"$T/out1" 2>"$T/err1"
 expect_eq "$?" 0 "csv trainer on 1 node, no image"
 expect_grep "weights sha256 ${h1:-none}" "$T/out1" "csv: 2 nodes with images == 1 node parsing in each worker"
+# The data file made unreadable (a directory now) before a restart: each agent's data image
+# cannot be made again, said as the node's failure with the file and the reason (before: the
+# agents died of std::terminate, exit 134, "lost").
+cp "$T/mn.csv" "$T/live.csv"
+sed -e "s|$T/mn.csv|$T/live.csv|" -e 's|"epochs": 2|"epochs": 4000|' -e "s|\"log_every_steps\": 1000}|\"log_every_steps\": 100000, \"checkpoint\": {\"dir\": \"$T/live-ckpt\", \"every_steps\": 20}}, \"max_restarts\": 1|" "$T/csvtrain.json" >"$T/live.json"
+"$DTRAIN" run "$T/live.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 600); do ls "$T/live-ckpt" 2>/dev/null | grep -q "^ckpt-" && break; sleep 0.1; done
+rm "$T/live.csv"; mkdir "$T/live.csv"
+victim=$(pgrep -f "train .*$T" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 1 "data file unreadable at a restart across nodes: exit 1"
+expect_grep "^dtrain: job 'job' failed: node (localhost|127.0.0.1): the training data could not be read again for round 1: $T/live.csv:1: read error: Is a directory$" "$T/err" "data file unreadable at a restart: the node's failure, the file and why"
+expect_no_grep "terminate called|exited with 134" "$T/err" "data file unreadable at a restart: no agent aborted"
 # A program missing on a node is the job's error, said once (exit 2), not exit 127 from
 # every rank there and a restart budget spent on it.
 "$DTRAIN" run --hosts "$HOSTS" --max-restarts 3 -- dtrain-no-such-prog x >"$T/out" 2>"$T/err"

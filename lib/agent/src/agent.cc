@@ -682,9 +682,20 @@ int runAgent(const AgentOptions& opts) {
 
     // A data file changed since this host's image was made (between rounds: no worker maps it
     // now): made again, or the workers would each parse the files on top of the stale one.
-    if (spec.trainer && dataImage.fd)
-      if (const std::string changed = train::refreshDataImage(*spec.trainer, dataImage); !changed.empty())
-        std::cerr << fmt::format("round {}: {}\n", round.round, changed);
+    // (a data file that cannot be read again, or no memory for it: this node's failure, said
+    // as the start's is; not an exception past the heartbeat thread, a std::terminate)
+    try {
+      if (spec.trainer && dataImage.fd)
+        if (const std::string changed = train::refreshDataImage(*spec.trainer, dataImage); !changed.empty())
+          std::cerr << fmt::format("round {}: {}\n", round.round, changed);
+    } catch (const SpecError& e) {
+      rc = fail({"spec", fmt::format("node {}: {}", opts.node, e.what())});
+      break;
+    } catch (const std::exception& e) {
+      rc = fail({"io", fmt::format("node {}: the training data could not be read again for round {}: {}", opts.node,
+                                   round.round, e.what())});
+      break;
+    }
     launch::LocalRunOptions lo;
     lo.line_sink = [](const launch::WorkerSlot& s, bool isErr, std::string_view line) {
       send(proto::record(isErr ? 'E' : 'O', {std::to_string(s.global_rank), std::to_string(s.local_rank), std::string(line)}));

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -235,7 +236,10 @@ bool getCsvLine(std::istream& in, std::string& line, size_t maxBytes, const std:
   for (;;) {
     in.getline(piece, sizeof piece);
     const auto got = static_cast<size_t>(in.gcount());
-    if (in.bad()) throw IoError(fmt::format("{}:{}: read error", path, lineNo));
+    if (in.bad()) {
+      const int err = errno;  // (the failed read's, as the stream keeps no reason)
+      throw IoError(fmt::format("{}:{}: read error: {}", path, lineNo, std::strerror(err ? err : EIO)));
+    }
     const bool full = in.fail() && !in.eof();  // the piece filled up before a line end
     const bool ended = !in.fail() && !in.eof();  // a line end, extracted (counted in gcount, not stored)
     if (in.eof() && got == 0 && line.empty()) return false;  // no more lines
