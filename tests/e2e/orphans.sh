@@ -171,11 +171,15 @@ cat >"$T/guard.json" <<JSON
  "data": {"type": "synthetic", "train_samples": 256, "eval_samples": 32}, "batch_size": 16,
  "epochs": 20000, "log_every_steps": 1000000}}
 JSON
-"$DTRAIN" run "$T/guard.json" >"$T/g.out" 2>"$T/g.err" &
+# (dtrain given a descriptor of its parent's, 7: its guards, which may outlive it, hold nothing
+# but their own three, nor any store connection)
+"$DTRAIN" run "$T/guard.json" >"$T/g.out" 2>"$T/g.err" 7>"$T/fd7" &
 DTRAIN_PID=$!
 for _ in $(seq 100); do grep -q "trainer:" "$T/g.out" 2>/dev/null && break; sleep 0.05; done
 guards=$(ps -o pid= -o args= --ppid "$DTRAIN_PID" | awk '$2 == "dtrain-guard" {print $1}')
 [ -n "$guards" ] && pass "the run's guards found" || fail "no dtrain-guard under the launcher"
+fds=$(for g in $guards; do ls /proc/$g/fd; done | sort -u | tr '\n' ' ')
+expect_eq "$fds" "0 1 2 " "the guards hold no descriptor of dtrain's but their own"
 kill -KILL $guards 2>/dev/null
 wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 0 "guards killed by hand: the job still succeeds"

@@ -52,6 +52,12 @@ OrphanGuard::OrphanGuard() {
   posix_spawn_file_actions_adddup2(&fa, r.get(), STDIN_FILENO);
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  // Nothing else of ours: descriptors opened without O_CLOEXEC (the store's connections,
+  // which Boost.Asio accepts without it; what dtrain's own parent left open) would live on
+  // in the guard, which may outlive us, and a peer would not see them close.
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  posix_spawn_file_actions_addclosefrom_np(&fa, STDERR_FILENO + 1);
+#endif
   sigset_t none, all;
   sigemptyset(&none);
   sigfillset(&all);

@@ -683,6 +683,9 @@ void TcpStoreServer::Impl::accept() {
     // which is answered QUOTA: never a silent close.
     while (!pending.empty() && pending.size() >= std::max<size_t>(opts.max_unauthenticated, 1)) pending.front()->evict();
     sock.set_option(tcp::no_delay(true), ec);
+    // (accepted without SOCK_CLOEXEC: a process spawned now, an ssh or a guard, would hold
+    // the client's connection open after we close it)
+    ::fcntl(sock.native_handle(), F_SETFD, FD_CLOEXEC);
     ++connections;
     // Not make_shared: `sessions` holds weak references until the next sweep, and with
     // make_shared they would keep each closed session's memory (its object and buffers
