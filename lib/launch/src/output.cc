@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/signal_mask.h"
 #include "dtrain/common/time.h"
 
 namespace dtrain::launch {
@@ -113,7 +114,12 @@ void Console::write(int fd, std::string_view text) {
       q.push_back({fd, std::string(text)});
     pending_ += text.size();
     if (pending_ >= opts_.backlog_max) held_ = true;
-    if (!lanes_[lane].thread.joinable()) lanes_[lane].thread = std::thread([this, lane] { writer(lane); });
+    if (!lanes_[lane].thread.joinable()) {
+      // Born with every signal blocked (it inherits this thread's mask): blocked only once it
+      // runs, it could take a stop signal meant for the thread that handles them, in between.
+      AllSignalsBlocked blocked;
+      lanes_[lane].thread = std::thread([this, lane] { writer(lane); });
+    }
   }
   work_.notify_all();  // (the lane's writer among at most two)
 }
