@@ -122,6 +122,22 @@ expect_eq "$?" 0 "hung worker detected, restarted, job completes"
 expect_grep "event worker_hung \(round 0\) host .* rank 0: no heartbeat for 2\.[0-2] s \(worker_timeout_s 2\); killed as hung" "$T/err" "hung event within worker_timeout_s + 10%"
 expect_eq "$(jq_ "$T/s3.json" "[e['kind'] for e in d['events']]")" "['worker_hung', 'restart']" "summary events"
 
+# Silence is measured on the steady clock: a worker whose every touch lands an hour in the
+# past (as after the wall clock stepped an hour ahead) is alive, not hung; one that stops
+# touching after that is still caught within worker_timeout_s.
+cat > "$T/skew.sh" <<'SH'
+for i in $(seq 15); do touch -d "@$(date -d '1 hour ago' +%s.%N)" "$DTRAIN_WATCHDOG_FILE"; sleep 0.2; done
+[ "$RANK" = 1 ] && exec sleep 30
+exit 0
+SH
+cat > "$T/skew.json" <<JSON
+{"name": "skew", "command": ["sh", "$T/skew.sh"], "nproc_per_node": 2, "max_restarts": 0, "worker_timeout_s": 2}
+JSON
+"$DTRAIN" run "$T/skew.json" >"$T/out" 2>"$T/err"
+expect_eq "$?" 137 "watchdog touches an hour old: the worker that stops is killed as hung"
+expect_grep "event worker_hung \(round 0\) host .* rank 1: no heartbeat for 2\.[0-2] s \(worker_timeout_s 2\)" "$T/err" "watchdog touches an hour old: only the silence counts, on the steady clock"
+expect_eq "$(grep -c 'worker_hung' "$T/err")" 1 "watchdog touches an hour old: the live workers were not killed"
+
 # The hung rank is blamed, not the peer that went silent first waiting for it: rank 0 stops
 # beating (as if blocked in an all-reduce), then rank 1 is stopped.
 cat > "$T/blame.sh" <<'SH'

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <charconv>
 #include <bitset>
 #include <cerrno>
@@ -173,6 +174,12 @@ struct Worker {
   // When dtrain's console last held its output back with its pipe filling (pipeFilling): its
   // watchdog counts its silence from then at the earliest.
   Clock::time_point heldAt{};
+  // The watchdog file's last mtime seen, and when (steady clock) it was touched as far as
+  // the checks can tell: silence is measured on the steady clock, so that a step of the wall
+  // clock (NTP, a VM resumed) neither kills a healthy worker as hung nor blinds the watchdog.
+  std::optional<std::filesystem::file_time_type> seenMtime;
+  Clock::time_point touchedAt{};
+  Clock::time_point watchCheckedAt{};
 };
 
 class LocalLauncher final : public Launcher {
@@ -564,10 +571,19 @@ void LocalLauncher::checkWatchdogs() {
     std::error_code ec;
     auto touched = std::filesystem::last_write_time(w.watchdog_file, ec);
     if (ec) continue;  // not armed: the worker never touched it
+    if (!w.seenMtime || *w.seenMtime != touched) {
+      // Touched since the last check: when, within the time since that check, the wall
+      // clock says (a touch is never placed before the last check, nor in the future).
+      const auto sinceCheck = w.seenMtime ? steadyNow - w.watchCheckedAt : Clock::duration::zero();
+      const auto ago = std::chrono::duration_cast<Clock::duration>(now - touched);
+      w.touchedAt = steadyNow - std::clamp(ago, Clock::duration::zero(), sinceCheck);
+      w.seenMtime = touched;
+    }
+    w.watchCheckedAt = steadyNow;
     // A worker blocked writing to a pipe dtrain does not read (its console backlogged) is
     // held up by dtrain: its silence counts from when that ended.
     if (held_ && (pipeFilling(w.out.fd) || pipeFilling(w.err.fd))) w.heldAt = steadyNow;
-    double silent = std::chrono::duration<double>(now - touched).count();
+    double silent = std::chrono::duration<double>(steadyNow - w.touchedAt).count();
     if (w.heldAt != Clock::time_point{})
       silent = std::min(silent, std::chrono::duration<double>(steadyNow - w.heldAt).count());
     armed.push_back({&w, silent});
