@@ -464,4 +464,17 @@ script -qec "stty cols 150 rows 40; $DTRAIN run --no-prefix --env COLUMNS=77 -- 
 expect_grep "^cols=77 lines=40$" "$T/cols.out" "COLUMNS from the job's env wins"
 "$DTRAIN" run -- sh -c 'echo "cols=${COLUMNS-unset}"' >"$T/cols.out" 2>/dev/null
 expect_eq "$(cat "$T/cols.out")" "[rank 0] cols=unset" "no terminal: no COLUMNS"
+# A worker that exits 0 leaving a process that writes on (a monitor started with '&'): its
+# lines come through while the pipes are read, then dtrain says why it stops reading and ends
+# (before: it read on for good, and even a SIGTERM did not end it). On one node and across
+# nodes (each agent says it).
+for hosts in "" "--hosts localhost:1,127.0.0.1:1"; do
+  start=$(date +%s%N)
+  timeout -k 5 30 "$DTRAIN" run --nproc-per-node 1 $hosts -- sh -c '(while :; do echo tick; sleep 0.1; done) & exit 0' >"$T/out" 2>"$T/err"
+  rc=$?; ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  expect_eq "$rc" 0 "a writer left running ${hosts:-on one node}: exit 0"
+  [ "$ms" -lt 6000 ] && pass "a writer left running ${hosts:-on one node}: ends in ${ms} ms" || fail "a writer left running ${hosts:-on one node}: took ${ms} ms"
+  expect_grep "tick$" "$T/out" "a writer left running ${hosts:-on one node}: its lines came through meanwhile"
+  expect_grep "rank [01] exited, but a process it left running still writes to its output; not read any more \(that process gets EPIPE or SIGPIPE\): redirect its output to keep it$" "$T/err" "a writer left running ${hosts:-on one node}: said"
+done
 finish

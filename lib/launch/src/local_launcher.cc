@@ -52,6 +52,11 @@ constexpr auto kPartialLineIdle = std::chrono::seconds(1);
 // this long: Python's unbuffered print() writes the text and its newline separately, and
 // drawing every such line as a status first would flicker.
 constexpr auto kPartialShowDelay = std::chrono::milliseconds(100);
+// An update of a line already drawn in place is drawn this long after it came, with what
+// came meanwhile: the newline that completes it, written separately (print(" done")), would
+// otherwise have the line drawn once more unfinished, just before it is printed whole. A bar
+// updated faster is drawn this often.
+constexpr auto kPartialRedrawDelay = std::chrono::milliseconds(20);
 // A rank's unfinished line drawn in place is given up to another rank's after this long
 // without an update.
 constexpr auto kPartialOwnerIdle = std::chrono::seconds(1);
@@ -59,6 +64,10 @@ constexpr auto kPartialOwnerIdle = std::chrono::seconds(1);
 // more (what the workers left there is far less; a grandchild that kept a pipe open and
 // writes on is cut off), then given up.
 constexpr size_t kLeftoverMax = 16u << 20;
+// With every worker gone, their pipes are read for at most this long: what the workers left
+// there takes microseconds; a process one of them left running (a monitor started with `&`, an
+// upload) that writes on would otherwise hold dtrain up for good.
+constexpr auto kLeftoverWindow = std::chrono::seconds(2);
 // A teardown after a worker failure still waiting this long says what it waits for.
 constexpr auto kTeardownNoticeAfter = std::chrono::seconds(2);
 // How often a lingering process group (see Worker::lingering) is looked at, should no
@@ -141,6 +150,7 @@ struct Stream {
   bool is_err = false;
   Clock::time_point last_data{};     // of the latest read
   Clock::time_point partial_since{};  // when its unfinished line began; {} = none
+  Clock::time_point redraw_at{};      // when an update of its line drawn in place is drawn; {} = none due
 };
 
 struct Worker {
@@ -393,7 +403,17 @@ int LocalLauncher::flushIdlePartials() {
       std::string_view p = s->splitter.pending();
       if (p.empty() || maybeStatus(p)) continue;
       if (livePartial(w, *s)) {  // drawn in place once it has waited kPartialShowDelay
-        if (partialOwner_ == &w) continue;
+        if (partialOwner_ == &w) {  // drawn: an update is due at redraw_at
+          if (s->redraw_at == Clock::time_point{}) continue;
+          if (s->redraw_at <= now) {
+            s->redraw_at = {};
+            showPartial(w);
+            continue;
+          }
+          long ms = std::chrono::duration_cast<std::chrono::milliseconds>(s->redraw_at - now).count() + 1;
+          if (nextMs < 0 || ms < nextMs) nextMs = ms;
+          continue;
+        }
         auto show = s->partial_since + kPartialShowDelay;
         if (show <= now && !mayTakeStatusLine(w)) {
           show = partialOwner_->out.last_data + kPartialOwnerIdle;  // looked at again then
@@ -409,7 +429,7 @@ int LocalLauncher::flushIdlePartials() {
       if (due <= now) {
         bool isErr = s->is_err;
         s->splitter.flushPending([&](std::string_view l) { emitLine(w, isErr, l); });
-        s->partial_since = {};
+        s->partial_since = s->redraw_at = {};
         continue;
       }
       long ms = std::chrono::duration_cast<std::chrono::milliseconds>(due - now).count() + 1;
@@ -776,8 +796,9 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
   Console& con = console();
   held_ = false;
   lastHeld_ = {};
-  // Read from the pipes with every worker gone while the console was backlogged.
+  // Read from the pipes with every worker gone, and since when they are.
   size_t leftover = 0;
+  std::optional<Clock::time_point> allGoneAt;
   while (true) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, Stream*>> owners;
@@ -797,7 +818,8 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     // this loop (signals, control, reaping, deadlines, watchdogs) goes on. Read on once the
     // console's wake descriptor says the backlog has gone down. With every worker gone, what
     // is left in the pipes is read regardless: the pipes bound it, unless a grandchild that
-    // kept one open writes on, cut off after kLeftoverMax as after 200 ms of silence below.
+    // kept one open writes on, cut off after kLeftoverWindow or kLeftoverMax, as after 200 ms
+    // of silence below.
     held_ = con.backlogged() && anyRunning;
     if (held_) {
       lastHeld_ = Clock::now();
@@ -815,7 +837,21 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
         owners.push_back({&w, s});
       }
     }
-    if (!anyRunning && (!anyStreams || leftover >= kLeftoverMax)) break;
+    if (anyRunning) allGoneAt.reset();
+    else if (!allGoneAt) allGoneAt = Clock::now();
+    if (!anyRunning && anyStreams && (leftover >= kLeftoverMax || Clock::now() - *allGoneAt >= kLeftoverWindow)) {
+      // (a process a worker left running writes on: said, as its output is lost from now on)
+      std::vector<std::string> ranks;
+      for (const auto& w : workers_)
+        if (w.out.fd || w.err.fd) ranks.push_back(std::to_string(w.slot.global_rank));
+      writeAboveStatus(STDERR_FILENO,
+                       fmt::format("{}rank {} exited, but a process it left running still writes to its output; "
+                                   "not read any more (that process gets EPIPE or SIGPIPE): redirect its output to keep "
+                                   "it\n",
+                                   opts_.line_sink ? "" : "dtrain: ", fmt::join(ranks, ", ")));
+      break;
+    }
+    if (!anyRunning && !anyStreams) break;
     int timeoutMs = -1;
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killDeadline_ - Clock::now()).count();
@@ -842,6 +878,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       }
     }
     // With every worker gone, a grandchild that kept a pipe open must not hold dtrain up.
+    // (kLeftoverWindow is looked at above, at the next turn)
     if (!anyRunning) timeoutMs = 200;
     if (spec.worker_timeout_s > 0 && anyRunning && (timeoutMs < 0 || timeoutMs > 250)) timeoutMs = 250;
     if (anyLingering && (timeoutMs < 0 || timeoutMs > kLingerPollMs)) timeoutMs = kLingerPollMs;
@@ -904,7 +941,7 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       auto [w, s] = owners[i];
       ssize_t got = ::read(s->fd.get(), buf.data(), buf.size());
       if (got < 0 && errno == EINTR) continue;
-      if (got > 0 && !anyRunning && con.backlogged()) leftover += static_cast<size_t>(got);
+      if (got > 0 && !anyRunning) leftover += static_cast<size_t>(got);
       bool isErr = s->is_err;
       if (got <= 0) {
         s->splitter.finish([&](std::string_view l) { emitLine(*w, isErr, l); });
@@ -915,11 +952,13 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
       s->splitter.feed(std::string_view(buf.data(), static_cast<size_t>(got)),
                        [&](std::string_view l) { emitLine(*w, isErr, l); });
       if (s->splitter.pending().empty())
-        s->partial_since = {};
+        s->partial_since = s->redraw_at = {};
       else if (s->partial_since == Clock::time_point{})
         s->partial_since = s->last_data;
-      if (livePartial(*w, *s) && s->last_data - s->partial_since >= kPartialShowDelay && mayTakeStatusLine(*w))
-        showPartial(*w);
+      if (livePartial(*w, *s) && s->last_data - s->partial_since >= kPartialShowDelay && mayTakeStatusLine(*w)) {
+        if (partialOwner_ != w) showPartial(*w);
+        else if (s->redraw_at == Clock::time_point{}) s->redraw_at = s->last_data + kPartialRedrawDelay;
+      }
     }
     reap();
   }
