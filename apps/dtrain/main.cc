@@ -21,6 +21,7 @@
 #include "agent_cmd.h"
 #include "bench_cmd.h"
 #include "dtrain/common/errors.h"
+#include "dtrain/common/fd_limit.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/launch/job.h"
 #include "dtrain/launch/multi_node.h"
@@ -326,6 +327,8 @@ int dtrainMain(int argc, char** argv) {
         ::close(null);
       }
     }
+  // (before any thread: a launcher's logs and pipes per rank; restored in what it starts)
+  dtrain::raiseFdLimit();
   // For `dtrain run` and `dtrain validate`, everything after the first "--" is the worker's
   // argv, untouched by CLI11 (validate checks an ad hoc command as run --dry-run takes it).
   // Other commands leave "--" to CLI11, where it ends the options so that a positional may

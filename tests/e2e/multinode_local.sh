@@ -606,6 +606,14 @@ timeout -k 5 90 "$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --max-restarts 1 -
 expect_eq "${PIPESTATUS[0]}" 0 "a held console through a restart: exit 0"
 expect_no_grep "node_lost|did not end within" "$T/err" "a held console through a restart: no node lost for it"
 expect_eq "$(grep -c ' done$' "$T/out")" 2 "a held console through a restart: round 1 ran on both nodes"
+# 80 ranks with a log directory under a soft limit of 64 open files: dtrain raises its own
+# limit (a log and pipes per rank: it ran out near 1000 ranks at the usual 1024) and gives the
+# workers the limit it found; at a hard limit of 64 the failure says the limit and the fix.
+(ulimit -Sn 64; "$DTRAIN" run --hosts localhost:40,127.0.0.1:40 --log-dir "$T/many" -- sh -c 'ulimit -Sn' >"$T/out" 2>"$T/err")
+expect_eq "$?:$(grep -c '] 64$' "$T/out")" "0:80" "80 ranks logged under a soft limit of 64 files: each worker gets 64 back"
+(ulimit -n 64; "$DTRAIN" run --hosts localhost:40,127.0.0.1:40 --log-dir "$T/many2" -- true >"$T/out" 2>"$T/err")
+expect_eq "$?" 1 "80 ranks logged under a hard limit of 64 files: exit 1"
+expect_grep "Too many open files \(this process may have 64 open, ulimit -n; hard limit 64\): raise the limit \(nofile in /etc/security/limits.conf, LimitNOFILE for a service\) and start again$" "$T/err" "out of descriptors: the limit and the fix"
 # On a terminal, every node's workers get its size less the widest "[node rank N] " prefix.
 script -qec "stty cols 150 rows 40; $DTRAIN run --hosts localhost:1,127.0.0.1:1 -- sh -c 'echo cols=\$COLUMNS lines=\$LINES'" /dev/null 2>&1 | tr -d '\r' >"$T/cols.out"
 expect_eq "$(grep -c '^\[[a-z0-9.]* rank [01]\] cols=131 lines=40$' "$T/cols.out")" 2 "across hosts: COLUMNS less the widest prefix ([127.0.0.1 rank 1] ), LINES"

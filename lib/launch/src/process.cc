@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -20,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
+#include "dtrain/common/fd_limit.h"
 #include "dtrain/common/strings.h"
 
 namespace dtrain::launch {
@@ -83,6 +85,7 @@ struct ChildArgs {
   size_t keepCount;
   int maxFd;  // the highest descriptor number possible (RLIMIT_NOFILE), for the fallback below
   int announceFd;  // SpawnOptions::announce_fd
+  const rlimit* fdLimit;  // the descriptor limit dtrain found (fd_limit.h), restored; nullptr = ours
 };
 
 #ifndef SYS_close_range
@@ -167,6 +170,7 @@ int childMain(void* p) {
     for (int fd = 3; fd <= a.maxFd; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   for (size_t i = 0; i < a.keepCount; ++i)
     if (::fcntl(a.keepFds[i], F_SETFD, 0) != 0) childFail(a, "dtrain: error: cannot start a worker: fcntl: ", errno, 126);
+  if (a.fdLimit) ::setrlimit(RLIMIT_NOFILE, a.fdLimit);  // (lowering the soft limit cannot fail)
   struct timespec zero {};
   while (::sigtimedwait(&drop, nullptr, &zero) > 0) {
   }
@@ -291,6 +295,8 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   }();
   ca.maxFd = maxFd;
   ca.announceFd = opts.announce_fd;
+  const std::optional<rlimit> fdLimit = fdLimitToRestore();
+  ca.fdLimit = fdLimit ? &*fdLimit : nullptr;
 
   ChildStack stack(argv.size());
   // clone(CLONE_VM | CLONE_VFORK) as posix_spawn does, not fork: the child borrows our
