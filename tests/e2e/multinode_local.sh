@@ -614,6 +614,18 @@ expect_eq "$?:$(grep -c '] 64$' "$T/out")" "0:80" "80 ranks logged under a soft 
 (ulimit -n 64; "$DTRAIN" run --hosts localhost:40,127.0.0.1:40 --log-dir "$T/many2" -- true >"$T/out" 2>"$T/err")
 expect_eq "$?" 1 "80 ranks logged under a hard limit of 64 files: exit 1"
 expect_grep "Too many open files \(this process may have 64 open, ulimit -n; hard limit 64\): raise the limit \(nofile in /etc/security/limits.conf, LimitNOFILE for a service\) and start again$" "$T/err" "out of descriptors: the limit and the fix"
+# A worker's error file with a 3 MB message, across hosts: the failure is the rank's, its
+# message cut to its beginning (before: the agent's record outgrew the launcher's 2 MiB, was
+# dropped, and the node was lost as one that "reported no failed worker").
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 -- python3 -c '
+import json, os, sys
+if os.environ["RANK"] == "1":
+    json.dump({"message": {"message": "RuntimeError: state " + "s" * 3000000, "extraInfo": {"py_callstack": "Traceback", "timestamp": "0"}}}, open(os.environ["TORCHELASTIC_ERROR_FILE"], "w"))
+    sys.exit(3)
+' >"$T/out" 2>"$T/err"
+expect_eq "$?" 3 "a 3 MB error message across hosts: the rank's exit code"
+expect_grep "^dtrain: job '.*' failed: rank 1 exited with code 3 \(RuntimeError: state sss" "$T/err" "a 3 MB error message across hosts: the rank's failure, its message"
+expect_no_grep "reported no failed worker|node_lost" "$T/err" "a 3 MB error message across hosts: no node lost for it"
 # On a terminal, every node's workers get its size less the widest "[node rank N] " prefix.
 script -qec "stty cols 150 rows 40; $DTRAIN run --hosts localhost:1,127.0.0.1:1 -- sh -c 'echo cols=\$COLUMNS lines=\$LINES'" /dev/null 2>&1 | tr -d '\r' >"$T/cols.out"
 expect_eq "$(grep -c '^\[[a-z0-9.]* rank [01]\] cols=131 lines=40$' "$T/cols.out")" 2 "across hosts: COLUMNS less the widest prefix ([127.0.0.1 rank 1] ), LINES"

@@ -343,6 +343,24 @@ TEST(ErrorFile, ReadsRecordFormatAndPlainText) {
   EXPECT_FALSE(readWorkerErrorFile(path + ".missing"));
 }
 
+// A message or traceback of megabytes (a worker that dumped its state into it) is cut to
+// what a report can show: the message's beginning, the traceback's end (the exception).
+TEST(ErrorFile, CutsHugeMessagesAndTracebacks) {
+  std::string path = ::testing::TempDir() + "/dtrain_error_file_big.json";
+  std::string msg = "RuntimeError: boom " + std::string(3 << 20, 'm');
+  std::string tb = "Traceback (most recent call last):\n" + std::string(3 << 20, 't') + "\nValueError: the end";
+  ASSERT_TRUE(writeWorkerErrorFile(path, {msg, tb}));
+  auto e = readWorkerErrorFile(path);
+  ASSERT_TRUE(e);
+  EXPECT_LT(e->message.size(), 70u << 10);
+  EXPECT_EQ(e->message.rfind("RuntimeError: boom mmm", 0), 0u);
+  EXPECT_NE(e->message.find(" bytes more cut)"), std::string::npos) << e->message.substr(e->message.size() - 80);
+  EXPECT_LT(e->traceback.size(), 70u << 10);
+  EXPECT_EQ(e->traceback.rfind("(... ", 0), 0u);
+  EXPECT_NE(e->traceback.find("\nValueError: the end"), std::string::npos);
+  EXPECT_EQ(e->traceback.substr(e->traceback.size() - 20), "\nValueError: the end");
+}
+
 TEST(Summary, TrainerOutcomeRoundTripsAStoppedRun) {
   const std::string path = ::testing::TempDir() + "/dtrain_outcome_test.json";
   TrainerOutcome stopped;

@@ -5,21 +5,54 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "dtrain/common/strings.h"
+
 namespace dtrain::spec {
+
+namespace {
+
+// What is read of an error file, and kept of its message and traceback: what a person reads
+// in a failure report (the summary, --summary-json, an agent's record to its launcher, which
+// takes at most 2 MiB: a bigger one was dropped whole, the failure with it).
+constexpr size_t kMaxFileBytes = 16u << 20;
+constexpr size_t kMaxMessageBytes = 64u << 10;
+constexpr size_t kMaxTracebackBytes = 64u << 10;
+
+// The message's beginning (where it says what went wrong), then how much was cut.
+std::string cutMessage(std::string m) {
+  if (m.size() <= kMaxMessageBytes) return m;
+  const size_t keep = utf8PrefixLength(m, kMaxMessageBytes);
+  const size_t cut = m.size() - keep;
+  m.resize(keep);
+  return m + fmt::format(" ... ({} bytes more cut)", cut);
+}
+
+// A traceback's end (the frame that raised, and the exception), from a line's start.
+std::string cutTraceback(const std::string& t) {
+  if (t.size() <= kMaxTracebackBytes) return t;
+  size_t from = t.size() - kMaxTracebackBytes;
+  const size_t nl = t.find('\n', from);
+  from = nl == std::string::npos ? from : nl + 1;
+  while (from < t.size() && (static_cast<unsigned char>(t[from]) & 0xC0) == 0x80) ++from;  // (not inside a character)
+  return fmt::format("(... {} bytes of the traceback cut)\n", from) + t.substr(from);
+}
+
+}  // namespace
 
 std::optional<WorkerError> readWorkerErrorFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
+  std::string text(kMaxFileBytes, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
   WorkerError err;
   auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("message")) {
-    err.message = text;
+    err.message = cutMessage(std::move(text));
     return err;
   }
   const auto& m = j["message"];
@@ -35,6 +68,8 @@ std::optional<WorkerError> readWorkerErrorFile(const std::string& path) {
   } else {
     err.message = m.dump();
   }
+  err.message = cutMessage(std::move(err.message));
+  err.traceback = cutTraceback(err.traceback);
   return err;
 }
 
