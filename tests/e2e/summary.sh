@@ -110,7 +110,9 @@ expect_eq "$(jq_ "$T/pf_sum.json" "(d['status'], d['exit_code'], d['error'].star
 expect_eq "$?" 1 "--ssh-option reaches ssh: the ProxyCommand fails the pre-flight"
 expect_grep "unreachable-host \(--hosts\): ssh failed" "$T/err" "--ssh-option: the host named"
 # (ssh ends its messages in CRLF: its CR showed on the console as \x0d)
-expect_grep "ssh failed: Connection closed by UNKNOWN port 65535$" "$T/err" "--ssh-option: ssh's message without its CR"
+# (ssh says "Connection closed by UNKNOWN port 65535", or, when the proxy's end comes first,
+# "banner exchange: Connection to UNKNOWN port 65535: Broken pipe")
+expect_grep "ssh failed: (Connection closed by|banner exchange: Connection to) UNKNOWN port 65535(: Broken pipe)?$" "$T/err" "--ssh-option: ssh's message without its CR"
 # A summary path where nothing can be created (/proc) is refused before the job, not after it.
 "$DTRAIN" run --summary-json /proc/dtrain-summary.json -- touch "$T/ran-proc" >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "summary in /proc: exit 2 before the run"
 [ -e "$T/ran-proc" ] && fail "summary in /proc: the job ran" || pass "summary in /proc: nothing ran"
