@@ -315,6 +315,13 @@ bool isSpecFile(const std::string& path) {
 namespace {
 
 int dtrainMain(int argc, char** argv) {
+  // SIGUSR1/SIGUSR2 (a scheduler's checkpoint request: Slurm's --signal) held until the
+  // handlers below are in: their default action would end dtrain run by that signal.
+  sigset_t usrSignals, startMask;
+  sigemptyset(&usrSignals);
+  sigaddset(&usrSignals, SIGUSR1);
+  sigaddset(&usrSignals, SIGUSR2);
+  ::sigprocmask(SIG_BLOCK, &usrSignals, &startMask);
   // A closed stdin, stdout or stderr (`dtrain run ... >&-`, a daemon's leftovers) is /dev/null
   // from here on: otherwise the next descriptor opened takes its number (the signal pipe, a
   // socket, a log), and what is written to stdout or stderr lands in it, read back as signal
@@ -363,6 +370,7 @@ int dtrainMain(int argc, char** argv) {
   // the signal's default action, which left an earlier run's summary in place.
   std::optional<launch::HeldStopSignals> heldSignals;
   if (isRun) app::holdRunStopSignals(&heldSignals.emplace());
+  ::sigprocmask(SIG_SETMASK, &startMask, nullptr);  // (a signal held meanwhile comes now)
 
   // A run refused on its command line still writes its --summary-json (status failed, exit
   // 2, the error), as a run refused for its spec does: a CI script must never read an

@@ -180,4 +180,22 @@ expect_grep "^\[rank 0\] SIGTERM: stopping during the final evaluation, the trai
 expect_eq "$(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['trainer']; print(t['stopped'], t['steps'], t['checkpoint'])" "$T/ev.sum")" \
   "True 15 $T/ev-ck/ckpt-0000000015.bin" "SIGTERM during the final evaluation: the summary says where it stopped"
 [ -s "$T/ev-logs/metrics.svg" ] && pass "SIGTERM during the final evaluation: metrics.svg drawn" || fail "SIGTERM during the final evaluation: no metrics.svg"
+# SIGUSR1 to dtrain run while the workers start, on one node and across nodes (a Slurm
+# --signal landing on a round's start): each is a checkpoint request, never a worker killed
+# by SIGUSR1's default action before its handler is in (the workers start with it blocked).
+spec "$T/storm.json" ', "checkpoint": {"dir": "'"$T"'/storm-ck", "every_steps": 1000}'
+for hosts in "" "--hosts localhost:1,127.0.0.1:1"; do
+  rm -rf "$T/storm-ck"
+  if [ -n "$hosts" ]; then "$DTRAIN" run "$T/storm.json" --nproc-per-node 1 $hosts --max-restarts 0 >"$T/storm.out" 2>"$T/storm.err" &
+  else "$DTRAIN" run "$T/storm.json" --max-restarts 0 >"$T/storm.out" 2>"$T/storm.err" &
+  fi
+  DTRAIN_PID=$!
+  # (from when dtrain has its handler: SigCgt's bit for SIGUSR1, 10)
+  for _ in $(seq 1000); do (( 0x$(awk '/^SigCgt/ {print $2}' /proc/$DTRAIN_PID/status 2>/dev/null || echo 0) & 0x200 )) && break; sleep 0.001; done
+  for _ in $(seq 200); do kill -USR1 "$DTRAIN_PID" 2>/dev/null || break; sleep 0.002; done
+  wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+  expect_eq "$rc" 0 "SIGUSR1s while the workers start ${hosts:-on one node}: the job succeeds"
+  expect_no_grep "killed by SIGUSR1" "$T/storm.err" "SIGUSR1s while the workers start ${hosts:-on one node}: no worker killed by it"
+  expect_grep "SIGUSR1: checkpoint at step [0-9]+ written to" "$T/storm.out" "SIGUSR1s while the workers start ${hosts:-on one node}: taken as checkpoint requests"
+done
 finish

@@ -282,6 +282,10 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   so.cwd = spec.cwd;
   so.merge_stderr = merged_;
   so.announce_fd = guard_ ? guard_->announceFd() : -1;
+  // The built-in trainer takes SIGUSR1/SIGUSR2 as checkpoint requests once its handlers are
+  // in: one passed on before then (a Slurm --signal landing on a round's start) waits for
+  // them, rather than killing the worker by its default action and spending a restart.
+  if (spec.trainer) so.blocked_signals = {SIGUSR1, SIGUSR2};
   Spawned child = spawnProcess(so);
   w.pid = child.pid;
   w.running = true;

@@ -86,6 +86,8 @@ struct ChildArgs {
   int maxFd;  // the highest descriptor number possible (RLIMIT_NOFILE), for the fallback below
   int announceFd;  // SpawnOptions::announce_fd
   const rlimit* fdLimit;  // the descriptor limit dtrain found (fd_limit.h), restored; nullptr = ours
+  const int* blockedSigs;  // SpawnOptions::blocked_signals
+  size_t blockedCount;
 };
 
 #ifndef SYS_close_range
@@ -174,7 +176,9 @@ int childMain(void* p) {
   struct timespec zero {};
   while (::sigtimedwait(&drop, nullptr, &zero) > 0) {
   }
-  ::sigprocmask(SIG_SETMASK, &a.mask, nullptr);
+  sigset_t mask = a.mask;
+  for (size_t i = 0; i < a.blockedCount; ++i) sigaddset(&mask, a.blockedSigs[i]);
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
   // execvpe with a path that has a '/' does not search PATH (our PATH, not the worker's:
   // the parent searched the worker's); it still hands a script without #! to /bin/sh.
   int e = ENOENT;
@@ -297,6 +301,8 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   ca.announceFd = opts.announce_fd;
   const std::optional<rlimit> fdLimit = fdLimitToRestore();
   ca.fdLimit = fdLimit ? &*fdLimit : nullptr;
+  ca.blockedSigs = opts.blocked_signals.data();
+  ca.blockedCount = opts.blocked_signals.size();
 
   ChildStack stack(argv.size());
   // clone(CLONE_VM | CLONE_VFORK) as posix_spawn does, not fork: the child borrows our

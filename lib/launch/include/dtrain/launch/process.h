@@ -28,6 +28,10 @@ struct SpawnOptions {
   // kill in between left the worker's children running: PR_SET_PDEATHSIG reaches the worker
   // alone.)
   int announce_fd = -1;
+  // Signals blocked in the child's mask when it starts (the rest is the caller's): for a
+  // program that unblocks them once its handlers are in (dtrain train: SIGUSR1/SIGUSR2), so
+  // that one sent before then waits for it rather than killing it by its default action.
+  std::vector<int> blocked_signals;
 };
 
 struct Spawned {
