@@ -213,6 +213,25 @@ expect_eq "$rc" 0 "agent frozen while starting: the job ends, and succeeds"
 expect_grep "event node_lost \(round 0\) host 127.0.0.1: .*lost: no heartbeat for 3 s" "$T/err" "agent frozen while starting: lost by its heartbeat"
 expect_eq "$(jq_ "$T/s7.json" "[e['kind'] for e in d['events']][:3]")" "['node_lost', 'host_excluded', 'restart']" "agent frozen while starting: the events"
 
+# An agent frozen for 7 s mid-round (SIGSTOP), within heartbeat_timeout_s 15: nothing is
+# lost. On waking it tries the store once more before calling it gone (before: its own pause
+# was counted as the store's silence, past the 5 s it gives a store: "the launcher's store
+# ... did not answer for 5 s; stopping this node's workers", the node lost, a restart spent).
+cat > "$T/thaw.json" <<JSON
+{"name": "thaw", "max_restarts": 1, "rendezvous": {"heartbeat_timeout_s": 15},
+ "command": ["sh", "-c", "touch $T/thaw.\$RANK; sleep 10"]}
+JSON
+rm -f "$T"/thaw.[01]
+timeout -k 5 60 "$DTRAIN" run "$T/thaw.json" --hosts localhost:1,127.0.0.1:1 --summary-json "$T/thaw.sum" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do [ -e "$T/thaw.0" ] && [ -e "$T/thaw.1" ] && break; sleep 0.05; done
+agent=$(agent_of 127.0.0.1)
+kill -STOP "$agent"; sleep 7; kill -CONT "$agent"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 0 "agent frozen 7 s mid-round: the job succeeds"
+expect_no_grep "did not answer|node_lost" "$T/err" "agent frozen 7 s mid-round: its pause not taken for the store's silence"
+expect_eq "$(jq_ "$T/thaw.sum" "d['restarts']")" 0 "agent frozen 7 s mid-round: no restart"
+
 # A node that does not join round 0 in time (DTRAIN_TEST_JOIN_DELAY stages an agent slow to
 # start) in an elastic job: the round forms again without it when enough others joined, as a
 # host that fails the pre-flight (no restart spent; tried again after its cooldown). Before,

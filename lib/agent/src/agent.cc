@@ -508,39 +508,55 @@ int runAgent(const AgentOptions& opts) {
     const auto budget = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.store_lost_s));
     auto lastOk = Clock::now();
     std::unique_ptr<store::TcpStore> hb;
+    // One beat with at most `t` for the connection and the call.
+    auto beatWithin = [&](store::Duration t) {
+      if (!hb) {
+        store::TcpStoreOptions so;
+        so.host = storeAddr;
+        so.port = opts.store_port;
+        so.token = token;
+        so.connect_timeout = t;
+        so.request_timeout = t;
+        hb = std::make_unique<store::TcpStore>(so);
+      }
+      hb->setRequestTimeout(t);
+      rendezvous::HeartbeatMonitor::beat(*hb, opts.run_id, opts.node);
+    };
     std::unique_lock<std::mutex> lk(mu);
     while (!cv.wait_for(lk, std::chrono::milliseconds(500), [&] { return done; })) {
       lk.unlock();
       try {
-        auto left = [&] {
-          auto l = std::chrono::duration_cast<store::Duration>(lastOk + budget - Clock::now());
-          if (l <= store::Duration::zero()) throw IoError("store unreachable");
-          return l;
-        };
-        if (!hb) {
-          store::TcpStoreOptions so;
-          so.host = storeAddr;
-          so.port = opts.store_port;
-          so.token = token;
-          so.connect_timeout = left();
-          so.request_timeout = left();
-          hb = std::make_unique<store::TcpStore>(so);
-        }
-        hb->setRequestTimeout(left());
-        rendezvous::HeartbeatMonitor::beat(*hb, opts.run_id, opts.node);
+        const auto left = std::chrono::duration_cast<store::Duration>(lastOk + budget - Clock::now());
+        if (left <= store::Duration::zero()) throw IoError("store unreachable");
+        beatWithin(left);
         lastOk = Clock::now();
       } catch (const std::exception&) {
         hb.reset();  // a connection that failed a call is gone; a new one next time
         if (Clock::now() - lastOk >= budget) {
-          storeLost = true;
-          // On stderr: the launcher names it as why this node was lost, if it hears of it.
-          launch::console().write(STDERR_FILENO,
-                                  fmt::format("the launcher's store at {}:{} did not answer for {:g} s; stopping "
-                                              "this node's workers\n",
-                                              storeAddr, opts.store_port, opts.store_lost_s));
-          control.post({Command::kLost});
-          lk.lock();
-          return;
+          // Before the store is called lost, one more try of its own (a new connection, up to
+          // 2 s): this agent may have been stopped itself (SIGSTOP, a paused VM, a host
+          // swapping hard), its pause counted as the store's silence; a store that answers
+          // now is there.
+          bool answered = false;
+          try {
+            beatWithin(std::chrono::duration_cast<store::Duration>(std::min<Clock::duration>(budget, std::chrono::seconds(2))));
+            answered = true;
+          } catch (const std::exception&) {
+            hb.reset();
+          }
+          if (answered) {
+            lastOk = Clock::now();
+          } else {
+            storeLost = true;
+            // On stderr: the launcher names it as why this node was lost, if it hears of it.
+            launch::console().write(STDERR_FILENO,
+                                    fmt::format("the launcher's store at {}:{} did not answer for {:g} s; stopping "
+                                                "this node's workers\n",
+                                                storeAddr, opts.store_port, opts.store_lost_s));
+            control.post({Command::kLost});
+            lk.lock();
+            return;
+          }
         }
       }
       lk.lock();
