@@ -232,6 +232,28 @@ expect_eq "$rc" 0 "agent frozen 7 s mid-round: the job succeeds"
 expect_no_grep "did not answer|node_lost" "$T/err" "agent frozen 7 s mid-round: its pause not taken for the store's silence"
 expect_eq "$(jq_ "$T/thaw.sum" "d['restarts']")" 0 "agent frozen 7 s mid-round: no restart"
 
+# The trainer's outcome in the summary is the last round's: a round stopped for a host that
+# rejoined leaves a stopped outcome (its final checkpoint), and the next round, whose rank 1
+# is then SIGKILLed with the budget spent, has none (before: the summary said "stopped" at
+# the earlier round's step, its checkpoint since pruned).
+cat > "$T/stale.json" <<JSON
+{"name": "stale", "max_restarts": 1, "restart_backoff_s": 0.2, "env": {"OMP_NUM_THREADS": "1"},
+ "trainer": {"model": {"layers": [16, 32, 4]}, "data": {"train_samples": 2560, "eval_samples": 64}, "batch_size": 16,
+  "epochs": 100000, "log_every_steps": 1000000, "checkpoint": {"dir": "$T/stale-ck", "every_steps": 50}}}
+JSON
+timeout -k 5 90 "$DTRAIN" run "$T/stale.json" --hosts localhost:1,127.0.0.1:1 --nnodes 1:2 --summary-json "$T/stale.sum" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do grep -q "trainer: 2 workers" "$T/out" && break; sleep 0.05; done
+kill -9 "$(agent_of 127.0.0.1)"
+for _ in $(seq 300); do grep -q "node_joined" "$T/err" && [ "$(grep -c "trainer: 2 workers" "$T/out")" -ge 2 ] && break; sleep 0.05; done
+sleep 1
+back=$(agent_of 127.0.0.1); victim=$(pgrep -P "$back" -f " train " | head -1)
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 137 "a host rejoined, then a worker killed with the budget spent: exit 137"
+expect_grep "event node_joined" "$T/err" "a host rejoined: the round before was stopped for it"
+expect_eq "$(jq_ "$T/stale.sum" "d['trainer']")" None "the last round's rank 0 left no outcome: none in the summary, not the stopped round's"
+
 # A node that does not join round 0 in time (DTRAIN_TEST_JOIN_DELAY stages an agent slow to
 # start) in an elastic job: the round forms again without it when enough others joined, as a
 # host that fails the pre-flight (no restart spent; tried again after its cooldown). Before,

@@ -906,6 +906,10 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
         return;
       }
       n.state = NodeState::kRunning;
+      // Rank 0 starts again: the trainer outcome of a round before (stopped for a host that
+      // joined, its final checkpoint since pruned) is not this job's any more. This round's
+      // comes with its end ('T'), or none if its rank 0 fails.
+      if (n.rankOffset == 0 && !opts_.result_file.empty()) std::remove(opts_.result_file.c_str());
       // (paused before it said it started: its workers are stopped now, and the next round
       // waits for that as for the others')
       if (pending_) markStopping(n);
