@@ -626,6 +626,23 @@ if os.environ["RANK"] == "1":
 expect_eq "$?" 3 "a 3 MB error message across hosts: the rank's exit code"
 expect_grep "^dtrain: job '.*' failed: rank 1 exited with code 3 \(RuntimeError: state sss" "$T/err" "a 3 MB error message across hosts: the rank's failure, its message"
 expect_no_grep "reported no failed worker|node_lost" "$T/err" "a 3 MB error message across hosts: no node lost for it"
+# An agent killed while the job stops on a SIGTERM (its workers take 1 s to honour theirs):
+# the node is said lost and its rank listed as lost in the summary (before: the rank was
+# dropped from the summary, and nothing named the node).
+cat > "$T/slowstop.sh" <<'SH'
+trap 'sleep 1; exit 0' TERM
+touch "$0.$RANK"; while :; do sleep 0.1; done
+SH
+rm -f "$T"/slowstop.sh.*
+"$DTRAIN" run --hosts localhost:1,127.0.0.1:1 --summary-json "$T/ss.sum" -- sh "$T/slowstop.sh" >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 200); do [ -e "$T/slowstop.sh.0" ] && [ -e "$T/slowstop.sh.1" ] && break; sleep 0.05; done
+agent=$(pgrep -f "^$DTRAIN agent .*--node 127\.0\.0\.1( |$)" | head -1)
+kill -TERM "$DTRAIN_PID"; sleep 0.3; kill -9 "$agent"
+wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 143 "an agent killed during a SIGTERM stop: exit 143"
+expect_grep "event node_lost \(round 0\) host 127.0.0.1: node 127.0.0.1 \(--hosts\) lost while the job was stopping: its agent exited with 137" "$T/err" "an agent killed during a SIGTERM stop: said"
+expect_eq "$(python3 -c 'import json,sys; print([(r["rank"], r["lost"]) for r in json.load(open(sys.argv[1]))["ranks"]])' "$T/ss.sum")" "[(0, False), (1, True)]" "an agent killed during a SIGTERM stop: its rank listed as lost"
 # On a terminal, every node's workers get its size less the widest "[node rank N] " prefix.
 script -qec "stty cols 150 rows 40; $DTRAIN run --hosts localhost:1,127.0.0.1:1 -- sh -c 'echo cols=\$COLUMNS lines=\$LINES'" /dev/null 2>&1 | tr -d '\r' >"$T/cols.out"
 expect_eq "$(grep -c '^\[[a-z0-9.]* rank [01]\] cols=131 lines=40$' "$T/cols.out")" 2 "across hosts: COLUMNS less the widest prefix ([127.0.0.1 rank 1] ), LINES"

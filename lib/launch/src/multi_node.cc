@@ -1423,15 +1423,26 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
     // done, not lost (lost dropped its workers' exits from the summary).
     for (auto& node : nodes_) {
       if (node.running || node.out.fd || node.state == NodeState::kLost || node.state == NodeState::kDone) continue;
-      if (stopping_ || finishing_) {
-        node.state = NodeState::kDone;
-        continue;
-      }
       int code = WIFEXITED(node.status) ? WEXITSTATUS(node.status) : 128 + WTERMSIG(node.status);
       std::string why = node.lostReason;
       if (why.empty()) {
         why = fmt::format("its agent{} exited with {}", node.spec->local ? "" : " (ssh)", code);
         if (!node.errTail.lines().empty()) why += ": " + node.errTail.lines().back();
+      }
+      if (stopping_ || finishing_) {
+        // Gone before it said its workers ended while the job stops (killed, its host lost),
+        // not by dtrain's own kill: said, and its ranks that reported no end are listed as
+        // lost in the summary (they were dropped from it, unsaid); no restart, the job ends.
+        if (!killed_ && node.member && node.state == NodeState::kRunning) {
+          node.state = NodeState::kLost;
+          node.member = false;
+          event("node_lost", eventRound(),
+                fmt::format("node {} ({}) lost while the job was stopping: {}", node.name, node.spec->origin, why),
+                node.name);
+          continue;
+        }
+        node.state = NodeState::kDone;
+        continue;
       }
       nodeLost(node, why);
     }
