@@ -93,6 +93,15 @@ grep -qxF "dtrain: $head" "$T/err" && pass "signal in the teardown: one headline
 expect_eq "$(grep -c "failed:\|^dtrain: stopped by" "$T/err")" 0 "signal in the teardown: no second verdict"
 expect_eq "$(jq_ "$T/td.json" "(d['error'], d['restarts'], d['events'], d['stopped_by'])")" "(\"$head\", 0, [], 'SIGINT')" \
   "signal in the teardown: the summary's error; no restart spent or announced"
+# The same across nodes, within the restart's back-off (5 s) while the peer still stops: the
+# teardown, not the back-off (it said the back-off whenever its clock had not run out).
+echo '{"name": "td2", "max_restarts": 2, "restart_backoff_s": 5, "command": ["sh", "'"$T/td.sh"'"]}' > "$T/td2.json"
+"$DTRAIN" run "$T/td2.json" --hosts localhost:1,127.0.0.1:1 >"$T/out" 2>"$T/err" &
+DTRAIN_PID=$!
+for _ in $(seq 100); do grep -q "event restart" "$T/err" && break; sleep 0.1; done
+sleep 0.3; kill -INT "$DTRAIN_PID"; wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
+expect_eq "$rc" 130 "signal in the teardown across nodes: exit 130"
+expect_grep "^dtrain: job 'td2' stopped by SIGINT during the teardown before restart 1 of 2, after rank 1 exited with code 9" "$T/err" "signal in the teardown across nodes: the teardown, not the back-off"
 # A command that cannot be started is not restarted: every attempt would fail the same way.
 # (A missing program or #! interpreter is refused before the launch; a #! line that leads
 # to itself gets as far as exec: ELOOP, 126.)

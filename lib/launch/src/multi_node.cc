@@ -1343,11 +1343,14 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
           // In the back-off before a restart its event announced (or while its round forms):
           // the job ends by the signal, after that failure, and says both in one headline (as
           // on one node).
+          // (the teardown while a node still stops its workers, whatever the back-off's clock says)
+          const bool tearingDown = std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.stopping; });
           result_.stopped_during = fmt::format("{} restart {} of {}",
                                                pending_ && minNodesDeadline_ ? "the wait for hosts (min_nodes) before"
-                                               : pending_ && Clock::now() >= pendingAt_ ? "the teardown before"
-                                               : pending_                    ? "the back-off before"
-                                                                             : "the start of",
+                                               : pending_ && (tearingDown || Clock::now() >= pendingAt_)
+                                                   ? "the teardown before"
+                                               : pending_ ? "the back-off before"
+                                                          : "the start of",
                                                result_.restarts, spec_.max_restarts);
           if (restartWorker_)
             failedWorker_ = restartWorker_;
