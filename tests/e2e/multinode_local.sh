@@ -334,6 +334,7 @@ wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
 expect_eq "$rc" 1 "data file unreadable at a restart across nodes: exit 1"
 expect_grep "^dtrain: job 'job' failed: node (localhost|127.0.0.1): the training data could not be read again for round 1: $T/live.csv:1: read error: Is a directory$" "$T/err" "data file unreadable at a restart: the node's failure, the file and why"
 expect_no_grep "terminate called|exited with 134" "$T/err" "data file unreadable at a restart: no agent aborted"
+expect_no_grep "node_lost" "$T/err" "data file unreadable at a restart: the node that said why is not called lost"
 # A program missing on a node is the job's error, said once (exit 2), not exit 127 from
 # every rank there and a restart budget spent on it.
 "$DTRAIN" run --hosts "$HOSTS" --max-restarts 3 -- dtrain-no-such-prog x >"$T/out" 2>"$T/err"
@@ -614,6 +615,7 @@ expect_eq "$?:$(grep -c '] 64$' "$T/out")" "0:80" "80 ranks logged under a soft 
 (ulimit -n 64; "$DTRAIN" run --hosts localhost:40,127.0.0.1:40 --log-dir "$T/many2" -- true >"$T/out" 2>"$T/err")
 expect_eq "$?" 1 "80 ranks logged under a hard limit of 64 files: exit 1"
 expect_grep "Too many open files \(this process may have 64 open, ulimit -n; hard limit 64\): raise the limit \(nofile in /etc/security/limits.conf, LimitNOFILE for a service\) and start again$" "$T/err" "out of descriptors: the limit and the fix"
+expect_no_grep "node_lost" "$T/err" "out of descriptors: no node called lost for it"
 # A worker's error file with a 3 MB message, across hosts: the failure is the rank's, its
 # message cut to its beginning (before: the agent's record outgrew the launcher's 2 MiB, was
 # dropped, and the node was lost as one that "reported no failed worker").

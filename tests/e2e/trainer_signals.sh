@@ -192,7 +192,12 @@ for hosts in "" "--hosts localhost:1,127.0.0.1:1"; do
   DTRAIN_PID=$!
   # (from when dtrain has its handler: SigCgt's bit for SIGUSR1, 10)
   for _ in $(seq 1000); do (( 0x$(awk '/^SigCgt/ {print $2}' /proc/$DTRAIN_PID/status 2>/dev/null || echo 0) & 0x200 )) && break; sleep 0.001; done
-  for _ in $(seq 200); do kill -USR1 "$DTRAIN_PID" 2>/dev/null || break; sleep 0.002; done
+  # (on until a checkpoint was taken: however slowly the workers start, some come after them)
+  for i in $(seq 3000); do
+    kill -USR1 "$DTRAIN_PID" 2>/dev/null || break
+    [ $((i % 50)) = 0 ] && grep -q "SIGUSR1: checkpoint at step" "$T/storm.out" && break
+    sleep 0.002
+  done
   wait "$DTRAIN_PID"; rc=$?; DTRAIN_PID=
   expect_eq "$rc" 0 "SIGUSR1s while the workers start ${hosts:-on one node}: the job succeeds"
   expect_no_grep "killed by SIGUSR1" "$T/storm.err" "SIGUSR1s while the workers start ${hosts:-on one node}: no worker killed by it"

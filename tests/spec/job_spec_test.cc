@@ -359,6 +359,13 @@ TEST(ErrorFile, CutsHugeMessagesAndTracebacks) {
   EXPECT_EQ(e->traceback.rfind("(... ", 0), 0u);
   EXPECT_NE(e->traceback.find("\nValueError: the end"), std::string::npos);
   EXPECT_EQ(e->traceback.substr(e->traceback.size() - 20), "\nValueError: the end");
+  // Over 16 MiB: not parsed (it would be cut mid-JSON), said, with its beginning.
+  ASSERT_TRUE(writeWorkerErrorFile(path, {std::string(17 << 20, 'x'), ""}));
+  e = readWorkerErrorFile(path);
+  ASSERT_TRUE(e);
+  EXPECT_LT(e->message.size(), 70u << 10);
+  EXPECT_EQ(e->message.rfind("(the error file is over 16 MiB; not read as a record; its beginning:) {\"message\"", 0), 0u)
+      << e->message.substr(0, 120);
 }
 
 TEST(Summary, TrainerOutcomeRoundTripsAStoppedRun) {

@@ -749,7 +749,9 @@ int runAgent(const AgentOptions& opts) {
     // round's code 0: a launcher that was only stalled (SIGSTOP) and reads on must not take
     // that for a round that succeeded. Not 0, it waits for this agent's end: a lost node.
     if (storeLost && rc == kExitOk) rc = kExitFailure;
-    send(proto::record('D', {std::to_string(rc), std::to_string(round.round)}));
+    // The trainer's outcome before the round's end: the launcher may start the next round
+    // once every node's end is in, and an outcome read after that round began would stand
+    // for it.
     if (!resultFile.empty()) {
       std::ifstream in(resultFile);
       if (in) {
@@ -759,6 +761,7 @@ int runAgent(const AgentOptions& opts) {
       }
       std::remove(resultFile.c_str());
     }
+    send(proto::record('D', {std::to_string(rc), std::to_string(round.round)}));
     // Idle until the launcher decides: another round, or the end.
     while (!next || next->kind == Command::kPause) next = control.pop();
   }

@@ -190,6 +190,7 @@ struct Worker {
   std::optional<std::filesystem::file_time_type> seenMtime;
   Clock::time_point touchedAt{};
   Clock::time_point watchCheckedAt{};
+  Clock::time_point spawnedAt{};
 };
 
 class LocalLauncher final : public Launcher {
@@ -286,6 +287,7 @@ void LocalLauncher::spawn(Worker& w, const Plan& plan, const spec::JobSpec& spec
   // in: one passed on before then (a Slurm --signal landing on a round's start) waits for
   // them, rather than killing the worker by its default action and spending a restart.
   if (spec.trainer) so.blocked_signals = {SIGUSR1, SIGUSR2};
+  w.spawnedAt = Clock::now();
   Spawned child = spawnProcess(so);
   w.pid = child.pid;
   w.running = true;
@@ -598,7 +600,8 @@ void LocalLauncher::checkWatchdogs() {
     if (!w.seenMtime || *w.seenMtime != touched) {
       // Touched since the last check: when, within the time since that check, the wall
       // clock says (a touch is never placed before the last check, nor in the future).
-      const auto sinceCheck = w.seenMtime ? steadyNow - w.watchCheckedAt : Clock::duration::zero();
+      // (first seen: touched at most since the worker started)
+      const auto sinceCheck = steadyNow - (w.seenMtime ? w.watchCheckedAt : w.spawnedAt);
       const auto ago = std::chrono::duration_cast<Clock::duration>(now - touched);
       w.touchedAt = steadyNow - std::clamp(ago, Clock::duration::zero(), sinceCheck);
       w.seenMtime = touched;
@@ -845,14 +848,21 @@ RunResult LocalLauncher::run(const Plan& plan, const spec::JobSpec& spec) {
     else if (!allGoneAt) allGoneAt = Clock::now();
     if (!anyRunning && anyStreams && (leftover >= kLeftoverMax || Clock::now() - *allGoneAt >= kLeftoverWindow)) {
       // (a process a worker left running writes on: said, as its output is lost from now on)
+      // (the ranks whose pipes still get data: a pipe merely held open says nothing)
       std::vector<std::string> ranks;
       for (const auto& w : workers_)
-        if (w.out.fd || w.err.fd) ranks.push_back(std::to_string(w.slot.global_rank));
+        if ((w.out.fd && w.out.last_data >= *allGoneAt) || (w.err.fd && w.err.last_data >= *allGoneAt))
+          ranks.push_back(std::to_string(w.slot.global_rank));
+      if (ranks.empty())
+        for (const auto& w : workers_)
+          if (w.out.fd || w.err.fd) ranks.push_back(std::to_string(w.slot.global_rank));
+      const bool one = ranks.size() == 1;
       writeAboveStatus(STDERR_FILENO,
-                       fmt::format("{}rank {} exited, but a process it left running still writes to its output; "
-                                   "not read any more (that process gets EPIPE or SIGPIPE): redirect its output to keep "
-                                   "it\n",
-                                   opts_.line_sink ? "" : "dtrain: ", fmt::join(ranks, ", ")));
+                       fmt::format("{}{} {} exited, but {} left running still {} to {} output; not read any more "
+                                   "({} EPIPE or SIGPIPE): redirect {} output to keep it\n",
+                                   opts_.line_sink ? "" : "dtrain: ", one ? "rank" : "ranks", fmt::join(ranks, ", "),
+                                   one ? "a process it" : "processes they", one ? "writes" : "write", one ? "its" : "their",
+                                   one ? "that process gets" : "those processes get", one ? "its" : "their"));
       break;
     }
     if (!anyRunning && !anyStreams) break;

@@ -132,6 +132,7 @@ struct Node {
   // otherwise hold the job for good), not before (ssh and the agent's checks take their time).
   std::string beatAtSpawn;
   bool beating = false;
+  bool reportedFailure = false;  // said why it fails the job ('F'): its end while the job stops is not a loss
   std::vector<WorkerExit> exits;  // of its workers in its latest round
 };
 
@@ -1008,6 +1009,7 @@ void MultiNodeRunner::onRecord(Node& n, std::string_view line) {
       if (!opts_.result_file.empty() && r->fields.size() == 1) std::ofstream(opts_.result_file) << r->fields[0];
       return;
     case 'F':
+      n.reportedFailure = true;
       // (the agent's failures name their node; one that does not, as another dtrain's agent
       // might, gets the name here: a job of many hosts must say which one refused it)
       if (r->fields.size() == 2)
@@ -1436,7 +1438,7 @@ RunResult MultiNodeRunner::run(const std::vector<const spec::NodeSpec*>& exclude
         // Gone before it said its workers ended while the job stops (killed, its host lost),
         // not by dtrain's own kill: said, and its ranks that reported no end are listed as
         // lost in the summary (they were dropped from it, unsaid); no restart, the job ends.
-        if (!killed_ && node.member && node.state == NodeState::kRunning) {
+        if (!killed_ && node.member && node.state == NodeState::kRunning && !node.reportedFailure) {
           node.state = NodeState::kLost;
           node.member = false;
           event("node_lost", eventRound(),

@@ -1,5 +1,6 @@
 #include "dtrain/launch/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -94,6 +95,23 @@ struct ChildArgs {
 #define SYS_close_range 436
 #endif
 constexpr unsigned kCloseRangeCloexec = 1u << 2;  // CLOSE_RANGE_CLOEXEC (linux/close_range.h)
+
+// The highest descriptor number open in this process (from /proc/self/fd; where that cannot
+// be read, the limit's highest).
+int highestOpenFd() {
+  int highest = STDERR_FILENO;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return static_cast<int>(std::clamp<long>(::sysconf(_SC_OPEN_MAX), 1024, 1 << 20)) - 1;
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end != e->d_name && *end == '\0') highest = std::max(highest, static_cast<int>(fd));
+  }
+  ::closedir(d);
+  // (descriptors opened by other threads between now and the child's loop: close-on-exec
+  // ones all, O_CLOEXEC everywhere in dtrain, but for Asio's sockets: a margin for those)
+  return highest + 64;
+}
 
 [[noreturn]] void childFail(const ChildArgs& a, const char* what, int e, int code) {
   // The parent reads this once clone returns (the child has exited by then): whatever the
@@ -293,11 +311,12 @@ Spawned spawnProcess(const SpawnOptions& opts) {
   for (int fd : opts.keep_fds) DTRAIN_CHECK(fd > STDERR_FILENO);
   ca.keepFds = opts.keep_fds.data();
   ca.keepCount = opts.keep_fds.size();
-  static const int maxFd = [] {
-    const long n = ::sysconf(_SC_OPEN_MAX);
-    return static_cast<int>(std::clamp<long>(n, 1024, 1 << 20)) - 1;
-  }();
-  ca.maxFd = maxFd;
+  // For the child's fallback where close_range cannot set close-on-exec (kernels before
+  // 5.11): the highest descriptor open now, not the limit (raised to 65536, a loop of that
+  // many fcntl calls per spawn).
+  static const bool closeRangeWorks =
+      ::syscall(SYS_close_range, static_cast<unsigned>(INT_MAX) - 1, static_cast<unsigned>(INT_MAX), kCloseRangeCloexec) == 0;
+  ca.maxFd = closeRangeWorks ? 0 : highestOpenFd();
   ca.announceFd = opts.announce_fd;
   const std::optional<rlimit> fdLimit = fdLimitToRestore();
   ca.fdLimit = fdLimit ? &*fdLimit : nullptr;

@@ -45,11 +45,18 @@ std::string cutTraceback(const std::string& t) {
 std::optional<WorkerError> readWorkerErrorFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::string text(kMaxFileBytes, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  std::string text;
+  char piece[1 << 16];
+  while (text.size() <= kMaxFileBytes && in.read(piece, sizeof piece).gcount() > 0)
+    text.append(piece, static_cast<size_t>(in.gcount()));
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
   WorkerError err;
+  if (text.size() > kMaxFileBytes) {  // (not a record anyone meant: said, with its beginning)
+    text.resize(utf8PrefixLength(std::string_view(text).substr(0, kMaxMessageBytes), kMaxMessageBytes));
+    err.message = fmt::format("(the error file is over {} MiB; not read as a record; its beginning:) {} ...",
+                              kMaxFileBytes >> 20, text);
+    return err;
+  }
   auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("message")) {
     err.message = cutMessage(std::move(text));

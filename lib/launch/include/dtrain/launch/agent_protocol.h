@@ -35,7 +35,7 @@
 //   W <node>          (--wait) connected, waiting to be let into a round
 //   X <rank> <local_rank> <pid> <exit_code> <signal> <stopped 0|1> <flags: 1 hung, 2 not started> <when>
 //     <message> <traceback> <stderr tail lines...>   a worker ended
-//   T <json>          the trainer's outcome (rank 0's DTRAIN_RESULT_FILE)
+//   T <json>          the trainer's outcome (rank 0's DTRAIN_RESULT_FILE), just before the round's D
 //   F <kind> <message>  the agent failed before or around its workers; kind is "spec"
 //                     (bad input, exit 2), "timeout" or "io"
 #include <optional>
