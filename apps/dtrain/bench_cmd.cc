@@ -118,6 +118,11 @@ int worker(comm::Collective c) {
   if (auto problem = comm::benchMemoryProblem(o, envIndex("LOCAL_WORLD_SIZE", 1), comm::physicalMemoryBytes());
       !problem.empty())
     throw SpecError(problem);
+  // Rank 0 writes --json on its own host: checked there, before the ranks meet, so that a
+  // path that cannot be written, or someone's file that it would replace, ends the job at
+  // once with exit 2 (across hosts the launcher cannot look at rank 0's files).
+  if (!a.json.empty() && envIndex("RANK", 0) == 0)
+    checkOutputFile(a.json, "--json", {"a dtrain bench --json file", comm::isBenchJsonText});
   comm::CommOptions co;
   co.backend = a.backend;
   co.timeout = comm::Duration(static_cast<long long>(a.timeout_s * 1000));
@@ -125,14 +130,17 @@ int worker(comm::Collective c) {
   // Rank 0 prints the table as it goes, a row per size as soon as it is measured (as
   // nccl-tests does): a long sweep shows progress, and an interrupted one keeps its rows.
   const bool printer = comm->rank() == 0;
+  // With the JSON on stdout (--json -), the table goes to stderr: stdout is then one JSON
+  // document a pipe can parse.
+  std::ostream& table = !a.json.empty() && inheritedOutputFd(a.json) == STDOUT_FILENO ? std::cerr : std::cout;
   // (the table's header and the JSON say the same)
   const std::string transport = c == comm::Collective::kSendRecv ? comm->p2pTransport() : comm->transport();
-  if (printer) std::cout << comm::formatBenchHeader(o, comm->size(), comm->backend(), transport) << std::flush;
+  if (printer) table << comm::formatBenchHeader(o, comm->size(), comm->backend(), transport) << std::flush;
   std::vector<comm::BenchRow> rows, done;
   try {
     rows = comm::runBench(*comm, o, [&](const comm::BenchRow& r) {
       if (!printer) return;
-      std::cout << comm::formatBenchRow(r, o) << std::flush;
+      table << comm::formatBenchRow(r, o) << std::flush;
       // --json keeps what was measured, as the table does: rewritten after each row
       // ("complete": false until the sweep ends), so a sweep stopped by SIGINT or SIGTERM
       // (or killed) leaves every row it finished. Only a file can be rewritten: a pipe or
@@ -150,7 +158,7 @@ int worker(comm::Collective c) {
   long long wrong = 0;
   for (const auto& r : rows) wrong += r.wrong;
   if (printer) {
-    std::cout << comm::formatBenchFooter(rows) << std::flush;
+    table << comm::formatBenchFooter(rows) << std::flush;
     if (!a.json.empty())
       writeBenchJson(a.json, comm::benchJson(rows, o, comm->size(), comm->backend(), transport, true));
   }
@@ -194,8 +202,6 @@ int launch(comm::Collective c, CLI::App* sub) {
       throw SpecError(fmt::format(
           "-o/--op: bench {} has no reduction; -o applies to bench allreduce only, leave it out", comm::name(c)));
   }
-  if (c == comm::Collective::kSendRecv && a.hostfile.empty() && a.hosts.empty() && a.nproc != "2")
-    throw SpecError(fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}", a.nproc));
   spec::JobSpec s;
   s.name = fmt::format("bench-{}", comm::name(c));
   s.command = {launch::selfExecutable(),
@@ -259,10 +265,17 @@ int launch(comm::Collective c, CLI::App* sub) {
         !problem.empty())
       throw SpecError(problem);
   }
+  int world = 0;  // (the resolved count: "02", "auto" or hosts' slots, not the flag's text)
+  for (const auto& node : s.nodes) world += node.slots > 0 ? node.slots : s.nproc_per_node;
+  if (s.nodes.empty()) world = s.nproc_per_node;
+  if (c == comm::Collective::kSendRecv && world != 2)
+    throw SpecError(s.nodes.empty()
+                        ? fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}; use "
+                                      "--nproc-per-node 2", world)
+                        : fmt::format("{}: bench sendrecv is a 2-rank ping-pong, and these hosts have {} slots in all; "
+                                      "give 2 (e.g. --hosts h1:1,h2:1)",
+                                      a.hosts.empty() ? "--hostfile" : "--hosts", world));
   if (c == comm::Collective::kAllgather) {
-    int world = 0;
-    for (const auto& node : s.nodes) world += node.slots > 0 ? node.slots : s.nproc_per_node;
-    if (s.nodes.empty()) world = s.nproc_per_node;
     const comm::BenchOptions o = benchOptions(c);
     if (o.max_bytes < comm::elementSize(o.dtype) * static_cast<size_t>(world))
       throw SpecError(comm::allgatherTooSmall(o, world));

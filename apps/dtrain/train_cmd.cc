@@ -301,6 +301,9 @@ int trainCommand() {
   // A run that resumed from a checkpoint which already completed the job trains nothing:
   // its loss and throughput are not measured, and are not reported as zeros.
   const bool trained = r.steps_run > 0;
+  // The pipeline's timing leaves each run's first step out (buffers and connections warming
+  // up), as samples/s does: a run of one step timed nothing, and says nothing of its bubble.
+  const bool timed = r.steps_run > 1 && !r.stage_ms.empty();
   const std::optional<double> loss = trained ? std::optional<double>(r.final_loss) : std::nullopt;
   const std::optional<double> sps = r.samples_per_s > 0 ? std::optional<double>(r.samples_per_s) : std::nullopt;
   // Held-out results only where there was a held-out split; accuracy only for classification.
@@ -312,13 +315,13 @@ int trainCommand() {
                                             : fmt::format("eval loss {:.4g}", r.eval_loss);
   if (const char* path = std::getenv("DTRAIN_RESULT_FILE"); path && *path && comm->rank() == 0) {
     spec::TrainerOutcome o{loss, evalAcc, sps, r.steps, r.weights_sha256, s.trainer->parallel.pipeline_stages,
-                           trained && r.pipeline_stages > 1 ? std::optional<double>(r.bubble_fraction) : std::nullopt,
-                           trained ? r.stage_ms : std::vector<double>()};
+                           timed && r.pipeline_stages > 1 ? std::optional<double>(r.bubble_fraction) : std::nullopt,
+                           timed ? r.stage_ms : std::vector<double>()};
     o.eval_loss = evalLoss;
     o.checkpoint = finalCheckpoint(*s.trainer, r.steps);  // (written at the end of every run with a checkpoint dir)
     spec::writeTrainerOutcome(path, o);
   }
-  if (comm->rank() == 0 && r.pipeline_stages > 1 && trained) {
+  if (comm->rank() == 0 && r.pipeline_stages > 1 && timed) {
     std::string stages;
     for (size_t i = 0; i < r.stage_ms.size(); ++i) stages += fmt::format("{}{:.2f}", i ? "/" : "", r.stage_ms[i]);
     std::cout << fmt::format("pipeline: {} stages, compute ms/step per stage {}, bubble fraction {:.3f}", r.pipeline_stages,

@@ -170,6 +170,49 @@ TEST(CommGroup, RankOrderInTheListIsTheGroupRank) {
   }, options(false)));
 }
 
+// A group's failures name the job's ranks, not the group's: in a 2 x 2 layout, group
+// {1, 3}'s rank 1 is the job's rank 3, and a user looks for rank 3 (before: "allreduce on
+// rank 0: lost rank 1", naming a healthy rank and hiding the stopped one). Rank 3 stalls
+// (its group's all-reduce is never issued within the timeout), then leaves.
+void checkGroupFailureNamesJobRanks(bool shm) {
+  CommOptions o = options(shm);
+  o.timeout = std::chrono::milliseconds(600);
+  auto errors = onRanks(4, [&](Communicator& c) {
+    auto g = c.group(c.rank() % 2 ? std::vector<int>{1, 3} : std::vector<int>{0, 2}, c.rank() % 2 ? "odd" : "even");
+    std::vector<float> v(300000, 1.0f);
+    if (c.rank() == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    g->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  }, o);
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[2], "");
+  EXPECT_EQ(errors[3], "");
+  EXPECT_EQ(errors[1].rfind("allreduce on rank 1 (rank 0 of communicator \"default/odd\"): lost rank 3: not done within "
+                            "the 0.6 s per-operation timeout (", 0), 0u) << errors[1];
+  EXPECT_NE(errors[1].find(shm ? "waiting for rank 3 to " : " from rank 3)"), std::string::npos) << errors[1];
+  // A lost peer (its sockets closed): the same names.
+  errors = onRanks(4, [&](Communicator& c) {
+    auto g = c.group(c.rank() < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}, c.rank() < 2 ? "lo" : "hi");
+    if (c.rank() == 2) return;  // its communicators close: rank 3's peer is gone
+    std::vector<float> v(1000, 1.0f);
+    g->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+  }, options(shm));
+  EXPECT_EQ(errors[3].rfind("allreduce on rank 3 (rank 1 of communicator \"default/hi\"): lost rank 2: ", 0), 0u) << errors[3];
+  // The world communicator's messages are as before: "on rank N".
+  o.timeout = std::chrono::milliseconds(600);
+  errors = onRanks(2, [&](Communicator& c) {
+    if (c.rank() == 1) return;
+    int32_t x = 0;
+    c.recv(&x, 4, 1);
+  }, o);
+  EXPECT_EQ(errors[0].rfind("recv on rank 0: lost rank 1: ", 0), 0u) << errors[0];
+}
+
+TEST(CommGroup, FailuresNameTheJobsRanksOverTcp) { checkGroupFailureNamesJobRanks(false); }
+TEST(CommGroup, FailuresNameTheJobsRanksOverShm) { checkGroupFailureNamesJobRanks(true); }
+
 TEST(CommGroup, MalformedListsAreSpecErrors) {
   expectNoErrors(onRanks(2, [&](Communicator& c) {
     auto expectSpec = [&](const std::vector<int>& ranks, const std::string& name, const std::string& part) {

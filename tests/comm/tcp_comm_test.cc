@@ -886,3 +886,103 @@ TEST(TcpComm, CheckModeRefusesRanksThatDisagreeOnACollective) {
 
 }  // namespace
 }  // namespace dtrain::comm
+
+namespace dtrain::comm {
+namespace {
+
+// A rank that fails at a chosen point of the set-up: its store throws when it writes a key
+// ending in `failAt`, so the rank's constructor unwinds and closes its sockets and listener,
+// as a rank killed there would.
+class FailingStore : public testing::ForwardingStore {
+ public:
+  FailingStore(std::shared_ptr<store::Store> inner, std::string failAt)
+      : ForwardingStore(std::move(inner)), failAt_(std::move(failAt)) {}
+  void set(const std::string& key, const store::Bytes& value) override {
+    if (key.size() >= failAt_.size() && key.compare(key.size() - failAt_.size(), failAt_.size(), failAt_) == 0) {
+      if (publishFirst_) inner_->set(key, value);
+      throw IoError("injected: this rank dies here");
+    }
+    inner_->set(key, value);
+  }
+  bool publishFirst_ = false;
+
+ private:
+  std::string failAt_;
+};
+
+// Ranks 0..n-1 set up a communicator; `victim` uses `victimStore`. Returns each rank's error
+// and how long the survivors took.
+struct SetUpRun {
+  std::vector<std::string> errors;
+  std::chrono::duration<double> took{};
+};
+SetUpRun setUpWith(int n, int victim, std::shared_ptr<store::Store> shared, std::shared_ptr<store::Store> victimStore,
+                   CommOptions o, std::chrono::milliseconds victimDelay = std::chrono::milliseconds(0)) {
+  SetUpRun run;
+  run.errors.resize(static_cast<size_t>(n));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        if (r == victim) std::this_thread::sleep_for(victimDelay);
+        auto c = createTcpCommunicator(r == victim ? victimStore : shared, r, n, o);
+        c->barrier();
+      } catch (const std::exception& e) {
+        run.errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  run.took = std::chrono::steady_clock::now() - start;
+  return run;
+}
+
+// A rank that dies during the shared-memory set-up (its mesh connected) is named by every
+// survivor at once, from its closed socket (before: each waited out the whole timeout for a
+// store key and named the key, not the rank).
+TEST(TcpCommSetUp, ARankDeadDuringTheSharedMemorySetUpIsNamedAtOnce) {
+  auto shared = std::make_shared<store::HashStore>();
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  auto run = setUpWith(3, 1, shared, std::make_shared<FailingStore>(shared, "shm/mapped/1"), o);
+  EXPECT_NE(run.errors[1].find("injected"), std::string::npos) << run.errors[1];
+  for (int r : {0, 2})
+    EXPECT_EQ(run.errors[static_cast<size_t>(r)].rfind(
+                  fmt::format("communicator \"default\" shared-memory set-up on rank {}: lost rank 1: connection closed "
+                              "(the process exited or was killed) before it mapped the segment", r), 0), 0u)
+        << run.errors[static_cast<size_t>(r)];
+  EXPECT_LT(run.took, std::chrono::seconds(5));
+}
+
+// A rank that never publishes its address is the one named by the ranks above it, which
+// wait for it and for the healthy ranks it holds up (before: "waiting for rank(s) 0, 1").
+TEST(TcpCommSetUp, TheRankThatNeverPublishedIsNamed) {
+  auto shared = std::make_shared<store::HashStore>();
+  CommOptions o;
+  o.timeout = std::chrono::milliseconds(800);
+  auto run = setUpWith(3, 1, shared, shared, o, std::chrono::milliseconds(2500));
+  EXPECT_EQ(run.errors[0].rfind("communicator \"default\" set-up on rank 0: lost rank 1: it did not publish its address", 0),
+            0u) << run.errors[0];
+  EXPECT_EQ(run.errors[2].rfind("communicator \"default\" set-up on rank 2: lost rank 1: it did not publish its address "
+                                "(not started, stopped, or failed before it); timed out after 0.8 s waiting for rank(s) 0, 1 "
+                                "to connect", 0), 0u) << run.errors[2];
+}
+
+// A rank that published its address and then died refuses connections: the rank connecting
+// to it fails within the 2 s grace, naming it (before: it retried for the whole timeout).
+TEST(TcpCommSetUp, ARankDeadAfterPublishingItsAddressIsNamedWithinTheGrace) {
+  auto shared = std::make_shared<store::HashStore>();
+  auto victim = std::make_shared<FailingStore>(shared, "addr/1");
+  victim->publishFirst_ = true;  // the address is published, then the rank dies
+  CommOptions o;
+  o.timeout = std::chrono::seconds(30);
+  auto run = setUpWith(2, 1, shared, victim, o);
+  EXPECT_NE(run.errors[1].find("injected"), std::string::npos) << run.errors[1];
+  EXPECT_EQ(run.errors[0].rfind("communicator \"default\" set-up on rank 0: lost rank 1: its address 127.0.0.1:", 0), 0u)
+      << run.errors[0];
+  EXPECT_NE(run.errors[0].find("refused connections for 2"), std::string::npos) << run.errors[0];
+  EXPECT_LT(run.took, std::chrono::seconds(6));
+}
+
+}  // namespace
+}  // namespace dtrain::comm

@@ -60,10 +60,26 @@ PY
   expect_eq "$(cat "$T/check")" "False True" "$3: --json holds the rows measured, marked incomplete"
   [ -e "$1.tmp" ] && fail "$3: temporary JSON left" || pass "$3: no temporary JSON left"
 }
-# --json /dev/stdout (a pipe, a terminal): one document at the end, not one per row.
-"$DTRAIN" bench allreduce --nproc-per-node 2 -b 4K -e 64K -n 2 -w 1 --json /dev/stdout >"$T/stdout.txt" 2>"$T/err"
-expect_eq "$?" 0 "--json /dev/stdout: exit 0"
-expect_eq "$(grep -c '"collective"' "$T/stdout.txt")" 1 "--json /dev/stdout: one JSON document after the table"
+# --json /dev/stdout or - (a pipe, a terminal): one document at the end, not one per row,
+# and the table on stderr, so that stdout parses as JSON (before: the table, then the JSON).
+for j in /dev/stdout -; do
+  "$DTRAIN" bench allreduce --nproc-per-node 2 -b 4K -e 64K -n 2 -w 1 --json $j >"$T/stdout.txt" 2>"$T/err"
+  expect_eq "$?" 0 "--json $j: exit 0"
+  expect_eq "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["collective"], len(d["rows"]), d["complete"])' "$T/stdout.txt" 2>&1)" "allreduce 5 True" "--json $j: stdout is one JSON document"
+  expect_grep "^ +65536 +16384 +float +sum " "$T/err" "--json $j: the table on stderr"
+done
+# Across hosts rank 0 checks the path on its host before the ranks meet: someone's file is
+# not replaced, a missing directory is exit 2 at once (before: both only checked for local
+# ranks; across hosts the file was overwritten, or the sweep ran and then failed).
+echo precious >"$T/notjson.txt"
+timeout 60 "$DTRAIN" bench allreduce --hosts localhost:2 -b 4 -e 8 -n 1 --json "$T/notjson.txt" >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "--hosts, --json someone's file: exit 2"
+expect_eq "$(cat "$T/notjson.txt")" "precious" "--hosts, --json someone's file: left as it was"
+expect_grep "--json: \"$T/notjson.txt\" exists and is not a dtrain bench --json file" "$T/err" "--hosts, --json someone's file: said"
+expect_no_grep "bytes" "$T/out" "--hosts, --json someone's file: no sweep"
+timeout 60 "$DTRAIN" bench allreduce --hosts localhost:2 -b 4 -e 8 -n 1 --json /nonexistent-dir/x.json >"$T/out" 2>"$T/err"
+expect_eq "$?" 2 "--hosts, --json in a missing directory: exit 2"
+expect_grep "directory /nonexistent-dir does not exist" "$T/err" "--hosts, --json in a missing directory: said"
 timeout --preserve-status -s INT 4 "$DTRAIN" bench allreduce -b 4K -e 1G -n 1 -w 0 --json "$T/int.json" >"$T/out" 2>"$T/err"
 expect_eq "$?" 130 "interrupted sweep exits 130"
 expect_grep "^ +4096 +1024 +float +sum " "$T/out" "interrupted sweep kept its first rows"
@@ -131,7 +147,12 @@ PY
     "sendrecv JSON ($transport): sizes, busbw = algbw = bytes/time, no wrong values"
 done
 "$DTRAIN" bench sendrecv --nproc-per-node 3 -n 1 2>"$T/err"; expect_eq "$?" 2 "sendrecv with 3 ranks exits 2"
-expect_grep "^dtrain: error: --nproc-per-node: bench sendrecv is a 2-rank ping-pong, got 3$" "$T/err" "sendrecv names the flag"
+expect_grep "^dtrain: error: --nproc-per-node: bench sendrecv is a 2-rank ping-pong, got 3; use --nproc-per-node 2$" "$T/err" "sendrecv names the flag"
+# The resolved rank count is what counts, not the flag's text ("02" and "auto" on 2 CPUs
+# were refused), and hosts' slots too (before: the workers started, then failed).
+"$DTRAIN" bench sendrecv --nproc-per-node 02 -b 8 -e 8 -n 1 -w 0 >"$T/out" 2>"$T/err"; expect_eq "$?" 0 "sendrecv --nproc-per-node 02 runs"
+timeout 60 "$DTRAIN" bench sendrecv --hosts localhost:3 -b 8 -e 8 -n 1 >"$T/out" 2>"$T/err"; expect_eq "$?" 2 "sendrecv on hosts with 3 slots exits 2"
+expect_grep "^dtrain: error: --hosts: bench sendrecv is a 2-rank ping-pong, and these hosts have 3 slots in all; give 2" "$T/err" "sendrecv on hosts with 3 slots: said before the launch"
 "$DTRAIN" bench sendrecv -b 0 -e 8 2>"$T/err"; expect_eq "$?" 2 "sendrecv -b 0 exits 2"
 # Sizes below one element of the type measure nothing: -b 3 -e 3 was an empty table, "OK",
 # exit 0, and a JSON "complete" with no rows naming another transport than the table.
@@ -256,11 +277,18 @@ expect_eq "$(w "$T/chk1.sum")" "$(w "$T/chk0.sum")" "DTRAIN_COMM_CHECK=1: the sa
 # worker leaves its error file, as the trainer does; before: "exited with code 1" alone).
 timeout 60 "$DTRAIN" bench allreduce --nproc-per-node 3 --timeout 2 -b 1M -e 1M -n 1000000 -w 1 >"$T/bs.out" 2>"$T/bs.err" &
 BP=$!
-for _ in $(seq 100); do grep -q "bytes" "$T/bs.out" 2>/dev/null && break; sleep 0.1; done
-DP=$(pgrep -P "$BP" -x dtrain); KIDS=($(pgrep -P "$DP" -x dtrain))
-kill -STOP "${KIDS[1]}"
+# (the launcher is timeout's child; its 3 workers, once the table has begun)
+KIDS=()
+for _ in $(seq 300); do
+  DP=$(pgrep -P "$BP" -x dtrain | head -1)
+  [ -n "$DP" ] && KIDS=($(pgrep -P "$DP" -x dtrain))
+  [ "${#KIDS[@]}" -ge 3 ] && grep -q "bytes" "$T/bs.out" 2>/dev/null && break
+  sleep 0.1
+done
+[ "${#KIDS[@]}" -ge 3 ] || { fail "bench with a stopped rank: its 3 workers not found: $(cat "$T/bs.err")"; KIDS=(0 0); }
+[ "${KIDS[1]}" != 0 ] && kill -STOP "${KIDS[1]}"
 wait "$BP"; rc=$?
-kill -CONT "${KIDS[1]}" 2>/dev/null
+[ "${KIDS[1]}" != 0 ] && kill -CONT "${KIDS[1]}" 2>/dev/null
 expect_eq "$rc" 1 "bench with a stopped rank: exit 1"
 expect_grep "^dtrain: job 'bench-allreduce' failed: rank [02] exited with code 1 \(allreduce on rank [02]: lost rank 1: not done within the 2 s per-operation timeout" "$T/bs.err" "bench with a stopped rank: the headline says why"
 finish

@@ -63,6 +63,13 @@ JSON
 "$DTRAIN" run "$T/done.json" >"$T/dout" 2>&1; expect_eq "$?" 0 "small pipeline job with a checkpoint"
 "$DTRAIN" run "$T/done.json" --summary-json "$T/done.sum" >"$T/dout" 2>&1; expect_eq "$?" 0 "its rerun: nothing left to train"
 expect_eq "$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["trainer"]; print(t["steps"], t["pipeline_stages"], t["bubble_fraction"], t["stage_ms"], t["final_loss"])' "$T/done.sum")" "4 2 None None None" "a pipeline run that trained nothing: pipeline_stages 2, timing null"
+# One step more: trained, but not timed (the first step of a run is left out of the timing,
+# as of samples/s): its bubble and stage times are null, not 0 (a perfect pipeline), and no
+# "pipeline:" line claims them.
+sed 's/"max_steps": 4/"max_steps": 5/' "$T/done.json" >"$T/one.json"
+"$DTRAIN" run "$T/one.json" --summary-json "$T/one.sum" >"$T/oout" 2>&1; expect_eq "$?" 0 "a resumed pipeline run of one step"
+expect_eq "$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["trainer"]; print(t["steps"], t["bubble_fraction"], t["stage_ms"], t["final_loss"] is not None)' "$T/one.sum")" "5 None None True" "a pipeline run of one step: trained, timing null"
+expect_no_grep "pipeline: 2 stages" "$T/oout" "a pipeline run of one step: no timing line"
 # 3 workers cannot form 2-stage pipelines: refused before any worker starts (validate and
 # run, a spec's nproc_per_node, the flag, hosts with fixed slots, every world size of an
 # elastic range); where the world is only known to the workers, the trainer refuses it.

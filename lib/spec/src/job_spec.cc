@@ -673,6 +673,14 @@ TrainerSpec parseTrainer(const Checker& c, const json& t) {
                                                   weightLayers == 1 ? "" : "s"));
     if (q.contains("micro_batches"))
       par.micro_batches = static_cast<int>(c.integer(q["micro_batches"], QP + "/micro_batches", 1, 4096, "a micro-batch count"));
+    // Micro-batches are how a pipeline keeps its stages busy; one stage has none to keep busy,
+    // and a user who set them expecting gradient accumulation (less activation memory per
+    // step) would get neither in silence.
+    if (par.micro_batches > 1 && par.pipeline_stages == 1)
+      c.fail(QP + "/micro_batches",
+             fmt::format("{} micro-batches, but pipeline_stages is 1: micro-batches split a step between pipeline "
+                         "stages, and dtrain has no gradient accumulation; remove micro_batches, or set "
+                         "pipeline_stages to 2 or more", par.micro_batches));
     if (q.contains("schedule")) par.schedule = oneOf(c, q["schedule"], QP + "/schedule", {"gpipe", "1f1b"});
     if (q.contains("stage_layers")) {
       const json& sl = q["stage_layers"];

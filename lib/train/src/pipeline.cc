@@ -1097,13 +1097,14 @@ TrainResult trainPipelineStage(const spec::TrainerSpec& ts, comm::Communicator& 
   result.samples_per_s = progress.samplesPerSecond(step);
   {
     // Whole-run timing: each stage's compute per step (replica 0) and the mean bubble.
+    // (stage_ms stays empty when no step was timed: a run of one step)
     std::vector<double> t(static_cast<size_t>(P) + 2, 0.0);
-    const long long steps = std::max<long long>(1, step - firstStep - 1);
-    if (d == 0) t[static_cast<size_t>(p)] = 1e3 * totalCompute / static_cast<double>(steps);
+    const long long steps = step - firstStep - 1;
+    if (d == 0 && steps > 0) t[static_cast<size_t>(p)] = 1e3 * totalCompute / static_cast<double>(steps);
     t[static_cast<size_t>(P)] = totalCompute;
     t[static_cast<size_t>(P) + 1] = p == 0 ? totalSchedule : 0;
     worldComm.allreduceHost(t.data(), t.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum);
-    result.stage_ms.assign(t.begin(), t.begin() + P);
+    if (steps > 0) result.stage_ms.assign(t.begin(), t.begin() + P);
     result.bubble_fraction = detail::pipelineBubble(t[static_cast<size_t>(P)], t[static_cast<size_t>(P) + 1], P);
   }
   control.phase(TrainControl::kSaving);

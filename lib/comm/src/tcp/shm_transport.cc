@@ -334,20 +334,56 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
     for (int r = 0; r < s.size; ++r) k.push_back(s.prefix + what + std::to_string(r));
     return k;
   };
-  auto gather = [&](const std::string& what) {
-    auto k = keys(what);
-    try {
-      s.store->wait(k, left());
-    } catch (const TimeoutError& e) {
-      throw PeerLostError(fmt::format("communicator: shared-memory set-up: {}", e.what()));
+  // For messages: the communicator's name and the job's ranks (a group's are not).
+  std::string name = s.prefix;  // "comm/<name>/"
+  if (name.rfind("comm/", 0) == 0) name = name.substr(5);
+  if (!name.empty() && name.back() == '/') name.pop_back();
+  auto job = [&](int r) { return s.world ? (*s.world)[static_cast<size_t>(r)] : r; };
+  const std::string self = s.world && job(s.rank) != s.rank
+                               ? fmt::format("rank {} (rank {} of communicator \"{}\")", job(s.rank), s.rank, name)
+                               : fmt::format("rank {}", s.rank);
+  // Waits for key k[i] of rank ranks[i], each. In slices: a rank whose key is missing and
+  // whose socket hung up has died (killed during set-up), and is named at once; at the
+  // deadline the first rank whose key is missing is named, not a store key.
+  auto await = [&](const std::vector<int>& ranks, const std::vector<std::string>& k, const char* doing) {
+    for (;;) {
+      const auto slice = std::min(left(), std::max(Ms(100), Ms(s.size)));  // (more ranks: fewer looks)
+      try {
+        s.store->wait(k, slice);
+        return k;
+      } catch (const TimeoutError&) {
+      }
+      std::vector<int> missing;
+      for (size_t i = 0; i < ranks.size(); ++i)
+        if (!s.store->check({k[i]})) missing.push_back(ranks[i]);
+      if (missing.empty()) return k;
+      for (int r : missing) {
+        const int fd = s.fds ? (*s.fds)[static_cast<size_t>(r)] : -1;
+        pollfd p{fd, POLLRDHUP, 0};
+        if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+          throw PeerLostError(fmt::format("communicator \"{}\" shared-memory set-up on {}: lost rank {}: connection "
+                                          "closed (the process exited or was killed) before it {}",
+                                          name, self, job(r), doing));
+      }
+      if (Clock::now() >= s.deadline) {
+        std::vector<int> jobMissing;
+        for (int r : missing) jobMissing.push_back(job(r));
+        throw PeerLostError(fmt::format("communicator \"{}\" shared-memory set-up on {}: lost rank {}: it has not {} "
+                                        "within the timeout; is it stopped or overloaded? (ranks not there: {})",
+                                        name, self, job(missing.front()), doing, fmt::join(jobMissing, ", ")));
+      }
     }
-    return s.store->multiGet(k);
+  };
+  auto gather = [&](const std::string& what, const char* doing) {
+    std::vector<int> all;
+    for (int r = 0; r < s.size; ++r) all.push_back(r);
+    return s.store->multiGet(await(all, keys(what), doing));
   };
 
   // 1. Same host? A rank that opted out publishes an identity nobody else has.
   std::string id = s.enabled ? hostIdentity() : fmt::format("shm disabled on rank {}", s.rank);
   s.store->set(s.prefix + "shm/host/" + std::to_string(s.rank), id);
-  auto ids = gather("shm/host/");
+  auto ids = gather("shm/host/", "said which host it is on");
   if (!std::all_of(ids.begin(), ids.end(), [&](const std::string& v) { return v == ids[0]; })) return nullptr;
 
   // 2. Rank 0 creates the segment and publishes where to open it ("" when it could not).
@@ -360,12 +396,7 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
     s.store->set(s.prefix + "shm/name", map ? fmt::format("/proc/{}/fd/{}", ::getpid(), created.fd) : std::string());
   } else {
     std::string published;
-    try {
-      s.store->wait({s.prefix + "shm/name"}, left());
-      published = s.store->get(s.prefix + "shm/name");
-    } catch (const TimeoutError& e) {
-      throw PeerLostError(fmt::format("communicator: shared-memory set-up: {}", e.what()));
-    }
+    published = s.store->get(await({0}, {s.prefix + "shm/name"}, "published its segment").front());
     if (!published.empty()) map = openSegment(published, label, s.nonce, s.size, why);
   }
 
@@ -374,14 +405,11 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
   // mappings hold the memory, which goes with the last of them. "0: why" stays in the store
   // for diagnosis (`dtrain store get`) when a rank falls back.
   s.store->set(s.prefix + "shm/mapped/" + std::to_string(s.rank), map ? std::string("1") : "0: " + why);
-  std::vector<std::string> oks = gather("shm/mapped/");
+  std::vector<std::string> oks = gather("shm/mapped/", "mapped the segment");
   if (!map || !std::all_of(oks.begin(), oks.end(), [](const std::string& v) { return v == "1"; })) {
     // On one host and still not shared memory: said once, by rank 0 (a silent fallback to
     // TCP costs a large share of the all-reduce's speed; docs/collectives.md says why it may).
     if (s.rank == 0) {
-      std::string name = s.prefix;  // "comm/<name>/"
-      if (name.rfind("comm/", 0) == 0) name = name.substr(5);
-      if (!name.empty() && name.back() == '/') name.pop_back();
       for (size_t r = 0; r < oks.size(); ++r)
         if (oks[r] != "1") {
           std::fprintf(stderr,
@@ -401,8 +429,11 @@ ShmTransport::ShmTransport(const Setup& s, ShmMapping map)
       size_(s.size),
       map_(std::move(map)),
       fds_(s.fds),
+      world_(s.world ? *s.world : std::vector<int>{}),
       lost_(s.lost),
       oversubscribed_(s.size > cpuCount()) {
+  if (world_.empty())
+    for (int r = 0; r < size_; ++r) world_.push_back(r);
   layout_ = reinterpret_cast<Layout*>(map_.data());
   chunk_ = layout_->chunk;
   depth_ = layout_->depth;
@@ -507,7 +538,7 @@ void ShmTransport::waitFor(int peer, int which, uint32_t target, Clock::time_poi
       if (now >= dl) {
         f.waiters.fetch_sub(1, std::memory_order_seq_cst);
         lost_(peer, true,
-              fmt::format("waiting for rank {} to {} chunk {} over shared memory", peer, verb(which), target - 1));
+              fmt::format("waiting for rank {} to {} chunk {} over shared memory", job(peer), verb(which), target - 1));
       }
       futexWait(&f.value, v, std::min<std::chrono::nanoseconds>(dl - now, 2ms));
     }
@@ -594,11 +625,11 @@ void ShmTransport::exchange(const char* sbuf, size_t sb, int sp, char* rbuf, siz
         PieceHeader h;
         std::memcpy(&h, s, sizeof(h));
         if (h.total != rb)
-          throw PeerLostError(fmt::format("{} from rank {}: expected {} bytes, the peer sent {}", op, rp, rb, h.total));
+          throw PeerLostError(fmt::format("{} from rank {}: expected {} bytes, the peer sent {}", op, job(rp), rb, h.total));
         const size_t off = rDone * C, len = std::min(C, rb - std::min(rb, off));
         if (h.len != len)
           throw PeerLostError(fmt::format("{} from rank {}: piece {} holds {} bytes, expected {} (the channel is out of step)",
-                                          op, rp, rDone, h.len, len));
+                                          op, job(rp), rDone, h.len, len));
         if (len) std::memcpy(rbuf + off, s + kPieceHeader, len);
         read(rp, rank_).value.store(++seq, std::memory_order_seq_cst);
         ring(rp);
@@ -614,8 +645,8 @@ void ShmTransport::exchange(const char* sbuf, size_t sb, int sp, char* rbuf, siz
     const int first = recvPending ? rp : sp, second = recvPending && sendPending ? sp : first;
     waitDoorbell(seen, {first, second}, dl, [&] {
       std::string out, in;
-      if (sp >= 0) out = fmt::format("sent {} of {} bytes to rank {}", std::min(sb, sDone * C), sb, sp);
-      if (rp >= 0) in = fmt::format("received {} of {} bytes from rank {}", std::min(rb, rDone * C), rb, rp);
+      if (sp >= 0) out = fmt::format("sent {} of {} bytes to rank {}", std::min(sb, sDone * C), sb, job(sp));
+      if (rp >= 0) in = fmt::format("received {} of {} bytes from rank {}", std::min(rb, rDone * C), rb, job(rp));
       return out.empty() ? in : in.empty() ? out : out + ", " + in;
     });
   }

@@ -78,6 +78,8 @@ class ShmTransport {
     int rank = 0, size = 1;
     Clock::time_point deadline;
     const std::vector<int>* fds = nullptr;  // peer sockets (liveness), index = rank, -1 = self
+    // The job rank of each rank, for messages (null: the same; a group's ranks are not).
+    const std::vector<int>* world = nullptr;
     LostFn lost;
   };
 
@@ -159,6 +161,8 @@ class ShmTransport {
   std::vector<uint32_t> sent_, taken_;  // per peer: pieces written to it / read from it
   uint32_t seq_ = 0;                    // next chunk number; identical on every rank (same op sequence)
   const std::vector<int>* fds_;
+  std::vector<int> world_;  // world_[r]: the job rank of rank r (messages)
+  int job(int r) const { return world_[static_cast<size_t>(r)]; }
   LostFn lost_;
   const char* waitWhat_ = "";
   bool oversubscribed_ = false;  // more ranks than CPUs: do not spin

@@ -23,6 +23,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -78,7 +79,10 @@ std::string secondsText(Duration d) { return fmt::format("{:.3g} s", d.count() /
 
 class TcpCommunicator final : public Communicator {
  public:
-  TcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size, CommOptions opts);
+  // world: the job rank of each rank, for messages (empty: the ranks are the job's; group()
+  // passes its members' job ranks, so that a message names the rank a user can find).
+  TcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size, CommOptions opts,
+                  std::vector<int> world = {});
   ~TcpCommunicator() override;
   TcpCommunicator(const TcpCommunicator&) = delete;
   TcpCommunicator& operator=(const TcpCommunicator&) = delete;
@@ -216,7 +220,9 @@ class TcpCommunicator final : public Communicator {
     const int r = groupRank(ranks, rank_, size_, name);
     CommOptions o = opts_;
     o.name = opts_.name + "/" + name;
-    return std::make_unique<TcpCommunicator>(store_, r, static_cast<int>(ranks.size()), o);
+    std::vector<int> world;
+    for (int x : ranks) world.push_back(job(x));
+    return std::make_unique<TcpCommunicator>(store_, r, static_cast<int>(ranks.size()), o, std::move(world));
   }
 
  protected:
@@ -368,6 +374,18 @@ class TcpCommunicator final : public Communicator {
   void allgather(const char* send, char* recv, size_t blockBytes, Clock::time_point dl);
   void reduceScatter(const char* send, char* recv, size_t count, DataType t, ReduceOp op, Clock::time_point dl);
   std::string failureKey() const { return "comm/" + opts_.name + "/failure"; }
+  // For messages: rank r's rank in the job, and this rank as a user finds it ("rank 3", or in
+  // a group "rank 3 (rank 1 of communicator "default/stage1")").
+  int job(int r) const { return world_[static_cast<size_t>(r)]; }
+  std::string self() const {
+    return group_ ? fmt::format("rank {} (rank {} of communicator \"{}\")", job(rank_), rank_, opts_.name)
+                  : fmt::format("rank {}", rank_);
+  }
+  std::string jobRanks(const std::vector<int>& ranks) const {
+    std::vector<int> j;
+    for (int r : ranks) j.push_back(job(r));
+    return fmt::format("{}", fmt::join(j, ", "));
+  }
   char* scratch(size_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     return scratch_.data();
@@ -376,6 +394,8 @@ class TcpCommunicator final : public Communicator {
   std::shared_ptr<store::Store> store_;
   int rank_, size_;
   CommOptions opts_;
+  std::vector<int> world_;  // world_[r]: the job rank of rank r
+  bool group_;              // made by group(): its ranks are not the job's
   std::vector<int> fds_;
   std::vector<char> scratch_;
   // Same-host data path for collectives; null when TCP carries them. Used by whichever thread
@@ -395,10 +415,20 @@ class TcpCommunicator final : public Communicator {
   std::thread thread_;
 };
 
-TcpCommunicator::TcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size, CommOptions opts)
-    : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)), fds_(static_cast<size_t>(size), -1) {
+TcpCommunicator::TcpCommunicator(std::shared_ptr<store::Store> store, int rank, int size, CommOptions opts,
+                                 std::vector<int> world)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      opts_(std::move(opts)),
+      world_(std::move(world)),
+      group_(!world_.empty()),
+      fds_(static_cast<size_t>(std::max(size, 0)), -1) {
   if (size < 1 || rank < 0 || rank >= size)
     throw SpecError(fmt::format("communicator: rank {} is not within world size {}", rank, size));
+  if (world_.empty())
+    for (int r = 0; r < size; ++r) world_.push_back(r);
+  DTRAIN_CHECK(world_.size() == static_cast<size_t>(size));
   try {
     connectMesh();
     setupShm();
@@ -461,31 +491,50 @@ void TcpCommunicator::connectMesh() {
     try {
       store_->wait({prefix + "addr/" + std::to_string(j)}, std::chrono::duration_cast<Duration>(deadline - Clock::now()));
     } catch (const TimeoutError& e) {
-      throw PeerLostError(fmt::format("communicator \"{}\" set-up on rank {}: lost rank {}: it did not publish its "
+      throw PeerLostError(fmt::format("communicator \"{}\" set-up on {}: lost rank {}: it did not publish its "
                                       "address (not started, or failed before it): {}",
-                                      opts_.name, rank_, j, e.what()));
+                                      opts_.name, self(), job(j), e.what()));
     }
     auto parts = split(store_->get(prefix + "addr/" + std::to_string(j)), '\t');
-    if (parts.size() != 2) throw PeerLostError(fmt::format("communicator: rank {} published a bad address", j));
+    if (parts.size() != 2) throw PeerLostError(fmt::format("communicator \"{}\": rank {} published a bad address", opts_.name, job(j)));
     addrinfo h{};
     h.ai_family = AF_UNSPEC;
     h.ai_socktype = SOCK_STREAM;
     addrinfo* r = nullptr;
     if (::getaddrinfo(parts[0].c_str(), parts[1].c_str(), &h, &r) != 0 || !r)
-      throw PeerLostError(fmt::format("communicator: cannot resolve rank {}'s address {}:{}", j, parts[0], parts[1]));
+      throw PeerLostError(
+          fmt::format("communicator \"{}\": cannot resolve rank {}'s address {}:{}", opts_.name, job(j), parts[0], parts[1]));
     int fd = -1;
     std::string lastErr;
+    // Rank j listens from before it publishes its address until every lower rank has
+    // connected, and a full backlog drops connections rather than refusing them: refusals
+    // that go on mean j is gone (killed after publishing) or a firewall rejects the port.
+    // Either way waiting out the whole timeout helps no one; a short grace is left for a
+    // network that refuses while it settles.
+    constexpr auto kRefusedGrace = std::chrono::seconds(2);
+    std::optional<Clock::time_point> refusedSince;
     while (true) {
       fd = ::socket(r->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
       if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0) break;
-      lastErr = std::strerror(errno);
+      const int err = errno;
+      lastErr = std::strerror(err);
       ::close(fd);
       fd = -1;
-      if (Clock::now() >= deadline) break;
+      if (err != ECONNREFUSED) refusedSince.reset();
+      else if (!refusedSince) refusedSince = Clock::now();
+      if (Clock::now() >= deadline || (refusedSince && Clock::now() - *refusedSince >= kRefusedGrace)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     ::freeaddrinfo(r);
-    if (fd < 0) throw PeerLostError(fmt::format("communicator: cannot connect to rank {} at {}:{}: {}", j, parts[0], parts[1], lastErr));
+    if (fd < 0 && refusedSince)
+      throw PeerLostError(fmt::format("communicator \"{}\" set-up on {}: lost rank {}: its address {}:{} refused "
+                                      "connections for {} (the process exited or was killed after it published the "
+                                      "address, or a firewall rejects the port)",
+                                      opts_.name, self(), job(j), parts[0], parts[1],
+                                      secondsText(std::chrono::duration_cast<Duration>(Clock::now() - *refusedSince))));
+    if (fd < 0)
+      throw PeerLostError(fmt::format("communicator \"{}\": cannot connect to rank {} at {}:{}: {}", opts_.name, job(j),
+                                      parts[0], parts[1], lastErr));
     tuneSocket(fd);
     std::string hello(8, '\0');
     uint32_t m = htonl(kHelloMagic), rk = htonl(static_cast<uint32_t>(rank_));
@@ -494,7 +543,7 @@ void TcpCommunicator::connectMesh() {
     hello += nonce;
     if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
       ::close(fd);
-      throw PeerLostError(fmt::format("communicator: lost rank {} during set-up", j));
+      throw PeerLostError(fmt::format("communicator \"{}\": lost rank {} during set-up", opts_.name, job(j)));
     }
     setNonBlocking(fd);
     fds_[static_cast<size_t>(j)] = fd;
@@ -533,13 +582,31 @@ void TcpCommunicator::connectMesh() {
     int r = left > 0 ? ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(left, kMaxPollMs))) : 0;
     if (r < 0 && errno == EINTR) continue;  // a signal handler ran: the deadline still holds
     if (r <= 0 && Clock::now() >= deadline) {
-      std::vector<std::string> missing;
+      std::vector<int> missing;
       for (int j = 0; j < rank_; ++j)
-        if (fds_[static_cast<size_t>(j)] < 0) missing.push_back(std::to_string(j));
+        if (fds_[static_cast<size_t>(j)] < 0) missing.push_back(j);
       for (const auto& q : pending) ::close(q.fd);
+      // A lower rank connects to the higher ones in order, each once it has published its
+      // address: one that has published but not connected here is held up by a rank before
+      // this one in its order, while one that never published is the rank that holds up
+      // everyone (not started, stopped, or failed before it); that one is named.
+      int unpublished = -1;
+      try {
+        for (int j : missing)
+          if (!store_->check({prefix + "addr/" + std::to_string(j)})) {
+            unpublished = j;
+            break;
+          }
+      } catch (const std::exception&) {
+      }
+      const std::string lost =
+          unpublished >= 0 ? fmt::format("lost rank {}: it did not publish its address (not started, stopped, or failed "
+                                         "before it); ",
+                                         job(unpublished))
+                           : std::string();
       throw PeerLostError(fmt::format(
-          "communicator: timed out after {} waiting for rank(s) {} to connect{}", secondsText(opts_.timeout),
-          fmt::join(missing, ", "),
+          "communicator \"{}\" set-up on {}: {}timed out after {} waiting for rank(s) {} to connect{}", opts_.name, self(),
+          lost, secondsText(opts_.timeout), jobRanks(missing),
           strangers + pending.size() > 0
               ? fmt::format(" ({} other connection(s) to this rank's port said no hello of this job's ranks)",
                             strangers + static_cast<int>(pending.size()))
@@ -601,6 +668,7 @@ void TcpCommunicator::setupShm() {
   s.size = size_;
   s.deadline = Clock::now() + opts_.timeout;
   s.fds = &fds_;
+  s.world = &world_;
   s.lost = [this](int peer, bool stalled, const std::string& detail) { lost(peer, stalled, detail); };
   shm_ = detail::ShmTransport::create(s);
 }
@@ -735,10 +803,10 @@ TcpCommunicator::Blame TcpCommunicator::blame(int peer, bool stalled) {
     if (!recorded(b.rank, b.stalled ? graceEnd : Clock::now())) return b;
     const auto parts = split(store_->get(waitsKey(b.rank)), ' ');
     if (parts.size() != 2 || (parts[1] != "waits" && parts[1] != "lost"))
-      throw PeerLostError(fmt::format("rank {} recorded a malformed wait", b.rank));
+      throw PeerLostError(fmt::format("rank {} recorded a malformed wait", job(b.rank)));
     const int next = static_cast<int>(parseInteger(parts[0], "a recorded wait", 0, size_ - 1));
     b.stalled = parts[1] == "waits";
-    b.via += fmt::format(", which {} rank {}", b.stalled ? "waits on" : "lost", next);
+    b.via += fmt::format(", which {} rank {}", b.stalled ? "waits on" : "lost", job(next));
     b.rank = next;
   }
 }
@@ -771,15 +839,15 @@ void TcpCommunicator::agree(const std::string& what, Clock::time_point dl) {
       for (int r = 0; r < size_; ++r)
         if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
     } catch (const std::exception& e) {
-      throw PeerLostError(fmt::format("{} on rank {}: the store failed while the ranks' posts of operation #{} were "
+      throw PeerLostError(fmt::format("{} on {}: the store failed while the ranks' posts of operation #{} were "
                                       "awaited (DTRAIN_COMM_CHECK): {}",
-                                      currentOp_, rank_, n, e.what()));
+                                      currentOp_, self(), n, e.what()));
     }
     if (missing.empty()) break;  // (all came at the deadline)
-    throw PeerLostError(fmt::format("{} on rank {}: lost rank {}: it did not issue operation #{} ({}) within the {} "
+    throw PeerLostError(fmt::format("{} on {}: lost rank {}: it did not issue operation #{} ({}) within the {} "
                                     "timeout (DTRAIN_COMM_CHECK; ranks not there: {})",
-                                    currentOp_, rank_, missing.front(), n, what, secondsText(opts_.timeout),
-                                    fmt::join(missing, ", ")));
+                                    currentOp_, self(), job(missing.front()), n, what, secondsText(opts_.timeout),
+                                    jobRanks(missing)));
   }
   const std::vector<store::Bytes> posts = store_->multiGet(keys);
   if (n > 0) store_->deleteKey(key(n - 1, rank_));
@@ -793,11 +861,11 @@ void TcpCommunicator::agree(const std::string& what, Clock::time_point dl) {
   if (groups.size() == 1) return;
   std::vector<std::string> said;
   for (const auto& [p, ranks] : groups)
-    said.push_back(fmt::format("rank{} {} {}", ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), oneLine(p)));
-  throw SpecError(fmt::format("{} on rank {}: the ranks disagree on operation #{} of communicator \"{}\" "
+    said.push_back(fmt::format("rank{} {} {}", ranks.size() == 1 ? "" : "s", jobRanks(ranks), oneLine(p)));
+  throw SpecError(fmt::format("{} on {}: the ranks disagree on operation #{} of communicator \"{}\" "
                               "(DTRAIN_COMM_CHECK): {}; every rank must issue the same collectives in the same "
                               "order, with the same count, type, op and root",
-                              currentOp_, rank_, n, opts_.name, fmt::join(said, "; ")));
+                              currentOp_, self(), n, opts_.name, fmt::join(said, "; ")));
 }
 
 void TcpCommunicator::lost(int peer, bool stalled, const std::string& detail) {
@@ -817,11 +885,11 @@ void TcpCommunicator::lost(int peer, bool stalled, const std::string& detail) {
     why = stalled ? fmt::format("{} ({}){}", noProgress, detail, ask) : detail;
   } else {
     why = fmt::format("{} (rank {} waited on rank {}{}; {}){}", b.stalled ? noProgress : "connection closed or reset",
-                      rank_, peer, b.via,
-                      stalled ? detail : fmt::format("rank {} failed and closed its connections", peer),
+                      job(rank_), job(peer), b.via,
+                      stalled ? detail : fmt::format("rank {} failed and closed its connections", job(peer)),
                       b.stalled ? ask : "");
   }
-  std::string msg = fmt::format("{} on rank {}: lost rank {}: {}", currentOp_, rank_, b.rank, why);
+  std::string msg = fmt::format("{} on {}: lost rank {}: {}", currentOp_, self(), job(b.rank), why);
   // A peer that gave up on someone else closes its sockets too; say what it saw.
   try {
     if (store_->check({failureKey()})) msg += fmt::format(" [first failure in this job: {}]", store_->get(failureKey()));
@@ -864,8 +932,8 @@ void TcpCommunicator::Transfer::run() {
         if (head) {
           rheadDone_ += head;
           if (rheadDone_ == rheadLen && *rhead_ != rheadExpect_)
-            throw PeerLostError(fmt::format("{} from rank {}: expected {} bytes, the peer sent {}", c_.currentOp_, from_,
-                                            rheadExpect_, *rhead_));
+            throw PeerLostError(fmt::format("{} from rank {}: expected {} bytes, the peer sent {}", c_.currentOp_,
+                                            c_.job(from_), rheadExpect_, *rhead_));
         }
         recvd_ += static_cast<size_t>(n) - head;
         if (fn_) {
@@ -918,10 +986,10 @@ void TcpCommunicator::Transfer::run() {
     if (r == 0 && Clock::now() < deadline_) continue;  // (a capped poll ended before the deadline)
     if (r <= 0) {
       std::string progress;
-      if (to_ >= 0) progress = fmt::format("sent {} of {} bytes to rank {}", sent_, slen_, to_);
+      if (to_ >= 0) progress = fmt::format("sent {} of {} bytes to rank {}", sent_, slen_, c_.job(to_));
       if (from_ >= 0)
         progress += fmt::format("{}received {} of {} {}from rank {}", progress.empty() ? "" : ", ", recvd_, rlen_,
-                                progress.empty() ? "bytes " : "", from_);
+                                progress.empty() ? "bytes " : "", c_.job(from_));
       c_.lost(receiving() ? from_ : to_, true, progress);
     }
   }

@@ -25,8 +25,8 @@ struct TrainResult {
   std::string weights_sha256;  // identical on every rank (checked)
   // Pipeline parallelism (trainer.parallel.pipeline_stages > 1; pipeline.h); defaults otherwise.
   int pipeline_stages = 1;
-  double bubble_fraction = 0;        // mean over ranks of 1 - compute / schedule time
-  std::vector<double> stage_ms;      // per stage: forward + backward compute per step (ms)
+  double bubble_fraction = 0;        // 1 - all ranks' compute / (stages x the pipeline's span)
+  std::vector<double> stage_ms;      // per stage: forward + backward compute per step (ms); empty: none timed
   size_t stage_params = 0;           // parameters this rank holds (the whole model when P = 1)
   size_t peak_activation_bytes = 0;  // this rank's peak of stashed activations (pipeline only)
 };
