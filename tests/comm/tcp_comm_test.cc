@@ -119,6 +119,120 @@ TEST(TcpComm, SixteenBitFloats) {
   EXPECT_EQ(bf16ToFloat(floatToBf16(1.00390625f)), 1.0f);  // ties to even
 }
 
+// The 16-bit conversions are branch-free (so that the reductions vectorise); they must give
+// what the straightforward IEEE conversions give: every half and bf16 value to float, and
+// floats of every exponent, sign and rounding case (ties, carries into the exponent,
+// subnormal halves, overflow, NaNs) back, with reduceInto's loops agreeing element by element.
+namespace ref {
+float halfToFloat(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0 && mant == 0) {
+    bits = sign;
+  } else if (exp == 0) {
+    exp = 127 - 15 + 1;
+    while (!(mant & 0x400u)) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+uint16_t floatToHalf(float f) {
+  if (std::isnan(f)) return static_cast<uint16_t>((std::signbit(f) ? 0x8000u : 0u) | 0x7e00u);
+  // exact IEEE rounding to nearest even, by long arithmetic on the value's magnitude
+  const uint16_t sign = std::signbit(f) ? 0x8000u : 0u;
+  double a = std::fabs(static_cast<double>(f));
+  if (a >= 65520.0) return static_cast<uint16_t>(sign | 0x7c00u);
+  int e = a == 0 ? -24 : std::max(-14, static_cast<int>(std::floor(std::log2(a))));
+  if (a != 0 && std::ldexp(1.0, e) > a) --e;  // (log2 rounding)
+  if (a != 0 && std::ldexp(1.0, e + 1) <= a) ++e;
+  e = std::max(e, -14);
+  const double q = std::nearbyint(std::ldexp(a, 10 - e));  // mantissa with its hidden bit, rounded (ties to even)
+  uint32_t m = static_cast<uint32_t>(q);
+  int be = e + 15;
+  if (m >= 2048) {  // rounded up into the next binade
+    m >>= 1;
+    ++be;
+  }
+  if (m < 1024) return static_cast<uint16_t>(sign | m);  // subnormal (be stays 1 = exponent field 0)
+  if (be >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  return static_cast<uint16_t>(sign | (be << 10) | (m & 0x3ffu));
+}
+}  // namespace ref
+
+TEST(CommTypes, SixteenBitConversionsMatchTheReference) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float r = ref::halfToFloat(static_cast<uint16_t>(h)), got = halfToFloat(static_cast<uint16_t>(h));
+    ASSERT_EQ(std::memcmp(&r, &got, 4), 0) << std::hex << h;
+    uint32_t b = h << 16;
+    float bf;
+    std::memcpy(&bf, &b, 4);
+    const float gotBf = bf16ToFloat(static_cast<uint16_t>(h));
+    ASSERT_EQ(std::memcmp(&bf, &gotBf, 4), 0) << std::hex << h;
+  }
+  std::mt19937 rng(7);
+  auto check = [&](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    ASSERT_EQ(floatToHalf(f), ref::floatToHalf(f)) << std::hex << bits;
+    // bf16: nearest even on the low 16 bits; a NaN stays a NaN, quiet
+    const uint16_t b = floatToBf16(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(bf16ToFloat(b))) << std::hex << bits;
+      ASSERT_TRUE(b & 0x40u) << std::hex << bits;
+    } else {
+      // halfway between the bf16 below and the one above (past the largest: 2^128, as if finite)
+      const uint32_t e = (bits >> 23) & 0xffu;
+      const double lo = bf16ToFloat(static_cast<uint16_t>(bits >> 16));
+      const double mid = std::fabs(lo) + std::ldexp(1.0, static_cast<int>(e ? e : 1) - 127 - 7) / 2, x = f;
+      const uint16_t want = (bits & 0xffffu) == 0 ? static_cast<uint16_t>(bits >> 16)
+                            : std::fabs(x) < std::fabs(mid) ? static_cast<uint16_t>(bits >> 16)
+                            : std::fabs(x) > std::fabs(mid) ? static_cast<uint16_t>((bits >> 16) + 1)
+                            : static_cast<uint16_t>((bits >> 16) + ((bits >> 16) & 1u));
+      ASSERT_EQ(b, want) << std::hex << bits;
+    }
+  };
+  // every exponent and sign, with the mantissa's low bits at their rounding cases and at random
+  for (uint32_t se = 0; se < 512; ++se)
+    for (uint32_t low : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x2000u, 0x3000u, 0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0x7fffffu})
+      for (int k = 0; k < 20; ++k) check((se << 23) | ((k ? rng() & 0x7f0000u : 0u) | low) & 0x7fffffu | (se << 23));
+  for (int k = 0; k < 2000000; ++k) check(static_cast<uint32_t>(rng()));
+  // The reductions: element by element as the conversions say.
+  for (DataType t : {DataType::kFloat16, DataType::kBFloat16})
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
+      const size_t n = 10007;
+      std::vector<uint16_t> a(n), b(n);
+      for (size_t i = 0; i < n; ++i) {
+        a[i] = static_cast<uint16_t>(rng());
+        b[i] = static_cast<uint16_t>(rng());
+      }
+      auto to = t == DataType::kFloat16 ? floatToHalf : floatToBf16;
+      auto from = t == DataType::kFloat16 ? halfToFloat : bf16ToFloat;
+      std::vector<uint16_t> d = a;
+      reduceInto(d.data(), b.data(), n, t, op);
+      for (size_t i = 0; i < n; ++i) {
+        const float x = from(a[i]), y = from(b[i]);
+        const float r = op == ReduceOp::kSum ? x + y
+                        : std::isnan(x) || std::isnan(y) ? std::nanf("")
+                        : op == ReduceOp::kMin ? (y < x ? y : x) : (x < y ? y : x);
+        if (std::isnan(r)) {
+          ASSERT_TRUE(std::isnan(from(d[i]))) << i;
+          // (float16: floatToHalf's NaN, whichever path ran: x86's F16C keeps payload bits)
+          if (t == DataType::kFloat16) ASSERT_EQ(d[i] & 0x7fffu, 0x7e00u) << std::hex << d[i];
+        } else {
+          ASSERT_EQ(d[i], to(r)) << i << " " << name(t);
+        }
+      }
+    }
+}
+
 // A NaN on any rank makes min and max NaN at its index, whichever rank holds it, wherever in
 // the buffer, whatever the algorithm (4 floats: recursive doubling; 65536: the ring) or
 // transport (before, std::min/std::max kept or dropped it by operand order: a NaN on rank 1

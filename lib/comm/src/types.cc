@@ -4,6 +4,11 @@
 #include <cstring>
 #include <type_traits>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DTRAIN_HAVE_F16C_PATH 1
+#endif
+
 #include <fmt/format.h>
 
 #include "dtrain/common/errors.h"
@@ -63,69 +68,64 @@ ReduceOp parseReduceOp(const std::string& s) {
   throw SpecError(fmt::format("unknown reduction \"{}\"; use sum, avg, min or max", s));
 }
 
-float bf16ToFloat(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
+namespace {
+
+// Branch-free (selects only), so that the reduction loops using them vectorise; bit-for-bit
+// the same results as the straightforward versions (tests/comm checks every half and bf16
+// value, and floats of every exponent).
+inline uint32_t bitsOf(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+inline float floatOf(uint32_t b) {
   float f;
-  std::memcpy(&f, &bits, 4);
+  std::memcpy(&f, &b, 4);
   return f;
 }
-
-uint16_t floatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
-  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
+// c ? x : y by masks: with a ?: the compiler may move a float operation into a branch of
+// its own (it could raise a floating-point exception), and a loop with branches does not
+// vectorise.
+inline uint32_t pick(bool c, uint32_t x, uint32_t y) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return (x & m) | (y & ~m);
+}
+inline float bf16ToFloatFast(uint16_t v) { return floatOf(static_cast<uint32_t>(v) << 16); }
+inline uint16_t floatToBf16Fast(float f) {
+  const uint32_t b = bitsOf(f);
+  const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;  // to nearest, ties to even
+  const uint32_t quiet = (b >> 16) | 0x40u;                         // a NaN stays a (quiet) NaN
+  return static_cast<uint16_t>(pick((b & 0x7fffffffu) > 0x7f800000u, quiet, rounded));
+}
+inline float halfToFloatFast(uint16_t h) {
+  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  const uint32_t normal = ((exp + 112u) << 23) | (mant << 13);
+  const uint32_t infNan = 0x7f800000u | (mant << 13);
+  // zero and subnormals: mant x 2^-24, exact (a normal float times a power of two, never a
+  // subnormal operand, so a flush-to-zero mode cannot change it)
+  const uint32_t small = bitsOf(static_cast<float>(static_cast<int32_t>(mant)) * 0x1p-24f);
+  return floatOf(sign | pick(exp == 0, small, pick(exp == 0x1fu, infNan, normal)));
+}
+inline uint16_t floatToHalfFast(float f) {
+  const uint32_t b = bitsOf(f);
+  const uint32_t sign = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
+  // normal half: rebias, round to nearest even on the 13 dropped bits (a carry into the
+  // exponent is right, up to infinity from 65520 on)
+  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  // 0xc8000000 = (15 - 127) << 23
+  // subnormal half (|f| < 2^-14): adding 0.5 puts the 10 bits at the bottom of the float's
+  // mantissa, the float unit rounding them to nearest even
+  const uint32_t sub = bitsOf(floatOf(a) + 0.5f) - 0x3f000000u;
+  const uint32_t r = pick(a > 0x7f800000u, 0x7e00u, pick(a >= 0x47800000u, 0x7c00u, pick(a < 0x38800000u, sub, normal)));
+  return static_cast<uint16_t>(sign | r);
 }
 
-float halfToFloat(uint16_t h) {
-  uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      exp = 127 - 15 + 1;
-      while (!(mant & 0x400u)) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ffu;
-      bits = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+}  // namespace
 
-uint16_t floatToHalf(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  uint32_t absBits = bits & 0x7fffffffu;
-  if (absBits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (absBits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (absBits < 0x38800000u) {  // subnormal or zero in half
-    if (absBits < 0x33000000u) return sign;
-    uint32_t exp = absBits >> 23;
-    uint32_t mant = (absBits & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - exp;  // 113 <= exp <= 112+... ; shift in [14, 24]
-    uint32_t halfMant = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (halfMant & 1u))) ++halfMant;
-    return static_cast<uint16_t>(sign | halfMant);
-  }
-  uint32_t rounded = absBits + 0xfffu + ((absBits >> 13) & 1u);
-  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
-}
+float bf16ToFloat(uint16_t v) { return bf16ToFloatFast(v); }
+uint16_t floatToBf16(float f) { return floatToBf16Fast(f); }
+float halfToFloat(uint16_t h) { return halfToFloatFast(h); }
+uint16_t floatToHalf(float f) { return floatToHalfFast(f); }
 
 namespace {
 
@@ -187,22 +187,74 @@ void reduceToT(T* d, const T* a, const T* b, size_t n, ReduceOp op) {
   }
 }
 
+// 16-bit floats are reduced in float and rounded back, one loop per operation with the
+// conversions inlined (no branch inside: they vectorise, 6-10x the speed of one loop asking
+// for the operation and converting with branches per element).
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void reduceTo16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
-  for (size_t i = 0; i < n; ++i) {
-    float x = ToF(a[i]), y = ToF(b[i]);
-    float r = op == ReduceOp::kMin ? minOf(x, y) : op == ReduceOp::kMax ? maxOf(x, y) : x + y;
-    d[i] = FromF(r);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return combine(d, a, b, n, [](uint16_t x, uint16_t y) { return FromF(ToF(x) + ToF(y)); });
+    case ReduceOp::kMin: return combine(d, a, b, n, [](uint16_t x, uint16_t y) { return FromF(minOf(ToF(x), ToF(y))); });
+    case ReduceOp::kMax: return combine(d, a, b, n, [](uint16_t x, uint16_t y) { return FromF(maxOf(ToF(x), ToF(y))); });
   }
+}
+
+#ifdef DTRAIN_HAVE_F16C_PATH
+// float16 on x86 CPUs with F16C (2012 on): the conversions in hardware, 8 lanes at a time;
+// without, the portable branch-free conversions are 2-4x slower than bfloat16's. The same
+// bits as the portable path: F16C rounds to nearest even like floatToHalf, min and max keep
+// minOf/maxOf's operand rules, and a NaN result is made floatToHalf's (sign | 0x7e00, where
+// the hardware would keep part of the payload), so ranks on CPUs with and without F16C
+// agree. Returns how many leading elements it did (a multiple of 8); the caller does the rest.
+template <ReduceOp Op>
+__attribute__((target("avx2,f16c"))) size_t reduceHalfF16c(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n) {
+  const __m128i signBit = _mm_set1_epi16(static_cast<short>(0x8000)), quietNan = _mm_set1_epi16(0x7e00);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    __m256 r;
+    if constexpr (Op == ReduceOp::kMin || Op == ReduceOp::kMax) {
+      // (MINPS/MAXPS(y, x): x when either is NaN or they are equal; then a NaN y wins)
+      const __m256 t = Op == ReduceOp::kMin ? _mm256_min_ps(y, x) : _mm256_max_ps(y, x);
+      r = _mm256_blendv_ps(t, y, _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+    } else {
+      r = _mm256_add_ps(x, y);
+    }
+    __m128i h = _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+    h = _mm_blendv_epi8(h, _mm_or_si128(_mm_and_si128(h, signBit), quietNan), nan16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
+  }
+  return i;
+}
+
+bool haveF16c() {
+  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return have;
+}
+#endif
+
+void reduceToHalf(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
+  size_t done = 0;
+#ifdef DTRAIN_HAVE_F16C_PATH
+  if (haveF16c()) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: done = reduceHalfF16c<ReduceOp::kSum>(d, a, b, n); break;
+      case ReduceOp::kMin: done = reduceHalfF16c<ReduceOp::kMin>(d, a, b, n); break;
+      case ReduceOp::kMax: done = reduceHalfF16c<ReduceOp::kMax>(d, a, b, n); break;
+    }
+  }
+#endif
+  reduceTo16<halfToFloatFast, floatToHalfFast>(d + done, a + done, b + done, n - done, op);
 }
 
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void reduce16(uint16_t* d, const uint16_t* s, size_t n, ReduceOp op) {
-  for (size_t i = 0; i < n; ++i) {
-    float a = ToF(d[i]), b = ToF(s[i]);
-    float r = op == ReduceOp::kMin ? minOf(a, b) : op == ReduceOp::kMax ? maxOf(a, b) : a + b;
-    d[i] = FromF(r);
-  }
+  reduceTo16<ToF, FromF>(d, d, s, n, op);
 }
 
 }  // namespace
@@ -214,9 +266,9 @@ void reduceInto(void* dst, const void* src, size_t n, DataType t, ReduceOp op) {
     case DataType::kInt32: return reduceT(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
     case DataType::kInt64: return reduceT(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
     case DataType::kBFloat16:
-      return reduce16<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      return reduce16<bf16ToFloatFast, floatToBf16Fast>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
     case DataType::kFloat16:
-      return reduce16<halfToFloat, floatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      return reduceToHalf(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
   }
 }
 
@@ -233,11 +285,10 @@ void reduceTo(void* dst, const void* a, const void* b, size_t n, DataType t, Red
     case DataType::kInt64:
       return reduceToT(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), n, op);
     case DataType::kBFloat16:
-      return reduceTo16<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+      return reduceTo16<bf16ToFloatFast, floatToBf16Fast>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
                                                   static_cast<const uint16_t*>(b), n, op);
     case DataType::kFloat16:
-      return reduceTo16<halfToFloat, floatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
-                                                  static_cast<const uint16_t*>(b), n, op);
+      return reduceToHalf(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n, op);
   }
 }
 
@@ -267,12 +318,12 @@ void finishAvg(void* data, size_t n, DataType t, int worldSize) {
     }
     case DataType::kBFloat16: {
       auto* p = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < n; ++i) p[i] = floatToBf16(bf16ToFloat(p[i]) / static_cast<float>(worldSize));
+      for (size_t i = 0; i < n; ++i) p[i] = floatToBf16Fast(bf16ToFloatFast(p[i]) / static_cast<float>(worldSize));
       break;
     }
     case DataType::kFloat16: {
       auto* p = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < n; ++i) p[i] = floatToHalf(halfToFloat(p[i]) / static_cast<float>(worldSize));
+      for (size_t i = 0; i < n; ++i) p[i] = floatToHalfFast(halfToFloatFast(p[i]) / static_cast<float>(worldSize));
       break;
     }
   }
