@@ -265,10 +265,14 @@ int launch(comm::Collective c, CLI::App* sub) {
         !problem.empty())
       throw SpecError(problem);
   }
-  int world = 0;  // (the resolved count: "02", "auto" or hosts' slots, not the flag's text)
+  // The resolved count ("02", "auto" or hosts' slots, not the flag's text); unknown (0) where
+  // "auto" is counted on each host (the workers check it there).
+  int world = 0;
   for (const auto& node : s.nodes) world += node.slots > 0 ? node.slots : s.nproc_per_node;
   if (s.nodes.empty()) world = s.nproc_per_node;
-  if (c == comm::Collective::kSendRecv && world != 2)
+  if (s.nproc_auto && std::any_of(s.nodes.begin(), s.nodes.end(), [](const auto& n) { return n.slots == 0; }))
+    world = 0;
+  if (c == comm::Collective::kSendRecv && world != 0 && world != 2)
     throw SpecError(s.nodes.empty()
                         ? fmt::format("--nproc-per-node: bench sendrecv is a 2-rank ping-pong, got {}; use "
                                       "--nproc-per-node 2", world)
@@ -277,7 +281,7 @@ int launch(comm::Collective c, CLI::App* sub) {
                                       a.hosts.empty() ? "--hostfile" : "--hosts", world));
   if (c == comm::Collective::kAllgather) {
     const comm::BenchOptions o = benchOptions(c);
-    if (o.max_bytes < comm::elementSize(o.dtype) * static_cast<size_t>(world))
+    if (world > 0 && o.max_bytes < comm::elementSize(o.dtype) * static_cast<size_t>(world))
       throw SpecError(comm::allgatherTooSmall(o, world));
   }
   launch::RunResult r;

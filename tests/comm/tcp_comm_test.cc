@@ -1013,15 +1013,18 @@ class FailingStore : public testing::ForwardingStore {
       : ForwardingStore(std::move(inner)), failAt_(std::move(failAt)) {}
   void set(const std::string& key, const store::Bytes& value) override {
     if (key.size() >= failAt_.size() && key.compare(key.size() - failAt_.size(), failAt_.size(), failAt_) == 0) {
-      if (publishFirst_) inner_->set(key, value);
+      held_ = {key, value};
       throw IoError("injected: this rank dies here");
     }
     inner_->set(key, value);
   }
-  bool publishFirst_ = false;
+  // Writes the key the rank died writing, as if it had got there first: called once the
+  // rank's set-up has unwound (its listener closed), so that no peer can reach it meanwhile.
+  void publishHeld() { inner_->set(held_.first, held_.second); }
 
  private:
   std::string failAt_;
+  std::pair<std::string, store::Bytes> held_;
 };
 
 // Ranks 0..n-1 set up a communicator; `victim` uses `victimStore`. Returns each rank's error
@@ -1031,7 +1034,8 @@ struct SetUpRun {
   std::chrono::duration<double> took{};
 };
 SetUpRun setUpWith(int n, int victim, std::shared_ptr<store::Store> shared, std::shared_ptr<store::Store> victimStore,
-                   CommOptions o, std::chrono::milliseconds victimDelay = std::chrono::milliseconds(0)) {
+                   CommOptions o, std::chrono::milliseconds victimDelay = std::chrono::milliseconds(0),
+                   std::function<void()> afterVictimFailed = {}) {
   SetUpRun run;
   run.errors.resize(static_cast<size_t>(n));
   const auto start = std::chrono::steady_clock::now();
@@ -1044,6 +1048,7 @@ SetUpRun setUpWith(int n, int victim, std::shared_ptr<store::Store> shared, std:
         c->barrier();
       } catch (const std::exception& e) {
         run.errors[static_cast<size_t>(r)] = e.what();
+        if (r == victim && afterVictimFailed) afterVictimFailed();
       }
     });
   for (auto& t : ts) t.join();
@@ -1073,12 +1078,12 @@ TEST(TcpCommSetUp, ARankDeadDuringTheSharedMemorySetUpIsNamedAtOnce) {
 TEST(TcpCommSetUp, TheRankThatNeverPublishedIsNamed) {
   auto shared = std::make_shared<store::HashStore>();
   CommOptions o;
-  o.timeout = std::chrono::milliseconds(800);
-  auto run = setUpWith(3, 1, shared, shared, o, std::chrono::milliseconds(2500));
+  o.timeout = std::chrono::seconds(1);
+  auto run = setUpWith(3, 1, shared, shared, o, std::chrono::milliseconds(4000));
   EXPECT_EQ(run.errors[0].rfind("communicator \"default\" set-up on rank 0: lost rank 1: it did not publish its address", 0),
             0u) << run.errors[0];
   EXPECT_EQ(run.errors[2].rfind("communicator \"default\" set-up on rank 2: lost rank 1: it did not publish its address "
-                                "(not started, stopped, or failed before it); timed out after 0.8 s waiting for rank(s) 0, 1 "
+                                "(not started, stopped, or failed before it); timed out after 1 s waiting for rank(s) 0, 1 "
                                 "to connect", 0), 0u) << run.errors[2];
 }
 
@@ -1087,10 +1092,10 @@ TEST(TcpCommSetUp, TheRankThatNeverPublishedIsNamed) {
 TEST(TcpCommSetUp, ARankDeadAfterPublishingItsAddressIsNamedWithinTheGrace) {
   auto shared = std::make_shared<store::HashStore>();
   auto victim = std::make_shared<FailingStore>(shared, "addr/1");
-  victim->publishFirst_ = true;  // the address is published, then the rank dies
   CommOptions o;
   o.timeout = std::chrono::seconds(30);
-  auto run = setUpWith(2, 1, shared, victim, o);
+  // (the address appears once the rank is gone: a dead rank's address, which refuses)
+  auto run = setUpWith(2, 1, shared, victim, o, std::chrono::milliseconds(0), [&] { victim->publishHeld(); });
   EXPECT_NE(run.errors[1].find("injected"), std::string::npos) << run.errors[1];
   EXPECT_EQ(run.errors[0].rfind("communicator \"default\" set-up on rank 0: lost rank 1: its address 127.0.0.1:", 0), 0u)
       << run.errors[0];

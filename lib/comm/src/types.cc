@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define DTRAIN_HAVE_F16C_PATH 1
 #endif
@@ -206,7 +207,8 @@ void reduceTo16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, Red
 // bits as the portable path: F16C rounds to nearest even like floatToHalf, min and max keep
 // minOf/maxOf's operand rules, and a NaN result is made floatToHalf's (sign | 0x7e00, where
 // the hardware would keep part of the payload), so ranks on CPUs with and without F16C
-// agree. Returns how many leading elements it did (a multiple of 8); the caller does the rest.
+// agree (but for the sign of a NaN from adding two NaNs of opposite signs, which follows
+// the operand order the compiler picked on either path). Returns how many leading elements it did (a multiple of 8); the caller does the rest.
 template <ReduceOp Op>
 __attribute__((target("avx2,f16c"))) size_t reduceHalfF16c(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n) {
   const __m128i signBit = _mm_set1_epi16(static_cast<short>(0x8000)), quietNan = _mm_set1_epi16(0x7e00);
@@ -232,7 +234,12 @@ __attribute__((target("avx2,f16c"))) size_t reduceHalfF16c(uint16_t* d, const ui
 }
 
 bool haveF16c() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // (avx2 through the builtin, which also checks that the OS saves the 256-bit registers;
+  // F16C through CPUID, a name clang's builtin does not take)
+  static const bool have = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
   return have;
 }
 #endif

@@ -353,24 +353,27 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
         return k;
       } catch (const TimeoutError&) {
       }
-      std::vector<int> missing;
-      for (size_t i = 0; i < ranks.size(); ++i)
-        if (!s.store->check({k[i]})) missing.push_back(ranks[i]);
-      if (missing.empty()) return k;
-      for (int r : missing) {
+      // (the sockets first, which cost nothing: the store is asked only about a rank whose
+      // socket hung up, and about every rank only at the deadline; a large job's ranks all
+      // asking about every rank after each slice would flood it)
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        const int r = ranks[i];
         const int fd = s.fds ? (*s.fds)[static_cast<size_t>(r)] : -1;
         pollfd p{fd, POLLRDHUP, 0};
-        if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+        if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) &&
+            !s.store->check({k[i]}))
           throw PeerLostError(fmt::format("communicator \"{}\" shared-memory set-up on {}: lost rank {}: connection "
                                           "closed (the process exited or was killed) before it {}",
                                           name, self, job(r), doing));
       }
       if (Clock::now() >= s.deadline) {
-        std::vector<int> jobMissing;
-        for (int r : missing) jobMissing.push_back(job(r));
+        std::vector<int> missing;
+        for (size_t i = 0; i < ranks.size(); ++i)
+          if (!s.store->check({k[i]})) missing.push_back(job(ranks[i]));
+        if (missing.empty()) return k;
         throw PeerLostError(fmt::format("communicator \"{}\" shared-memory set-up on {}: lost rank {}: it has not {} "
                                         "within the timeout; is it stopped or overloaded? (ranks not there: {})",
-                                        name, self, job(missing.front()), doing, fmt::join(jobMissing, ", ")));
+                                        name, self, missing.front(), doing, fmt::join(missing, ", ")));
       }
     }
   };

@@ -529,7 +529,8 @@ void TcpCommunicator::connectMesh() {
     if (fd < 0 && refusedSince)
       throw PeerLostError(fmt::format("communicator \"{}\" set-up on {}: lost rank {}: its address {}:{} refused "
                                       "connections for {} (the process exited or was killed after it published the "
-                                      "address, or a firewall rejects the port)",
+                                      "address; or that address, the one it reaches the store from, is not one this "
+                                      "host can reach it at; or a firewall rejects the port)",
                                       opts_.name, self(), job(j), parts[0], parts[1],
                                       secondsText(std::chrono::duration_cast<Duration>(Clock::now() - *refusedSince))));
     if (fd < 0)
