@@ -100,7 +100,9 @@ tb_pids() {
 # left (ps) on stderr and returns 1.
 tb_wait_no_pids() {
   local host=$1 secs=$2 pids deadline
-  deadline=$(( $(date +%s%N) + $(awk -v s="$secs" 'BEGIN { printf "%d", s * 1e9 }') ))
+  # (%.0f: Debian's awk, mawk, prints %d of a number past 2^31 as 2147483647, so every wait
+  # was 2.1 s at most, and an agent that took a little longer to go counted as left over)
+  deadline=$(( $(date +%s%N) + $(awk -v s="$secs" 'BEGIN { printf "%.0f", s * 1e9 }') ))
   while :; do
     pids=$(tb_pids "$host") || return 2
     [ -z "$pids" ] && return 0
