@@ -302,8 +302,9 @@ int trainCommand() {
   // its loss and throughput are not measured, and are not reported as zeros.
   const bool trained = r.steps_run > 0;
   // The pipeline's timing leaves each run's first step out (buffers and connections warming
-  // up), as samples/s does: a run of one step timed nothing, and says nothing of its bubble.
-  const bool timed = r.steps_run > 1 && !r.stage_ms.empty();
+  // up), as samples/s does: a run of one step timed nothing (stage_ms empty), and says
+  // nothing of its bubble.
+  const bool timed = !r.stage_ms.empty();
   const std::optional<double> loss = trained ? std::optional<double>(r.final_loss) : std::nullopt;
   const std::optional<double> sps = r.samples_per_s > 0 ? std::optional<double>(r.samples_per_s) : std::nullopt;
   // Held-out results only where there was a held-out split; accuracy only for classification.

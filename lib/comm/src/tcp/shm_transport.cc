@@ -185,6 +185,12 @@ ShmMapping& ShmMapping::operator=(ShmMapping&& o) noexcept {
 
 namespace {
 
+// Whether a peer's mesh socket says it exited, was killed or failed (-1: no socket).
+bool socketHungUp(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
 struct Fd {
   int fd;
   ~Fd() {
@@ -339,9 +345,7 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
   if (name.rfind("comm/", 0) == 0) name = name.substr(5);
   if (!name.empty() && name.back() == '/') name.pop_back();
   auto job = [&](int r) { return s.world ? (*s.world)[static_cast<size_t>(r)] : r; };
-  const std::string self = s.world && job(s.rank) != s.rank
-                               ? fmt::format("rank {} (rank {} of communicator \"{}\")", job(s.rank), s.rank, name)
-                               : fmt::format("rank {}", s.rank);
+  const std::string self = s.self.empty() ? fmt::format("rank {}", s.rank) : s.self;
   // Waits for key k[i] of rank ranks[i], each. In slices: a rank whose key is missing and
   // whose socket hung up has died (killed during set-up), and is named at once; at the
   // deadline the first rank whose key is missing is named, not a store key.
@@ -358,10 +362,7 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const Setup& s) {
       // asking about every rank after each slice would flood it)
       for (size_t i = 0; i < ranks.size(); ++i) {
         const int r = ranks[i];
-        const int fd = s.fds ? (*s.fds)[static_cast<size_t>(r)] : -1;
-        pollfd p{fd, POLLRDHUP, 0};
-        if (fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) &&
-            !s.store->check({k[i]}))
+        if (s.fds && socketHungUp((*s.fds)[static_cast<size_t>(r)]) && !s.store->check({k[i]}))
           throw PeerLostError(fmt::format("communicator \"{}\" shared-memory set-up on {}: lost rank {}: connection "
                                           "closed (the process exited or was killed) before it {}",
                                           name, self, job(r), doing));
@@ -556,11 +557,7 @@ void ShmTransport::waitFor(int peer, int which, uint32_t target, Clock::time_poi
   }
 }
 
-bool ShmTransport::hungUp(int peer) const {
-  int fd = (*fds_)[static_cast<size_t>(peer)];
-  pollfd p{fd, POLLRDHUP, 0};
-  return fd >= 0 && ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
+bool ShmTransport::hungUp(int peer) const { return socketHungUp((*fds_)[static_cast<size_t>(peer)]); }
 
 void ShmTransport::waitDoorbell(uint32_t seen, std::initializer_list<int> peers, Clock::time_point dl,
                                 const std::function<std::string()>& progress) {

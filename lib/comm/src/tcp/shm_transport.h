@@ -80,6 +80,7 @@ class ShmTransport {
     const std::vector<int>* fds = nullptr;  // peer sockets (liveness), index = rank, -1 = self
     // The job rank of each rank, for messages (null: the same; a group's ranks are not).
     const std::vector<int>* world = nullptr;
+    std::string self;  // this rank in messages, as the communicator says it ("": "rank N")
     LostFn lost;
   };
 

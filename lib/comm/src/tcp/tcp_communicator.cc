@@ -670,6 +670,7 @@ void TcpCommunicator::setupShm() {
   s.deadline = Clock::now() + opts_.timeout;
   s.fds = &fds_;
   s.world = &world_;
+  s.self = self();
   s.lost = [this](int peer, bool stalled, const std::string& detail) { lost(peer, stalled, detail); };
   shm_ = detail::ShmTransport::create(s);
 }
